@@ -1,0 +1,103 @@
+"""Async, provider-agnostic inference with a LoRA adapter lifecycle.
+
+``import inference`` is light: provider classes are imported on first use, so torch, transformers,
+llama_cpp and openai load only when their backend is used.
+
+Example:
+    >>> import asyncio, inference
+    >>> async def main():
+    ...     provider = inference.get_provider("fake")
+    ...     return (await provider.generate("Hello", model="demo", max_tokens=2)).text
+    >>> asyncio.run(main())
+    '[base] yankee romeo'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    AdapterConversionError,
+    AdapterError,
+    AdapterNotFoundError,
+    ConfigurationError,
+    InferenceError,
+    InvalidAdapterError,
+    InvalidRequestError,
+    MissingDependencyError,
+    ModelError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ProtocolError,
+    ProviderError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    RuntimeLoRADisabledError,
+    ServerResponseError,
+    UnknownProviderError,
+    UnsupportedOperationError,
+)
+from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
+from inference.provider import GenerationResult, InferenceProvider
+
+if TYPE_CHECKING:
+    from inference.fake_provider import FakeProvider
+    from inference.llamacpp_provider import LlamaCppProvider
+    from inference.ollama_provider import OllamaProvider
+    from inference.transformers_provider import TransformersProvider
+    from inference.vllm_provider import VLLMProvider
+
+__version__ = "0.1.0"
+
+_LAZY_CLASSES = {
+    "FakeProvider": "inference.fake_provider",
+    "LlamaCppProvider": "inference.llamacpp_provider",
+    "OllamaProvider": "inference.ollama_provider",
+    "TransformersProvider": "inference.transformers_provider",
+    "VLLMProvider": "inference.vllm_provider",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_CLASSES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inference' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "AdapterAlreadyLoadedError",
+    "AdapterConversionError",
+    "AdapterError",
+    "AdapterNotFoundError",
+    "ConfigurationError",
+    "FakeProvider",
+    "GenerationResult",
+    "InferenceError",
+    "InferenceProvider",
+    "InvalidAdapterError",
+    "InvalidRequestError",
+    "LlamaCppProvider",
+    "MissingDependencyError",
+    "ModelError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "OllamaProvider",
+    "ProtocolError",
+    "ProviderError",
+    "ProviderTimeoutError",
+    "ProviderUnavailableError",
+    "RuntimeLoRADisabledError",
+    "ServerResponseError",
+    "TransformersProvider",
+    "UnknownProviderError",
+    "UnsupportedOperationError",
+    "VLLMProvider",
+    "__version__",
+    "aclose_all_providers",
+    "clear_provider_cache",
+    "get_provider",
+    "get_provider_for_step",
+]

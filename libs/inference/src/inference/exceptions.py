@@ -1,0 +1,225 @@
+"""The SDK's one error tree.
+
+Every error the SDK raises on purpose derives from :class:`InferenceError`. Errors carry the provider's
+name, the URL or path involved and, for server answers, the HTTP status; ``str(err)`` is a sentence that
+says what to do. Errors built from an HTTP answer also derive from ``httpx.HTTPStatusError`` (when httpx is
+installed), so code written against the seed, which raised that, keeps working::
+
+    InferenceError
+    ├── ConfigurationError (ValueError)          bad settings: unknown provider, URL without scheme, ...
+    │   └── UnknownProviderError                 provider type not in the registry
+    ├── MissingDependencyError (ImportError)     an optional extra is not installed; names the pip extra
+    ├── InvalidRequestError (ValueError)         bad generate() arguments: prompt, max_tokens, temperature...
+    ├── UnsupportedOperationError (NotImplementedError)   the provider cannot do this at all
+    ├── ModelError
+    │   ├── ModelLoadError                       an in-process model could not be loaded
+    │   └── ModelNotFoundError                   the server does not know the model
+    │       └── ServerModelNotFoundError (+ServerResponseError)
+    ├── AdapterError
+    │   ├── AdapterNotFoundError (LookupError)   unknown adapter id
+    │   │   └── ServerAdapterNotFoundError (+ServerResponseError)
+    │   ├── AdapterAlreadyLoadedError            the id is taken
+    │   │   └── ServerAdapterAlreadyLoadedError (+ServerResponseError)
+    │   └── InvalidAdapterError (ValueError)     the adapter files are missing, corrupt or unsupported
+    │       ├── AdapterConversionError           PEFT -> GGUF conversion refused
+    │       └── ServerInvalidAdapterError (+ServerResponseError)
+    └── ProviderError                            the backend failed
+        ├── ProviderUnavailableError (ConnectionError)  nothing answers at the URL
+        ├── ProviderTimeoutError (TimeoutError)  no answer within the timeout
+        ├── ProtocolError                        the answer is not what the protocol says (bad JSON, ...)
+        └── ServerResponseError (httpx.HTTPStatusError)  the server answered with an error status
+            └── RuntimeLoRADisabledError         vLLM runs without runtime LoRA updating
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:  # httpx is light and comes with the HTTP extras; the base tree works without it.
+    from httpx import HTTPStatusError as _HTTPStatusBase
+except ImportError:  # pragma: no cover - exercised only without the HTTP extras
+
+    class _HTTPStatusBase(Exception):  # type: ignore[no-redef]
+        """Stand-in for ``httpx.HTTPStatusError`` when httpx is not installed."""
+
+        def __init__(self, message: str, *, request: Any = None, response: Any = None) -> None:
+            super().__init__(message)
+            self.request = request
+            self.response = response
+
+
+__all__ = [
+    "AdapterAlreadyLoadedError",
+    "AdapterConversionError",
+    "AdapterError",
+    "AdapterNotFoundError",
+    "ConfigurationError",
+    "InferenceError",
+    "InvalidAdapterError",
+    "InvalidRequestError",
+    "MissingDependencyError",
+    "ModelError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "ProtocolError",
+    "ProviderError",
+    "ProviderTimeoutError",
+    "ProviderUnavailableError",
+    "RuntimeLoRADisabledError",
+    "ServerAdapterAlreadyLoadedError",
+    "ServerAdapterNotFoundError",
+    "ServerInvalidAdapterError",
+    "ServerModelNotFoundError",
+    "ServerResponseError",
+    "UnknownProviderError",
+    "UnsupportedOperationError",
+]
+
+
+class InferenceError(Exception):
+    """Base of every error the SDK raises on purpose.
+
+    Args:
+        message: A sentence that says what went wrong and what to do.
+        provider: Name of the provider involved (``"vllm"``, ``"llamacpp"``...), if any.
+        url: The server URL involved, if any.
+        path: The file or directory involved, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        url: str | None = None,
+        path: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.url = url
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigurationError(InferenceError, ValueError):
+    """A setting is missing or malformed (argument, step config or environment variable)."""
+
+
+class UnknownProviderError(ConfigurationError):
+    """The provider type is not one the SDK knows; the message lists the valid names."""
+
+
+class MissingDependencyError(InferenceError, ImportError):
+    """An optional dependency is missing; the message names the ``pip install`` extra that brings it."""
+
+
+class InvalidRequestError(InferenceError, ValueError):
+    """An argument of a request is invalid (prompt type, ``max_tokens``, ``temperature``...)."""
+
+
+class UnsupportedOperationError(InferenceError, NotImplementedError):
+    """The provider cannot do this operation; the message names the provider class."""
+
+
+class ModelError(InferenceError):
+    """Something is wrong with the base model."""
+
+
+class ModelLoadError(ModelError):
+    """An in-process model could not be loaded (missing file, bad format, out of memory)."""
+
+
+class ModelNotFoundError(ModelError):
+    """The server does not serve the requested model."""
+
+
+class AdapterError(InferenceError):
+    """Something is wrong with an adapter or the adapter lifecycle."""
+
+
+class AdapterNotFoundError(AdapterError, LookupError):
+    """No adapter with this id is loaded."""
+
+
+class AdapterAlreadyLoadedError(AdapterError):
+    """An adapter with this id is already loaded."""
+
+
+class InvalidAdapterError(AdapterError, ValueError):
+    """The adapter files are missing, corrupt, or of a kind the backend cannot use."""
+
+
+class AdapterConversionError(InvalidAdapterError):
+    """A PEFT adapter cannot be converted to a GGUF LoRA for this base model."""
+
+
+class ProviderError(InferenceError):
+    """The backend (server or in-process engine) failed to serve a request."""
+
+
+class ProviderUnavailableError(ProviderError, ConnectionError):
+    """Nothing answers at the provider's URL (connection refused, DNS failure, reset)."""
+
+
+class ProviderTimeoutError(ProviderError, TimeoutError):
+    """The provider did not answer within the configured timeout."""
+
+
+class ProtocolError(ProviderError):
+    """The server's answer does not follow the protocol (malformed JSON, missing fields)."""
+
+
+class ServerResponseError(ProviderError, _HTTPStatusBase):
+    """The server answered with an error status.
+
+    Also an ``httpx.HTTPStatusError``: ``err.response.status_code`` and ``err.request`` work as there.
+
+    Args:
+        message: A sentence that says what went wrong and what to do.
+        request: The ``httpx.Request`` that was sent.
+        response: The ``httpx.Response`` that came back.
+        provider: Name of the provider.
+        url: The server's base URL.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: Any,
+        response: Any,
+        provider: str | None = None,
+        url: str | None = None,
+        path: str | None = None,
+    ) -> None:
+        InferenceError.__init__(self, message, provider=provider, url=url, path=path)
+        self.request = request
+        self.response = response
+
+    @property
+    def status_code(self) -> int | None:
+        """The HTTP status of the answer."""
+        return getattr(self.response, "status_code", None)
+
+
+class RuntimeLoRADisabledError(ServerResponseError):
+    """vLLM answered 404 on its runtime LoRA route: it runs without runtime adapter loading."""
+
+
+class ServerModelNotFoundError(ServerResponseError, ModelNotFoundError):
+    """The server answered that the model (or adapter used as a model) does not exist."""
+
+
+class ServerAdapterNotFoundError(ServerResponseError, AdapterNotFoundError):
+    """The server answered that no adapter with this name is loaded."""
+
+
+class ServerAdapterAlreadyLoadedError(ServerResponseError, AdapterAlreadyLoadedError):
+    """The server answered that an adapter with this name is already loaded."""
+
+
+class ServerInvalidAdapterError(ServerResponseError, InvalidAdapterError):
+    """The server refused the adapter (no adapter at the path, rank too large, DoRA, ...)."""

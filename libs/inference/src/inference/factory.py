@@ -1,0 +1,95 @@
+"""Cached provider instances, chosen by argument, environment variable or per-step config.
+
+The same resolved settings give the identical provider object; different settings give a different one.
+Construction is cheap (in-process models load lazily on first use), and a lock makes concurrent first
+calls build a single instance.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, cast
+
+from inference.config import SETTINGS, resolve_provider_type, resolve_settings
+from inference.exceptions import ConfigurationError
+from inference.provider import InferenceProvider
+from inference.registry import load_provider_class
+
+__all__ = ["aclose_all_providers", "clear_provider_cache", "get_provider", "get_provider_for_step"]
+
+_CacheKey = tuple[str, tuple[tuple[str, Any], ...]]
+_cache: dict[_CacheKey, InferenceProvider] = {}
+_cache_lock = threading.Lock()
+
+
+def get_provider(provider_type: str | None = None, base_url: str | None = None) -> InferenceProvider:
+    """Return the cached provider for these settings, creating it on first use.
+
+    Args:
+        provider_type: ``vllm``, ``ollama``, ``llamacpp``, ``transformers`` or ``fake``; else the
+            ``INFERENCE_PROVIDER`` environment variable; else ``vllm``.
+        base_url: Server URL for ``vllm``/``ollama``; else ``VLLM_BASE_URL`` / ``OLLAMA_BASE_URL``;
+            else ``http://localhost:8100/v1`` / ``http://localhost:11434/v1``. In-process providers
+            read their settings from their environment variables (see ``.env.example``).
+
+    Returns:
+        The same object for the same resolved settings.
+
+    Raises:
+        UnknownProviderError: The type is unknown (a ``ValueError`` listing the valid names).
+        ConfigurationError: A setting is malformed, or ``base_url`` was given to an in-process provider.
+        MissingDependencyError: The provider's extra is not installed.
+    """
+    return _get_or_create(resolve_provider_type(provider_type), {"base_url": base_url})
+
+
+def get_provider_for_step(step_config: Mapping[str, Any]) -> InferenceProvider:
+    """Return the cached provider a step config asks for; shares the cache with :func:`get_provider`.
+
+    Args:
+        step_config: ``{"provider": ..., "base_url": ..., <provider settings>}``. The provider settings are
+            the keys of ``inference.config.SETTINGS[provider]`` (``model_path``, ``n_ctx``, ``device``...).
+            Other keys are ignored, so the step may carry its own (``model``, ``prompt``...).
+
+    Example:
+        >>> get_provider_for_step({"provider": "fake"}) is get_provider("fake")
+        True
+    """
+    if not isinstance(step_config, Mapping):
+        raise ConfigurationError(f"step_config must be a mapping, got {type(step_config).__name__}")
+    return _get_or_create(resolve_provider_type(step_config.get("provider")), step_config)
+
+
+def clear_provider_cache() -> None:
+    """Forget every cached provider without closing it (see :func:`aclose_all_providers`)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+async def aclose_all_providers() -> None:
+    """Close every cached provider (connections, model weights) and empty the cache."""
+    with _cache_lock:
+        providers = list(_cache.values())
+        _cache.clear()
+    for provider in providers:
+        await provider.aclose()
+
+
+def _get_or_create(provider_type: str, overrides: Mapping[str, Any]) -> InferenceProvider:
+    keys = {setting.key for setting in SETTINGS[provider_type]}
+    if overrides.get("base_url") is not None and "base_url" not in keys:
+        raise ConfigurationError(
+            f"the {provider_type} provider runs in process and takes no base_url; "
+            "give its settings instead (see .env.example)",
+            provider=provider_type,
+        )
+    settings = resolve_settings(provider_type, overrides)
+    key: _CacheKey = (provider_type, tuple(settings.items()))
+    with _cache_lock:
+        provider = _cache.get(key)
+        if provider is None:
+            cls = cast("type[InferenceProvider]", load_provider_class(provider_type))
+            provider = cls(**settings)
+            _cache[key] = provider
+        return provider
