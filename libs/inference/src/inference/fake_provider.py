@@ -11,10 +11,10 @@ from inference.provider import GenerationResult, InferenceProvider
 
 __all__ = ["FakeProvider"]
 
-_WORDS = (
-    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-    "quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
-).split()
+_WORDS = tuple(
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "  # noqa: SIM905
+    "quebec romeo sierra tango uniform victor whiskey xray yankee zulu".split()
+)
 
 
 class FakeProvider(InferenceProvider):

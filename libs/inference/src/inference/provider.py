@@ -157,7 +157,7 @@ class InferenceProvider(ABC):
         """Return the ids of the loaded adapters, sorted."""
         return sorted(await self._list_adapters())
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Free what the provider holds (connections, model weights). Safe to call twice."""
 
     async def __aenter__(self) -> InferenceProvider:
