@@ -99,13 +99,13 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
     rank = config.get("r")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise refuse(f"has an invalid rank r={rank!r}: expected a positive integer")
-    alpha = config.get("lora_alpha", rank)
+    alpha = config.get("lora_alpha", 8)  # PEFT's LoraConfig default
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise refuse(f"has an invalid lora_alpha={alpha!r}: expected a number")
     targets = config.get("target_modules")
     if isinstance(targets, str):
         targets = [targets]
-    if not targets or not all(isinstance(t, str) for t in targets):
+    if not targets or not all(isinstance(t, str) and t for t in targets):
         raise refuse(f"has no usable target_modules ({targets!r})")
     return PeftAdapter(
         path=directory,

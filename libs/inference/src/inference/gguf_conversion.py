@@ -1,0 +1,529 @@
+"""Convert a PEFT LoRA adapter directory into a GGUF LoRA file that llama.cpp can load on a given base model.
+
+The base model's GGUF file decides everything: its ``general.architecture`` picks the Hugging Face to
+GGUF tensor names (gguf's tensor name map), its tensors are where the adapter's matrices must fit, and its
+head counts drive the one transformation llama.cpp needs: for the ``llama`` architecture, llama.cpp's own
+converter reorders the rows of ``q_proj``/``k_proj`` (rotary layout), so the rows of ``lora_B`` for
+``attn_q``/``attn_k`` are reordered the same way here. Without it a Llama adapter loads fine and is silently
+wrong.
+
+The output holds ``<base tensor>.lora_a`` / ``.lora_b`` pairs in float32 with ``general.type = adapter``,
+``adapter.type = lora`` and ``adapter.lora.alpha``; llama.cpp then applies ``scale * alpha / rank``, which is
+PEFT's ``alpha / r``. PEFT scales llama.cpp cannot express (rsLoRA, per-module ranks) are folded into
+``lora_B``.
+
+Example:
+    >>> from inference.gguf_conversion import convert_peft_to_gguf
+    >>> convert_peft_to_gguf("adapters/support", "models/base.gguf", "adapters/support.gguf")  # doctest: +SKIP
+    PosixPath('adapters/support.gguf')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import mmap
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.exceptions import AdapterConversionError, InvalidAdapterError
+from inference.peft_adapter import PeftAdapter, read_peft_adapter
+
+__all__ = [
+    "CONVERTER_VERSION",
+    "BaseModelLayout",
+    "convert_peft_to_gguf",
+    "convert_peft_to_gguf_cached",
+    "permute_llama_rows",
+    "read_base_layout",
+]
+
+#: Part of every cache key: bump when the output of a conversion changes.
+CONVERTER_VERSION = "1"
+
+# Architectures whose llama.cpp converter reorders q/k rows, and how this converter handles them.
+_PERMUTED_ARCHITECTURES = frozenset({"llama"})
+# Architectures converted by llama.cpp through its Llama code path (so probably permuted) that this converter
+# has not been checked against: adapters touching q/k are refused rather than converted silently wrong.
+_UNVERIFIED_ARCHITECTURES = frozenset(
+    {"deci", "granite", "granitemoe", "baichuan", "minicpm", "deepseek", "llama4", "arcee", "smollm3"}
+)
+_ROTARY_TENSORS = {"attn_q": "q", "attn_k": "k"}
+_PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[A-Za-z0-9_-]+)?\.weight$")
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+
+
+@dataclass(frozen=True)
+class BaseModelLayout:
+    """What a conversion needs to know about the base model, read from its GGUF header.
+
+    Attributes:
+        path: The base GGUF file.
+        architecture: ``general.architecture`` (``"llama"``, ``"qwen2"``, ``"gemma3"``...).
+        block_count: Number of transformer blocks.
+        head_count: Attention heads (``None`` when the file does not say, or says per layer).
+        head_count_kv: Key/value heads (``None`` when the file does not say, or says per layer).
+        tensor_shapes: Tensor name -> shape in PyTorch order (``(out_features, in_features)`` for matrices).
+    """
+
+    path: Path
+    architecture: str
+    block_count: int
+    head_count: int | None
+    head_count_kv: int | None
+    tensor_shapes: dict[str, tuple[int, ...]]
+
+    def fingerprint(self) -> str:
+        """A digest of the architecture, head counts and tensor layout (not the weights)."""
+        described = json.dumps(
+            [
+                self.architecture,
+                self.block_count,
+                self.head_count,
+                self.head_count_kv,
+                sorted(self.tensor_shapes.items()),
+            ]
+        )
+        return hashlib.sha256(described.encode()).hexdigest()
+
+
+def permute_llama_rows(rows: Any, n_head: int) -> Any:
+    """Reorder the rows of a Llama q/k projection from Hugging Face's rotary layout to llama.cpp's.
+
+    Hugging Face rotates the two halves of each head (``rotate_half``); llama.cpp rotates adjacent pairs.
+    Within each of ``n_head`` heads, row ``j`` of the first half and row ``j`` of the second half become
+    rows ``2j`` and ``2j + 1``. Pass the attention head count for ``q`` and the key/value head count for
+    ``k``. Works on any array whose first axis is the projection's output (a weight, or a LoRA ``B``).
+
+    Args:
+        rows: numpy array of shape ``(n_head * head_dim, ...)``.
+        n_head: Number of heads the rows are split into.
+
+    Returns:
+        The array with its rows reordered, same shape.
+    """
+    half_head = rows.shape[0] // n_head // 2
+    return rows.reshape(n_head, 2, half_head, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def read_base_layout(base_gguf: str | os.PathLike[str]) -> BaseModelLayout:
+    """Read the architecture, head counts and tensor shapes of a base model GGUF file (not its weights).
+
+    Only the header is parsed (quantised tensors are fine: their logical shapes are read), which takes a
+    fraction of a second even for models with large vocabularies.
+
+    Args:
+        base_gguf: The base model's ``.gguf`` file.
+
+    Raises:
+        AdapterConversionError: The file is missing or is not a readable GGUF model.
+    """
+    path = Path(base_gguf)
+    if not path.is_file():
+        raise AdapterConversionError(
+            f"base model {path} does not exist: give the path of the GGUF file the adapter should run on",
+            path=str(path),
+        )
+    try:
+        fields, shapes = _read_gguf_header(path)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as error:
+        raise AdapterConversionError(
+            f"base model {path} is not a readable GGUF file ({error})", path=str(path)
+        ) from error
+    architecture = fields.get("general.architecture")
+    if not isinstance(architecture, str) or not architecture:
+        raise AdapterConversionError(f"base model {path} has no general.architecture key", path=str(path))
+    block_count = fields.get(f"{architecture}.block_count")
+    if isinstance(block_count, bool) or not isinstance(block_count, int):
+        raise AdapterConversionError(f"base model {path} has no {architecture}.block_count key", path=str(path))
+    return BaseModelLayout(
+        path=path,
+        architecture=architecture,
+        block_count=block_count,
+        head_count=_single_int(fields.get(f"{architecture}.attention.head_count")),
+        head_count_kv=_single_int(fields.get(f"{architecture}.attention.head_count_kv")),
+        tensor_shapes=shapes,
+    )
+
+
+# GGUF value types: struct format of the fixed-size ones; 8 is a string, 9 an array.
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_SMALL_ARRAY = 4096
+
+
+def _read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """Parse a GGUF header: metadata (scalars, strings, small numeric arrays) and tensor shapes.
+
+    Large arrays (the token list, merges) are skipped without decoding them.
+    """
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        position = 0
+
+        def take(fmt: str) -> Any:
+            nonlocal position
+            (value,) = struct.unpack_from(fmt, data, position)
+            position += struct.calcsize(fmt)
+            return value
+
+        def take_string() -> str:
+            nonlocal position
+            length = take("<Q")
+            if position + length > len(data):
+                raise ValueError("a string runs past the end of the file")
+            text = bytes(data[position : position + length]).decode("utf-8")
+            position += length
+            return text
+
+        def take_value(value_type: int) -> Any:
+            nonlocal position
+            if value_type in _GGUF_SCALARS:
+                return take(_GGUF_SCALARS[value_type])
+            if value_type == _GGUF_STRING:
+                return take_string()
+            if value_type != _GGUF_ARRAY:
+                raise ValueError(f"unknown metadata value type {value_type}")
+            item_type, count = take("<I"), take("<Q")
+            if item_type in _GGUF_SCALARS and count > _SMALL_ARRAY:
+                position += count * struct.calcsize(_GGUF_SCALARS[item_type])
+                return None
+            items = [take_value(item_type) for _ in range(count)]
+            return items if count <= _SMALL_ARRAY else None
+
+        if bytes(data[:4]) != b"GGUF":
+            raise ValueError("it does not start with the GGUF magic bytes")
+        position = 4
+        version = take("<I")
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old")
+        tensor_count, field_count = take("<Q"), take("<Q")
+        fields: dict[str, Any] = {}
+        for _ in range(field_count):
+            key = take_string()
+            fields[key] = take_value(take("<I"))
+        shapes: dict[str, tuple[int, ...]] = {}
+        for _ in range(tensor_count):
+            name = take_string()
+            dims = [take("<Q") for _ in range(take("<I"))]
+            take("<I")  # tensor type
+            take("<Q")  # data offset
+            shapes[name] = tuple(reversed(dims))
+    return fields, shapes
+
+
+def convert_peft_to_gguf(
+    peft_dir: str | os.PathLike[str],
+    base_gguf: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+) -> Path:
+    """Convert a PEFT LoRA adapter directory into a GGUF LoRA file for ``base_gguf``.
+
+    The file is written atomically (a temporary file renamed into place), so ``output`` is either the
+    complete adapter or absent.
+
+    Args:
+        peft_dir: Directory written by ``PeftModel.save_pretrained`` (``adapter_config.json`` and
+            ``adapter_model.safetensors`` or ``.bin``).
+        base_gguf: The base model's GGUF file, the one llama.cpp will load the adapter on.
+        output: Where to write the GGUF LoRA file; parent directories are created.
+
+    Returns:
+        ``output`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        InvalidAdapterError: The directory is missing, not a plain LoRA (DoRA, trained biases,
+            ``modules_to_save``), or its weights are unreadable.
+        AdapterConversionError: The adapter does not fit the base model: unknown architecture, modules
+            the base lacks, shapes of another model.
+    """
+    adapter = read_peft_adapter(peft_dir, provider="llamacpp")
+    layout = read_base_layout(base_gguf)
+    tensors = _gguf_lora_tensors(adapter, layout)
+    destination = Path(output)
+    _write_lora_gguf(destination, layout.architecture, adapter, tensors)
+    return destination
+
+
+def convert_peft_to_gguf_cached(
+    peft_dir: str | os.PathLike[str],
+    base_gguf: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+) -> Path:
+    """Like :func:`convert_peft_to_gguf`, into a content-addressed cache: each adapter converts once.
+
+    The file name is a digest of the adapter's ``adapter_config.json`` and weight bytes, the base model's
+    architecture and tensor layout, and the converter version. A second call with the same inputs returns
+    the cached file without converting; a changed adapter or another base gets a new file.
+
+    Args:
+        peft_dir: The PEFT LoRA adapter directory.
+        base_gguf: The base model's GGUF file.
+        cache_dir: Directory of converted adapters (created if needed).
+
+    Returns:
+        The path of the GGUF LoRA file in ``cache_dir``.
+
+    Raises:
+        InvalidAdapterError: As :func:`convert_peft_to_gguf`.
+        AdapterConversionError: As :func:`convert_peft_to_gguf`.
+    """
+    adapter = read_peft_adapter(peft_dir, provider="llamacpp")
+    layout = read_base_layout(base_gguf)
+    digest = hashlib.sha256()
+    digest.update(f"inference-gguf-lora-{CONVERTER_VERSION}\0{layout.fingerprint()}\0".encode())
+    for part in (adapter.path / "adapter_config.json", adapter.weights_path):
+        for chunk in _read_chunks(part, adapter):
+            digest.update(chunk)
+        digest.update(b"\0")
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", adapter.path.resolve().name) or "adapter"
+    target = Path(cache_dir) / f"{stem}-{digest.hexdigest()[:24]}.gguf"
+    if target.is_file():
+        return target
+    tensors = _gguf_lora_tensors(adapter, layout)
+    _write_lora_gguf(target, layout.architecture, adapter, tensors)
+    return target
+
+
+def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout) -> dict[str, Any]:
+    """Map the adapter's PEFT tensors onto the base's GGUF tensors; return ``{gguf name: array}``."""
+    import numpy as np
+
+    gguf = _import_gguf()
+
+    def refuse(reason: str) -> AdapterConversionError:
+        return AdapterConversionError(
+            f"cannot convert the adapter at {adapter.path} for base model {layout.path.name} "
+            f"({layout.architecture}): {reason}",
+            provider="llamacpp",
+            path=str(adapter.path),
+        )
+
+    config = adapter.config
+    if config.get("fan_in_fan_out"):
+        raise refuse("it was trained with fan_in_fan_out=true (GPT-2 style Conv1D), which is not supported")
+    if config.get("lora_bias"):
+        raise refuse("it trains LoRA biases (lora_bias=true), which llama.cpp cannot apply")
+    if config.get("alpha_pattern"):
+        raise refuse("it sets per-module alphas (alpha_pattern), which a GGUF LoRA cannot express")
+    if adapter.alpha <= 0:
+        raise refuse(f"its lora_alpha is {adapter.alpha:g}, so it would change nothing")
+
+    arch_enum = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == layout.architecture), None)
+    if arch_enum is None:
+        raise refuse(f"the installed gguf package has no tensor name map for the architecture {layout.architecture!r}")
+    weights = _load_weights(adapter)
+    # Map layer numbers past the base's last block too, so that they are reported as missing by name.
+    layer_numbers = [int(number) for key in weights for number in re.findall(r"\.layers\.(\d+)\.", key)]
+    name_map = gguf.get_tensor_name_map(arch_enum, max([layout.block_count, *(n + 1 for n in layer_numbers)]))
+
+    pairs: dict[str, dict[str, Any]] = {}
+    for key, array in weights.items():
+        match = _PEFT_KEY.match(key)
+        if match is None:
+            if "lora_embedding" in key:
+                raise refuse(f"it adapts an embedding ({key}); only linear layers are supported")
+            raise refuse(f"its weights hold {key!r}, which is not a LoRA A/B matrix of a linear layer")
+        pairs.setdefault(match["module"], {})[match["which"]] = array
+
+    out: dict[str, Any] = {}
+    missing: list[str] = []
+    for module in sorted(pairs):
+        pair = pairs[module]
+        if set(pair) != {"A", "B"}:
+            raise refuse(f"module {module} has lora_{next(iter(pair))} without its partner matrix")
+        lora_a, lora_b = (np.asarray(pair[which], dtype=np.float32) for which in ("A", "B"))
+        if lora_a.ndim != 2 or lora_b.ndim != 2 or lora_a.shape[0] != lora_b.shape[1]:
+            raise refuse(
+                f"module {module} has lora_A {lora_a.shape} and lora_B {lora_b.shape}, which are not the "
+                "(rank, in) and (out, rank) matrices of one LoRA"
+            )
+        base_name = name_map.get_name(f"{module}.weight", try_suffixes=(".weight", ".bias"))
+        if base_name is None:
+            raise refuse(f"module {module} has no GGUF counterpart for the {layout.architecture} architecture")
+        base_shape = layout.tensor_shapes.get(base_name)
+        if base_shape is None:
+            missing.append(f"{module} ({base_name})")
+            continue
+        expected = (lora_b.shape[0], lora_a.shape[1])
+        if tuple(base_shape) != expected:
+            raise refuse(
+                f"module {module} is {expected[0]}x{expected[1]} in the adapter but {base_name} is "
+                f"{'x'.join(str(dim) for dim in base_shape)} in the base model: the adapter was trained for "
+                "another model"
+            )
+        lora_b = lora_b * _b_factor(adapter, rank=lora_a.shape[0])
+        lora_b = _permute_for_llama_cpp(lora_b, base_name, layout, refuse)
+        out[f"{base_name}.lora_a"] = np.ascontiguousarray(lora_a)
+        out[f"{base_name}.lora_b"] = np.ascontiguousarray(lora_b, dtype=np.float32)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise refuse(f"the base model has no tensor for {shown}: the adapter was trained for another model")
+    if not out:
+        raise refuse("it holds no LoRA matrices")
+    return out
+
+
+def _b_factor(adapter: PeftAdapter, *, rank: int) -> float:
+    """What ``lora_B`` must be multiplied by so that llama.cpp's ``alpha / rank`` equals PEFT's scale."""
+    peft_scale = adapter.alpha / (math.sqrt(rank) if adapter.config.get("use_rslora") else rank)
+    return peft_scale * rank / adapter.alpha
+
+
+def _permute_for_llama_cpp(lora_b: Any, base_name: str, layout: BaseModelLayout, refuse: Any) -> Any:
+    kind = _ROTARY_TENSORS.get(base_name.split(".")[-2]) if base_name.count(".") >= 2 else None
+    if kind is None:
+        return lora_b
+    if layout.architecture in _UNVERIFIED_ARCHITECTURES:
+        raise refuse(
+            f"adapters on attention q/k projections are not supported for {layout.architecture} yet (llama.cpp "
+            "reorders those rows for this architecture); train the adapter without q_proj/k_proj"
+        )
+    if layout.architecture not in _PERMUTED_ARCHITECTURES:
+        return lora_b
+    heads = layout.head_count if kind == "q" else layout.head_count_kv
+    if not heads or lora_b.shape[0] % (2 * heads):
+        raise refuse(f"the base model's head counts do not fit {base_name} ({lora_b.shape[0]} rows)")
+    return permute_llama_rows(lora_b, heads)
+
+
+def _write_lora_gguf(destination: Path, architecture: str, adapter: PeftAdapter, tensors: dict[str, Any]) -> None:
+    gguf = _import_gguf()
+    if destination.is_dir():
+        raise AdapterConversionError(
+            f"output {destination} is a directory: give the path of the .gguf file to write", path=str(destination)
+        )
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
+    os.close(handle)
+    temporary = Path(temporary_name)
+    try:
+        writer = gguf.GGUFWriter(temporary, architecture)
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(adapter.alpha))
+        writer.add_name(adapter.path.resolve().name)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        for name in sorted(tensors):
+            writer.add_tensor(name, tensors[name])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(temporary, destination)
+    except OSError as error:
+        raise AdapterConversionError(
+            f"could not write the converted adapter to {destination} ({error})", path=str(destination)
+        ) from error
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _load_weights(adapter: PeftAdapter) -> dict[str, Any]:
+    if adapter.weights_path.suffix == ".safetensors":
+        return _read_safetensors(adapter)
+    return _read_torch_bin(adapter)
+
+
+def _corrupt(adapter: PeftAdapter, reason: str) -> InvalidAdapterError:
+    return InvalidAdapterError(
+        f"adapter weights {adapter.weights_path} are corrupt or truncated ({reason}): save the adapter again "
+        "with PeftModel.save_pretrained",
+        provider="llamacpp",
+        path=str(adapter.path),
+    )
+
+
+def _read_safetensors(adapter: PeftAdapter) -> dict[str, Any]:
+    """Read a safetensors file into float32-compatible numpy arrays (also bf16, which numpy lacks)."""
+    import numpy as np
+
+    try:
+        data = adapter.weights_path.read_bytes()
+    except OSError as error:
+        raise _corrupt(adapter, f"unreadable: {error}") from error
+    if len(data) < 8:
+        raise _corrupt(adapter, "shorter than a safetensors header")
+    header_size = int.from_bytes(data[:8], "little")
+    if header_size > len(data) - 8:
+        raise _corrupt(adapter, "the header runs past the end of the file")
+    try:
+        header = json.loads(data[8 : 8 + header_size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _corrupt(adapter, "the header is not valid JSON") from error
+    if not isinstance(header, dict):
+        raise _corrupt(adapter, "the header is not a JSON object")
+    body = memoryview(data)[8 + header_size :]
+    arrays: dict[str, Any] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype_name, shape, (start, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as error:
+            raise _corrupt(adapter, f"tensor {name} has a malformed header entry") from error
+        numpy_dtype = _SAFETENSORS_DTYPES.get(dtype_name)
+        if numpy_dtype is None:
+            raise AdapterConversionError(
+                f"adapter weights {adapter.weights_path} store {name} as {dtype_name}; only F32, F16, BF16 and "
+                "F64 LoRA weights can be converted",
+                provider="llamacpp",
+                path=str(adapter.path),
+            )
+        count = math.prod(shape)
+        item_size = np.dtype(numpy_dtype).itemsize
+        if not (0 <= start <= end <= len(body)) or end - start != count * item_size:
+            raise _corrupt(adapter, f"tensor {name} points outside the file or has the wrong size")
+        array = np.frombuffer(body[start:end], dtype=numpy_dtype).reshape(shape)
+        if dtype_name == "BF16":
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        arrays[name] = array.astype(np.float32)
+    return arrays
+
+
+def _read_torch_bin(adapter: PeftAdapter) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as error:
+        raise AdapterConversionError(
+            f"adapter weights {adapter.weights_path} are a PyTorch pickle, which needs torch to read: save the "
+            "adapter with safe_serialization=True (adapter_model.safetensors) or install torch",
+            provider="llamacpp",
+            path=str(adapter.path),
+        ) from error
+    try:
+        state = torch.load(adapter.weights_path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises pickle, zip and runtime errors on a bad file
+        raise _corrupt(adapter, str(error)) from error
+    if not isinstance(state, dict):
+        raise _corrupt(adapter, "the pickle does not hold a dict of tensors")
+    return {str(key): value.detach().float().numpy() for key, value in state.items()}
+
+
+def _read_chunks(path: Path, adapter: PeftAdapter) -> Iterator[bytes]:
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                yield chunk
+    except OSError as error:
+        raise _corrupt(adapter, f"unreadable: {error}") from error
+
+
+def _single_int(value: Any) -> int | None:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, int) and v == value[0] for v in value):
+        return int(value[0])
+    return None
+
+
+def _import_gguf() -> Any:
+    from inference._dependencies import import_optional
+
+    return import_optional("gguf", extra="llamacpp", provider="llamacpp")

@@ -1,0 +1,13 @@
+"""Helpers for testing code that uses the SDK: tiny local models and random LoRA adapters.
+
+Nothing here is imported by ``import inference``. The modules import torch, transformers, peft, gguf or
+numpy inside their functions, so importing this package stays light:
+
+* :mod:`inference.testing.tiny_models`: tiny random Qwen2 and Llama models (Transformers directory, GGUF
+  twin with the same weights and tokenisation, three PEFT LoRA adapters), built in seconds and cached.
+* :mod:`inference.testing.random_lora`: a random PEFT LoRA directory that fits any base GGUF model.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,298 @@
+"""PEFT -> GGUF LoRA conversion, checked against the real thing: llama.cpp's logits equal PEFT's.
+
+The Llama case is the proof of the q/k row permutation: without it the adapter loads and is silently wrong
+(a negative control below shows the comparison would catch that).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("llama_cpp")
+
+from inference import gguf_conversion
+from inference.exceptions import AdapterConversionError, InvalidAdapterError
+from inference.gguf_conversion import convert_peft_to_gguf, convert_peft_to_gguf_cached, read_base_layout
+from inference.testing.random_lora import write_random_peft_lora
+from inference.testing.tiny_models import ADAPTER_NAMES, TinyModel
+
+pytestmark = [
+    pytest.mark.integration,
+    # PEFT 0.21 calls a transformers 5 property that is deprecated.
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+ARCHS = ("qwen2", "llama")
+TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+def _llama(model: TinyModel, lora_path: Path | None = None) -> Any:
+    from llama_cpp import Llama
+
+    return Llama(
+        model_path=str(model.gguf_path),
+        lora_path=None if lora_path is None else str(lora_path),
+        logits_all=True,
+        type_k=0,
+        type_v=0,
+        n_ctx=64,
+        verbose=False,
+    )
+
+
+def _llama_logits(model: TinyModel, ids: list[int], lora_path: Path | None = None) -> Any:
+    import numpy as np
+
+    llm = _llama(model, lora_path)
+    try:
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)])
+    finally:
+        llm.close()
+
+
+def _peft_logits(model: TinyModel, ids: list[int], adapter_dir: Path) -> Any:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model.hf_dir, dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, adapter_dir).eval()
+    with torch.no_grad():
+        return peft_model(torch.tensor([ids])).logits[0].numpy()
+
+
+def _ids(model: TinyModel) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return list(AutoTokenizer.from_pretrained(model.hf_dir)(TEXT)["input_ids"])
+
+
+@pytest.fixture
+def adapter_copy(tiny_models: dict[str, TinyModel], tmp_path: Path) -> Iterator[Path]:
+    """A writable copy of the qwen2 adapter a0, to be broken by a test."""
+    copy = tmp_path / "adapter"
+    shutil.copytree(tiny_models["qwen2"].adapter_dirs["a0"], copy)
+    yield copy
+
+
+def _edit_config(adapter_dir: Path, **changes: Any) -> None:
+    path = adapter_dir / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def _write_weights(adapter_dir: Path, tensors: dict[str, Any]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(adapter_dir / "adapter_model.safetensors"))
+
+
+@pytest.mark.parametrize("adapter", ADAPTER_NAMES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_llama_cpp_with_the_converted_lora_matches_peft(
+    arch: str, adapter: str, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    model = tiny_models[arch]
+    converted = convert_peft_to_gguf(model.adapter_dirs[adapter], model.gguf_path, tmp_path / "lora.gguf")
+    assert converted == tmp_path / "lora.gguf"
+    ids = _ids(model)
+    expected = _peft_logits(model, ids, model.adapter_dirs[adapter])
+    got = _llama_logits(model, ids, converted)
+    np.testing.assert_allclose(got, expected, atol=1e-3, rtol=0)
+    # The adapter really acts: base and adapted logits are far apart.
+    assert np.abs(_llama_logits(model, ids) - got).max() > 0.5
+
+
+def test_without_the_llama_permutation_the_adapter_is_wrong(
+    tiny_models: dict[str, TinyModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: the comparison above would catch a missing q/k permutation."""
+    import numpy as np
+
+    model = tiny_models["llama"]
+    monkeypatch.setattr(gguf_conversion, "_PERMUTED_ARCHITECTURES", frozenset())
+    converted = convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path / "unpermuted.gguf")
+    ids = _ids(model)
+    expected = _peft_logits(model, ids, model.adapter_dirs["a0"])
+    assert np.abs(_llama_logits(model, ids, converted) - expected).max() > 1e-2
+
+
+def test_the_output_is_a_gguf_lora_for_the_base_architecture(tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
+    import gguf
+
+    model = tiny_models["llama"]
+    converted = convert_peft_to_gguf(model.adapter_dirs["a1"], model.gguf_path, tmp_path / "sub" / "a1.gguf")
+    reader = gguf.GGUFReader(converted)
+    assert reader.fields["general.type"].contents() == "adapter"
+    assert reader.fields["general.architecture"].contents() == "llama"
+    assert reader.fields["adapter.type"].contents() == "lora"
+    assert reader.fields["adapter.lora.alpha"].contents() == 16.0
+    shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape)) for tensor in reader.tensors}
+    assert shapes["blk.0.attn_q.weight.lora_a"] == (8, 64)
+    assert shapes["blk.0.attn_q.weight.lora_b"] == (64, 8)
+    assert shapes["blk.1.ffn_down.weight.lora_a"] == (8, 128)
+    assert len(shapes) == 2 * 7 * 2  # A and B, 7 modules, 2 blocks
+    assert {tensor.tensor_type for tensor in reader.tensors} == {gguf.GGMLQuantizationType.F32}
+    assert [p.name for p in converted.parent.iterdir()] == ["a1.gguf"]  # no temporary file left
+
+
+def test_read_base_layout_reads_the_header(tiny_models: dict[str, TinyModel]) -> None:
+    layout = read_base_layout(tiny_models["llama"].gguf_path)
+    assert (layout.architecture, layout.block_count, layout.head_count, layout.head_count_kv) == ("llama", 2, 4, 2)
+    assert layout.tensor_shapes["token_embd.weight"] == (512, 64)
+    assert layout.tensor_shapes["blk.1.attn_k.weight"] == (32, 64)
+
+
+def test_the_cache_converts_once_per_adapter_and_base(
+    tiny_models: dict[str, TinyModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adapter_copy: Path
+) -> None:
+    model = tiny_models["qwen2"]
+    cache = tmp_path / "cache"
+    first = convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache)
+    assert first.is_file()
+    assert first.parent == cache
+
+    def no_conversion(*args: object) -> None:
+        raise AssertionError("converted again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf_conversion, "_gguf_lora_tensors", no_conversion)
+        assert convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache) == first
+    # Another base (same shapes, other architecture) and changed weights each get their own file.
+    other_base = convert_peft_to_gguf_cached(adapter_copy, tiny_models["llama"].gguf_path, cache)
+    assert other_base != first
+    shutil.copy(model.adapter_dirs["a1"] / "adapter_model.safetensors", adapter_copy)
+    changed = convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache)
+    assert changed not in (first, other_base)
+    assert len(list(cache.glob("*.gguf"))) == 3
+
+
+def test_dora_is_refused(adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
+    _edit_config(adapter_copy, use_dora=True)
+    with pytest.raises(InvalidAdapterError, match="DoRA"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_trained_biases_are_refused(adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
+    _edit_config(adapter_copy, bias="all")
+    with pytest.raises(InvalidAdapterError, match="bias"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+
+
+def test_an_adapter_of_another_model_is_refused(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    _write_weights(
+        adapter_copy,
+        {
+            f"{prefix}.lora_A.weight": np.ones((8, 96), dtype=np.float32),
+            f"{prefix}.lora_B.weight": np.ones((96, 8), dtype=np.float32),
+        },
+    )
+    with pytest.raises(AdapterConversionError, match="trained for another model") as caught:
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+    assert "model.layers.0.self_attn.q_proj" in str(caught.value)
+    assert caught.value.path == str(adapter_copy)
+
+
+def test_modules_the_base_lacks_are_named(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    prefix = "base_model.model.model.layers.7.mlp.up_proj"  # the tiny model has 2 blocks
+    _write_weights(
+        adapter_copy,
+        {
+            f"{prefix}.lora_A.weight": np.ones((8, 64), dtype=np.float32),
+            f"{prefix}.lora_B.weight": np.ones((128, 8), dtype=np.float32),
+        },
+    )
+    with pytest.raises(AdapterConversionError, match=r"model\.layers\.7\.mlp\.up_proj \(blk\.7\.ffn_up\.weight\)"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+
+
+def test_corrupt_weights_are_refused(adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
+    weights = adapter_copy / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(InvalidAdapterError, match="corrupt or truncated"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+    weights.write_bytes(b"not a safetensors file at all")
+    with pytest.raises(InvalidAdapterError, match="corrupt or truncated"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_a_missing_adapter_directory_is_refused(tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
+    with pytest.raises(InvalidAdapterError, match="does not exist"):
+        convert_peft_to_gguf(tmp_path / "nowhere", tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+
+
+def test_a_missing_or_broken_base_model_is_refused(adapter_copy: Path, tmp_path: Path) -> None:
+    with pytest.raises(AdapterConversionError, match="does not exist"):
+        convert_peft_to_gguf(adapter_copy, tmp_path / "missing.gguf", tmp_path / "out.gguf")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(AdapterConversionError, match="not a readable GGUF file"):
+        convert_peft_to_gguf(adapter_copy, broken, tmp_path / "out.gguf")
+
+
+def test_an_architecture_without_a_tensor_map_is_refused(adapter_copy: Path, tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    base = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(base, "nonesuch")
+    writer.add_block_count(2)
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(AdapterConversionError, match="no tensor name map for the architecture 'nonesuch'"):
+        convert_peft_to_gguf(adapter_copy, base, tmp_path / "out.gguf")
+
+
+def test_a_random_lora_for_any_gguf_round_trips_through_llama_cpp(
+    tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    model = tiny_models["llama"]
+    adapter_dir = write_random_peft_lora(
+        model.gguf_path, tmp_path / "random", targets=("q_proj", "k_proj", "down_proj"), seed=3, std=0.3
+    )
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (8, 16, ["down_proj", "k_proj", "q_proj"])
+    # Same seed, same adapter.
+    again = write_random_peft_lora(
+        model.gguf_path, tmp_path / "again", targets=("q_proj", "k_proj", "down_proj"), seed=3, std=0.3
+    )
+    same = (adapter_dir / "adapter_model.safetensors").read_bytes()
+    assert (again / "adapter_model.safetensors").read_bytes() == same
+    converted = convert_peft_to_gguf(adapter_dir, model.gguf_path, tmp_path / "random.gguf")
+    ids = _ids(model)
+    adapted = _llama_logits(model, ids, converted)
+    assert np.abs(adapted - _llama_logits(model, ids)).max() > 0.5
+    # PEFT reads the same directory and agrees with llama.cpp.
+    np.testing.assert_allclose(adapted, _peft_logits(model, ids, adapter_dir), atol=1e-3, rtol=0)
+
+
+def test_a_random_lora_refuses_unknown_targets(tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
+    with pytest.raises(InvalidAdapterError, match="unknown LoRA targets"):
+        write_random_peft_lora(tiny_models["llama"].gguf_path, tmp_path / "x", targets=("wq",))

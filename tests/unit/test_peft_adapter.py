@@ -1,0 +1,162 @@
+"""read_peft_adapter: what a valid PEFT LoRA directory yields, and each refusal with its sentence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference.exceptions import InvalidAdapterError
+from inference.peft_adapter import PeftAdapter, read_peft_adapter
+
+VALID_CONFIG: dict[str, Any] = {
+    "peft_type": "LORA",
+    "r": 8,
+    "lora_alpha": 16,
+    "target_modules": ["v_proj", "q_proj"],
+    "bias": "none",
+    "use_dora": False,
+    "modules_to_save": None,
+    "base_model_name_or_path": "Qwen/Qwen2.5-0.5B",
+}
+
+
+def make_adapter(
+    tmp_path: Path, config: Any = None, *, weights: str | None = "adapter_model.safetensors", **changes: Any
+) -> Path:
+    directory = tmp_path / "adapter"
+    directory.mkdir()
+    content = dict(VALID_CONFIG) if config is None else config
+    if isinstance(content, dict):
+        content.update(changes)
+    (directory / "adapter_config.json").write_text(json.dumps(content), encoding="utf-8")
+    if weights is not None:
+        (directory / weights).write_bytes(b"\0" * 16)
+    return directory
+
+
+def refusal(path: Path, *, provider: str | None = None) -> InvalidAdapterError:
+    with pytest.raises(InvalidAdapterError) as caught:
+        read_peft_adapter(path, provider=provider)
+    return caught.value
+
+
+def test_a_valid_adapter_is_described(tmp_path: Path) -> None:
+    directory = make_adapter(tmp_path)
+    adapter = read_peft_adapter(directory)
+    assert isinstance(adapter, PeftAdapter)
+    assert adapter.path == directory
+    assert adapter.weights_path == directory / "adapter_model.safetensors"
+    assert (adapter.rank, adapter.alpha, adapter.scale) == (8, 16.0, 2.0)
+    assert adapter.target_modules == ("q_proj", "v_proj")  # sorted
+    assert adapter.base_model_name_or_path == "Qwen/Qwen2.5-0.5B"
+    assert adapter.config["peft_type"] == "LORA"
+
+
+def test_a_string_path_and_pytorch_weights_are_accepted(tmp_path: Path) -> None:
+    directory = make_adapter(tmp_path, weights="adapter_model.bin", peft_type="lora")
+    adapter = read_peft_adapter(str(directory))
+    assert adapter.weights_path.name == "adapter_model.bin"
+
+
+def test_safetensors_are_preferred_over_a_pickle(tmp_path: Path) -> None:
+    directory = make_adapter(tmp_path)
+    (directory / "adapter_model.bin").write_bytes(b"\0")
+    assert read_peft_adapter(directory).weights_path.name == "adapter_model.safetensors"
+
+
+def test_a_single_target_string_becomes_a_tuple(tmp_path: Path) -> None:
+    adapter = read_peft_adapter(make_adapter(tmp_path, target_modules="q_proj"))
+    assert adapter.target_modules == ("q_proj",)
+
+
+def test_a_missing_alpha_defaults_to_peft_default_8(tmp_path: Path) -> None:
+    config = {key: value for key, value in VALID_CONFIG.items() if key != "lora_alpha"}
+    assert read_peft_adapter(make_adapter(tmp_path, config)).alpha == 8.0
+
+
+def test_a_missing_directory_is_refused_with_provider_and_path(tmp_path: Path) -> None:
+    error = refusal(tmp_path / "nowhere", provider="llamacpp")
+    assert "does not exist" in str(error)
+    assert "PEFT adapter directory" in str(error)
+    assert error.provider == "llamacpp"
+    assert error.path == str(tmp_path / "nowhere")
+    assert isinstance(error, ValueError)
+
+
+def test_a_file_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "adapter.gguf"
+    file.write_bytes(b"GGUF")
+    assert "is not a directory" in str(refusal(file))
+
+
+def test_a_directory_without_config_is_refused(tmp_path: Path) -> None:
+    assert "has no adapter_config.json" in str(refusal(tmp_path))
+    assert "save_pretrained" in str(refusal(tmp_path))
+
+
+def test_an_unparsable_config_is_refused(tmp_path: Path) -> None:
+    directory = make_adapter(tmp_path)
+    (directory / "adapter_config.json").write_text("{not json", encoding="utf-8")
+    assert "unreadable adapter_config.json" in str(refusal(directory))
+
+
+def test_a_config_that_is_not_an_object_is_refused(tmp_path: Path) -> None:
+    assert "not a JSON object" in str(refusal(make_adapter(tmp_path, [1, 2])))
+
+
+def test_missing_weights_are_refused(tmp_path: Path) -> None:
+    error = refusal(make_adapter(tmp_path, weights=None))
+    assert "has no weights file" in str(error)
+    assert "adapter_model.safetensors" in str(error)
+
+
+@pytest.mark.parametrize(("peft_type", "shown"), [("PREFIX_TUNING", "PREFIX_TUNING"), ("", "untyped")])
+def test_other_peft_types_are_refused(tmp_path: Path, peft_type: str, shown: str) -> None:
+    error = refusal(make_adapter(tmp_path, peft_type=peft_type))
+    assert f"is a {shown} adapter" in str(error)
+    assert "only LoRA" in str(error)
+
+
+def test_dora_is_refused(tmp_path: Path) -> None:
+    error = refusal(make_adapter(tmp_path, use_dora=True))
+    assert "uses DoRA" in str(error)
+    assert "train a plain LoRA" in str(error)
+
+
+@pytest.mark.parametrize("bias", ["all", "lora_only"])
+def test_trained_biases_are_refused(tmp_path: Path, bias: str) -> None:
+    error = refusal(make_adapter(tmp_path, bias=bias))
+    assert f"trains biases (bias={bias!r})" in str(error)
+
+
+def test_modules_to_save_are_refused(tmp_path: Path) -> None:
+    error = refusal(make_adapter(tmp_path, modules_to_save=["lm_head"]))
+    assert "saves whole modules" in str(error)
+    assert "lm_head" in str(error)
+
+
+@pytest.mark.parametrize("rank", [0, -4, "8", 2.5, True, None])
+def test_an_invalid_rank_is_refused(tmp_path: Path, rank: Any) -> None:
+    assert f"invalid rank r={rank!r}" in str(refusal(make_adapter(tmp_path, r=rank)))
+
+
+@pytest.mark.parametrize("alpha", ["16", True, None, [16]])
+def test_an_invalid_alpha_is_refused(tmp_path: Path, alpha: Any) -> None:
+    assert "invalid lora_alpha" in str(refusal(make_adapter(tmp_path, lora_alpha=alpha)))
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        None,
+        [],
+        [1, 2],
+        "",
+        ["q_proj", ""],
+    ],
+)
+def test_missing_targets_are_refused(tmp_path: Path, targets: Any) -> None:
+    assert "no usable target_modules" in str(refusal(make_adapter(tmp_path, target_modules=targets)))
