@@ -12,12 +12,14 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from inference._validation import GenerationRequest, validate_adapter_id
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 
 __all__ = ["GenerationRequest", "GenerationResult", "InferenceProvider"]
+
+_ProviderT = TypeVar("_ProviderT", bound="InferenceProvider")
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class InferenceProvider(ABC):
     async def aclose(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Free what the provider holds (connections, model weights). Safe to call twice."""
 
-    async def __aenter__(self) -> InferenceProvider:
+    async def __aenter__(self: _ProviderT) -> _ProviderT:
         return self
 
     async def __aexit__(

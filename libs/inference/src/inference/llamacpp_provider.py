@@ -1,0 +1,586 @@
+"""llama.cpp in process, with LoRA adapters hot-swapped per request instead of reloading the model.
+
+Each adapter is loaded once with llama.cpp's adapter API (``llama_adapter_lora_init``) and made active per
+request with ``llama_set_adapters_lora``; the base model is never reloaded. When the active adapter changes,
+the KV cache is reset, because ``Llama.generate`` reuses a matching token prefix and knows nothing about
+adapters. Where the adapter API is missing (or ``hot_swap=False``), the provider falls back to the seed's
+design: it rebuilds ``Llama(model_path, lora_path=...)`` whenever the adapter changes.
+
+All model work (load, adapter init, generation) runs on one :class:`~inference._worker.ModelWorker` thread,
+so one context never runs two requests at once, requests run first come first served, and the event loop
+only awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference._dependencies import import_optional
+from inference._validation import GenerationRequest
+from inference._worker import ModelWorker
+from inference.config import resolve_settings
+from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    AdapterNotFoundError,
+    ConfigurationError,
+    InvalidAdapterError,
+    InvalidRequestError,
+    MissingDependencyError,
+    ModelLoadError,
+    ProviderError,
+)
+from inference.provider import GenerationResult, InferenceProvider
+
+__all__ = ["DEFAULT_ADAPTER_CACHE_DIR", "DEFAULT_SAMPLING", "KV_CACHE_TYPES", "LlamaCppProvider"]
+
+_PROVIDER = "llamacpp"
+
+DEFAULT_ADAPTER_CACHE_DIR = Path.home() / ".cache" / "inference-adapters"
+"""Where PEFT adapters converted to GGUF LoRA files are kept when no ``adapter_cache_dir`` is given."""
+
+DEFAULT_SAMPLING: dict[str, float] = {
+    "temperature": 0.8,
+    "top_p": 0.95,
+    "top_k": 40,
+    "min_p": 0.05,
+    "repeat_penalty": 1.0,
+}
+"""llama.cpp's own defaults, used for every sampling setting a request leaves as ``None``."""
+
+KV_CACHE_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
+"""``kv_cache_type`` names and the GGML type ids llama.cpp takes as ``type_k``/``type_v``."""
+
+
+@dataclass
+class _Adapter:
+    """One loaded adapter: where it came from, the GGUF LoRA file used, and llama.cpp's handle."""
+
+    source: str
+    gguf_path: Path
+    handle: Any = None  # llama_adapter_lora_p; None in reload mode
+
+
+@dataclass(frozen=True)
+class _ModelInfo:
+    """What the loaded base model says about itself, read once at first load."""
+
+    architecture: str
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+
+
+class LlamaCppProvider(InferenceProvider):
+    """Runs a GGUF model in process with llama.cpp, switching LoRA adapters per request.
+
+    The model loads lazily on the first call, on the provider's worker thread, exactly once even when
+    several calls arrive together. ``load_adapter`` takes a GGUF LoRA file or a PEFT adapter directory
+    (converted once to GGUF for this base model and cached in ``adapter_cache_dir``).
+
+    Sampling: a request's ``None`` settings take llama.cpp's defaults (:data:`DEFAULT_SAMPLING`:
+    temperature 0.8, top_p 0.95, top_k 40, min_p 0.05, no repetition penalty); ``temperature=0`` is greedy.
+    A request without ``seed`` uses the provider's ``seed`` (``None``: a fresh random seed per request).
+
+    Example:
+        >>> async def main():  # doctest: +SKIP
+        ...     async with LlamaCppProvider("models/base.gguf", n_ctx=2048) as provider:
+        ...         await provider.load_adapter("style", "adapters/style")  # a PEFT directory
+        ...         return await provider.generate("Hello", model="base", adapter_id="style", temperature=0)
+
+    Args:
+        model_path: The GGUF base model; else ``LLAMACPP_MODEL_PATH``. Required.
+        n_ctx: Context size in tokens; else ``LLAMACPP_N_CTX``; else 4096.
+        n_gpu_layers: Layers offloaded to the GPU (-1 = all); else ``LLAMACPP_N_GPU_LAYERS``; else -1.
+            Ignored by CPU-only builds of llama.cpp.
+        adapter_cache_dir: Where converted PEFT adapters are cached; else ``LLAMACPP_ADAPTER_CACHE_DIR``;
+            else ``~/.cache/inference-adapters``.
+        kv_cache_type: KV cache precision, one of :data:`KV_CACHE_TYPES` (``"f32"`` makes results match
+            other backends to 1e-5); ``None`` keeps llama.cpp's default (f16).
+        seed: Sampling seed for requests that give none; ``None`` draws a fresh one per request.
+        n_threads: CPU threads for generation; ``None`` lets llama-cpp-python choose.
+        n_batch: Prompt tokens evaluated per batch.
+        hot_swap: ``False`` forces the reload-with-``lora_path`` fallback (rebuilds the model whenever the
+            adapter changes); it is used anyway when llama.cpp lacks the adapter API.
+        verbose: Let llama.cpp print its logs.
+
+    Raises:
+        ConfigurationError: No model path is given by argument or environment, or a setting is invalid.
+        MissingDependencyError: llama-cpp-python is not installed.
+    """
+
+    name = _PROVIDER
+    supports_adapters = True
+    hot_swaps_adapters = True
+    batches_mixed_adapters = False
+    runs_in_process = True
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        n_ctx: int | None = None,
+        n_gpu_layers: int | None = None,
+        adapter_cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        kv_cache_type: str | None = None,
+        seed: int | None = None,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        hot_swap: bool = True,
+        verbose: bool = False,
+    ) -> None:
+        given = {
+            "model_path": os.fspath(model_path) if model_path is not None else None,
+            "n_ctx": n_ctx,
+            "n_gpu_layers": n_gpu_layers,
+            "adapter_cache_dir": os.fspath(adapter_cache_dir) if adapter_cache_dir is not None else None,
+        }
+        settings = resolve_settings(_PROVIDER, {k: v for k, v in given.items() if v is not None})
+        if not settings["model_path"]:
+            raise ConfigurationError(
+                "the llamacpp provider needs a GGUF model: pass model_path=... or set LLAMACPP_MODEL_PATH",
+                provider=_PROVIDER,
+            )
+        if not isinstance(settings["n_ctx"], int) or settings["n_ctx"] < 1:
+            raise ConfigurationError(
+                "n_ctx must be a positive integer (argument n_ctx or LLAMACPP_N_CTX), "
+                f"got {settings['n_ctx']!r}",
+                provider=_PROVIDER,
+            )
+        if kv_cache_type is not None and kv_cache_type not in KV_CACHE_TYPES:
+            raise ConfigurationError(
+                f"kv_cache_type {kv_cache_type!r} is not known: use one of {', '.join(KV_CACHE_TYPES)}",
+                provider=_PROVIDER,
+            )
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise MissingDependencyError(
+                "the llamacpp provider needs the Python package 'llama_cpp', which is not installed: "
+                "run pip install 'inference-adapters[llamacpp]'",
+                provider=_PROVIDER,
+            )
+        self.model_path = Path(settings["model_path"])
+        self.n_ctx: int = settings["n_ctx"]
+        self.n_gpu_layers: int = settings["n_gpu_layers"]
+        self.adapter_cache_dir = Path(settings["adapter_cache_dir"] or DEFAULT_ADAPTER_CACHE_DIR)
+        self.kv_cache_type = kv_cache_type
+        self.seed = seed
+        self._n_threads = n_threads
+        self._n_batch = n_batch
+        self._verbose = verbose
+        self._hot_swap_requested = hot_swap
+        self._worker = ModelWorker(_PROVIDER)
+        self._closed = False
+        # Worker-thread state (touched only from inside self._worker.run calls).
+        self._llama: Any = None
+        self._info: _ModelInfo | None = None
+        self._formatter: Any = None
+        self._hot_swap: bool | None = None  # decided when llama_cpp is first imported
+        self._active: str | None = None  # adapter set on the context (hot-swap) or baked in (reload)
+        self._model_lora_path: Path | None = None  # reload mode: the adapter the model was built with
+        self._loads = 0
+        # Event-loop state.
+        self._adapters: dict[str, _Adapter] = {}
+        self._pending: set[str] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"LlamaCppProvider(model_path={str(self.model_path)!r}, n_ctx={self.n_ctx}, "
+            f"n_gpu_layers={self.n_gpu_layers}, adapters={sorted(self._adapters)})"
+        )
+
+    @property
+    def model_name(self) -> str:
+        """The loaded model's name: the GGUF file's stem."""
+        return self.model_path.stem
+
+    @property
+    def model_loads(self) -> int:
+        """How many times the base model was loaded (1 with hot-swap; grows per switch in reload mode)."""
+        return self._loads
+
+    @property
+    def uses_hot_swap(self) -> bool | None:
+        """True when adapters are swapped with llama.cpp's adapter API, False in reload mode.
+
+        ``None`` until the first call has imported llama.cpp.
+        """
+        return self._hot_swap
+
+    # Public hooks ---------------------------------------------------------------------------------------
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        self._check_open()
+        if request.adapter_id is not None and request.adapter_id not in self._adapters:
+            raise self._not_loaded(request.adapter_id)
+        return await self._worker.run(self._generate_blocking, request)
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        self._check_open()
+        if adapter_id in self._adapters or adapter_id in self._pending:
+            loaded = self._adapters.get(adapter_id)
+            source = loaded.source if loaded is not None else "a load in progress"
+            raise AdapterAlreadyLoadedError(
+                f"adapter {adapter_id!r} is already loaded (from {source}): "
+                "unload it first or choose another id",
+                provider=self.name,
+                path=adapter_path,
+            )
+        self._pending.add(adapter_id)
+        try:
+            path = Path(adapter_path)
+            if path.is_dir():
+                gguf_path = await asyncio.to_thread(self._convert_peft, path)
+            elif path.is_file():
+                gguf_path = path
+            else:
+                raise InvalidAdapterError(
+                    f"adapter at {path} does not exist: give a GGUF LoRA file or a PEFT adapter directory",
+                    provider=self.name,
+                    path=str(path),
+                )
+            self._check_open()
+            handle = await self._worker.run(self._init_adapter_blocking, gguf_path)
+            self._adapters[adapter_id] = _Adapter(source=adapter_path, gguf_path=gguf_path, handle=handle)
+        finally:
+            self._pending.discard(adapter_id)
+
+    async def _unload_adapter(self, adapter_id: str) -> None:
+        self._check_open()
+        adapter = self._adapters.pop(adapter_id, None)
+        if adapter is None:
+            raise self._not_loaded(adapter_id)
+        await self._worker.run(self._free_adapter_blocking, adapter_id, adapter)
+
+    async def _list_adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    async def aclose(self) -> None:
+        """Free the adapters, the model and the worker thread. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        adapters = list(self._adapters.items())
+        self._adapters.clear()
+        try:
+            await self._worker.run(self._close_blocking, adapters)
+        finally:
+            self._worker.shutdown()
+
+    # Event-loop helpers ---------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProviderError(
+                "this LlamaCppProvider is closed: create a new one (or call get_provider again)",
+                provider=self.name,
+                path=str(self.model_path),
+            )
+
+    def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
+        return AdapterNotFoundError(
+            f"adapter {adapter_id!r} is not loaded: call load_adapter first "
+            f"(loaded: {', '.join(sorted(self._adapters)) or 'none'})",
+            provider=self.name,
+        )
+
+    def _convert_peft(self, directory: Path) -> Path:
+        """Convert a PEFT directory to a GGUF LoRA for this base model (cached; runs in a helper thread)."""
+        from inference.gguf_conversion import convert_peft_to_gguf_cached
+
+        if not self.model_path.is_file():
+            raise ModelLoadError(
+                f"GGUF model file {self.model_path} does not exist, so no PEFT adapter can be converted "
+                "for it: set model_path or LLAMACPP_MODEL_PATH to a .gguf file",
+                provider=self.name,
+                path=str(self.model_path),
+            )
+        return Path(convert_peft_to_gguf_cached(directory, self.model_path, self.adapter_cache_dir))
+
+    # Worker-thread code -----------------------------------------------------------------------------------
+
+    def _llama_cpp(self) -> Any:
+        llama_cpp = import_optional("llama_cpp", extra="llamacpp", provider=self.name)
+        if self._hot_swap is None:
+            has_api = all(
+                hasattr(llama_cpp, name)
+                for name in ("llama_adapter_lora_init", "llama_adapter_lora_free", "llama_set_adapters_lora")
+            )
+            self._hot_swap = self._hot_swap_requested and has_api
+        return llama_cpp
+
+    def _ensure_model(self, lora_path: Path | None = None) -> Any:
+        """Return the loaded ``Llama``, loading it on first use (calls never overlap, so it loads once).
+
+        In reload mode, ``lora_path`` is the adapter the model must be built with; a different one than
+        the current model's rebuilds it.
+        """
+        llama_cpp = self._llama_cpp()
+        if self._llama is not None and (self._hot_swap or lora_path == self._model_lora_path):
+            return self._llama
+        if self._llama is not None:  # reload mode, another adapter: the seed's design
+            self._llama.close()
+            self._llama = None
+            self._active = None
+        if not self.model_path.is_file():
+            raise ModelLoadError(
+                f"GGUF model file {self.model_path} does not exist: set model_path or LLAMACPP_MODEL_PATH "
+                "to a .gguf file",
+                provider=self.name,
+                path=str(self.model_path),
+            )
+        kwargs: dict[str, Any] = {
+            "n_ctx": self.n_ctx,
+            "n_gpu_layers": self.n_gpu_layers,
+            "n_batch": min(self._n_batch, self.n_ctx),
+            "verbose": self._verbose,
+        }
+        if self._n_threads is not None:
+            kwargs["n_threads"] = self._n_threads
+        if self.kv_cache_type is not None:
+            kwargs["type_k"] = kwargs["type_v"] = KV_CACHE_TYPES[self.kv_cache_type]
+        if lora_path is not None:
+            kwargs["lora_path"] = str(lora_path)
+        try:
+            llama = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
+        except Exception as error:  # llama-cpp-python raises ValueError/RuntimeError with no detail
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.model_path} ({error}): check that it is a complete "
+                "GGUF model file of an architecture this llama.cpp build supports",
+                provider=self.name,
+                path=str(self.model_path),
+            ) from error
+        self._loads += 1
+        self._llama = llama
+        self._model_lora_path = lora_path
+        if self._info is None:
+            self._info = self._read_model_info(llama)
+            if self._info.chat_template:
+                from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+                self._formatter = Jinja2ChatFormatter(
+                    template=self._info.chat_template,
+                    eos_token=self._info.eos_token,
+                    bos_token=self._info.bos_token,
+                    add_generation_prompt=True,
+                )
+        return llama
+
+    @staticmethod
+    def _read_model_info(llama: Any) -> _ModelInfo:
+        metadata: dict[str, str] = dict(llama.metadata or {})
+
+        def token_text(token: int) -> str:
+            if token < 0:
+                return ""
+            return bytes(llama.detokenize([token], special=True)).decode("utf-8", errors="replace")
+
+        return _ModelInfo(
+            architecture=metadata.get("general.architecture", ""),
+            chat_template=metadata.get("tokenizer.chat_template") or None,
+            bos_token=token_text(llama.token_bos()),
+            eos_token=token_text(llama.token_eos()),
+        )
+
+    def _model_info(self) -> _ModelInfo:
+        if self._info is None:
+            self._ensure_model(None)
+        assert self._info is not None
+        return self._info
+
+    def _init_adapter_blocking(self, gguf_path: Path) -> Any:
+        """Check a GGUF LoRA against the base model and, with hot-swap, load it into llama.cpp."""
+        info = self._model_info()
+        lora_architecture = _read_lora_architecture(gguf_path)
+        if lora_architecture != info.architecture:
+            raise InvalidAdapterError(
+                f"adapter {gguf_path} is a LoRA for architecture {lora_architecture!r}, but the base model "
+                f"{self.model_path.name} is {info.architecture!r}: "
+                "use an adapter trained for this base model",
+                provider=self.name,
+                path=str(gguf_path),
+            )
+        if not self._hot_swap:
+            return None
+        llama_cpp = self._llama_cpp()
+        llama = self._ensure_model()
+        handle = llama_cpp.llama_adapter_lora_init(llama.model, str(gguf_path).encode("utf-8"))
+        if not handle:  # a NULL pointer: llama.cpp refused it (tensor names or shapes the model lacks)
+            raise InvalidAdapterError(
+                f"llama.cpp refused the LoRA adapter {gguf_path}: its tensors do not fit the base model "
+                f"{self.model_path.name} (names or shapes differ); convert it against this base model",
+                provider=self.name,
+                path=str(gguf_path),
+            )
+        return handle
+
+    def _free_adapter_blocking(self, adapter_id: str, adapter: _Adapter) -> None:
+        if self._active == adapter_id:
+            if self._hot_swap and self._llama is not None:
+                self._set_context_adapter(None)
+            elif self._llama is not None:  # reload mode: the model has it baked in; rebuild on next use
+                self._llama.close()
+                self._llama = None
+            self._active = None
+        if adapter.handle is not None:
+            self._llama_cpp().llama_adapter_lora_free(adapter.handle)
+            adapter.handle = None
+
+    def _close_blocking(self, adapters: list[tuple[str, _Adapter]]) -> None:
+        for adapter_id, adapter in adapters:
+            self._free_adapter_blocking(adapter_id, adapter)
+        if self._llama is not None:
+            self._llama.close()
+            self._llama = None
+
+    def _set_context_adapter(self, handle: Any) -> None:
+        """Make ``handle`` the only active adapter (``None`` clears it), and reset the KV cache."""
+        llama_cpp = self._llama_cpp()
+        llama = self._llama
+        if handle is None:
+            llama_cpp.llama_set_adapters_lora(llama.ctx, None, 0, None)
+        else:
+            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(handle)
+            scales = (ctypes.c_float * 1)(1.0)
+            llama_cpp.llama_set_adapters_lora(llama.ctx, adapters, 1, scales)
+        llama.reset()  # Llama.generate would otherwise reuse KV entries computed under the other adapter
+
+    def _activate(self, adapter_id: str | None) -> Any:
+        """Return the model with ``adapter_id`` active: switched (hot-swap) or rebuilt (reload) if needed."""
+        adapter = self._adapters.get(adapter_id) if adapter_id is not None else None
+        if adapter_id is not None and adapter is None:
+            raise self._not_loaded(adapter_id)
+        self._llama_cpp()
+        if not self._hot_swap:  # the seed's design: rebuild the model with lora_path when the adapter changes
+            llama = self._ensure_model(adapter.gguf_path if adapter is not None else None)
+            self._active = adapter_id
+            return llama
+        llama = self._ensure_model()
+        if adapter_id != self._active:
+            self._set_context_adapter(adapter.handle if adapter is not None else None)
+            self._active = adapter_id
+        return llama
+
+    def _prompt_tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
+        """Token ids per the in-process prompt rule (shared with the Transformers provider)."""
+        if self._formatter is not None:
+            messages: list[dict[str, str]] = []
+            if request.system_prompt:
+                messages.append({"role": "system", "content": request.system_prompt})
+            messages.append({"role": "user", "content": request.prompt})
+            try:
+                rendered: str = self._formatter(messages=messages).prompt
+            except Exception as error:  # jinja2 errors, raise_exception() in the template
+                raise InvalidRequestError(
+                    f"the chat template of {self.model_path.name} cannot render this request ({error})",
+                    provider=self.name,
+                ) from error
+            return list(llama.tokenize(rendered.encode("utf-8"), add_bos=False, special=True))
+        text = f"{request.system_prompt}\n\n{request.prompt}" if request.system_prompt else request.prompt
+        # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
+        return list(llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    def _generate_blocking(self, request: GenerationRequest) -> GenerationResult:
+        llama_cpp = self._llama_cpp()
+        llama = self._activate(request.adapter_id)
+        prompt = self._prompt_tokens(llama, request)
+        if not prompt:
+            raise InvalidRequestError(
+                "the prompt is empty after tokenisation: give a non-empty prompt", provider=self.name
+            )
+        room = self.n_ctx - len(prompt)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt is {len(prompt)} tokens, which does not fit the context of {self.n_ctx} tokens: "
+                "shorten it or raise n_ctx (LLAMACPP_N_CTX)",
+                provider=self.name,
+            )
+        seed = request.seed if request.seed is not None else self.seed
+        llama.set_seed(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        limit = min(request.max_tokens, room)
+        temperature = request.temperature
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        completion: list[int] = []
+        text_bytes = bytearray()
+        text: str | None = None
+        searched = 0  # characters already searched for stop strings
+        margin = max((len(stop) for stop in request.stop), default=0) + 4  # + a multi-byte character
+        finish_reason = "length"
+        for token in llama.generate(
+            prompt,
+            temp=DEFAULT_SAMPLING["temperature"] if temperature is None else temperature,
+            top_p=DEFAULT_SAMPLING["top_p"] if request.top_p is None else request.top_p,
+            top_k=int(DEFAULT_SAMPLING["top_k"]) if request.top_k is None else request.top_k,
+            min_p=DEFAULT_SAMPLING["min_p"],
+            repeat_penalty=(
+                DEFAULT_SAMPLING["repeat_penalty"]
+                if request.repetition_penalty is None
+                else request.repetition_penalty
+            ),
+        ):
+            completion.append(token)
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                finish_reason = "stop"
+                break
+            text_bytes += llama.detokenize([token])  # byte pieces: they concatenate to the full text
+            if request.stop:
+                decoded = text_bytes.decode("utf-8", errors="replace")
+                cut = _find_stop(decoded, request.stop, start=max(0, searched - margin))
+                searched = len(decoded)
+                if cut is not None:
+                    text, finish_reason = decoded[:cut], "stop"
+                    break
+            if len(completion) >= limit:
+                break
+        if text is None:
+            text = text_bytes.decode("utf-8", errors="replace")
+        return GenerationResult(
+            text=text,
+            model=self.model_name,
+            adapter_id=request.adapter_id,
+            token_count=len(prompt) + len(completion),
+            finish_reason=finish_reason,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(completion),
+        )
+
+
+def _find_stop(text: str, stops: tuple[str, ...], *, start: int) -> int | None:
+    """Index of the earliest stop string in ``text[start:]``, or ``None`` when none occurs."""
+    positions = [index for index in (text.find(stop, start) for stop in stops) if index >= 0]
+    return min(positions) if positions else None
+
+
+def _read_lora_architecture(path: Path) -> str:
+    """Return ``general.architecture`` of a GGUF LoRA file, refusing files that are not GGUF LoRA adapters."""
+    gguf = import_optional("gguf", extra="llamacpp", provider=_PROVIDER)
+
+    def refuse(reason: str) -> InvalidAdapterError:
+        return InvalidAdapterError(f"adapter {path} {reason}", provider=_PROVIDER, path=str(path))
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as error:  # bad magic, truncated file, unreadable
+        raise refuse(
+            f"is not a readable GGUF file ({error}): give a GGUF LoRA file or a PEFT adapter directory"
+        ) from error
+
+    def field(key: str) -> str | None:
+        value = reader.get_field(key)
+        return str(value.contents()) if value is not None else None
+
+    general_type, adapter_type = field("general.type"), field("adapter.type")
+    if general_type != "adapter" or (adapter_type or "lora") != "lora":
+        raise refuse(
+            f"is a GGUF file of type {general_type or 'model'!r}, not a LoRA adapter "
+            "(general.type 'adapter', adapter.type 'lora'): "
+            "convert the adapter with `inference convert-adapter`"
+        )
+    architecture = field("general.architecture")
+    if not architecture:
+        raise refuse("has no general.architecture: it was not written by a GGUF LoRA converter")
+    return architecture
