@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -131,8 +132,9 @@ def read_base_layout(base_gguf: str | os.PathLike[str]) -> BaseModelLayout:
             f"base model {path} does not exist: give the path of the GGUF file the adapter should run on",
             path=str(path),
         )
+    stat = path.stat()
     try:
-        fields, shapes = _read_gguf_header(path)
+        fields, shapes = _read_gguf_header_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
     except (OSError, ValueError, struct.error, UnicodeDecodeError) as error:
         raise AdapterConversionError(
             f"base model {path} is not a readable GGUF file ({error})", path=str(path)
@@ -157,6 +159,14 @@ def read_base_layout(base_gguf: str | os.PathLike[str]) -> BaseModelLayout:
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _SMALL_ARRAY = 4096
+
+
+@functools.lru_cache(maxsize=8)
+def _read_gguf_header_cached(
+    path: Path, mtime_ns: int, size: int
+) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """The header of a base model, read once per file version: every adapter load for a model needs it."""
+    return _read_gguf_header(path)
 
 
 def _read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
