@@ -300,3 +300,15 @@ async def test_unsupported_operation_names_the_provider_class() -> None:
         await provider.load_adapter("a", "/x")
     assert await provider.list_adapters() == []
     assert (await provider.generate("echo", model="m")).text == "echo"
+
+
+def test_env_example_and_docs_list_every_setting(repo_root) -> None:  # type: ignore[no-untyped-def]
+    from inference.config import render_env_example
+
+    assert (repo_root / ".env.example").read_text(encoding="utf-8") == render_env_example(), (
+        "run: python scripts/write_env_example.py"
+    )
+    docs = (repo_root / "docs" / "configuration.md").read_text(encoding="utf-8")
+    for settings in SETTINGS.values():
+        for setting in settings:
+            assert f"`{setting.env_var}`" in docs and f"`{setting.key}`" in docs
