@@ -1,0 +1,175 @@
+"""Batching for an in-process model: collect concurrent requests, pad them together, split the output.
+
+Requests are put in a :class:`BatchQueue` on the event loop's thread; the model's worker thread takes
+them out with :meth:`BatchQueue.next_batch`. A batch starts when the oldest waiting request has waited
+``window_s`` or when ``max_batch_size`` compatible requests are waiting, whichever comes first. Requests
+whose batch keys differ (e.g. other sampling settings) never share a batch; the oldest request's key
+goes first, so no request waits behind later ones forever.
+
+The helpers below turn a batch into one left-padded input (:func:`left_pad`), stop each row at its own
+``max_tokens`` (:class:`RowLimits`) and cut each row's output back into a result (:func:`cut_row`).
+Nothing here imports torch: functions that build tensors take the torch module as an argument.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference._validation import GenerationRequest
+from inference.provider import GenerationResult
+
+__all__ = ["BatchQueue", "BatchRow", "PendingRequest", "RowLimits", "cut_row", "left_pad"]
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """A request waiting for its batch, with the future its caller awaits.
+
+    Attributes:
+        request: The validated request.
+        future: Resolved by the worker thread with the result or the error; cancelled if the caller gives up.
+        enqueued_at: ``time.monotonic()`` when it was queued (its batch window starts here).
+        key: Its batch key, computed once by the worker thread (requests share a batch only if keys are equal).
+    """
+
+    request: GenerationRequest
+    future: Future[GenerationResult] = field(default_factory=Future)
+    enqueued_at: float = field(default_factory=time.monotonic)
+    key: Hashable | None = None
+
+
+class BatchQueue:
+    """A thread-safe queue that hands out batches of compatible requests.
+
+    Args:
+        max_batch_size: The most requests in one batch.
+        window_s: How long the oldest waiting request waits for others to join its batch, in seconds.
+    """
+
+    def __init__(self, max_batch_size: int, window_s: float) -> None:
+        self.max_batch_size = max_batch_size
+        self.window_s = window_s
+        self._pending: list[PendingRequest] = []
+        self._condition = threading.Condition()
+
+    def __len__(self) -> int:
+        with self._condition:
+            return len(self._pending)
+
+    def put(self, request: GenerationRequest) -> PendingRequest:
+        """Queue ``request`` and wake a worker waiting for its batch to fill; returns its entry."""
+        entry = PendingRequest(request)
+        with self._condition:
+            self._pending.append(entry)
+            self._condition.notify_all()
+        return entry
+
+    def discard(self, entry: PendingRequest) -> None:
+        """Take ``entry`` out of the queue (if still there) and cancel its future."""
+        with self._condition:
+            if entry in self._pending:
+                self._pending.remove(entry)
+        entry.future.cancel()
+
+    def next_batch(self, key_of: Callable[[GenerationRequest], Hashable]) -> list[PendingRequest]:
+        """Wait for the oldest request's window, then return it and the compatible requests behind it.
+
+        Args:
+            key_of: Gives a request's batch key; called once per request, on the calling (worker) thread.
+
+        Returns:
+            Up to ``max_batch_size`` requests with equal keys, oldest first, each future marked running
+            (so callers can no longer cancel it); an empty list when nothing is waiting.
+        """
+        with self._condition:
+            while True:
+                self._pending = [entry for entry in self._pending if not entry.future.cancelled()]
+                if not self._pending:
+                    return []
+                for entry in self._pending:
+                    if entry.key is None:
+                        entry.key = key_of(entry.request)
+                head = self._pending[0]
+                group = [entry for entry in self._pending if entry.key == head.key][: self.max_batch_size]
+                remaining = head.enqueued_at + self.window_s - time.monotonic()
+                if len(group) >= self.max_batch_size or remaining <= 0:
+                    break
+                self._condition.wait(remaining)
+            for entry in group:
+                self._pending.remove(entry)
+            return [entry for entry in group if entry.future.set_running_or_notify_cancel()]
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One request of a batch, tokenised.
+
+    Attributes:
+        entry: The queued request.
+        prompt_ids: Its prompt's token ids.
+        limit: The most new tokens for this row (``max_tokens``, or less where the context ends first).
+    """
+
+    entry: PendingRequest
+    prompt_ids: list[int]
+    limit: int
+
+
+def left_pad(torch: Any, rows: list[BatchRow], pad_id: int) -> tuple[Any, Any]:
+    """Return ``(input_ids, attention_mask)`` with every prompt right-aligned (decoder-only batching)."""
+    width = max(len(row.prompt_ids) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        start = width - len(row.prompt_ids)
+        input_ids[index, start:] = torch.tensor(row.prompt_ids, dtype=torch.long)
+        attention_mask[index, start:] = 1
+    return input_ids, attention_mask
+
+
+class RowLimits:
+    """A ``generate`` stopping criterion: each row is done once it has its own number of new tokens.
+
+    Args:
+        limits: A 1-D integer tensor, one limit per row, on the model's device.
+        prompt_width: The padded prompt length (new tokens start there).
+    """
+
+    def __init__(self, limits: Any, prompt_width: int) -> None:
+        self.limits = limits
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        return (input_ids.shape[1] - self.prompt_width) >= self.limits
+
+
+def cut_row(
+    tokens: list[int],
+    limit: int,
+    eos_ids: frozenset[int],
+    stops: tuple[str, ...],
+    decode: Callable[[list[int]], str],
+) -> tuple[str, int, str]:
+    """Cut one row's new tokens at its limit, its first end-of-sequence token or its first stop string.
+
+    Returns:
+        ``(text, completion_tokens, finish_reason)``; the stop string and end-of-sequence token are not
+        part of the text. ``finish_reason`` is ``"stop"`` or ``"length"``.
+    """
+    tokens, finish_reason = tokens[:limit], "length"
+    end = next((index for index, token in enumerate(tokens) if token in eos_ids), None)
+    if end is not None:
+        tokens, finish_reason = tokens[:end], "stop"
+    text = decode(tokens)
+    cuts = [text.index(stop) for stop in stops if stop in text]
+    if not cuts:
+        return text, len(tokens), finish_reason
+    count = next(
+        (n for n in range(1, len(tokens) + 1) if any(stop in decode(tokens[:n]) for stop in stops)), len(tokens)
+    )
+    return text[: min(cuts)], count, "stop"

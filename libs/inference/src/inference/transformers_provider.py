@@ -1,0 +1,617 @@
+"""Transformers + PEFT in process, with concurrent requests for different adapters batched together.
+
+``set_adapter`` is global model state, so serving each request with its own ``set_adapter`` races as soon
+as two requests for different adapters overlap. This provider never switches the active adapter for a
+request: concurrent ``generate`` calls are collected into batches (see :mod:`inference._batching`) and
+each batch runs as ONE ``model.generate`` with PEFT's per-row ``adapter_names`` (``"__base__"`` for the
+base model), left-padded. Everything that touches the model (load, adapters, batches) runs on one worker
+thread, in order, so the event loop never blocks and adapters never change under a running batch.
+
+torch, transformers and peft are imported on first use only.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference._batching import BatchQueue, BatchRow, PendingRequest, RowLimits, cut_row, left_pad
+from inference._dependencies import import_optional
+from inference._validation import GenerationRequest
+from inference._worker import ModelWorker
+from inference.config import resolve_settings
+from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    AdapterNotFoundError,
+    ConfigurationError,
+    InferenceError,
+    InvalidAdapterError,
+    InvalidRequestError,
+    ModelLoadError,
+    ProviderError,
+)
+from inference.peft_adapter import PeftAdapter, read_peft_adapter
+from inference.provider import GenerationResult, InferenceProvider
+
+__all__ = ["TransformersProvider"]
+
+BASE_ADAPTER_NAME = "__base__"
+"""PEFT's name for "no adapter" in ``adapter_names``."""
+
+_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[^.]+)?\.weight$")
+
+
+def _import(module: str) -> Any:
+    return import_optional(module, extra="transformers", provider="transformers")
+
+
+@dataclass
+class _LoadedModel:
+    """The model as the worker thread holds it. ``model`` is a ``PeftModel`` while adapters are loaded."""
+
+    name: str
+    model: Any
+    base_model: Any
+    tokenizer: Any
+    device: Any
+    module_names: frozenset[str]
+    has_chat_template: bool
+    eos_ids: frozenset[int]
+    pad_id: int
+    context: int | None
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    """Decoding settings resolved against the model's defaults; requests share a batch only when equal."""
+
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    seed: int | None
+    alone: object | None = None  # a fresh object for seeded sampling: it runs alone, so it reproduces
+
+
+class TransformersProvider(InferenceProvider):
+    """A local Hugging Face model (directory or GGUF file) with PEFT LoRA adapters and mixed-adapter batching.
+
+    Args:
+        model_name: A local model directory, or a local ``.gguf`` file (dequantised by transformers);
+            else ``TRANSFORMERS_MODEL_NAME``. Nothing is ever downloaded.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``; else ``TRANSFORMERS_DEVICE``; else cpu.
+        torch_dtype: ``"auto"`` (float32 on CPU; bfloat16 on CUDA where supported, else float16),
+            ``"float32"``, ``"float16"`` or ``"bfloat16"``; else ``TRANSFORMERS_TORCH_DTYPE``.
+        max_batch_size: The most requests in one batch; else ``TRANSFORMERS_MAX_BATCH_SIZE``; else 32.
+        batch_window_ms: How long a waiting request waits for others to join its batch; else
+            ``TRANSFORMERS_BATCH_WINDOW_MS``; else 5.
+
+    The model loads on first use, on the worker thread. Greedy output of a request is the same whether it
+    runs alone or in a batch. Sampled requests with a ``seed`` run in a batch of their own, so the seed
+    reproduces their output.
+
+    Example:
+        >>> async def main():  # doctest: +SKIP
+        ...     async with TransformersProvider(model_name="/models/qwen2-0.5b") as provider:
+        ...         await provider.load_adapter("style", "/adapters/style")
+        ...         return await asyncio.gather(
+        ...             provider.generate("Hi", model="", adapter_id="style", temperature=0),
+        ...             provider.generate("Hi", model="", temperature=0),  # same batch, base model
+        ...         )
+
+    Raises:
+        ConfigurationError: A setting is malformed (device, dtype, batch size, window).
+    """
+
+    name = "transformers"
+    supports_adapters = True
+    hot_swaps_adapters = True
+    batches_mixed_adapters = True
+    runs_in_process = True
+
+    def __init__(
+        self,
+        model_name: str | None = None,
+        device: str | None = None,
+        torch_dtype: str | None = None,
+        max_batch_size: int | None = None,
+        batch_window_ms: float | None = None,
+    ) -> None:
+        given = {
+            "model_name": model_name,
+            "device": device,
+            "torch_dtype": torch_dtype,
+            "max_batch_size": max_batch_size,
+            "batch_window_ms": batch_window_ms,
+        }
+        settings = resolve_settings(self.name, {key: value for key, value in given.items() if value is not None})
+        self.model_name: str = str(settings["model_name"])
+        self.device: str = str(settings["device"]).strip().lower()
+        self.torch_dtype: str = str(settings["torch_dtype"]).strip().lower()
+        if not _DEVICE_PATTERN.match(self.device):
+            raise ConfigurationError(
+                f"device {settings['device']!r} is not valid: use 'cpu', 'cuda', 'cuda:N' or 'mps' "
+                "(argument device or TRANSFORMERS_DEVICE)",
+                provider=self.name,
+            )
+        if self.torch_dtype not in _DTYPES:
+            raise ConfigurationError(
+                f"torch_dtype {settings['torch_dtype']!r} is not valid: use one of {', '.join(_DTYPES)} "
+                "(argument torch_dtype or TRANSFORMERS_TORCH_DTYPE)",
+                provider=self.name,
+            )
+        size, window = settings["max_batch_size"], settings["batch_window_ms"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError(
+                f"max_batch_size must be a positive integer, got {size!r} "
+                "(argument max_batch_size or TRANSFORMERS_MAX_BATCH_SIZE)",
+                provider=self.name,
+            )
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 <= window <= 60_000:
+            raise ConfigurationError(
+                f"batch_window_ms must be a number of milliseconds in [0, 60000], got {window!r} "
+                "(argument batch_window_ms or TRANSFORMERS_BATCH_WINDOW_MS)",
+                provider=self.name,
+            )
+        self.max_batch_size: int = size
+        self.batch_window_ms: float = float(window)
+        self._queue = BatchQueue(size, self.batch_window_ms / 1000.0)
+        self._worker = ModelWorker(self.name)
+        self._loaded: _LoadedModel | None = None
+        self._adapters: dict[str, str] = {}
+        self._batch_sizes: deque[int] = deque(maxlen=1000)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"TransformersProvider(model_name={self.model_name!r}, device={self.device!r}, "
+            f"torch_dtype={self.torch_dtype!r}, max_batch_size={self.max_batch_size}, "
+            f"batch_window_ms={self.batch_window_ms:g}, adapters={sorted(self._adapters)})"
+        )
+
+    @property
+    def model(self) -> Any:
+        """The loaded torch model (a ``peft.PeftModel`` while adapters are loaded), or ``None`` before first use."""
+        return None if self._loaded is None else self._loaded.model
+
+    @property
+    def recent_batch_sizes(self) -> tuple[int, ...]:
+        """Rows in each of the last (up to 1000) batches run, oldest first: one ``generate`` call per entry."""
+        return tuple(self._batch_sizes)
+
+    # Public hooks (event loop side) -------------------------------------------------------------------
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        self._check_open()
+        if request.adapter_id is not None and request.adapter_id not in self._adapters:
+            raise self._not_loaded(request.adapter_id)
+        entry = self._queue.put(request)
+        try:
+            await self._worker.run(self._serve, entry)
+        except BaseException:
+            self._queue.discard(entry)
+            raise
+        return entry.future.result()
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        self._check_open()
+        await self._worker.run(self._load_adapter_now, adapter_id, adapter_path)
+
+    async def _unload_adapter(self, adapter_id: str) -> None:
+        self._check_open()
+        await self._worker.run(self._unload_adapter_now, adapter_id)
+
+    async def _list_adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    async def aclose(self) -> None:
+        """Finish queued requests, then free the model (and the CUDA cache on CUDA). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._worker.run(self._free)
+        finally:
+            self._worker.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProviderError(
+                "this TransformersProvider is closed: create a new one (or use get_provider again)",
+                provider=self.name,
+            )
+
+    def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
+        return AdapterNotFoundError(
+            f"adapter {adapter_id!r} is not loaded: call load_adapter first "
+            f"(loaded: {', '.join(sorted(self._adapters)) or 'none'})",
+            provider=self.name,
+        )
+
+    # Model (worker thread) ----------------------------------------------------------------------------
+
+    def _ensure_loaded(self) -> _LoadedModel:
+        if self._loaded is None:
+            self._loaded = self._load_model()
+        return self._loaded
+
+    def _load_model(self) -> _LoadedModel:
+        torch, transformers = _import("torch"), _import("transformers")
+        device = self._torch_device(torch)
+        dtype = self._resolve_dtype(torch, device)
+        if not self.model_name:
+            raise ConfigurationError(
+                "no model to load: pass model_name= (a local model directory or .gguf file) "
+                "or set TRANSFORMERS_MODEL_NAME",
+                provider=self.name,
+            )
+        path = Path(self.model_name).expanduser()
+        if not path.exists():
+            raise ModelLoadError(
+                f"model_name {self.model_name!r} is not a local directory or .gguf file: the transformers "
+                "provider never downloads; fetch the model first (e.g. huggingface-cli download REPO "
+                "--local-dir DIR) and pass that directory",
+                provider=self.name,
+                path=str(path),
+            )
+        if path.is_file() and path.suffix.lower() != ".gguf":
+            raise ConfigurationError(
+                f"model_name {self.model_name!r} is a file but not a .gguf file: pass a model directory or a GGUF file",
+                provider=self.name,
+                path=str(path),
+            )
+        directory, extra = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True, **extra)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(directory), dtype=dtype, local_files_only=True, **extra
+            )
+            model.to(device)
+            model.eval()
+        except InferenceError:
+            raise
+        except Exception as error:
+            raise ModelLoadError(
+                f"transformers could not load the model at {path} ({type(error).__name__}: {error}): "
+                "check that it is a complete causal language model (config, weights, tokenizer) or GGUF file",
+                provider=self.name,
+                path=str(path),
+            ) from error
+        generation = model.generation_config
+        eos = {*_as_ids(generation.eos_token_id), *_as_ids(tokenizer.eos_token_id)}
+        pad_candidates = [tokenizer.pad_token_id, generation.pad_token_id, *sorted(eos), 0]
+        return _LoadedModel(
+            name=path.stem if path.is_file() else path.name,
+            model=model,
+            base_model=model,
+            tokenizer=tokenizer,
+            device=device,
+            module_names=frozenset(name for name, _ in model.named_modules()),
+            has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+            eos_ids=frozenset(eos),
+            pad_id=next(int(token) for token in pad_candidates if token is not None),
+            context=getattr(model.config, "max_position_embeddings", None),
+        )
+
+    def _torch_device(self, torch: Any) -> Any:
+        device = torch.device(self.device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigurationError(
+                    f"device {self.device!r} was requested but torch sees no CUDA GPU "
+                    f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): "
+                    "use device='cpu' or install a CUDA build of torch on a machine with a GPU",
+                    provider=self.name,
+                )
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise ConfigurationError(
+                    f"device {self.device!r} does not exist: torch sees {torch.cuda.device_count()} CUDA "
+                    "device(s), numbered from 0",
+                    provider=self.name,
+                )
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise ConfigurationError(
+                "device 'mps' was requested but torch reports MPS as unavailable: use device='cpu'",
+                provider=self.name,
+            )
+        return device
+
+    def _resolve_dtype(self, torch: Any, device: Any) -> Any:
+        if self.torch_dtype != "auto":
+            return getattr(torch, self.torch_dtype)
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+
+    def _free(self) -> None:
+        loaded, self._loaded = self._loaded, None
+        self._adapters.clear()
+        if loaded is None:
+            return
+        on_cuda = loaded.device.type == "cuda"
+        del loaded
+        gc.collect()
+        if on_cuda:
+            _import("torch").cuda.empty_cache()
+
+    # Adapters (worker thread) -------------------------------------------------------------------------
+
+    def _load_adapter_now(self, adapter_id: str, adapter_path: str) -> None:
+        loaded = self._ensure_loaded()
+        if adapter_id in self._adapters:
+            raise AdapterAlreadyLoadedError(
+                f"adapter {adapter_id!r} is already loaded (from {self._adapters[adapter_id]}): "
+                "unload it first or choose another id",
+                provider=self.name,
+            )
+        adapter = read_peft_adapter(adapter_path, provider=self.name)
+        self._check_target_modules(loaded, adapter)
+        self._check_weight_shapes(loaded, adapter)
+        peft = _import("peft")
+        try:
+            if loaded.model is loaded.base_model:
+                loaded.model = peft.PeftModel.from_pretrained(
+                    loaded.base_model,
+                    str(adapter.path),
+                    adapter_name=adapter_id,
+                    is_trainable=False,
+                    torch_device=str(loaded.device),
+                )
+            else:
+                loaded.model.load_adapter(
+                    str(adapter.path), adapter_name=adapter_id, is_trainable=False, torch_device=str(loaded.device)
+                )
+        except Exception as error:
+            self._discard_partial_adapter(loaded, adapter_id)
+            raise self._invalid(
+                adapter, f"could not be loaded into {loaded.name} ({type(error).__name__}: {error})"
+            ) from error
+        loaded.model.eval()
+        self._adapters[adapter_id] = str(adapter.path)
+
+    def _unload_adapter_now(self, adapter_id: str) -> None:
+        loaded = self._loaded
+        if loaded is None or adapter_id not in self._adapters:
+            raise self._not_loaded(adapter_id)
+        others = [other for other in self._adapters if other != adapter_id]
+        if others:
+            if adapter_id in loaded.model.active_adapters:  # PEFT warns when the active one is deleted
+                loaded.model.set_adapter(others[0], inference_mode=True)
+            loaded.model.delete_adapter(adapter_id)
+        else:
+            loaded.model = loaded.model.unload()  # the last one: back to the plain model, no LoRA layers
+            loaded.base_model = loaded.model
+        del self._adapters[adapter_id]
+        if loaded.device.type == "cuda":
+            _import("torch").cuda.empty_cache()
+
+    def _discard_partial_adapter(self, loaded: _LoadedModel, adapter_id: str) -> None:
+        """Remove what a failed load left behind, so the provider keeps working."""
+        if loaded.model is not loaded.base_model:
+            if adapter_id in loaded.model.peft_config:
+                if self._adapters and adapter_id in loaded.model.active_adapters:
+                    loaded.model.set_adapter(next(iter(self._adapters)), inference_mode=True)
+                loaded.model.delete_adapter(adapter_id)
+            return
+        tuner_layer = _import("peft").tuners.tuners_utils.BaseTunerLayer
+        for name, module in list(loaded.base_model.named_modules()):
+            if isinstance(module, tuner_layer):
+                parent_name, _, child = name.rpartition(".")
+                setattr(loaded.base_model.get_submodule(parent_name), child, module.get_base_layer())
+        if hasattr(loaded.base_model, "peft_config"):
+            del loaded.base_model.peft_config
+
+    def _check_target_modules(self, loaded: _LoadedModel, adapter: PeftAdapter) -> None:
+        raw = adapter.config.get("target_modules")
+        if raw == "all-linear":
+            return
+        names = [name for name in loaded.module_names if name]
+        if isinstance(raw, str):
+            missing = [] if any(re.fullmatch(raw, name) for name in names) else [raw]
+        else:
+            missing = [
+                target
+                for target in adapter.target_modules
+                if not any(name == target or name.endswith("." + target) for name in names)
+            ]
+        if missing:
+            raise self._invalid(
+                adapter,
+                f"targets modules that {loaded.name} does not have ({', '.join(missing)}): "
+                "it was trained for another model architecture",
+            )
+
+    def _check_weight_shapes(self, loaded: _LoadedModel, adapter: PeftAdapter) -> None:
+        """Read the safetensors header (no tensor data) and compare each LoRA matrix with its layer."""
+        if adapter.weights_path.suffix != ".safetensors":
+            return
+        safetensors = _import("safetensors")
+        try:
+            with safetensors.safe_open(str(adapter.weights_path), framework="pt") as weights:
+                shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+        except Exception as error:
+            raise self._invalid(
+                adapter, f"has a corrupt or unreadable {adapter.weights_path.name} ({error}): save it again"
+            ) from error
+        modules = dict(loaded.base_model.named_modules())
+        for key, shape in sorted(shapes.items()):
+            match = _LORA_KEY.match(key)
+            if match is None:
+                continue
+            module = modules.get(match["module"])
+            if module is None:
+                raise self._invalid(adapter, f"has weights for {match['module']}, which {loaded.name} does not have")
+            in_features, out_features = getattr(module, "in_features", None), getattr(module, "out_features", None)
+            if not isinstance(in_features, int) or not isinstance(out_features, int) or len(shape) != 2:
+                continue
+            expected, actual = (in_features, shape[1]) if match["which"] == "A" else (out_features, shape[0])
+            if expected != actual:
+                side = "inputs" if match["which"] == "A" else "outputs"
+                raise self._invalid(
+                    adapter,
+                    f"does not fit {loaded.name}: {match['module']} has {expected} {side} but the adapter's "
+                    f"lora_{match['which']} has shape {list(shape)}; it was trained for another base model"
+                    + (f" ({adapter.base_model_name_or_path})" if adapter.base_model_name_or_path else ""),
+                )
+
+    def _invalid(self, adapter: PeftAdapter, reason: str) -> InvalidAdapterError:
+        return InvalidAdapterError(f"adapter at {adapter.path} {reason}", provider=self.name, path=str(adapter.path))
+
+    # Batches (worker thread) --------------------------------------------------------------------------
+
+    def _serve(self, entry: PendingRequest) -> None:
+        """Run batches, oldest first, until ``entry`` has its answer (each request queues one such call)."""
+        loaded = self._ensure_loaded()
+        while not entry.future.done():
+            batch = self._queue.next_batch(lambda request: self._sampling(loaded, request))
+            if batch:
+                self._run_batch(loaded, batch)
+
+    def _sampling(self, loaded: _LoadedModel, request: GenerationRequest) -> _Sampling:
+        defaults = loaded.model.generation_config
+        penalty = request.repetition_penalty or defaults.repetition_penalty or 1.0
+        greedy = request.temperature == 0 or (request.temperature is None and not defaults.do_sample)
+        if greedy:
+            return _Sampling(False, 1.0, 1.0, 50, float(penalty), None)
+        temperature = request.temperature if request.temperature is not None else defaults.temperature
+        top_p = request.top_p if request.top_p is not None else defaults.top_p
+        top_k = request.top_k if request.top_k is not None else defaults.top_k
+        return _Sampling(
+            do_sample=True,
+            temperature=float(1.0 if temperature is None else temperature),
+            top_p=float(1.0 if top_p is None else top_p),
+            top_k=int(50 if top_k is None else top_k),
+            repetition_penalty=float(penalty),
+            seed=request.seed,
+            alone=None if request.seed is None else object(),
+        )
+
+    def _run_batch(self, loaded: _LoadedModel, batch: list[PendingRequest]) -> None:
+        rows: list[BatchRow] = []
+        for entry in batch:
+            try:
+                if entry.request.adapter_id is not None and entry.request.adapter_id not in self._adapters:
+                    raise self._not_loaded(entry.request.adapter_id)  # unloaded while it waited
+                rows.append(self._row(loaded, entry))
+            except BaseException as error:
+                entry.future.set_exception(self._as_inference_error(error))
+        if not rows:
+            return
+        try:
+            outputs = self._generate_rows(loaded, rows)
+        except BaseException as error:
+            if len(rows) == 1:
+                rows[0].entry.future.set_exception(self._as_inference_error(error))
+                return
+            for row in rows:  # find the request that fails on its own; the others still get answers
+                self._run_batch(loaded, [row.entry])
+            return
+        for row, tokens in zip(rows, outputs, strict=True):
+            try:
+                row.entry.future.set_result(self._result(loaded, row, tokens))
+            except BaseException as error:
+                row.entry.future.set_exception(self._as_inference_error(error))
+
+    def _row(self, loaded: _LoadedModel, entry: PendingRequest) -> BatchRow:
+        """Token ids by the in-process prompt rule shared with the llama.cpp provider."""
+        request, tokenizer = entry.request, loaded.tokenizer
+        if loaded.has_chat_template:
+            messages = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+            messages.append({"role": "user", "content": request.prompt})
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            text = (request.system_prompt + "\n\n" if request.system_prompt else "") + request.prompt
+            ids = tokenizer(text)["input_ids"]
+        if not ids:
+            raise InvalidRequestError(
+                "the prompt is empty after tokenisation: give a non-empty prompt", provider=self.name
+            )
+        room = request.max_tokens if loaded.context is None else loaded.context - len(ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens, which fills the model's context of {loaded.context} "
+                "tokens: shorten it",
+                provider=self.name,
+            )
+        return BatchRow(entry, [int(token) for token in ids], min(request.max_tokens, room))
+
+    def _generate_rows(self, loaded: _LoadedModel, rows: list[BatchRow]) -> list[list[int]]:
+        """One left-padded ``generate`` over all rows, each with its own adapter; returns the new tokens."""
+        torch, transformers = _import("torch"), _import("transformers")
+        sampling = rows[0].entry.key
+        assert isinstance(sampling, _Sampling)
+        input_ids, attention_mask = left_pad(torch, rows, loaded.pad_id)
+        width = input_ids.shape[1]
+        limits = [row.limit for row in rows]
+        config = transformers.GenerationConfig(
+            max_new_tokens=max(limits),
+            do_sample=sampling.do_sample,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            repetition_penalty=sampling.repetition_penalty,
+            num_beams=1,
+            pad_token_id=loaded.pad_id,
+            eos_token_id=sorted(loaded.eos_ids) or None,
+        )
+        extra: dict[str, Any] = {}
+        if loaded.model is not loaded.base_model:
+            extra["adapter_names"] = [row.entry.request.adapter_id or BASE_ADAPTER_NAME for row in rows]
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        self._batch_sizes.append(len(rows))
+        stop_rows = RowLimits(torch.tensor(limits, device=loaded.device), width)
+        with torch.inference_mode():
+            output = loaded.model.generate(
+                input_ids=input_ids.to(loaded.device),
+                attention_mask=attention_mask.to(loaded.device),
+                generation_config=config,
+                stopping_criteria=transformers.StoppingCriteriaList([stop_rows]),
+                **extra,
+            )
+        return [[int(token) for token in row] for row in output[:, width:].tolist()]
+
+    def _result(self, loaded: _LoadedModel, row: BatchRow, tokens: list[int]) -> GenerationResult:
+        request = row.entry.request
+        text, completion_tokens, finish_reason = cut_row(
+            tokens,
+            row.limit,
+            loaded.eos_ids,
+            request.stop,
+            lambda ids: str(loaded.tokenizer.decode(ids, skip_special_tokens=True)),
+        )
+        prompt_tokens = len(row.prompt_ids)
+        return GenerationResult(
+            text=text,
+            model=loaded.name,
+            adapter_id=request.adapter_id,
+            token_count=prompt_tokens + completion_tokens,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+    def _as_inference_error(self, error: BaseException) -> BaseException:
+        if isinstance(error, InferenceError) or not isinstance(error, Exception):
+            return error
+        wrapped = ProviderError(
+            f"transformers failed to generate ({type(error).__name__}: {error})", provider=self.name
+        )
+        wrapped.__cause__ = error
+        return wrapped
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(token) for token in value]

@@ -1,0 +1,475 @@
+"""TransformersProvider on the tiny Qwen2/Llama models: real transformers, real PEFT, real batching.
+
+Every greedy output is compared with a reference computed without the provider (plain ``model.generate``
+on token ids built by hand, or PEFT's own ``set_adapter``), so a wrong prompt, wrong padding or a wrong
+adapter in a batch row shows up as different text. The tiny models never emit an end-of-sequence token,
+so greedy generations run exactly to ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    AdapterNotFoundError,
+    ConfigurationError,
+    InvalidAdapterError,
+    ModelLoadError,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from inference.transformers_provider import TransformersProvider  # noqa: E402
+
+pytestmark = [
+    pytest.mark.integration,
+    # PEFT 0.21 calls a property that transformers 5 deprecated; not ours to fix.
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+SYSTEM = "Answer briefly."
+PROMPTS = (
+    "Hello, world!",
+    "The quick brown fox",
+    "Once upon a time",
+    "Where does the river begin?",
+    "bread 2.50, fish 7.25",
+    "The village had 3 bakeries",
+    "Knowledge is power",
+    "In the evening the lights",
+)
+ADAPTERS = ("a0", "a1", "a2")
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+@pytest.fixture(scope="module")
+def qwen2(tiny_models: dict[str, Any]) -> Any:
+    return tiny_models["qwen2"]
+
+
+@pytest.fixture(scope="module")
+def provider(qwen2: Any) -> Iterator[TransformersProvider]:
+    """The tiny Qwen2 model with adapters a0, a1, a2, shared by the module (it is loop-agnostic)."""
+    shared = TransformersProvider(model_name=str(qwen2.hf_dir), device="cpu", batch_window_ms=20)
+
+    async def load() -> None:
+        for adapter_id in ADAPTERS:
+            await shared.load_adapter(adapter_id, qwen2.adapter_dirs[adapter_id])
+
+    run(load())
+    yield shared
+    run(shared.aclose())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen2: Any) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(str(qwen2.hf_dir))
+
+
+@pytest.fixture(scope="module")
+def reference(qwen2: Any) -> Any:
+    """An independent PEFT model (the seed's way: set_adapter per request) to compare with."""
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(qwen2.hf_dir), dtype=torch.float32).eval()
+    model = peft.PeftModel.from_pretrained(base, str(qwen2.adapter_dirs["a0"]), adapter_name="a0")
+    for adapter_id in ADAPTERS[1:]:
+        model.load_adapter(str(qwen2.adapter_dirs[adapter_id]), adapter_name=adapter_id)
+    return model.eval()
+
+
+def chatml_ids(tokenizer: Any, prompt: str, system: str | None = None) -> list[int]:
+    """The prompt rule written out by hand for the ChatML template of the tiny Qwen2 model."""
+    text = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    text += f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def plain_generate(model: Any, tokenizer: Any, ids: list[int], max_tokens: int, adapter: str | None = None) -> str:
+    """One request, no padding, through ``model.generate`` (``set_adapter``/``disable_adapter`` on PEFT)."""
+    inputs = torch.tensor([ids])
+    with torch.inference_mode():
+        if adapter is None and isinstance(model, peft.PeftModel):
+            with model.disable_adapter():
+                output = model.generate(inputs, max_new_tokens=max_tokens, do_sample=False)
+        else:
+            if adapter is not None:
+                model.set_adapter(adapter)
+            output = model.generate(inputs, max_new_tokens=max_tokens, do_sample=False)
+    new_tokens = output[0, len(ids) :].tolist()
+    assert len(new_tokens) == max_tokens
+    text: str = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    return text
+
+
+def copy_adapter(source: Path, target: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    shutil.copytree(source, target)
+    if edit is not None:
+        config_path = target / "adapter_config.json"
+        config = json.loads(config_path.read_text())
+        edit(config)
+        config_path.write_text(json.dumps(config))
+    return target
+
+
+# Generation ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("system", [None, SYSTEM])
+async def test_greedy_output_equals_plain_generate_on_chat_template_ids(
+    provider: TransformersProvider, reference: Any, tokenizer: Any, system: str | None
+) -> None:
+    for prompt in PROMPTS[:3]:
+        ids = chatml_ids(tokenizer, prompt, system)
+        result = await provider.generate(prompt, model="", system_prompt=system, max_tokens=10, temperature=0)
+        assert result.text == plain_generate(reference, tokenizer, ids, 10)
+        assert (result.prompt_tokens, result.completion_tokens) == (len(ids), 10)
+        assert result.token_count == len(ids) + 10
+        assert result.finish_reason == "length"
+        assert result.model == "tiny-qwen2"
+        assert result.adapter_id is None
+
+
+async def test_model_without_chat_template_prepends_the_system_prompt(tiny_models: dict[str, Any]) -> None:
+    llama = tiny_models["llama"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(llama.hf_dir), dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(llama.hf_dir))
+    async with TransformersProvider(model_name=str(llama.hf_dir)) as provider:
+        result = await provider.generate(
+            "Once upon a time", model="", system_prompt=SYSTEM, max_tokens=8, temperature=0
+        )
+    ids = tokenizer(f"{SYSTEM}\n\nOnce upon a time")["input_ids"]
+    assert result.text == plain_generate(model, tokenizer, ids, 8)
+    assert result.prompt_tokens == len(ids)
+    assert result.model == "tiny-llama"
+
+
+async def test_each_adapter_gives_its_own_peft_output(
+    provider: TransformersProvider, reference: Any, tokenizer: Any
+) -> None:
+    ids = chatml_ids(tokenizer, PROMPTS[0])
+    texts = {}
+    for adapter_id in (None, *ADAPTERS):
+        result = await provider.generate(PROMPTS[0], model="", adapter_id=adapter_id, max_tokens=10, temperature=0)
+        assert result.adapter_id == adapter_id
+        assert result.text == plain_generate(reference, tokenizer, ids, 10, adapter_id)
+        texts[adapter_id] = result.text
+    assert len(set(texts.values())) == 4, texts
+
+
+async def test_32_concurrent_mixed_adapter_requests_each_get_their_single_request_output(
+    provider: TransformersProvider,
+) -> None:
+    requests = [(PROMPTS[i % len(PROMPTS)], (None, *ADAPTERS)[(i // 2) % 4], 3 + (5 * i) % 11) for i in range(32)]
+    alone = []
+    for prompt, adapter_id, max_tokens in requests:
+        result = await provider.generate(prompt, model="", adapter_id=adapter_id, max_tokens=max_tokens, temperature=0)
+        alone.append(result)
+    before = len(provider.recent_batch_sizes)
+
+    together = await asyncio.gather(
+        *(
+            provider.generate(prompt, model="", adapter_id=adapter_id, max_tokens=max_tokens, temperature=0)
+            for prompt, adapter_id, max_tokens in requests
+        )
+    )
+
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert [r.completion_tokens for r in together] == [max_tokens for _, _, max_tokens in requests]
+    assert [r.adapter_id for r in together] == [adapter_id for _, adapter_id, _ in requests]
+    batches = provider.recent_batch_sizes[before:]
+    assert sum(batches) == 32
+    assert len(batches) < 32 and max(batches) > 1, f"requests were not batched: {batches}"
+
+
+async def test_requests_with_different_sampling_settings_never_share_a_batch(
+    provider: TransformersProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[int, bool, float, float]] = []
+    model = provider.model
+    real_generate = model.generate
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        config = kwargs["generation_config"]
+        calls.append((kwargs["input_ids"].shape[0], config.do_sample, config.temperature, config.repetition_penalty))
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    settings = (
+        [{"temperature": 0.0}] * 4 + [{"temperature": 0.7}] * 3 + [{"temperature": 0.7, "repetition_penalty": 1.3}] * 2
+    )
+    results = await asyncio.gather(
+        *(
+            provider.generate(PROMPTS[i % 8], model="", adapter_id="a1", max_tokens=4, **kw)
+            for i, kw in enumerate(settings)
+        )
+    )
+    assert all(r.completion_tokens == 4 for r in results)
+    rows = {}
+    for size, do_sample, temperature, penalty in calls:
+        key = (do_sample, temperature if do_sample else 0.0, penalty)
+        rows[key] = rows.get(key, 0) + size
+    assert rows == {(False, 0.0, 1.0): 4, (True, 0.7, 1.0): 3, (True, 0.7, 1.3): 2}
+
+
+async def test_seeded_sampling_reproduces_alone_and_under_load(provider: TransformersProvider) -> None:
+    def ask() -> Any:
+        return provider.generate(PROMPTS[1], model="", adapter_id="a2", max_tokens=8, temperature=1.0, seed=7)
+
+    alone = await ask()
+    crowd = await asyncio.gather(
+        ask(), ask(), *(provider.generate(p, model="", max_tokens=4, temperature=1.0) for p in PROMPTS)
+    )
+    assert crowd[0].text == crowd[1].text == alone.text
+
+
+async def test_stop_strings_and_max_tokens_are_cut_per_row(provider: TransformersProvider) -> None:
+    full = await provider.generate(PROMPTS[2], model="", adapter_id="a0", max_tokens=12, temperature=0)
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 2]
+    assert stop and stop not in full.text[: len(full.text) // 2]
+    stopped, short, base = await asyncio.gather(
+        provider.generate(PROMPTS[2], model="", adapter_id="a0", max_tokens=12, temperature=0, stop=[stop]),
+        provider.generate(PROMPTS[2], model="", adapter_id="a0", max_tokens=2, temperature=0),
+        provider.generate(PROMPTS[3], model="", max_tokens=12, temperature=0),
+    )
+    assert stopped.text == full.text[: full.text.index(stop)]
+    assert stopped.finish_reason == "stop" and 0 < stopped.completion_tokens < 12
+    assert full.text.startswith(short.text) and short.completion_tokens == 2 and short.finish_reason == "length"
+    assert base.completion_tokens == 12
+
+
+async def test_gguf_twin_loaded_through_transformers_gives_the_same_greedy_output(
+    provider: TransformersProvider, qwen2: Any
+) -> None:
+    async with TransformersProvider(model_name=str(qwen2.gguf_path)) as from_gguf:
+        for prompt in PROMPTS[:3]:
+            expected = await provider.generate(prompt, model="", system_prompt=SYSTEM, max_tokens=10, temperature=0)
+            got = await from_gguf.generate(prompt, model="", system_prompt=SYSTEM, max_tokens=10, temperature=0)
+            assert (got.text, got.prompt_tokens) == (expected.text, expected.prompt_tokens)
+        assert got.model == "tiny-qwen2"
+        await from_gguf.load_adapter("a1", qwen2.adapter_dirs["a1"])
+        expected = await provider.generate(PROMPTS[0], model="", adapter_id="a1", max_tokens=10, temperature=0)
+        got = await from_gguf.generate(PROMPTS[0], model="", adapter_id="a1", max_tokens=10, temperature=0)
+        assert got.text == expected.text
+
+
+async def test_event_loop_keeps_running_during_generation(provider: TransformersProvider) -> None:
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    start = ticks
+    await asyncio.gather(*(provider.generate(p, model="", max_tokens=48, temperature=0) for p in PROMPTS))
+    done.set()
+    await task
+    assert ticks - start > 2
+
+
+async def test_concurrent_first_calls_load_the_model_once(qwen2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    loads: list[str] = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        loads.append(str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", counting)
+    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
+        assert fresh.model is None
+        results = await asyncio.gather(*(fresh.generate("Hi", model="", max_tokens=3, temperature=0) for _ in range(4)))
+    assert loads == [str(qwen2.hf_dir)]
+    assert len({r.text for r in results}) == 1
+
+
+# Adapter lifecycle and errors ---------------------------------------------------------------------------
+
+
+async def test_unload_frees_the_adapter_and_the_last_unload_restores_the_plain_model(qwen2: Any) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
+        base_text = (await fresh.generate(PROMPTS[0], model="", max_tokens=8, temperature=0)).text
+        await fresh.load_adapter("x", qwen2.adapter_dirs["a0"])
+        await fresh.load_adapter("y", qwen2.adapter_dirs["a1"])
+        y_text = (await fresh.generate(PROMPTS[0], model="", adapter_id="y", max_tokens=8, temperature=0)).text
+        assert await fresh.list_adapters() == ["x", "y"]
+        await fresh.unload_adapter("x")
+        assert set(fresh.model.peft_config) == {"y"}
+        assert not any(".x" in name for name, _ in fresh.model.named_parameters())
+        assert (await fresh.generate(PROMPTS[0], model="", adapter_id="y", max_tokens=8, temperature=0)).text == y_text
+        await fresh.unload_adapter("y")
+        assert await fresh.list_adapters() == []
+        assert not isinstance(fresh.model, peft.PeftModel)
+        assert not any("lora" in name for name, _ in fresh.model.named_modules())
+        assert (await fresh.generate(PROMPTS[0], model="", max_tokens=8, temperature=0)).text == base_text
+        await fresh.load_adapter("x", qwen2.adapter_dirs["a0"])  # the id is free again
+        assert await fresh.list_adapters() == ["x"]
+
+
+async def test_unload_while_requests_are_queued_serves_them_first(qwen2: Any) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), batch_window_ms=20) as fresh:
+        await fresh.load_adapter("x", qwen2.adapter_dirs["a2"])
+        expected = (await fresh.generate(PROMPTS[4], model="", adapter_id="x", max_tokens=6, temperature=0)).text
+        *results, _ = await asyncio.gather(
+            *(fresh.generate(PROMPTS[4], model="", adapter_id="x", max_tokens=6, temperature=0) for _ in range(3)),
+            fresh.unload_adapter("x"),
+        )
+        assert [r.text for r in results] == [expected] * 3
+        with pytest.raises(AdapterNotFoundError):
+            await fresh.generate(PROMPTS[4], model="", adapter_id="x", max_tokens=6)
+
+
+def wrong_base_adapter(path: Path) -> Path:
+    """A LoRA trained on a Qwen2 with hidden size 48 (the tiny model has 64): shapes cannot fit."""
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft.get_peft_model(transformers.Qwen2ForCausalLM(config), lora).save_pretrained(str(path))
+    return path
+
+
+def broken_adapters(qwen2: Any, tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    a0 = qwen2.adapter_dirs["a0"]
+    garbage = copy_adapter(a0, tmp_path / "garbage")
+    (garbage / "adapter_model.safetensors").write_bytes(b"\x00\x01 this is not safetensors")
+    wrong_rank = copy_adapter(a0, tmp_path / "wrong_rank", lambda config: config.update(r=4))
+
+    def add_missing_target(config: dict[str, Any]) -> None:
+        config["target_modules"] = [*config["target_modules"], "vision_proj"]
+
+    return {
+        "missing directory": (tmp_path / "nowhere", "does not exist"),
+        "corrupt safetensors": (garbage, "corrupt"),
+        "weights that disagree with the config": (wrong_rank, "could not be loaded"),
+        "wrong base model": (wrong_base_adapter(tmp_path / "wrong_base"), "trained for another base model"),
+        "DoRA": (copy_adapter(a0, tmp_path / "dora", lambda config: config.update(use_dora=True)), "DoRA"),
+        "missing target module": (copy_adapter(a0, tmp_path / "target", add_missing_target), "vision_proj"),
+    }
+
+
+async def test_bad_adapters_are_refused_with_typed_errors_and_the_provider_keeps_working(
+    provider: TransformersProvider, qwen2: Any, tmp_path: Path
+) -> None:
+    expected = (await provider.generate(PROMPTS[0], model="", adapter_id="a0", max_tokens=6, temperature=0)).text
+    for case, (path, words) in broken_adapters(qwen2, tmp_path).items():
+        with pytest.raises(InvalidAdapterError, match=words) as caught:
+            await provider.load_adapter("bad", path)
+        assert caught.value.provider == "transformers", case
+        assert await provider.list_adapters() == list(ADAPTERS), case
+        assert "bad" not in provider.model.peft_config, case
+        got = await provider.generate(PROMPTS[0], model="", adapter_id="a0", max_tokens=6, temperature=0)
+        assert got.text == expected, case
+
+
+async def test_a_failed_first_adapter_leaves_the_plain_model_intact(qwen2: Any, tmp_path: Path) -> None:
+    wrong_rank = copy_adapter(qwen2.adapter_dirs["a0"], tmp_path / "wrong_rank", lambda config: config.update(r=4))
+    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
+        expected = (await fresh.generate(PROMPTS[1], model="", max_tokens=8, temperature=0)).text
+        with pytest.raises(InvalidAdapterError, match="could not be loaded"):
+            await fresh.load_adapter("bad", wrong_rank)
+        assert not isinstance(fresh.model, peft.PeftModel)
+        assert not any("lora" in name for name, _ in fresh.model.named_modules())
+        assert (await fresh.generate(PROMPTS[1], model="", max_tokens=8, temperature=0)).text == expected
+        await fresh.load_adapter("good", qwen2.adapter_dirs["a0"])
+        assert await fresh.list_adapters() == ["good"]
+
+
+async def test_lifecycle_errors_are_typed(provider: TransformersProvider, qwen2: Any) -> None:
+    with pytest.raises(AdapterNotFoundError, match="not loaded"):
+        await provider.generate(PROMPTS[0], model="", adapter_id="nope", max_tokens=4)
+    with pytest.raises(AdapterNotFoundError):
+        await provider.unload_adapter("nope")
+    with pytest.raises(AdapterAlreadyLoadedError):
+        await provider.load_adapter("a0", qwen2.adapter_dirs["a1"])
+    assert await provider.list_adapters() == list(ADAPTERS)
+    result = await provider.generate(PROMPTS[0], model="", adapter_id="a0", max_tokens=4, temperature=0)
+    assert result.completion_tokens == 4
+
+
+def test_capabilities() -> None:
+    assert TransformersProvider.supports_adapters
+    assert TransformersProvider.batches_mixed_adapters
+    assert TransformersProvider.runs_in_process
+
+
+# Configuration ------------------------------------------------------------------------------------------
+
+
+def test_settings_come_from_arguments_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRANSFORMERS_MODEL_NAME", "/models/from-env")
+    monkeypatch.setenv("TRANSFORMERS_MAX_BATCH_SIZE", "7")
+    provider = TransformersProvider(batch_window_ms=2)
+    assert (provider.model_name, provider.max_batch_size, provider.batch_window_ms) == ("/models/from-env", 7, 2.0)
+    assert (provider.device, provider.torch_dtype) == ("cpu", "auto")
+    with pytest.raises(ConfigurationError, match="device"):
+        TransformersProvider(model_name="x", device="tpu")
+    with pytest.raises(ConfigurationError, match="torch_dtype"):
+        TransformersProvider(model_name="x", torch_dtype="float8")
+    with pytest.raises(ConfigurationError, match="max_batch_size"):
+        TransformersProvider(model_name="x", max_batch_size=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is missing")
+async def test_cuda_without_cuda_is_a_configuration_error(qwen2: Any) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), device="cuda") as on_cuda:
+        with pytest.raises(ConfigurationError, match="CUDA"):
+            await on_cuda.generate("Hi", model="", max_tokens=2)
+
+
+async def test_model_names_that_are_not_local_files_are_refused(tmp_path: Path) -> None:
+    async with TransformersProvider(model_name="Qwen/Qwen2-0.5B-Instruct") as hub_name:
+        with pytest.raises(ModelLoadError, match="never downloads"):
+            await hub_name.generate("Hi", model="", max_tokens=2)
+    (tmp_path / "weights.bin").write_bytes(b"")
+    async with TransformersProvider(model_name=str(tmp_path / "weights.bin")) as not_gguf:
+        with pytest.raises(ConfigurationError, match="gguf"):
+            await not_gguf.generate("Hi", model="", max_tokens=2)
+    async with TransformersProvider(model_name=str(tmp_path)) as empty_dir:
+        with pytest.raises(ModelLoadError, match="could not load"):
+            await empty_dir.generate("Hi", model="", max_tokens=2)
+    unnamed = TransformersProvider(model_name="", device="cpu")
+    with pytest.raises(ConfigurationError, match="TRANSFORMERS_MODEL_NAME"):
+        await unnamed.load_adapter("a", tmp_path)
+    await unnamed.aclose()
+
+
+async def test_a_cancelled_request_does_not_disturb_its_batch(provider: TransformersProvider) -> None:
+    expected = [
+        (await provider.generate(p, model="", adapter_id="a2", max_tokens=5, temperature=0)).text for p in PROMPTS[:4]
+    ]
+    tasks = [
+        asyncio.create_task(provider.generate(p, model="", adapter_id="a2", max_tokens=5, temperature=0))
+        for p in PROMPTS[:4]
+    ]
+    await asyncio.sleep(0)
+    tasks[1].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert [r.text for i, r in enumerate(results) if i != 1] == [t for i, t in enumerate(expected) if i != 1]
+    again = await provider.generate(PROMPTS[1], model="", adapter_id="a2", max_tokens=5, temperature=0)
+    assert again.text == expected[1]
