@@ -312,3 +312,19 @@ def test_env_example_and_docs_list_every_setting(repo_root) -> None:  # type: ig
     for settings in SETTINGS.values():
         for setting in settings:
             assert f"`{setting.env_var}`" in docs and f"`{setting.key}`" in docs
+
+
+def test_server_errors_are_httpx_status_errors_with_the_sdk_attributes() -> None:
+    request = httpx.Request("POST", "http://127.0.0.1:8100/v1/load_lora_adapter")
+    response = httpx.Response(404, request=request, json={"detail": "Not Found"})
+    error = exceptions.RuntimeLoRADisabledError(
+        "start vLLM with --enable-lora", request=request, response=response, provider="vllm", url="http://x/v1"
+    )
+    with pytest.raises(httpx.HTTPStatusError) as caught:
+        raise error
+    assert caught.value.response.status_code == 404 and caught.value.request is request
+    assert (error.status_code, error.provider, error.url, str(error)) == (
+        404, "vllm", "http://x/v1", "start vLLM with --enable-lora"
+    )
+    assert isinstance(exceptions.ServerAdapterNotFoundError("gone", request=request, response=response),
+                      AdapterNotFoundError)

@@ -195,9 +195,13 @@ class ServerResponseError(ProviderError, _HTTPStatusBase):
         url: str | None = None,
         path: str | None = None,
     ) -> None:
-        InferenceError.__init__(self, message, provider=provider, url=url, path=path)
-        self.request = request
-        self.response = response
+        # InferenceError.__init__ would hand the message on to httpx.HTTPStatusError.__init__, which needs
+        # request and response too: initialise the httpx side directly and set the SDK's attributes here.
+        _HTTPStatusBase.__init__(self, message, request=request, response=response)
+        self.message = message
+        self.provider = provider
+        self.url = url
+        self.path = path
 
     @property
     def status_code(self) -> int | None:

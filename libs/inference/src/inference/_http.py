@@ -1,0 +1,457 @@
+"""HTTP plumbing shared by the server providers (vLLM, Ollama): pooled client, retries, error mapping.
+
+Everything that talks to a server goes through one :class:`ServerClient` per provider:
+
+- one pooled ``httpx.AsyncClient``, made lazily on the running event loop (and made again when a cached
+  provider is reused on another loop, e.g. across ``asyncio.run`` calls);
+- bounded retries with exponential backoff (and ``Retry-After``, capped) for connect errors and the
+  statuses 429, 502, 503 and 504 only, in the client's transport, so requests sent by the ``openai``
+  client (its own retries off) and by the providers themselves are retried in this one place;
+- one translation of failures into the error tree: transport errors, timeouts, malformed JSON, and
+  :meth:`ServerClient.error_from_response`, which maps an error answer by status code first and lets each
+  provider pass the cases specific to its backend.
+
+Nothing here logs or formats request headers, so an API key never reaches a message, a repr or a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import email.utils
+import functools
+import itertools
+import json
+import logging
+import math
+import random
+import ssl
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from inference.exceptions import (
+    InferenceError,
+    ProtocolError,
+    ProviderError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    ServerResponseError,
+)
+
+__all__ = [
+    "RETRY_STATUSES",
+    "ErrorHandlers",
+    "RetryPolicy",
+    "ServerAnswer",
+    "ServerClient",
+    "server_root",
+]
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+"""Statuses that mean "try again shortly"; every other error status is final."""
+
+CONNECT_TIMEOUT_MAX = 10.0
+"""Seconds to wait for a TCP connection, at most, whatever the read timeout is."""
+
+POOL_SHARDS = 32
+"""Connection pools per client, used in turn. httpcore's pool does work proportional to its connections
+and queued requests on every request, so one pool of hundreds of connections costs O(n^2) CPU at high
+concurrency (at 256 requests in flight, one pool gave about a quarter of the openai client's own
+throughput); 32 small pools keep that cost low (see ``scripts/bench_http_overhead.py``)."""
+
+_SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=30.0)
+"""Per pool: 32 x 32 = 1024 connections in all, 256 kept alive."""
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One default TLS context for every pool (making one loads the CA bundle: tens of milliseconds)."""
+    return httpx.create_ssl_context()
+
+
+def server_root(base_url: str) -> str:
+    """Return ``base_url`` without a trailing ``/v1``: where a server's native routes live.
+
+    Example:
+        >>> server_root("http://localhost:11434/v1")
+        'http://localhost:11434'
+    """
+    base_url = base_url.rstrip("/")
+    return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient failures are retried.
+
+    Attributes:
+        max_retries: Retries after the first attempt (``0`` = no retry).
+        backoff_base: Seconds before the first retry; doubled for each later one.
+        backoff_max: The most seconds between two attempts from backoff alone.
+        retry_after_max: The most seconds a server's ``Retry-After`` may make us wait.
+    """
+
+    max_retries: int = 2
+    backoff_base: float = 0.1
+    backoff_max: float = 2.0
+    retry_after_max: float = 5.0
+
+    def delay(self, retry_number: int, retry_after: str | None = None) -> float:
+        """Seconds to wait before retry ``retry_number`` (0-based), honouring ``Retry-After`` if given."""
+        seconds = _parse_retry_after(retry_after)
+        if seconds is not None and math.isfinite(seconds):
+            return min(max(seconds, 0.0), self.retry_after_max)
+        backoff = min(self.backoff_base * 2.0**retry_number, self.backoff_max)
+        return backoff * (0.75 + 0.25 * random.random())  # a little jitter, so clients spread out
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return when.timestamp() - time.time()
+
+
+class _PooledTransport(httpx.AsyncBaseTransport):
+    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504."""
+
+    def __init__(self, policy: RetryPolicy, logger: logging.Logger) -> None:
+        context = _ssl_context()
+        self._pools = [httpx.AsyncHTTPTransport(limits=_SHARD_LIMITS, verify=context) for _ in range(POOL_SHARDS)]
+        self._next_pool = itertools.cycle(self._pools).__next__
+        self._policy = policy
+        self._logger = logger
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        retry_number = 0
+        while True:
+            try:
+                response = await self._next_pool().handle_async_request(request)
+            except httpx.ConnectError as error:  # the request never reached the server: safe to resend
+                if retry_number >= self._policy.max_retries:
+                    raise
+                delay, reason = self._policy.delay(retry_number), f"connect error ({error})"
+            else:
+                if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
+                    return response
+                delay = self._policy.delay(retry_number, response.headers.get("retry-after"))
+                reason = f"status {response.status_code}"
+                await response.aclose()
+            retry_number += 1
+            self._logger.info(
+                "retrying %s %s in %.2f s after %s (retry %d of %d)",
+                request.method,
+                request.url,
+                delay,
+                reason,
+                retry_number,
+                self._policy.max_retries,
+            )
+            await asyncio.sleep(delay)
+
+    async def aclose(self) -> None:
+        for pool in self._pools:
+            await pool.aclose()
+
+
+@dataclass(frozen=True)
+class ServerAnswer:
+    """An error answer from a server, as the provider-specific error handlers see it.
+
+    Attributes:
+        response: The ``httpx.Response`` (its ``request`` is the request that was sent).
+        status: The HTTP status code.
+        message: The server's own error message (JSON ``error.message``, ``error``, ``message`` or
+            ``detail``, else the start of the body).
+        route_missing: The server has no such route: FastAPI's ``{"detail": "Not Found"}`` 404, as opposed
+            to an application's own JSON error with status 404.
+        operation: What was asked, for messages ("load adapter 'a1'").
+        where: "<server> at <base URL>", for messages.
+        provider: The provider name.
+        url: The provider's base URL.
+    """
+
+    response: httpx.Response
+    status: int
+    message: str
+    route_missing: bool
+    operation: str
+    where: str
+    provider: str
+    url: str
+
+    def error(
+        self, error_class: type[ServerResponseError], sentence: str, *, path: str | None = None
+    ) -> ServerResponseError:
+        """Build ``error_class`` carrying this answer's request, response, provider and URL."""
+        return error_class(
+            sentence,
+            request=self.response.request,
+            response=self.response,
+            provider=self.provider,
+            url=self.url,
+            path=path,
+        )
+
+
+ErrorHandlers = Mapping[int, Callable[[ServerAnswer], "ServerResponseError | None"]]
+"""Backend-specific cases: status code -> handler returning the error, or ``None`` for the generic one."""
+
+
+class ServerClient:
+    """The HTTP side of one server provider: pooled client, retries and error translation.
+
+    Args:
+        provider: The provider name (``"vllm"``), carried by errors.
+        server: The server's display name (``"vLLM"``), for messages.
+        base_url: The configured base URL, named in messages.
+        timeout: Seconds to wait for one answer (connecting waits at most :data:`CONNECT_TIMEOUT_MAX`).
+        max_retries: Retries of transient failures.
+        env_prefix: Prefix of the provider's environment variables (``"VLLM"``), for hints.
+        headers: Headers sent with every request (e.g. ``Authorization``); never logged or shown.
+        retry_policy: Backoff settings; ``max_retries`` overrides its own.
+    """
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        server: str,
+        base_url: str,
+        timeout: float,
+        max_retries: int,
+        env_prefix: str,
+        headers: Mapping[str, str] | None = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        self.provider = provider
+        self.server = server
+        self.base_url = base_url
+        self.timeout = float(timeout)
+        self.env_prefix = env_prefix
+        self.where = f"{server} at {base_url}"
+        self.retry_policy = dataclasses.replace(retry_policy or RetryPolicy(), max_retries=max(0, int(max_retries)))
+        self.httpx_timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT_MAX))
+        self.logger = logging.getLogger(f"inference.{provider}")
+        self._headers = dict(headers or {})
+        _ssl_context()  # made here, once per process, rather than on the event loop at first request
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"ServerClient(server={self.server!r}, base_url={self.base_url!r})"
+
+    @property
+    def max_retries(self) -> int:
+        """Retries of transient failures after the first attempt."""
+        return self.retry_policy.max_retries
+
+    def client(self) -> httpx.AsyncClient:
+        """The pooled client for the running event loop (made on first use, and again on a new loop)."""
+        loop = asyncio.get_running_loop()
+        client = self._client
+        if client is None or self._loop is not loop or client.is_closed:
+            transport = _PooledTransport(self.retry_policy, self.logger)
+            # A client left on another (usually closed) loop cannot be closed from here; drop it.
+            client = httpx.AsyncClient(transport=transport, timeout=self.httpx_timeout, headers=self._headers)
+            self._client, self._loop = client, loop
+        return client
+
+    async def aclose(self) -> None:
+        """Close the pooled client if it belongs to the running loop; forget it either way."""
+        client, loop = self._client, self._loop
+        self._client, self._loop = None, None
+        if client is not None and loop is asyncio.get_running_loop():
+            await client.aclose()
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        operation: str,
+        json_body: Any = None,
+        handlers: ErrorHandlers | None = None,
+    ) -> httpx.Response:
+        """Send one request (with retries) and return its successful response.
+
+        Raises:
+            ProviderUnavailableError: Nothing answers at the URL.
+            ProviderTimeoutError: No answer within the timeout.
+            ServerResponseError: The server answered with an error status (a subclass chosen by status and
+                by ``handlers``).
+        """
+        try:
+            response = await self.client().request(method, url, json=json_body)
+        except httpx.HTTPError as error:
+            raise self.error_from_exception(error, operation=operation) from error
+        if response.is_error:
+            raise self.error_from_response(response, operation=operation, handlers=handlers)
+        return response
+
+    def parse_json(self, response: httpx.Response, *, operation: str) -> Any:
+        """Return the JSON body of ``response``.
+
+        Raises:
+            ProtocolError: The body is not JSON.
+        """
+        try:
+            return json.loads(response.content)
+        except ValueError as error:
+            raise self.protocol_error(operation, f"malformed JSON ({error})") from error
+
+    def protocol_error(self, operation: str, problem: str) -> ProtocolError:
+        """An answer that does not follow the protocol, with a hint about the base URL."""
+        return ProtocolError(
+            f"{self.where} answered {operation} with {problem}: check that {self.env_prefix}_BASE_URL "
+            f"(or base_url) points at a {self.server} server",
+            provider=self.provider,
+            url=self.base_url,
+        )
+
+    def error_from_exception(
+        self, error: BaseException, *, operation: str, handlers: ErrorHandlers | None = None
+    ) -> InferenceError:
+        """Translate an httpx or openai exception into the error tree (chain it with ``from``).
+
+        Error statuses go through :meth:`error_from_response`; timeouts become
+        :class:`ProviderTimeoutError`; connection failures :class:`ProviderUnavailableError`; malformed JSON
+        :class:`ProtocolError`.
+        """
+        response = getattr(error, "response", None)
+        if isinstance(response, httpx.Response) and response.is_error:  # openai.APIStatusError, HTTPStatusError
+            return self.error_from_response(response, operation=operation, handlers=handlers)
+        openai = sys.modules.get("openai")
+        cause = error if isinstance(error, httpx.HTTPError) else error.__cause__
+        if isinstance(cause, httpx.TimeoutException) or (
+            openai is not None and isinstance(error, openai.APITimeoutError)
+        ):
+            return self._timeout_error(operation, cause)
+        if isinstance(cause, (httpx.TransportError, OSError)) or (
+            openai is not None and isinstance(error, openai.APIConnectionError)
+        ):
+            return self._unavailable_error(cause if cause is not None else error)
+        if isinstance(error, ValueError):  # json.JSONDecodeError from a body that is not JSON
+            return self.protocol_error(operation, f"malformed JSON ({error})")
+        return ProviderError(
+            f"{self.where} failed during {operation}: {type(error).__name__}: {error}",
+            provider=self.provider,
+            url=self.base_url,
+        )
+
+    def _timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
+        if isinstance(cause, httpx.ConnectTimeout):
+            what = f"accept a connection within {self.httpx_timeout.connect:g} s"
+        else:
+            what = f"answer within {self.timeout:g} s ({operation})"
+        return ProviderTimeoutError(
+            f"{self.where} did not {what}: check that the server is up and not overloaded, or raise the "
+            f"timeout ({self.env_prefix}_TIMEOUT or timeout=)",
+            provider=self.provider,
+            url=self.base_url,
+        )
+
+    def _unavailable_error(self, cause: BaseException) -> ProviderUnavailableError:
+        attempts = self.max_retries + 1
+        tried = f"{attempts} attempts" if attempts > 1 else "1 attempt"
+        detail = str(cause) or type(cause).__name__
+        return ProviderUnavailableError(
+            f"nothing answers at {self.base_url} ({detail}; {tried}): start the {self.server} server there, "
+            f"or point {self.env_prefix}_BASE_URL (or base_url) at the running server",
+            provider=self.provider,
+            url=self.base_url,
+        )
+
+    def error_from_response(
+        self, response: httpx.Response, *, operation: str, handlers: ErrorHandlers | None = None
+    ) -> ServerResponseError:
+        """Map an error answer to the error tree: status code first, then the backend's own cases.
+
+        Args:
+            response: The error response (its body already read).
+            operation: What was asked, for the message ("generate with model 'm'").
+            handlers: Backend-specific cases by status; a handler returns ``None`` to fall back to the
+                generic error for that status.
+        """
+        answer = _answer(response, operation=operation, where=self.where, provider=self.provider, url=self.base_url)
+        handler = (handlers or {}).get(answer.status)
+        if handler is not None:
+            error = handler(answer)
+            if error is not None:
+                return error
+        return answer.error(ServerResponseError, self._generic_sentence(answer))
+
+    def _generic_sentence(self, answer: ServerAnswer) -> str:
+        status = answer.status
+        said = f": {answer.message}" if answer.message else ""
+        head = f"{self.where} answered {status} {answer.response.reason_phrase} to {answer.operation}{said}"
+        attempts = self.max_retries + 1
+        if answer.route_missing:
+            hint = (
+                f"the server has no route {answer.response.request.url.path}; check that "
+                f"{self.env_prefix}_BASE_URL (or base_url) points at a {self.server} server"
+            )
+        elif status in (401, 403):
+            hint = "the server refused the credentials; check the API key it expects"
+        elif status == 429:
+            hint = f"the server is rate-limiting (tried {attempts} times); lower the request rate and retry"
+        elif status in RETRY_STATUSES:
+            hint = (
+                f"the server (or a proxy in front of it) is unavailable or overloaded (tried {attempts} "
+                "times); check that it is up and retry later"
+            )
+        elif status >= 500:
+            hint = "the server failed; its log says why"
+        else:
+            hint = "the server rejected the request; fix what its message names"
+        return f"{head}. {hint[0].upper()}{hint[1:]}"
+
+
+def _answer(response: httpx.Response, *, operation: str, where: str, provider: str, url: str) -> ServerAnswer:
+    body: Any = None
+    try:
+        body = json.loads(response.content) if response.content else None
+    except ValueError:
+        body = None
+    message = _server_message(body) if body is not None else response.text.strip()
+    route_missing = (
+        response.status_code in (404, 405)
+        and isinstance(body, dict)
+        and set(body) == {"detail"}
+        and (body["detail"] in ("Not Found", "Method Not Allowed"))
+    )
+    return ServerAnswer(
+        response=response,
+        status=response.status_code,
+        message=message[:500],
+        route_missing=route_missing,
+        operation=operation,
+        where=where,
+        provider=provider,
+        url=url,
+    )
+
+
+def _server_message(body: Any) -> str:
+    if isinstance(body, dict):
+        for key in ("error", "message", "detail"):
+            value = body.get(key)
+            if isinstance(value, dict):
+                return _server_message(value)
+            if isinstance(value, str) and value:
+                return value
+            if value:
+                return json.dumps(value)[:500]
+    return json.dumps(body)[:500]

@@ -1,0 +1,130 @@
+"""Fixtures for integration tests: a real OpenAI-compatible server (``python -m llama_cpp.server``) on loopback.
+
+The server serves the tiny Qwen2 GGUF built by the ``tiny_models`` fixture, so the HTTP providers talk to
+a real server process without any download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT_SECONDS = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(log: IO[bytes], limit: int = 4000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read().decode(errors="replace")[-limit:]
+
+
+class LlamaServer:
+    """One ``python -m llama_cpp.server`` process on 127.0.0.1.
+
+    Attributes:
+        base_url: ``http://127.0.0.1:PORT/v1``.
+        process: The server process.
+    """
+
+    def __init__(self, model: Path, *, n_ctx: int = 512) -> None:
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop(), after the process ends
+        command = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--n_ctx",
+            str(n_ctx),
+            "--n_threads",
+            "2",
+        ]
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"llama_cpp.server exited with status {self.process.returncode} before answering; "
+                    f"its output:\n{_tail(self._log)}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/models", timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.1)
+        pytest.fail(
+            f"llama_cpp.server did not answer GET {self.base_url}/models within {STARTUP_TIMEOUT_SECONDS:g} s; "
+            f"its output:\n{_tail(self._log)}"
+        )
+
+    def stop(self) -> None:
+        """Terminate the server (kill it if it does not stop within 10 s) and close its log."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_gguf(tiny_models: dict[str, object]) -> Path:
+    """The tiny Qwen2 GGUF (it has a ChatML chat template, which llama_cpp.server uses for chat)."""
+    pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server]")
+    path: Path = tiny_models["qwen2"].gguf_path  # type: ignore[attr-defined]
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_server(tiny_qwen2_gguf: Path) -> Iterator[str]:
+    """A ``llama_cpp.server`` serving the tiny Qwen2 GGUF for the whole session; yields its /v1 base URL."""
+    server = LlamaServer(tiny_qwen2_gguf)
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def start_llama_server(tiny_qwen2_gguf: Path) -> Iterator[Callable[[], LlamaServer]]:
+    """Start extra short-lived servers (e.g. to kill one); every server started is stopped at teardown."""
+    servers: list[LlamaServer] = []
+
+    def start() -> LlamaServer:
+        server = LlamaServer(tiny_qwen2_gguf)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -1,0 +1,132 @@
+"""Against a real vLLM or Ollama server, when one is named; skipped otherwise (this machine runs neither).
+
+- vLLM: ``VLLM_TEST_URL`` (e.g. ``http://gpu-box:8100/v1``), ``VLLM_TEST_MODEL`` (the served model name),
+  optional ``VLLM_TEST_API_KEY``, and ``VLLM_TEST_ADAPTER`` (a PEFT LoRA directory on the vLLM machine) for
+  the adapter tests, which also need the server started with ``--enable-lora`` and
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``.
+- Ollama: ``OLLAMA_TEST_URL`` (e.g. ``http://localhost:11434/v1``) and ``OLLAMA_TEST_MODEL`` (a pulled model).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    AdapterNotFoundError,
+    InvalidAdapterError,
+    ModelNotFoundError,
+)
+from inference.ollama_provider import OllamaProvider
+from inference.vllm_provider import VLLMProvider
+
+pytestmark = pytest.mark.integration
+
+VLLM_URL = os.environ.get("VLLM_TEST_URL", "")
+VLLM_MODEL = os.environ.get("VLLM_TEST_MODEL", "")
+VLLM_ADAPTER = os.environ.get("VLLM_TEST_ADAPTER", "")
+OLLAMA_URL = os.environ.get("OLLAMA_TEST_URL", "")
+OLLAMA_MODEL = os.environ.get("OLLAMA_TEST_MODEL", "")
+
+needs_vllm = pytest.mark.skipif(
+    not (VLLM_URL and VLLM_MODEL), reason="set VLLM_TEST_URL and VLLM_TEST_MODEL to test against a real vLLM"
+)
+needs_vllm_adapter = pytest.mark.skipif(
+    not (VLLM_URL and VLLM_MODEL and VLLM_ADAPTER),
+    reason="set VLLM_TEST_URL, VLLM_TEST_MODEL and VLLM_TEST_ADAPTER to test runtime LoRA on a real vLLM",
+)
+needs_ollama = pytest.mark.skipif(
+    not (OLLAMA_URL and OLLAMA_MODEL),
+    reason="set OLLAMA_TEST_URL and OLLAMA_TEST_MODEL to test against a real Ollama",
+)
+
+
+@pytest.fixture
+async def vllm() -> AsyncIterator[VLLMProvider]:
+    async with VLLMProvider(base_url=VLLM_URL, api_key=os.environ.get("VLLM_TEST_API_KEY") or None) as provider:
+        yield provider
+
+
+@pytest.fixture
+async def ollama() -> AsyncIterator[OllamaProvider]:
+    async with OllamaProvider(base_url=OLLAMA_URL) as provider:
+        yield provider
+
+
+@needs_vllm
+async def test_vllm_generates(vllm: VLLMProvider) -> None:
+    result = await vllm.generate("Say hello.", model=VLLM_MODEL, max_tokens=4, temperature=0.0, top_k=1)
+    assert result.completion_tokens > 0 and result.prompt_tokens > 0
+    assert result.finish_reason in ("stop", "length")
+    seeded = [
+        await vllm.generate("Say hello.", model=VLLM_MODEL, max_tokens=8, temperature=1.0, seed=5) for _ in range(2)
+    ]
+    assert seeded[0].text == seeded[1].text
+
+
+@needs_vllm
+async def test_vllm_unknown_model(vllm: VLLMProvider) -> None:
+    with pytest.raises(ModelNotFoundError):
+        await vllm.generate("Hi", model=f"no-such-model-{uuid.uuid4().hex[:8]}", max_tokens=2)
+
+
+@needs_vllm_adapter
+async def test_vllm_runtime_lora_lifecycle(vllm: VLLMProvider) -> None:
+    adapter_id = f"sdk-test-{uuid.uuid4().hex[:8]}"
+    await vllm.load_adapter(adapter_id, VLLM_ADAPTER)
+    try:
+        assert adapter_id in await vllm.list_adapters()
+        result = await vllm.generate("Say hello.", model=VLLM_MODEL, adapter_id=adapter_id, max_tokens=4)
+        assert result.adapter_id == adapter_id and result.completion_tokens > 0
+        with pytest.raises(AdapterAlreadyLoadedError):
+            await vllm.load_adapter(adapter_id, VLLM_ADAPTER)
+    finally:
+        await vllm.unload_adapter(adapter_id)
+    assert adapter_id not in await vllm.list_adapters()
+    with pytest.raises(AdapterNotFoundError):
+        await vllm.unload_adapter(adapter_id)
+    with pytest.raises(AdapterNotFoundError):
+        await vllm.generate("Hi", model=VLLM_MODEL, adapter_id=adapter_id, max_tokens=2)
+
+
+@needs_vllm_adapter
+async def test_vllm_adapter_path_without_adapter(vllm: VLLMProvider) -> None:
+    with pytest.raises(InvalidAdapterError):
+        await vllm.load_adapter(f"sdk-missing-{uuid.uuid4().hex[:8]}", "/nonexistent/sdk-test-adapter")
+    assert await vllm.list_adapters() == []
+
+
+@needs_ollama
+async def test_ollama_generates_with_every_option(ollama: OllamaProvider) -> None:
+    first, second = [
+        await ollama.generate(
+            "Say hello.",
+            model=OLLAMA_MODEL,
+            max_tokens=8,
+            temperature=0.8,
+            top_p=0.9,
+            top_k=20,
+            repetition_penalty=1.2,
+            seed=42,
+        )
+        for _ in range(2)
+    ]
+    assert first.text == second.text  # the seed reached the sampler
+    assert 0 < first.completion_tokens <= 8 and first.prompt_tokens > 0
+
+
+@needs_ollama
+async def test_ollama_max_tokens_gives_length(ollama: OllamaProvider) -> None:
+    result = await ollama.generate("Write a long story about a ship.", model=OLLAMA_MODEL, max_tokens=3)
+    assert result.finish_reason == "length" and result.completion_tokens == 3
+
+
+@needs_ollama
+async def test_ollama_missing_model_says_pull(ollama: OllamaProvider) -> None:
+    name = f"no-such-model-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ModelNotFoundError, match=f"ollama pull {name}"):
+        await ollama.generate("Hi", model=name, max_tokens=2)

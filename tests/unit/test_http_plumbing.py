@@ -1,0 +1,299 @@
+"""The shared HTTP plumbing: pooled client per event loop, bounded retries, error translation."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import socket
+import time
+
+import httpx
+import pytest
+import respx
+
+from inference._http import RetryPolicy, ServerAnswer, ServerClient, server_root
+from inference.exceptions import (
+    ProtocolError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    ServerModelNotFoundError,
+    ServerResponseError,
+)
+
+BASE = "http://server.test:9000/v1"
+FAST = RetryPolicy(backoff_base=0.001, backoff_max=0.002, retry_after_max=0.01)
+
+
+def make_client(max_retries: int = 2, **kwargs: object) -> ServerClient:
+    return ServerClient(
+        provider="demo",
+        server="Demo",
+        base_url=BASE,
+        timeout=5.0,
+        max_retries=max_retries,
+        env_prefix="DEMO",
+        retry_policy=FAST,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 where nothing listens (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("base_url", "root"),
+    [
+        ("http://h:8100/v1", "http://h:8100"),
+        ("http://h:8100/v1/", "http://h:8100"),
+        ("http://h:8100", "http://h:8100"),
+        ("https://proxy.example/vllm/v1", "https://proxy.example/vllm"),
+    ],
+)
+def test_server_root_strips_the_v1_suffix_only(base_url: str, root: str) -> None:
+    assert server_root(base_url) == root
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    policy = RetryPolicy(backoff_base=0.1, backoff_max=0.3)
+    first, second, late = policy.delay(0), policy.delay(1), policy.delay(10)
+    assert 0.075 <= first <= 0.1
+    assert 0.15 <= second <= 0.2
+    assert 0.225 <= late <= 0.3
+
+
+def test_retry_after_is_honoured_and_capped() -> None:
+    policy = RetryPolicy(retry_after_max=5.0)
+    assert policy.delay(0, "2") == 2.0
+    assert policy.delay(0, "3600") == 5.0
+    assert policy.delay(0, "-4") == 0.0
+    in_two_seconds = email.utils.formatdate(time.time() + 2, usegmt=True)
+    assert 0.0 <= policy.delay(0, in_two_seconds) <= 2.0
+    assert policy.delay(0, "soon") <= policy.backoff_base  # unparseable: plain backoff
+    assert policy.delay(0, "nan") <= policy.backoff_base
+
+
+async def test_503_then_200_succeeds_after_one_retry() -> None:
+    client = make_client()
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(
+            side_effect=[httpx.Response(503), httpx.Response(200, json={"ok": True})]
+        )
+        response = await client.request("POST", f"{BASE}/thing", operation="do the thing", json_body={"a": 1})
+    assert response.json() == {"ok": True}
+    assert route.call_count == 2
+    assert [json.loads(call.request.content) for call in route.calls] == [{"a": 1}, {"a": 1}]
+    await client.aclose()
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+async def test_transient_status_forever_gives_up_after_max_retries_plus_one(status: int) -> None:
+    client = make_client(max_retries=2)
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(return_value=httpx.Response(status, text="busy"))
+        with pytest.raises(ServerResponseError) as caught:
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert route.call_count == 3
+    error = caught.value
+    assert isinstance(error, httpx.HTTPStatusError)
+    assert error.response.status_code == status and error.status_code == status
+    assert error.request.url == f"{BASE}/thing"
+    assert "tried 3 times" in str(error) and BASE in str(error)
+    await client.aclose()
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422, 500])
+async def test_other_statuses_are_not_retried(status: int) -> None:
+    client = make_client(max_retries=3)
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(return_value=httpx.Response(status, json={"error": "nope"}))
+        with pytest.raises(ServerResponseError) as caught:
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert route.call_count == 1
+    assert caught.value.status_code == status
+    assert "nope" in str(caught.value)
+    await client.aclose()
+
+
+async def test_retry_after_header_is_used_between_attempts() -> None:
+    client = make_client(max_retries=1)
+    with respx.mock:
+        route = respx.get(f"{BASE}/thing").mock(
+            side_effect=[httpx.Response(429, headers={"Retry-After": "0"}), httpx.Response(200, text="ok")]
+        )
+        response = await client.request("GET", f"{BASE}/thing", operation="read")
+    assert response.text == "ok" and route.call_count == 2
+    await client.aclose()
+
+
+async def test_max_retries_zero_sends_once() -> None:
+    client = make_client(max_retries=0)
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(return_value=httpx.Response(503))
+        with pytest.raises(ServerResponseError):
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert route.call_count == 1
+    await client.aclose()
+
+
+async def test_connect_errors_are_retried_then_reported_as_unavailable() -> None:
+    client = make_client(max_retries=2)
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(side_effect=httpx.ConnectError("Connection refused"))
+        with pytest.raises(ProviderUnavailableError) as caught:
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert route.call_count == 3
+    assert BASE in str(caught.value) and "DEMO_BASE_URL" in str(caught.value)
+    assert caught.value.url == BASE and caught.value.provider == "demo"
+    assert isinstance(caught.value, ConnectionError)
+    await client.aclose()
+
+
+async def test_connect_error_then_success_recovers() -> None:
+    client = make_client(max_retries=1)
+    with respx.mock:
+        route = respx.get(f"{BASE}/thing").mock(
+            side_effect=[httpx.ConnectError("refused"), httpx.Response(200, text="up")]
+        )
+        response = await client.request("GET", f"{BASE}/thing", operation="read")
+    assert response.text == "up" and route.call_count == 2
+    await client.aclose()
+
+
+async def test_connection_refused_by_a_real_closed_port_names_the_url() -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    client = ServerClient(provider="demo", server="Demo", base_url=url, timeout=5.0, max_retries=2, env_prefix="DEMO")
+    with pytest.raises(ProviderUnavailableError) as caught:
+        await client.request("GET", f"{url}/models", operation="list models")
+    assert url in str(caught.value)
+    assert "start the Demo server" in str(caught.value)
+    await client.aclose()
+
+
+async def test_read_timeout_is_a_provider_timeout_and_not_retried() -> None:
+    client = make_client(max_retries=2)
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(side_effect=httpx.ReadTimeout("slow"))
+        with pytest.raises(ProviderTimeoutError) as caught:
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert route.call_count == 1
+    assert "within 5 s" in str(caught.value) and "DEMO_TIMEOUT" in str(caught.value)
+    assert isinstance(caught.value, TimeoutError)
+    await client.aclose()
+
+
+async def test_connect_timeout_says_it_could_not_connect() -> None:
+    client = make_client(max_retries=0)
+    with respx.mock:
+        respx.post(f"{BASE}/thing").mock(side_effect=httpx.ConnectTimeout("no route"))
+        with pytest.raises(ProviderTimeoutError, match="accept a connection"):
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    await client.aclose()
+
+
+async def test_malformed_json_is_a_protocol_error() -> None:
+    client = make_client()
+    with respx.mock:
+        respx.get(f"{BASE}/thing").mock(
+            return_value=httpx.Response(200, content=b"{oops", headers={"content-type": "application/json"})
+        )
+        response = await client.request("GET", f"{BASE}/thing", operation="read the thing")
+    with pytest.raises(ProtocolError, match="malformed JSON") as caught:
+        client.parse_json(response, operation="read the thing")
+    assert "DEMO_BASE_URL" in str(caught.value)
+    await client.aclose()
+
+
+async def test_handlers_choose_the_error_by_status_and_fall_back_to_the_generic_one() -> None:
+    client = make_client()
+
+    def not_found(answer: ServerAnswer) -> ServerResponseError | None:
+        if answer.route_missing:
+            return None
+        return answer.error(ServerModelNotFoundError, f"no model: {answer.message}")
+
+    with respx.mock:
+        respx.get(f"{BASE}/model").mock(
+            return_value=httpx.Response(404, json={"error": {"message": "model `m` missing", "code": 404}})
+        )
+        respx.get(f"{BASE}/nowhere").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
+        with pytest.raises(ServerModelNotFoundError, match="no model: model `m` missing"):
+            await client.request("GET", f"{BASE}/model", operation="read", handlers={404: not_found})
+        with pytest.raises(ServerResponseError) as caught:
+            await client.request("GET", f"{BASE}/nowhere", operation="read", handlers={404: not_found})
+    assert type(caught.value) is ServerResponseError
+    assert "has no route /v1/nowhere" in str(caught.value)
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"error": {"message": "vLLM style", "type": "BadRequestError", "param": None, "code": 400}}, "vLLM style"),
+        ({"object": "error", "message": "old vLLM style", "code": 400}, "old vLLM style"),
+        ({"error": "Ollama style"}, "Ollama style"),
+        ({"detail": [{"loc": ["body", "x"], "msg": "field required"}]}, "field required"),
+    ],
+)
+async def test_server_messages_are_quoted_in_errors(body: object, message: str) -> None:
+    client = make_client()
+    with respx.mock:
+        respx.post(f"{BASE}/thing").mock(return_value=httpx.Response(400, json=body))
+        with pytest.raises(ServerResponseError) as caught:
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert message in str(caught.value)
+    assert "Demo at http://server.test:9000/v1 answered 400 Bad Request to do the thing" in str(caught.value)
+    await client.aclose()
+
+
+async def test_plain_text_error_bodies_are_quoted() -> None:
+    client = make_client()
+    with respx.mock:
+        respx.post(f"{BASE}/thing").mock(return_value=httpx.Response(500, text="Internal Server Error"))
+        with pytest.raises(ServerResponseError, match=r"Internal Server Error\. The server failed"):
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    await client.aclose()
+
+
+async def test_the_client_is_pooled_on_one_loop_and_remade_after_aclose() -> None:
+    client = make_client()
+    first = client.client()
+    assert client.client() is first
+    await client.aclose()
+    assert first.is_closed
+    second = client.client()
+    assert second is not first and not second.is_closed
+    await client.aclose()
+
+
+def test_a_new_event_loop_gets_a_new_client() -> None:
+    """A cached provider reused across ``asyncio.run`` calls must not touch the old loop's connections."""
+    client = make_client()
+
+    async def use() -> tuple[httpx.AsyncClient, str]:
+        response = await client.request("GET", f"{BASE}/thing", operation="read")
+        return client.client(), response.text
+
+    with respx.mock:
+        respx.get(f"{BASE}/thing").mock(return_value=httpx.Response(200, text="ok"))
+        first, text1 = asyncio.run(use())
+        second, text2 = asyncio.run(use())
+    assert (text1, text2) == ("ok", "ok")
+    assert second is not first
+    asyncio.run(client.aclose())
+
+
+async def test_secret_headers_are_sent_but_never_shown() -> None:
+    client = make_client(headers={"Authorization": "Bearer sk-very-secret"})
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(return_value=httpx.Response(401, json={"error": "bad key"}))
+        with pytest.raises(ServerResponseError) as caught:
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert route.calls.last.request.headers["authorization"] == "Bearer sk-very-secret"
+    assert "sk-very-secret" not in str(caught.value) + repr(caught.value) + repr(client)
+    assert "check the API key" in str(caught.value)
+    await client.aclose()
