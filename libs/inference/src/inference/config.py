@@ -33,9 +33,17 @@ DEFAULT_PROVIDER = "vllm"
 def validate_base_url(url: str, *, source: str) -> str:
     """Return ``url`` without a trailing slash if it is an http(s) URL with a host, else raise.
 
+    A comma-separated list of URLs (replicas) is checked item by item and returned joined by commas.
+
     Raises:
-        ConfigurationError: The URL has no ``http://``/``https://`` scheme or no host.
+        ConfigurationError: A URL has no ``http://``/``https://`` scheme or no host.
     """
+    if not isinstance(url, str):
+        if isinstance(url, (list, tuple)) and url:
+            return ",".join(validate_base_url(item, source=source) for item in url)
+        raise ConfigurationError(f"{source} must be a URL string or a list of URLs, got {url!r}")
+    if "," in url:
+        return ",".join(validate_base_url(item.strip(), source=source) for item in url.split(",") if item.strip())
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigurationError(
@@ -48,6 +56,10 @@ def validate_base_url(url: str, *, source: str) -> str:
 
 def _optional_str(value: str) -> str | None:
     return value or None
+
+
+def _optional_int(value: str) -> int | None:
+    return int(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,8 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
         Setting("timeout", "VLLM_TIMEOUT", 120.0, float, "Seconds to wait for one answer"),
         Setting("max_retries", "VLLM_MAX_RETRIES", 2, int,
                 "Retries of transient failures (connect errors, 429, 502, 503, 504)"),
+        Setting("max_lora_rank", "VLLM_MAX_LORA_RANK", 16, int,
+                "Largest adapter rank accepted before sending (match the server's --max-lora-rank)"),
     ),
     "ollama": (
         Setting("base_url", "OLLAMA_BASE_URL", "http://localhost:11434/v1", str,
@@ -85,6 +99,8 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
         Setting("timeout", "OLLAMA_TIMEOUT", 120.0, float, "Seconds to wait for one answer"),
         Setting("max_retries", "OLLAMA_MAX_RETRIES", 2, int,
                 "Retries of transient failures (connect errors, 429, 502, 503, 504)"),
+        Setting("base_model", "OLLAMA_BASE_MODEL", None, _optional_str,
+                "Ollama model that adapters are applied to (load_adapter creates a model derived from it)"),
     ),
     "llamacpp": (
         Setting("model_path", "LLAMACPP_MODEL_PATH", None, _optional_str, "Path of the GGUF base model"),
@@ -93,6 +109,8 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 "Layers offloaded to the GPU (-1 = all; ignored on CPU-only builds)"),
         Setting("adapter_cache_dir", "LLAMACPP_ADAPTER_CACHE_DIR", None, _optional_str,
                 "Where PEFT adapters converted to GGUF are cached (default ~/.cache/inference-adapters)"),
+        Setting("max_adapters", "LLAMACPP_MAX_ADAPTERS", None, _optional_int,
+                "Most adapters kept loaded; least recently used ones are evicted and reloaded on use"),
     ),
     "transformers": (
         Setting("model_name", "TRANSFORMERS_MODEL_NAME", "", str,
@@ -104,6 +122,8 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
                 "Most concurrent requests run together in one batch"),
         Setting("batch_window_ms", "TRANSFORMERS_BATCH_WINDOW_MS", 5.0, float,
                 "Milliseconds to wait for more requests before a batch starts"),
+        Setting("max_adapters", "TRANSFORMERS_MAX_ADAPTERS", None, _optional_int,
+                "Most adapters kept loaded; least recently used ones are evicted and reloaded on use"),
     ),
     "fake": (),
 }
@@ -185,3 +205,19 @@ def render_env_example() -> str:
             default = "" if setting.default is None else setting.default
             lines += [f"# {setting.description}", f"# {setting.env_var}={default}"]
     return "\n".join(lines) + "\n"
+
+
+def render_configuration_table() -> str:
+    """Return the Markdown table of every setting, for ``docs/configuration.md``."""
+    rows = [
+        "| provider | key (argument / step config) | variable | default | meaning |",
+        "| --- | --- | --- | --- | --- |",
+        f"| all | `provider` | `{PROVIDER_ENV_VAR}` | `{DEFAULT_PROVIDER}` | provider type |",
+    ]
+    for provider_type, settings in SETTINGS.items():
+        for setting in settings:
+            default = "" if setting.default is None else f"`{setting.default}`"
+            rows.append(
+                f"| {provider_type} | `{setting.key}` | `{setting.env_var}` | {default} | {setting.description} |"
+            )
+    return "\n".join(rows) + "\n"
