@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
+from collections.abc import AsyncIterator
 
 from inference._validation import GenerationRequest
-from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError
-from inference.provider import GenerationResult, InferenceProvider
+from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 __all__ = ["FakeProvider"]
 
@@ -21,8 +22,17 @@ class FakeProvider(InferenceProvider):
     """Answers instantly with text that depends only on the prompt, system prompt, adapter and seed.
 
     The same request always gives the same text; a different adapter gives a different text. Adapters
-    live in memory: ``load_adapter`` records the path (nothing is read), so the lifecycle and its errors
-    behave as on a real provider.
+    live in memory: ``load_adapter`` records the path (nothing is read), and the lifecycle rules of every
+    provider apply (duplicate ids, unknown ids, unload waiting for requests, ``max_adapters`` eviction).
+    ``stream`` yields the text word by word.
+
+    Args:
+        max_adapters: Most adapters kept "resident" before the least recently used is evicted.
+
+    Attributes:
+        backend_loads: How many times an adapter was loaded into the (imaginary) backend, evictions'
+            reloads included: lets your tests see what the lifecycle did.
+        backend_unloads: Likewise for unloads and evictions.
 
     Example:
         >>> import asyncio
@@ -39,25 +49,43 @@ class FakeProvider(InferenceProvider):
     hot_swaps_adapters = True
     batches_mixed_adapters = True
 
-    def __init__(self) -> None:
-        self._adapters: dict[str, str] = {}
+    def __init__(self, max_adapters: int | None = None) -> None:
+        self.max_adapters = max_adapters
+        self._resident: dict[str, str] = {}
+        self.backend_loads = 0
+        self.backend_unloads = 0
 
     def __repr__(self) -> str:
-        return f"FakeProvider(adapters={sorted(self._adapters)})"
+        return f"FakeProvider(resident={sorted(self._resident)})"
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        if request.adapter_id is not None and request.adapter_id not in self._adapters:
-            raise AdapterNotFoundError(
-                f"adapter {request.adapter_id!r} is not loaded: call load_adapter first "
-                f"(loaded: {sorted(self._adapters) or 'none'})",
-                provider=self.name,
-            )
         await asyncio.sleep(0)  # a real provider yields to the loop too
+        return self._answer(request)
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        result = self._answer(request)
+        for piece in re.findall(r"\s*\S+", result.text):
+            await asyncio.sleep(0)
+            yield piece
+        yield result
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        await asyncio.sleep(0)
+        self._resident[adapter_id] = adapter_path
+        self.backend_loads += 1
+
+    async def _unload_adapter(self, adapter_id: str) -> None:
+        await asyncio.sleep(0)
+        del self._resident[adapter_id]
+        self.backend_unloads += 1
+
+    def _answer(self, request: GenerationRequest) -> GenerationResult:
+        if request.adapter_id is not None and request.adapter_id not in self._resident:
+            raise AssertionError(f"adapter {request.adapter_id!r} used while not resident: lifecycle bug")
         words = _words_for(request)
         finish_reason = "length" if len(words) > request.max_tokens else "stop"
         words = words[: request.max_tokens]
-        prefix = f"[{request.adapter_id or 'base'}] "
-        text = prefix + " ".join(words)
+        text = f"[{request.adapter_id or 'base'}] " + " ".join(words)
         for stop in request.stop:
             if stop in text:
                 text, finish_reason = text[: text.index(stop)], "stop"
@@ -71,22 +99,6 @@ class FakeProvider(InferenceProvider):
             prompt_tokens=prompt_tokens,
             completion_tokens=len(words),
         )
-
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        if adapter_id in self._adapters:
-            raise AdapterAlreadyLoadedError(
-                f"adapter {adapter_id!r} is already loaded (from {self._adapters[adapter_id]}): "
-                "unload it first or choose another id",
-                provider=self.name,
-            )
-        self._adapters[adapter_id] = adapter_path
-
-    async def _unload_adapter(self, adapter_id: str) -> None:
-        if self._adapters.pop(adapter_id, None) is None:
-            raise AdapterNotFoundError(f"adapter {adapter_id!r} is not loaded", provider=self.name)
-
-    async def _list_adapters(self) -> list[str]:
-        return list(self._adapters)
 
 
 def _words_for(request: GenerationRequest) -> list[str]:

@@ -8,16 +8,23 @@ and never reaches a server or a model.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from inference._lifecycle import AdapterRegistry
 from inference._validation import GenerationRequest, validate_adapter_id
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 
-__all__ = ["GenerationRequest", "GenerationResult", "InferenceProvider"]
+logger = logging.getLogger("inference")
+
+__all__ = ["BatchItem", "GenerationRequest", "GenerationResult", "InferenceProvider", "StreamEvent"]
 
 _ProviderT = TypeVar("_ProviderT", bound="InferenceProvider")
 
@@ -45,6 +52,13 @@ class GenerationResult:
     completion_tokens: int = 0
 
 
+StreamEvent = str | GenerationResult
+"""What :meth:`InferenceProvider.stream` yields: text pieces (``str``), then one :class:`GenerationResult`."""
+
+BatchItem = GenerationResult | Exception
+"""One place of :meth:`InferenceProvider.generate_batch`'s answer: the result, or the error of that item."""
+
+
 class InferenceProvider(ABC):
     """An inference backend with a LoRA adapter lifecycle.
 
@@ -62,6 +76,9 @@ class InferenceProvider(ABC):
         hot_swaps_adapters: Switching adapters between requests does not reload the base model.
         batches_mixed_adapters: Concurrent requests for different adapters run in one batch.
         runs_in_process: The model runs inside this process (no server).
+        max_adapters: Most adapters kept loaded in the backend (``None`` = unlimited). Beyond it, the least
+            recently used adapter that is neither pinned nor in use is evicted; it stays listed and is loaded
+            again, from its path, when a request needs it.
     """
 
     name: ClassVar[str] = "base"
@@ -69,6 +86,7 @@ class InferenceProvider(ABC):
     hot_swaps_adapters: ClassVar[bool] = False
     batches_mixed_adapters: ClassVar[bool] = False
     runs_in_process: ClassVar[bool] = False
+    max_adapters: int | None = None
 
     async def generate(
         self,
@@ -122,18 +140,159 @@ class InferenceProvider(ABC):
             seed=seed,
             top_k=top_k,
         )
-        return await self._generate(request)
+        async with self._adapter_in_use(request.adapter_id):
+            return await self._generate(request)
 
-    async def load_adapter(self, adapter_id: str, adapter_path: str | os.PathLike[str]) -> None:
+    async def stream(
+        self,
+        prompt: str,
+        model: str,
+        adapter_id: str | None = None,
+        max_tokens: int = 4096,
+        system_prompt: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        *,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        top_k: int | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """Generate like :meth:`generate`, yielding text pieces as they are produced.
+
+        Yields:
+            Text pieces (``str``) in order, then exactly one :class:`GenerationResult` whose ``text`` is
+            their concatenation, with token counts and finish reason.
+
+        Stopping early stops the generation in the backend: cancelling the consuming task does so at once;
+        after a ``break``, asyncio closes the abandoned generator a moment later, or at once when you iterate
+        inside ``async with contextlib.aclosing(provider.stream(...)) as events:``.
+
+        Example:
+            >>> import asyncio
+            >>> from inference.fake_provider import FakeProvider
+            >>> async def main():
+            ...     pieces = []
+            ...     async for event in FakeProvider().stream("hi", model="m", max_tokens=3):
+            ...         if isinstance(event, str):
+            ...             pieces.append(event)
+            ...         else:
+            ...             return "".join(pieces) == event.text
+            >>> asyncio.run(main())
+            True
+
+        Raises:
+            The same errors as :meth:`generate`, when iteration starts.
+        """
+        request = GenerationRequest.from_arguments(
+            provider=self.name,
+            prompt=prompt,
+            model=model,
+            adapter_id=adapter_id,
+            max_tokens=max_tokens,
+            system_prompt=system_prompt,
+            temperature=temperature,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+            stop=stop,
+            seed=seed,
+            top_k=top_k,
+        )
+        async with self._adapter_in_use(request.adapter_id):
+            events = self._stream(request)
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+
+    async def generate_batch(
+        self,
+        prompts: Sequence[str],
+        model: str,
+        adapter_id: str | None = None,
+        max_tokens: int = 4096,
+        system_prompt: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        *,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        top_k: int | None = None,
+        max_concurrency: int = 8,
+        on_result: Callable[[int, BatchItem], object] | None = None,
+    ) -> list[BatchItem]:
+        """Generate for every prompt with bounded concurrency; one failure never loses the other results.
+
+        Args:
+            prompts: The prompts; every other argument is as in :meth:`generate` and applies to all of them.
+            max_concurrency: Most requests in flight at once.
+            on_result: Called as ``on_result(index, result_or_error)`` as each item finishes (for progress);
+                an exception it raises is logged and ignored.
+
+        Returns:
+            One entry per prompt, in input order: its :class:`GenerationResult`, or the exception it raised.
+
+        Raises:
+            InvalidRequestError: ``prompts`` is not a sequence of prompts, or ``max_concurrency`` is not a
+                positive integer.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise InvalidRequestError(
+                f"prompts must be a list of strings, got {type(prompts).__name__}", provider=self.name
+            )
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise InvalidRequestError(
+                f"max_concurrency must be a positive integer, got {max_concurrency!r}", provider=self.name
+            )
+        semaphore = asyncio.Semaphore(max_concurrency)
+        results: list[BatchItem | None] = [None] * len(prompts)
+        settings: dict[str, Any] = {
+            "adapter_id": adapter_id, "max_tokens": max_tokens, "system_prompt": system_prompt,
+            "temperature": temperature, "top_p": top_p, "repetition_penalty": repetition_penalty,
+            "stop": stop, "seed": seed, "top_k": top_k,
+        }
+
+        async def run(index: int, prompt: str) -> None:
+            item: BatchItem
+            async with semaphore:
+                try:
+                    item = await self.generate(prompt, model, **settings)
+                except Exception as error:  # the error is the item's answer
+                    item = error
+            results[index] = item
+            if on_result is not None:
+                try:
+                    on_result(index, item)
+                except Exception:
+                    logger.exception("generate_batch: on_result raised for item %d; ignored", index)
+
+        await asyncio.gather(*(run(index, prompt) for index, prompt in enumerate(prompts)))
+        return [item for item in results if item is not None]
+
+    async def load_adapter(
+        self,
+        adapter_id: str,
+        adapter_path: str | os.PathLike[str],
+        *,
+        replace: bool = False,
+        pin: bool = False,
+    ) -> None:
         """Load a LoRA adapter under ``adapter_id`` so that ``generate(adapter_id=...)`` can use it.
+
+        Loading an id again with the same path does nothing (concurrent calls load it once).
 
         Args:
             adapter_id: The name to use it by (letters, digits, ``.``, ``_``, ``-``).
             adapter_path: Where the adapter is: a PEFT directory, or a GGUF LoRA file where the backend takes one.
+            replace: If the id is loaded from another path, unload it (after its requests in flight) and load
+                this path in its place, instead of raising.
+            pin: Never evict this adapter when the provider has a capacity (``max_adapters``).
 
         Raises:
             UnsupportedOperationError: The provider has no adapter support.
-            AdapterAlreadyLoadedError: The id is already taken.
+            AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false.
             InvalidAdapterError: The adapter is missing, corrupt or unsupported.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
@@ -142,10 +301,13 @@ class InferenceProvider(ABC):
                 f"adapter_path must be a non-empty path, got {adapter_path!r}", provider=self.name
             )
         self._require_adapter_support("load_adapter")
-        await self._load_adapter(adapter_id, os.fspath(adapter_path))
+        await self._adapter_registry.load(adapter_id, os.fspath(adapter_path), replace=replace, pin=pin)
 
     async def unload_adapter(self, adapter_id: str) -> None:
         """Unload the adapter ``adapter_id`` and free what it holds.
+
+        Requests already using it finish first; new requests for it are refused from now on. Every provider
+        raises for an unknown id (the seed's vLLM provider did too, through the server's 404).
 
         Raises:
             UnsupportedOperationError: The provider has no adapter support.
@@ -153,10 +315,10 @@ class InferenceProvider(ABC):
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
         self._require_adapter_support("unload_adapter")
-        await self._unload_adapter(adapter_id)
+        await self._adapter_registry.unload(adapter_id)
 
     async def list_adapters(self) -> list[str]:
-        """Return the ids of the loaded adapters, sorted."""
+        """Return the ids of the loaded adapters (evicted ones included: they reload on use), sorted."""
         return sorted(await self._list_adapters())
 
     async def aclose(self) -> None:  # noqa: B027 - a no-op by default, on purpose
@@ -179,14 +341,52 @@ class InferenceProvider(ABC):
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         """Run one validated request."""
 
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """Yield text pieces, then one result. This default yields the whole text of ``_generate`` at once."""
+        result = await self._generate(request)
+        if result.text:
+            yield result.text
+        yield result
+
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        """Load the adapter into the backend. The registry never calls it twice at once for one id."""
         raise self._unsupported("load_adapter")
 
     async def _unload_adapter(self, adapter_id: str) -> None:
+        """Remove the adapter from the backend (on unload, and on eviction when nothing uses it)."""
         raise self._unsupported("unload_adapter")
 
     async def _list_adapters(self) -> list[str]:
-        return []
+        return self._adapter_registry.ids()
+
+    async def _discover_adapter(self, adapter_id: str) -> str | None:
+        """Path of an adapter the backend holds without this object having loaded it, else ``None``."""
+        return None
+
+    def _adapter_path(self, adapter_id: str) -> str | None:
+        """The path ``adapter_id`` was loaded from (for backends that must load it again)."""
+        return self._adapter_registry.path_of(adapter_id)
+
+    @property
+    def _adapter_registry(self) -> AdapterRegistry:
+        registry: AdapterRegistry | None = self.__dict__.get("_registry_instance")
+        if registry is None:
+            registry = AdapterRegistry(
+                self.name,
+                load=self._load_adapter,
+                unload=self._unload_adapter,
+                capacity=lambda: self.max_adapters,
+                discover=self._discover_adapter,
+            )
+            self.__dict__["_registry_instance"] = registry
+        return registry
+
+    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold ``adapter_id`` loaded for the duration of one request (nothing for the base model)."""
+        if adapter_id is None:
+            return contextlib.nullcontext()
+        self._require_adapter_support("generate with an adapter_id")
+        return self._adapter_registry.use(adapter_id)
 
     def _require_adapter_support(self, operation: str) -> None:
         if not self.supports_adapters:

@@ -1,0 +1,259 @@
+"""Adapter lifecycle rules, streaming and batches, shared by every provider (exercised on the fake provider)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    AdapterNotFoundError,
+    InvalidAdapterError,
+    InvalidRequestError,
+)
+from inference.fake_provider import FakeProvider
+from inference.provider import GenerationRequest, GenerationResult, StreamEvent
+
+
+class GatedProvider(FakeProvider):
+    """A fake whose generations wait for a gate, and whose loads can fail or be slow."""
+
+    def __init__(self, max_adapters: int | None = None) -> None:
+        super().__init__(max_adapters)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.started = 0
+        self.active = 0
+        self.most_active = 0
+        self.load_delay = 0.0
+        self.stream_closed = False
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        self.started += 1
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            await self.gate.wait()
+            return await super()._generate(request)
+        finally:
+            self.active -= 1
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        try:
+            async for event in super()._stream(request):
+                yield event
+        finally:
+            self.stream_closed = True
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        await asyncio.sleep(self.load_delay)
+        if "corrupt" in adapter_path:
+            raise InvalidAdapterError(f"adapter at {adapter_path} is corrupt", provider=self.name)
+        await super()._load_adapter(adapter_id, adapter_path)
+
+
+async def test_concurrent_loads_of_one_adapter_load_it_once() -> None:
+    provider = GatedProvider()
+    provider.load_delay = 0.01
+    await asyncio.gather(*(provider.load_adapter("a", "/adapters/a") for _ in range(10)))
+    assert provider.backend_loads == 1
+    await provider.load_adapter("a", "/adapters/a")  # loading again with the same path is a no-op
+    assert provider.backend_loads == 1 and await provider.list_adapters() == ["a"]
+
+
+async def test_a_failed_load_fails_every_waiting_caller_and_leaves_nothing_behind() -> None:
+    provider = GatedProvider()
+    provider.load_delay = 0.01
+    outcomes = await asyncio.gather(
+        *(provider.load_adapter("a", "/adapters/corrupt") for _ in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(outcome, InvalidAdapterError) for outcome in outcomes)
+    assert await provider.list_adapters() == []
+    await provider.load_adapter("a", "/adapters/good")
+    assert (await provider.generate("p", model="m", adapter_id="a")).adapter_id == "a"
+
+
+async def test_another_path_needs_replace() -> None:
+    provider = FakeProvider()
+    await provider.load_adapter("a", "/v1/a")
+    with pytest.raises(AdapterAlreadyLoadedError, match="replace=True"):
+        await provider.load_adapter("a", "/v2/a")
+    await provider.load_adapter("a", "/v2/a", replace=True)
+    assert provider._adapter_path("a") == "/v2/a"
+    assert (provider.backend_loads, provider.backend_unloads) == (2, 1)
+
+
+async def test_unload_waits_for_requests_in_flight_and_refuses_new_ones() -> None:
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/adapters/a")
+    provider.gate.clear()
+    in_flight = asyncio.create_task(provider.generate("p", model="m", adapter_id="a"))
+    await asyncio.sleep(0.01)
+    unloading = asyncio.create_task(provider.unload_adapter("a"))
+    await asyncio.sleep(0.01)
+    assert not unloading.done() and provider.backend_unloads == 0
+    with pytest.raises(AdapterNotFoundError, match="being unloaded"):
+        await provider.generate("p", model="m", adapter_id="a")
+    provider.gate.set()
+    result = await in_flight
+    await unloading
+    assert result.adapter_id == "a" and result.text.startswith("[a]")
+    assert provider.backend_unloads == 1 and await provider.list_adapters() == []
+    with pytest.raises(AdapterNotFoundError, match="not loaded"):
+        await provider.unload_adapter("a")
+
+
+async def test_a_load_during_an_unload_waits_for_it_then_loads_again() -> None:
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/adapters/a")
+    provider.gate.clear()
+    in_flight = asyncio.create_task(provider.generate("p", model="m", adapter_id="a"))
+    await asyncio.sleep(0.01)
+    unloading = asyncio.create_task(provider.unload_adapter("a"))
+    loading = asyncio.create_task(provider.load_adapter("a", "/adapters/a"))
+    await asyncio.sleep(0.01)
+    assert not loading.done()
+    provider.gate.set()
+    await asyncio.gather(in_flight, unloading, loading)
+    assert await provider.list_adapters() == ["a"] and provider.backend_loads == 2
+
+
+async def test_least_recently_used_adapter_is_evicted_and_reloaded_transparently() -> None:
+    provider = FakeProvider(max_adapters=2)
+    for adapter_id in ("a", "b"):
+        await provider.load_adapter(adapter_id, f"/adapters/{adapter_id}")
+    await provider.generate("p", model="m", adapter_id="a")  # b is now the least recently used
+    await provider.load_adapter("c", "/adapters/c")
+    assert sorted(provider._resident) == ["a", "c"]
+    assert await provider.list_adapters() == ["a", "b", "c"]  # evicted adapters stay listed
+    expected = (await FakeProvider().generate("q", model="m")).text.replace("[base]", "[b]")
+    reloaded = await provider.generate("q", model="m", adapter_id="b")
+    assert reloaded.adapter_id == "b" and reloaded.text.startswith("[b]")
+    assert len(provider._resident) == 2 and "b" in provider._resident
+    assert provider.backend_loads == 4 and provider.backend_unloads == 2
+    assert expected.split()[0] == reloaded.text.split()[0]
+
+
+async def test_pinned_and_busy_adapters_are_never_evicted() -> None:
+    provider = GatedProvider(max_adapters=1)
+    await provider.load_adapter("pinned", "/adapters/p", pin=True)
+    await provider.load_adapter("b", "/adapters/b")
+    assert "pinned" in provider._resident  # over capacity rather than evicting a pinned adapter
+    provider.gate.clear()
+    busy = asyncio.create_task(provider.generate("p", model="m", adapter_id="b"))
+    await asyncio.sleep(0.01)
+    await provider.load_adapter("c", "/adapters/c")
+    assert {"pinned", "b", "c"} <= set(provider._resident)
+    provider.gate.set()
+    assert (await busy).adapter_id == "b"
+
+
+async def test_discovered_adapters_are_usable_without_a_load() -> None:
+    class RemoteProvider(FakeProvider):
+        async def _discover_adapter(self, adapter_id: str) -> str | None:
+            if adapter_id != "remote":
+                return None
+            self._resident[adapter_id] = "server:remote"
+            return "server:remote"
+
+    provider = RemoteProvider()
+    assert (await provider.generate("p", model="m", adapter_id="remote")).adapter_id == "remote"
+    assert await provider.list_adapters() == ["remote"]
+    await provider.unload_adapter("remote")
+    with pytest.raises(AdapterNotFoundError):
+        await provider.generate("p", model="m", adapter_id="other")
+
+
+# Streaming ------------------------------------------------------------------------------------------------
+
+
+async def test_stream_pieces_concatenate_to_the_final_result() -> None:
+    provider = FakeProvider()
+    await provider.load_adapter("a", "/adapters/a")
+    events = [event async for event in provider.stream("tell me", model="m", adapter_id="a", max_tokens=5)]
+    pieces, final = events[:-1], events[-1]
+    assert all(isinstance(piece, str) for piece in pieces) and len(pieces) > 1
+    assert isinstance(final, GenerationResult)
+    assert "".join(pieces) == final.text
+    assert final == await provider.generate("tell me", model="m", adapter_id="a", max_tokens=5)
+
+
+async def test_stopping_a_stream_early_closes_the_backend_generation_and_releases_the_adapter() -> None:
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/adapters/a")
+    async for _ in provider.stream("p", model="m", adapter_id="a"):
+        break
+    for _ in range(100):  # asyncio closes an abandoned async generator in a task of its own, soon after
+        if provider.stream_closed:
+            break
+        await asyncio.sleep(0)
+    assert provider.stream_closed
+    assert provider._adapter_registry.in_flight("a") == 0
+    await asyncio.wait_for(provider.unload_adapter("a"), timeout=5)
+
+
+async def test_cancelling_the_consumer_closes_the_stream_at_once() -> None:
+    provider = GatedProvider()
+    provider.gate.clear()
+
+    async def consume() -> None:
+        async with contextlib.aclosing(provider.stream("p", model="m")) as events:
+            async for _ in events:
+                await asyncio.sleep(3600)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.01)
+    provider.gate.set()
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert provider.stream_closed
+
+
+async def test_stream_validates_its_arguments() -> None:
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        async for _ in FakeProvider().stream("p", model="m", max_tokens=0):
+            pass
+    with pytest.raises(AdapterNotFoundError):
+        async for _ in FakeProvider().stream("p", model="m", adapter_id="missing"):
+            pass
+
+
+# Batches --------------------------------------------------------------------------------------------------
+
+
+async def test_generate_batch_keeps_order_and_returns_each_error_in_its_place() -> None:
+    provider = GatedProvider()
+    prompts: list[object] = ["one", "two", 3, "four"]
+    seen: list[int] = []
+    results = await provider.generate_batch(
+        prompts, model="m", max_tokens=4, on_result=lambda index, _: seen.append(index)  # type: ignore[arg-type]
+    )
+    assert len(results) == 4 and sorted(seen) == [0, 1, 2, 3]
+    assert isinstance(results[2], InvalidRequestError)
+    for index in (0, 1, 3):
+        item = results[index]
+        assert isinstance(item, GenerationResult)
+        assert item == await provider.generate(str(prompts[index]), model="m", max_tokens=4)
+
+
+async def test_generate_batch_bounds_concurrency_and_survives_a_failing_callback() -> None:
+    provider = GatedProvider()
+
+    def explode(index: int, item: object) -> None:
+        raise RuntimeError("progress bar broke")
+
+    results = await provider.generate_batch([f"p{i}" for i in range(20)], model="m", max_concurrency=3,
+                                            on_result=explode)
+    assert provider.most_active <= 3
+    assert all(isinstance(item, GenerationResult) for item in results)
+
+
+@pytest.mark.parametrize(("prompts", "concurrency"), [("one string", 2), (["a"], 0), (["a"], True)])
+async def test_generate_batch_refuses_bad_arguments(prompts: object, concurrency: object) -> None:
+    with pytest.raises(InvalidRequestError):
+        await FakeProvider().generate_batch(prompts, model="m", max_concurrency=concurrency)  # type: ignore[arg-type]
