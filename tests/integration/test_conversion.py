@@ -296,3 +296,76 @@ def test_a_random_lora_for_any_gguf_round_trips_through_llama_cpp(
 def test_a_random_lora_refuses_unknown_targets(tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
     with pytest.raises(InvalidAdapterError, match="unknown LoRA targets"):
         write_random_peft_lora(tiny_models["llama"].gguf_path, tmp_path / "x", targets=("wq",))
+
+
+# Converting against a layout given directly (the base's GGUF file is elsewhere, e.g. on an Ollama server) ---
+
+
+def _header_metadata(gguf_path: Path) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """Metadata and tensor shapes (GGUF order) as Ollama's /api/show reports them for this file."""
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(gguf_path)
+    fields = {
+        key: ([] if field.types[0] == GGUFValueType.ARRAY else field.contents())
+        for key, field in reader.fields.items()
+        if not key.startswith("GGUF.")
+    }
+    return fields, {tensor.name: [int(d) for d in tensor.shape] for tensor in reader.tensors}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_layout_from_metadata_converts_exactly_like_the_file(
+    tiny_models: dict[str, TinyModel], tmp_path: Path, arch: str
+) -> None:
+    model = tiny_models[arch]
+    fields, shapes = _header_metadata(model.gguf_path)
+    layout = gguf_conversion.layout_from_metadata("tiny:latest", fields, shapes, provider="ollama")
+    from_file = read_base_layout(model.gguf_path)
+    assert layout.tensor_shapes == from_file.tensor_shapes and layout.fingerprint() == from_file.fingerprint()
+    assert (layout.head_count, layout.head_count_kv, layout.display_name) == (4, 2, "tiny:latest")
+    direct = convert_peft_to_gguf(model.adapter_dirs["a1"], model.gguf_path, tmp_path / "direct.gguf")
+    given = gguf_conversion.convert_peft_to_gguf_for_layout(model.adapter_dirs["a1"], layout, tmp_path / "given.gguf")
+    assert given.read_bytes() == direct.read_bytes()  # llama's q/k permutation included
+    # The cache is shared: the same adapter and layout, from a file or from metadata, is one cached file.
+    cache = tmp_path / "cache"
+    cached = convert_peft_to_gguf_cached(model.adapter_dirs["a1"], model.gguf_path, cache)
+    assert gguf_conversion.convert_peft_to_gguf_for_layout_cached(model.adapter_dirs["a1"], layout, cache) == cached
+    assert len(list(cache.iterdir())) == 1
+
+
+def test_a_layout_from_metadata_refuses_what_it_cannot_use(tiny_models: dict[str, TinyModel]) -> None:
+    fields, shapes = _header_metadata(tiny_models["qwen2"].gguf_path)
+    with pytest.raises(AdapterConversionError, match=r"base model m:1 has no general\.architecture") as caught:
+        gguf_conversion.layout_from_metadata("m:1", {}, shapes, provider="ollama")
+    assert caught.value.provider == "ollama"
+    with pytest.raises(AdapterConversionError, match=r"qwen2\.block_count"):
+        gguf_conversion.layout_from_metadata("m:1", {"general.architecture": "qwen2"}, shapes)
+    with pytest.raises(AdapterConversionError, match="not a list of sizes"):
+        gguf_conversion.layout_from_metadata("m:1", fields, {"blk.0.attn_q.weight": None})  # type: ignore[dict-item]
+
+
+def test_a_layout_of_another_model_names_the_base_and_the_provider(
+    tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    fields, shapes = _header_metadata(tiny_models["qwen2"].gguf_path)
+    shapes["blk.0.attn_q.weight"] = [128, 128]
+    layout = gguf_conversion.layout_from_metadata("qwen9:7b", fields, shapes, provider="ollama")
+    with pytest.raises(AdapterConversionError, match=r"for base model qwen9:7b .*trained for another model") as caught:
+        gguf_conversion.convert_peft_to_gguf_for_layout(
+            tiny_models["qwen2"].adapter_dirs["a0"], layout, tmp_path / "x.gguf", provider="ollama"
+        )
+    assert caught.value.provider == "ollama"
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_read_lora_gguf_architecture(tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
+    model = tiny_models["llama"]
+    lora = convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path / "a0.gguf")
+    assert gguf_conversion.read_lora_gguf_architecture(lora) == "llama"
+    with pytest.raises(InvalidAdapterError, match="not a LoRA adapter"):
+        gguf_conversion.read_lora_gguf_architecture(model.gguf_path)
+    (tmp_path / "text.gguf").write_text("hello")
+    with pytest.raises(InvalidAdapterError, match="not a readable GGUF file") as caught:
+        gguf_conversion.read_lora_gguf_architecture(tmp_path / "text.gguf", provider="ollama")
+    assert caught.value.provider == "ollama"

@@ -4,7 +4,9 @@
   optional ``VLLM_TEST_API_KEY``, and ``VLLM_TEST_ADAPTER`` (a PEFT LoRA directory on the vLLM machine) for
   the adapter tests, which also need the server started with ``--enable-lora`` and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``.
-- Ollama: ``OLLAMA_TEST_URL`` (e.g. ``http://localhost:11434/v1``) and ``OLLAMA_TEST_MODEL`` (a pulled model).
+- Ollama: ``OLLAMA_TEST_URL`` (e.g. ``http://localhost:11434/v1``) and ``OLLAMA_TEST_MODEL`` (a pulled model),
+  and ``OLLAMA_TEST_ADAPTER`` (a GGUF LoRA file or PEFT LoRA directory on this machine, trained for that model)
+  for the adapter tests, which create and delete models in the ``inference-lora`` namespace.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +34,7 @@ VLLM_MODEL = os.environ.get("VLLM_TEST_MODEL", "")
 VLLM_ADAPTER = os.environ.get("VLLM_TEST_ADAPTER", "")
 OLLAMA_URL = os.environ.get("OLLAMA_TEST_URL", "")
 OLLAMA_MODEL = os.environ.get("OLLAMA_TEST_MODEL", "")
+OLLAMA_ADAPTER = os.environ.get("OLLAMA_TEST_ADAPTER", "")
 
 needs_vllm = pytest.mark.skipif(
     not (VLLM_URL and VLLM_MODEL), reason="set VLLM_TEST_URL and VLLM_TEST_MODEL to test against a real vLLM"
@@ -43,6 +47,10 @@ needs_ollama = pytest.mark.skipif(
     not (OLLAMA_URL and OLLAMA_MODEL),
     reason="set OLLAMA_TEST_URL and OLLAMA_TEST_MODEL to test against a real Ollama",
 )
+needs_ollama_adapter = pytest.mark.skipif(
+    not (OLLAMA_URL and OLLAMA_MODEL and OLLAMA_ADAPTER),
+    reason="set OLLAMA_TEST_URL, OLLAMA_TEST_MODEL and OLLAMA_TEST_ADAPTER to test adapters on a real Ollama",
+)
 
 
 @pytest.fixture
@@ -53,7 +61,7 @@ async def vllm() -> AsyncIterator[VLLMProvider]:
 
 @pytest.fixture
 async def ollama() -> AsyncIterator[OllamaProvider]:
-    async with OllamaProvider(base_url=OLLAMA_URL) as provider:
+    async with OllamaProvider(base_url=OLLAMA_URL, base_model=OLLAMA_MODEL) as provider:
         yield provider
 
 
@@ -130,3 +138,50 @@ async def test_ollama_missing_model_says_pull(ollama: OllamaProvider) -> None:
     name = f"no-such-model-{uuid.uuid4().hex[:8]}"
     with pytest.raises(ModelNotFoundError, match=f"ollama pull {name}"):
         await ollama.generate("Hi", model=name, max_tokens=2)
+
+
+@needs_ollama
+async def test_ollama_streams_pieces_then_the_result(ollama: OllamaProvider) -> None:
+    pieces: list[str] = []
+    async for event in ollama.stream("Count to ten.", model=OLLAMA_MODEL, max_tokens=6, temperature=0.0):
+        if isinstance(event, str):
+            pieces.append(event)
+        else:
+            assert event.text == "".join(pieces) and event.completion_tokens > 0
+            assert event.finish_reason in ("stop", "length")
+    assert pieces
+
+
+@needs_ollama
+async def test_ollama_stream_stopped_early_leaves_the_provider_usable(ollama: OllamaProvider) -> None:
+    async for event in ollama.stream("Write a long story about a ship.", model=OLLAMA_MODEL, max_tokens=200):
+        assert isinstance(event, str)
+        break
+    result = await ollama.generate("Say hello.", model=OLLAMA_MODEL, max_tokens=4)
+    assert result.completion_tokens > 0
+
+
+@needs_ollama_adapter
+async def test_ollama_adapter_lifecycle_survives_a_new_provider(ollama: OllamaProvider) -> None:
+    adapter_id = f"sdk-test-{uuid.uuid4().hex[:8]}"
+    await ollama.load_adapter(adapter_id, OLLAMA_ADAPTER)
+    try:
+        assert adapter_id in await ollama.list_adapters()
+        result = await ollama.generate("Say hello.", model=OLLAMA_MODEL, adapter_id=adapter_id, max_tokens=4)
+        assert result.adapter_id == adapter_id and result.completion_tokens > 0
+        async with OllamaProvider(base_url=OLLAMA_URL, base_model=OLLAMA_MODEL) as fresh:
+            assert adapter_id in await fresh.list_adapters()
+            again = await fresh.generate("Say hello.", model=OLLAMA_MODEL, adapter_id=adapter_id, max_tokens=4)
+            assert again.completion_tokens > 0
+    finally:
+        await ollama.unload_adapter(adapter_id)
+    assert adapter_id not in await ollama.list_adapters()
+    with pytest.raises(AdapterNotFoundError):
+        await ollama.generate("Hi", model=OLLAMA_MODEL, adapter_id=adapter_id, max_tokens=2)
+
+
+@needs_ollama
+async def test_ollama_adapter_on_a_missing_base_says_pull(ollama: OllamaProvider, tmp_path: Path) -> None:
+    name = f"no-such-model-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ModelNotFoundError, match=f"ollama pull {name}"):
+        await ollama.load_adapter("sdk-test", tmp_path, base_model=name)

@@ -1,16 +1,30 @@
-"""OllamaProvider on the wire: the native /api/chat body, Ollama's answers, and what a non-Ollama server says.
+"""OllamaProvider on the wire: native /api/chat (plain and streamed), adapters as derived models, Ollama's answers.
 
-Answers are Ollama's (v0.33): ``/api/chat`` with ``"stream": false`` returns one JSON object with
-``message.content``, ``done_reason``, ``prompt_eval_count`` and ``eval_count``; a missing model is
-``404 {"error": "model 'x' not found"}``; other errors are ``{"error": "..."}``.
+Answers are Ollama's (v0.33, read from its source):
+
+- ``/api/chat`` with ``"stream": false`` returns one JSON object with ``message.content``, ``done_reason``,
+  ``prompt_eval_count`` and ``eval_count``; with ``"stream": true`` NDJSON chunks, the last with ``done: true``;
+  a missing model is ``404 {"error": "model 'x' not found"}``; other errors are ``{"error": "..."}``.
+- ``HEAD /api/blobs/<digest>``: 200 or 404; ``POST`` raw bytes: 201 (400 on a digest mismatch).
+- ``POST /api/create``: NDJSON ``{"status": ...}`` lines ending with ``{"status": "success"}``; a failure
+  before any line is an error status with ``{"error": ...}``, after one an ``{"error": ...}`` line.
+- ``DELETE /api/delete``: 200 with an empty body, 404 ``{"error": "model 'x' not found"}``.
+- ``GET /api/tags``: ``{"models": [{"name": "ns/model:tag", ...}]}`` (names in their shortest display form).
+- ``POST /api/show``: ``model_info`` (GGUF metadata, arrays of more than 5 items emptied) and ``tensors``
+  (``name``, ``type``, ``shape`` in GGUF order); built here from the tiny test models' real GGUF headers.
+
+The stateful :class:`FakeOllama` below keeps blobs and models, so the lifecycle is tested end to end.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
-import logging
+import re
 import socket
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,20 +32,40 @@ import pytest
 import respx
 
 from inference import get_provider, get_provider_for_step
+from inference._ollama_models import (
+    DERIVED_NAMESPACE,
+    base_model_digest,
+    derived_model_name,
+    parse_derived_model_name,
+)
 from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    AdapterNotFoundError,
+    ConfigurationError,
+    InvalidAdapterError,
     InvalidRequestError,
     ModelNotFoundError,
     ProtocolError,
     ProviderTimeoutError,
     ProviderUnavailableError,
+    ServerInvalidAdapterError,
     ServerModelNotFoundError,
     ServerResponseError,
-    UnsupportedOperationError,
 )
 from inference.ollama_provider import OllamaProvider
+from inference.provider import GenerationResult
 
-BASE = "http://ollama.test:11434/v1"
-CHAT = "http://ollama.test:11434/api/chat"
+pytestmark = [
+    # PEFT 0.21 calls a transformers 5 property that is deprecated (the tiny models are built with PEFT).
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+ROOT = "http://ollama.test:11434"
+BASE = f"{ROOT}/v1"
+CHAT = f"{ROOT}/api/chat"
+BASE_MODEL = "tiny-qwen2"
+LLAMA_BASE = "tiny-llama"
+USER_MODELS = ["llama3.2:latest", "qwen2.5:0.5b", "myteam/assistant:v1"]
 
 
 def chat_reply(
@@ -60,8 +94,155 @@ def chat_reply(
     )
 
 
+def chat_chunks(model: str, pieces: list[str], *, done_reason: str = "stop") -> list[bytes]:
+    lines = [
+        {
+            "model": model,
+            "created_at": "2026-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": p},
+            "done": False,
+        }
+        for p in pieces
+    ]
+    lines.append(
+        {
+            "model": model,
+            "created_at": "2026-01-01T00:00:01Z",
+            "message": {"role": "assistant", "content": ""},
+            "done": True,
+            "done_reason": done_reason,
+            "total_duration": 1000,
+            "prompt_eval_count": 11,
+            "eval_count": len(pieces),
+        }
+    )
+    return [json.dumps(line).encode() + b"\n" for line in lines]
+
+
+def ndjson(*lines: dict[str, Any]) -> httpx.Response:
+    content = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    return httpx.Response(200, content=content, headers={"content-type": "application/x-ndjson"})
+
+
 def sent(route: respx.Route) -> Any:
     return json.loads(route.calls.last.request.content)
+
+
+def show_answer(gguf_path: Path) -> dict[str, Any]:
+    """What Ollama's ``/api/show`` answers for a model made from this GGUF file (non-verbose)."""
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(gguf_path)
+    model_info: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.name", "tokenizer.chat_template"):
+            continue
+        if field.types[0] == GGUFValueType.ARRAY:
+            model_info[key] = field.contents() if len(field.data) <= 5 else []
+        else:
+            model_info[key] = field.contents()
+    tensors = [
+        {"name": tensor.name, "type": tensor.tensor_type.name, "shape": [int(d) for d in tensor.shape]}
+        for tensor in reader.tensors
+    ]
+    architecture = model_info["general.architecture"]
+    return {
+        "license": "",
+        "modelfile": f'# Modelfile generated by "ollama show"\nFROM {gguf_path.name}\n',
+        "template": "{{ .Prompt }}",
+        "details": {"parent_model": "", "format": "gguf", "family": architecture, "families": [architecture]},
+        "model_info": model_info,
+        "tensors": tensors,
+        "capabilities": ["completion"],
+        "modified_at": "2026-01-01T00:00:00Z",
+    }
+
+
+class FakeOllama:
+    """An Ollama server in respx: blobs, models, and the routes the adapter lifecycle uses."""
+
+    def __init__(self, router: respx.MockRouter, bases: dict[str, dict[str, Any]]) -> None:
+        self.bases = bases
+        self.blobs: dict[str, bytes] = {}
+        self.models: dict[str, dict[str, Any]] = {name: {} for name in USER_MODELS}
+        self.uploads: list[str] = []
+        self.creates: list[dict[str, Any]] = []
+        self.create_answer: httpx.Response | None = None
+        blob = re.escape(ROOT) + r"/api/blobs/(?P<digest>sha256:[0-9a-f]{64})$"
+        self.head = router.head(url__regex=blob).mock(side_effect=self._head_blob)
+        self.upload = router.post(url__regex=blob).mock(side_effect=self._post_blob)
+        self.create = router.post(f"{ROOT}/api/create").mock(side_effect=self._create)
+        self.delete = router.delete(f"{ROOT}/api/delete").mock(side_effect=self._delete)
+        self.tags = router.get(f"{ROOT}/api/tags").mock(side_effect=self._tags)
+        self.show = router.post(f"{ROOT}/api/show").mock(side_effect=self._show)
+        self.chat = router.post(CHAT).mock(side_effect=self._chat)
+
+    @staticmethod
+    def _not_found(name: str) -> httpx.Response:
+        return httpx.Response(404, json={"error": f"model '{name}' not found"})
+
+    def _head_blob(self, request: httpx.Request, digest: str) -> httpx.Response:
+        if digest in self.blobs:
+            return httpx.Response(200)
+        return httpx.Response(404, json={"error": f'blob "{digest}" not found'})
+
+    def _post_blob(self, request: httpx.Request, digest: str) -> httpx.Response:
+        data = request.read()
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            return httpx.Response(400, json={"error": f'digest mismatch, expected "{digest}", got "{actual}"'})
+        self.uploads.append(digest)
+        self.blobs[digest] = data
+        return httpx.Response(201)
+
+    def _create(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.creates.append(body)
+        if self.create_answer is not None:
+            return self.create_answer
+        if body["from"] not in self.bases:
+            return self._not_found(body["from"])
+        missing = [digest for digest in body["adapters"].values() if digest not in self.blobs]
+        if missing:
+            return httpx.Response(400, json={"error": f"blob {missing[0]} not found"})
+        self.models[body["model"]] = body
+        return ndjson(
+            {"status": "parsing GGUF"},
+            {"status": f"using existing layer sha256:{'0' * 64}"},
+            {"status": "writing manifest"},
+            {"status": "success"},
+        )
+
+    def _delete(self, request: httpx.Request) -> httpx.Response:
+        name = json.loads(request.content)["model"]
+        if self.models.pop(name, None) is None:
+            return self._not_found(name)
+        return httpx.Response(200)
+
+    def _tags(self, request: httpx.Request) -> httpx.Response:
+        models = [
+            {"name": name, "model": name, "modified_at": "2026-01-01T00:00:00Z", "size": 1, "digest": "0" * 64}
+            for name in [*self.bases, *self.models]
+        ]
+        return httpx.Response(200, json={"models": models})
+
+    def _show(self, request: httpx.Request) -> httpx.Response:
+        name = json.loads(request.content)["model"]
+        if name not in self.bases:
+            return self._not_found(name)
+        return httpx.Response(200, json=self.bases[name])
+
+    def _chat(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        name = body["model"]
+        if name not in self.bases and name not in self.models:
+            return self._not_found(name)
+        if body["stream"]:
+            return httpx.Response(200, content=b"".join(chat_chunks(name, ["from ", name])))
+        return chat_reply(f"from {name}", model=name)
+
+    def uploaded_for(self, create: dict[str, Any]) -> dict[str, bytes]:
+        return {file_name: self.blobs[digest] for file_name, digest in create["adapters"].items()}
 
 
 @pytest.fixture
@@ -76,9 +257,46 @@ async def provider() -> AsyncIterator[OllamaProvider]:
         yield ollama
 
 
+@pytest.fixture(scope="module")
+def shows(tiny_models: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        BASE_MODEL: show_answer(tiny_models["qwen2"].gguf_path),
+        LLAMA_BASE: show_answer(tiny_models["llama"].gguf_path),
+    }
+
+
+@pytest.fixture
+def server(mock: respx.MockRouter, shows: dict[str, dict[str, Any]]) -> FakeOllama:
+    return FakeOllama(mock, shows)
+
+
+@pytest.fixture
+async def adapters(tmp_path: Path) -> AsyncIterator[OllamaProvider]:
+    async with OllamaProvider(
+        base_url=BASE, max_retries=1, base_model=BASE_MODEL, adapter_cache_dir=tmp_path / "cache"
+    ) as ollama:
+        yield ollama
+
+
+@pytest.fixture(scope="module")
+def qwen_lora(tiny_models: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GGUF LoRA for the tiny Qwen2 (adapter a0, converted with the SDK's converter)."""
+    from inference.gguf_conversion import convert_peft_to_gguf
+
+    model = tiny_models["qwen2"]
+    return convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path_factory.mktemp("lora") / "a0.gguf")
+
+
 async def generates(provider: OllamaProvider, mock: respx.MockRouter) -> None:
     mock.post(CHAT).mock(return_value=chat_reply("still fine"))
     assert (await provider.generate("Hi", model="llama3.2", max_tokens=8)).text == "still fine"
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# Generation ------------------------------------------------------------------------------------------------
 
 
 async def test_native_chat_body_carries_only_what_the_caller_set(
@@ -189,28 +407,6 @@ async def test_other_errors_quote_ollama(
     await generates(provider, mock)
 
 
-async def test_adapters_are_unsupported(provider: OllamaProvider, mock: respx.MockRouter) -> None:
-    with pytest.raises(UnsupportedOperationError, match="OllamaProvider does not support load_adapter"):
-        await provider.load_adapter("a1", "/adapters/a1")
-    with pytest.raises(UnsupportedOperationError, match="unload_adapter"):
-        await provider.unload_adapter("a1")
-    assert await provider.list_adapters() == []
-    assert not OllamaProvider.supports_adapters and not OllamaProvider.hot_swaps_adapters
-    await generates(provider, mock)
-
-
-async def test_adapter_id_warns_and_uses_the_base_model(
-    provider: OllamaProvider, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
-) -> None:
-    route = mock.post(CHAT).mock(return_value=chat_reply("base answer"))
-    with caplog.at_level(logging.WARNING, logger="inference.ollama"):
-        result = await provider.generate("Hi", model="llama3.2", adapter_id="style-a")
-    assert sent(route)["model"] == "llama3.2"
-    assert result.adapter_id is None and result.text == "base answer"
-    [record] = [r for r in caplog.records if r.name == "inference.ollama"]
-    assert record.levelno == logging.WARNING and "style-a" in record.getMessage()
-
-
 async def test_a_model_name_is_required(provider: OllamaProvider, mock: respx.MockRouter) -> None:
     route = mock.post(CHAT).mock(return_value=chat_reply())
     with pytest.raises(InvalidRequestError, match="Ollama needs a model name"):
@@ -273,20 +469,518 @@ async def test_server_down_is_unavailable_naming_the_url() -> None:
 async def test_factory_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OLLAMA_BASE_URL", "http://ollama-box:11434/v1")
     monkeypatch.setenv("OLLAMA_TIMEOUT", "30")
+    monkeypatch.setenv("OLLAMA_BASE_MODEL", "llama3.2")
     ollama = get_provider("ollama")
     assert isinstance(ollama, OllamaProvider)
-    assert (ollama.base_url, ollama.native_url, ollama.timeout) == (
+    assert (ollama.base_url, ollama.native_url, ollama.timeout, ollama.base_model) == (
         "http://ollama-box:11434/v1",
         "http://ollama-box:11434",
         30.0,
+        "llama3.2",
     )
     assert get_provider_for_step({"provider": "ollama"}) is ollama
-    other = get_provider("ollama", base_url="http://127.0.0.1:11434/v1")
-    assert isinstance(other, OllamaProvider) and other is not ollama
+    other = get_provider_for_step(
+        {"provider": "ollama", "base_url": "http://127.0.0.1:11434/v1", "base_model": "qwen2.5:0.5b"}
+    )
+    assert isinstance(other, OllamaProvider) and other is not ollama and other.base_model == "qwen2.5:0.5b"
+    assert repr(other) == "OllamaProvider(base_url='http://127.0.0.1:11434/v1', base_model='qwen2.5:0.5b')"
 
 
 async def test_default_base_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OLLAMA_BASE_URL", raising=False)
+    monkeypatch.delenv("OLLAMA_BASE_MODEL", raising=False)
     ollama = OllamaProvider()
-    assert (ollama.base_url, ollama.native_url) == ("http://localhost:11434/v1", "http://localhost:11434")
+    assert (ollama.base_url, ollama.native_url, ollama.base_model) == (
+        "http://localhost:11434/v1",
+        "http://localhost:11434",
+        None,
+    )
     assert repr(ollama) == "OllamaProvider(base_url='http://localhost:11434/v1')"
+    assert OllamaProvider.supports_adapters and not OllamaProvider.hot_swaps_adapters
+
+
+# Streaming -------------------------------------------------------------------------------------------------
+
+
+async def collect(events: AsyncIterator[str | GenerationResult]) -> tuple[list[str], GenerationResult]:
+    pieces: list[str] = []
+    async for event in events:
+        if isinstance(event, str):
+            pieces.append(event)
+        else:
+            return pieces, event
+    raise AssertionError("the stream ended without a result")
+
+
+async def test_stream_yields_pieces_then_the_result(provider: OllamaProvider, mock: respx.MockRouter) -> None:
+    route = mock.post(CHAT).mock(
+        return_value=httpx.Response(200, content=b"".join(chat_chunks("llama3.2", ["Hel", "lo", " there"])))
+    )
+    pieces, result = await collect(provider.stream("Hi", model="llama3.2", max_tokens=3, temperature=0))
+    assert pieces == ["Hel", "lo", " there"]
+    assert (result.text, result.model, result.finish_reason, result.adapter_id) == (
+        "Hello there",
+        "llama3.2",
+        "stop",
+        None,
+    )
+    assert (result.prompt_tokens, result.completion_tokens, result.token_count) == (11, 3, 14)
+    assert sent(route) == {
+        "model": "llama3.2",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "stream": True,
+        "options": {"num_predict": 3, "temperature": 0},
+    }
+
+
+async def test_stream_length_finish(provider: OllamaProvider, mock: respx.MockRouter) -> None:
+    mock.post(CHAT).mock(
+        return_value=httpx.Response(200, content=b"".join(chat_chunks("llama3.2", ["a", "b"], done_reason="length")))
+    )
+    _, result = await collect(provider.stream("Hi", model="llama3.2", max_tokens=2))
+    assert result.finish_reason == "length"
+
+
+class EndlessStream(httpx.AsyncByteStream):
+    """A streamed chat answer that sends a few chunks, then waits forever; records that it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+        self.sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in chat_chunks("llama3.2", ["one ", "two ", "three "])[:-1]:
+            self.sent += 1
+            yield chunk
+        await asyncio.Event().wait()  # the model keeps "thinking" until the client goes away
+        yield b""  # pragma: no cover
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+async def test_breaking_out_of_a_stream_closes_the_response(provider: OllamaProvider, mock: respx.MockRouter) -> None:
+    stream = EndlessStream()
+    mock.post(CHAT).mock(return_value=httpx.Response(200, stream=stream))
+    events = provider.stream("Hi", model="llama3.2")
+    pieces = []
+    async for event in events:
+        pieces.append(event)
+        if len(pieces) == 2:
+            break
+    await events.aclose()  # type: ignore[attr-defined]
+    assert pieces == ["one ", "two "]
+    assert stream.closed.is_set()
+    await generates(provider, mock)
+
+
+async def test_cancelling_the_consumer_closes_the_response(provider: OllamaProvider, mock: respx.MockRouter) -> None:
+    stream = EndlessStream()
+    mock.post(CHAT).mock(return_value=httpx.Response(200, stream=stream))
+    received: list[str | GenerationResult] = []
+
+    async def consume() -> None:
+        async for event in provider.stream("Hi", model="llama3.2"):
+            received.append(event)
+
+    task = asyncio.create_task(consume())
+    while len(received) < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert received == ["one ", "two ", "three "]
+    assert stream.closed.is_set()
+    await generates(provider, mock)
+
+
+async def test_an_error_line_mid_stream_is_a_server_error(provider: OllamaProvider, mock: respx.MockRouter) -> None:
+    lines = [*chat_chunks("llama3.2", ["partial"])[:-1], b'{"error":"llama runner process has terminated"}\n']
+    mock.post(CHAT).mock(return_value=httpx.Response(200, content=b"".join(lines)))
+    received: list[str | GenerationResult] = []
+    with pytest.raises(ServerResponseError, match="llama runner process has terminated"):
+        async for event in provider.stream("Hi", model="llama3.2"):
+            received.append(event)
+    assert received == ["partial"]
+    await generates(provider, mock)
+
+
+async def test_a_stream_without_its_done_line_is_a_protocol_error(
+    provider: OllamaProvider, mock: respx.MockRouter
+) -> None:
+    mock.post(CHAT).mock(return_value=httpx.Response(200, content=b"".join(chat_chunks("m", ["x"])[:-1])))
+    with pytest.raises(ProtocolError, match="ended before its done line"):
+        await collect(provider.stream("Hi", model="llama3.2"))
+
+
+async def test_stream_of_a_missing_model_says_pull(provider: OllamaProvider, mock: respx.MockRouter) -> None:
+    mock.post(CHAT).mock(return_value=httpx.Response(404, json={"error": "model 'qwen9' not found"}))
+    with pytest.raises(ServerModelNotFoundError, match="ollama pull qwen9"):
+        await collect(provider.stream("Hi", model="qwen9"))
+    await generates(provider, mock)
+
+
+# Derived model names ---------------------------------------------------------------------------------------
+
+# Ollama's rules (types/model/name.go): parts of 1-80 characters; first an ASCII letter, digit or '_';
+# then also '-' and '.', except that a namespace takes no '.'. Names compare case-insensitively.
+_OLLAMA_PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"
+_OLLAMA_NAMESPACE = r"[A-Za-z0-9_][A-Za-z0-9_-]{0,79}"
+
+
+@pytest.mark.parametrize("adapter_id", ["a0", "Support_v2", "support_v2", "SUPPORT-V2", "x.y-z", "9lives", "A" * 40])
+def test_derived_names_are_valid_ollama_names_that_decode_back(adapter_id: str) -> None:
+    name = derived_model_name(adapter_id, "llama3.2")
+    namespace, rest = name.split("/")
+    model, tag = rest.split(":")
+    assert namespace == DERIVED_NAMESPACE
+    assert re.fullmatch(_OLLAMA_NAMESPACE, namespace) and re.fullmatch(_OLLAMA_PART, model)
+    assert re.fullmatch(_OLLAMA_PART, tag) and tag == base_model_digest("llama3.2")
+    assert parse_derived_model_name(name) == (adapter_id, tag)
+
+
+def test_ids_that_differ_in_case_get_different_models() -> None:
+    names = {derived_model_name(adapter_id, "m").lower() for adapter_id in ("Style", "style", "STYLE", "s_tyle")}
+    assert len(names) == 4
+
+
+def test_the_base_is_part_of_the_name_and_its_default_tag_does_not_matter() -> None:
+    assert derived_model_name("a", "llama3.2") == derived_model_name("a", "llama3.2:latest")
+    assert derived_model_name("a", "llama3.2") == derived_model_name("a", "registry.ollama.ai/library/llama3.2")
+    assert derived_model_name("a", "llama3.2") != derived_model_name("a", "llama3.2:1b")
+
+
+@pytest.mark.parametrize(
+    "name", [*USER_MODELS, "inference-lora", "other/a0:abc", "inference-lora/Bad:1", "x/inference-lora/a"]
+)
+def test_user_models_are_never_taken_for_adapters(name: str) -> None:
+    assert parse_derived_model_name(name) is None
+
+
+def test_an_id_too_long_for_ollama_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="too long for an Ollama model name"):
+        derived_model_name("A" * 41, "llama3.2")
+
+
+# Adapters ---------------------------------------------------------------------------------------------------
+
+
+async def test_a_gguf_lora_is_uploaded_by_digest_and_the_model_created(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    data = qwen_lora.read_bytes()
+    digest = digest_of(data)
+    await adapters.load_adapter("a0", qwen_lora)
+    assert server.head.calls.last.request.url == f"{ROOT}/api/blobs/{digest}"
+    assert server.upload.call_count == 1
+    upload = server.upload.calls.last.request
+    assert upload.url == f"{ROOT}/api/blobs/{digest}" and upload.read() == data
+    assert upload.headers["content-length"] == str(len(data))
+    name = f"inference-lora/a0:{base_model_digest(BASE_MODEL)}"
+    assert server.creates == [{"model": name, "from": BASE_MODEL, "adapters": {"a0.gguf": digest}}]
+    assert await adapters.list_adapters() == ["a0"]
+    assert adapters.derived_model("a0") == name
+
+
+async def test_a_blob_the_server_has_is_not_uploaded_again(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.blobs[digest_of(qwen_lora.read_bytes())] = qwen_lora.read_bytes()
+    await adapters.load_adapter("a0", qwen_lora)
+    assert server.head.call_count == 1 and server.head.calls.last.response.status_code == 200
+    assert server.upload.call_count == 0
+    assert len(server.creates) == 1
+
+
+async def test_generate_and_stream_with_an_adapter_use_the_derived_model(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    await adapters.load_adapter("a0", qwen_lora)
+    name = adapters.derived_model("a0")
+    result = await adapters.generate("Hi", model="ignored", adapter_id="a0", max_tokens=4)
+    assert sent(server.chat)["model"] == name
+    assert (result.text, result.model, result.adapter_id) == (f"from {name}", name, "a0")
+    pieces, streamed = await collect(adapters.stream("Hi", model="ignored", adapter_id="a0"))
+    assert sent(server.chat)["model"] == name and sent(server.chat)["stream"] is True
+    assert "".join(pieces) == streamed.text == f"from {name}" and streamed.adapter_id == "a0"
+    base = await adapters.generate("Hi", model=BASE_MODEL)
+    assert (base.model, base.adapter_id) == (BASE_MODEL, None)
+
+
+async def test_a_peft_directory_on_a_llama_base_is_sent_as_safetensors(
+    adapters: OllamaProvider, server: FakeOllama, tiny_models: dict[str, Any]
+) -> None:
+    adapter_dir = tiny_models["llama"].adapter_dirs["a1"]
+    await adapters.load_adapter("a1", adapter_dir, base_model=LLAMA_BASE)
+    config = (adapter_dir / "adapter_config.json").read_bytes()
+    weights = (adapter_dir / "adapter_model.safetensors").read_bytes()
+    name = f"inference-lora/a1:{base_model_digest(LLAMA_BASE)}"
+    assert server.creates == [
+        {
+            "model": name,
+            "from": LLAMA_BASE,
+            "adapters": {"adapter_config.json": digest_of(config), "adapter_model.safetensors": digest_of(weights)},
+        }
+    ]
+    assert server.uploaded_for(server.creates[0]) == {
+        "adapter_config.json": config,
+        "adapter_model.safetensors": weights,
+    }
+    assert sent(server.show) == {"model": LLAMA_BASE}
+    assert adapters.derived_model("a1") == name
+
+
+async def test_a_peft_directory_on_a_qwen2_base_is_converted_to_a_working_gguf_lora(
+    adapters: OllamaProvider, server: FakeOllama, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    from inference.gguf_conversion import convert_peft_to_gguf
+
+    model = tiny_models["qwen2"]
+    await adapters.load_adapter("a2", model.adapter_dirs["a2"])
+    [create] = server.creates
+    [(file_name, data)] = server.uploaded_for(create).items()
+    assert file_name.endswith(".gguf") and create["from"] == BASE_MODEL
+    # The same bytes as converting against the base's GGUF file: /api/show's layout is the file's layout.
+    direct = convert_peft_to_gguf(model.adapter_dirs["a2"], model.gguf_path, tmp_path / "direct.gguf")
+    assert data == direct.read_bytes()
+    # And llama.cpp applies it to the tiny Qwen2: the greedy output changes.
+    llama_cpp = pytest.importorskip("llama_cpp")
+    uploaded = tmp_path / "uploaded.gguf"
+    uploaded.write_bytes(data)
+
+    def greedy(lora: Path | None) -> str:
+        llm = llama_cpp.Llama(
+            model_path=str(model.gguf_path), lora_path=str(lora) if lora else None, n_ctx=64, verbose=False
+        )
+        try:
+            return str(llm("The quick brown fox", max_tokens=8, temperature=0.0)["choices"][0]["text"])
+        finally:
+            llm.close()
+
+    assert greedy(uploaded) != greedy(None)
+
+
+async def test_a_converted_adapter_is_cached(
+    adapters: OllamaProvider, server: FakeOllama, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    adapter_dir = tiny_models["qwen2"].adapter_dirs["a0"]
+    await adapters.load_adapter("a0", adapter_dir)
+    cached = list((tmp_path / "cache").glob("*.gguf"))
+    assert len(cached) == 1
+    await adapters.unload_adapter("a0")
+    before = cached[0].stat().st_mtime_ns
+    await adapters.load_adapter("a0", adapter_dir)
+    assert list((tmp_path / "cache").glob("*.gguf")) == cached and cached[0].stat().st_mtime_ns == before
+    assert server.upload.call_count == 1  # the second load found the blob on the server
+
+
+async def test_loading_the_same_id_and_path_twice_creates_once(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    await asyncio.gather(adapters.load_adapter("a0", qwen_lora), adapters.load_adapter("a0", qwen_lora))
+    await adapters.load_adapter("a0", qwen_lora)
+    assert len(server.creates) == 1
+    with pytest.raises(AdapterAlreadyLoadedError, match="replace=True"):
+        await adapters.load_adapter("a0", qwen_lora.parent)
+
+
+async def test_a_create_error_line_is_a_typed_error_and_the_provider_stays_usable(
+    adapters: OllamaProvider, server: FakeOllama, tiny_models: dict[str, Any]
+) -> None:
+    server.create_answer = ndjson({"status": "converting adapter"}, {"error": "unsupported architecture"})
+    adapter_dir = tiny_models["llama"].adapter_dirs["a0"]
+    with pytest.raises(ServerInvalidAdapterError) as caught:
+        await adapters.load_adapter("a0", adapter_dir, base_model=LLAMA_BASE)
+    assert isinstance(caught.value, InvalidAdapterError)
+    assert "unsupported architecture" in str(caught.value) and "'a0'" in str(caught.value)
+    assert await adapters.list_adapters() == []
+    with pytest.raises(AdapterNotFoundError):
+        await adapters.generate("Hi", model=LLAMA_BASE, adapter_id="a0")
+    server.create_answer = None
+    await adapters.load_adapter("a0", adapter_dir, base_model=LLAMA_BASE)
+    assert (await adapters.generate("Hi", model=LLAMA_BASE, adapter_id="a0")).adapter_id == "a0"
+
+
+async def test_a_create_refused_before_any_line_is_a_typed_error(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.create_answer = httpx.Response(400, json={"error": "only one adapter is currently supported"})
+    with pytest.raises(ServerInvalidAdapterError, match="only one adapter is currently supported") as caught:
+        await adapters.load_adapter("a0", qwen_lora)
+    assert caught.value.status_code == 400
+    server.create_answer = None
+    await adapters.load_adapter("a0", qwen_lora)
+    assert await adapters.list_adapters() == ["a0"]
+
+
+async def test_a_create_stream_without_success_is_a_protocol_error(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.create_answer = ndjson({"status": "parsing GGUF"})
+    with pytest.raises(ProtocolError, match="success"):
+        await adapters.load_adapter("a0", qwen_lora)
+    assert await adapters.list_adapters() == []
+
+
+async def test_a_base_model_that_is_not_pulled_says_pull_it(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    with pytest.raises(ServerModelNotFoundError, match="ollama pull qwen9:7b"):
+        await adapters.load_adapter("a0", qwen_lora, base_model="qwen9:7b")
+    assert server.creates == [] and server.upload.call_count == 0
+    await adapters.load_adapter("a0", qwen_lora)
+    assert await adapters.list_adapters() == ["a0"]
+
+
+async def test_without_a_base_model_load_names_the_keyword_and_variable(
+    server: FakeOllama, qwen_lora: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OLLAMA_BASE_MODEL", raising=False)
+    async with OllamaProvider(base_url=BASE) as ollama:
+        with pytest.raises(ConfigurationError) as caught:
+            await ollama.load_adapter("a0", qwen_lora)
+        assert "base_model=" in str(caught.value) and "OLLAMA_BASE_MODEL" in str(caught.value)
+        assert server.show.call_count == 0 and server.creates == []
+        await ollama.load_adapter("a0", qwen_lora, base_model=BASE_MODEL)
+        assert server.creates[0]["from"] == BASE_MODEL
+
+
+async def test_the_base_model_comes_from_the_environment(
+    server: FakeOllama, qwen_lora: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OLLAMA_BASE_MODEL", BASE_MODEL)
+    async with OllamaProvider(base_url=BASE) as ollama:
+        await ollama.load_adapter("a0", qwen_lora)
+    assert server.creates[0]["from"] == BASE_MODEL
+
+
+async def test_a_gguf_lora_for_another_architecture_is_refused_before_upload(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    with pytest.raises(InvalidAdapterError, match="qwen2 architecture but base model 'tiny-llama' is llama"):
+        await adapters.load_adapter("a0", qwen_lora, base_model=LLAMA_BASE)
+    assert server.upload.call_count == 0 and server.creates == []
+    await adapters.load_adapter("a0", qwen_lora)
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-gguf", "gguf-model", "empty-dir"])
+async def test_bad_adapter_paths_are_refused(
+    adapters: OllamaProvider,
+    server: FakeOllama,
+    tiny_models: dict[str, Any],
+    tmp_path: Path,
+    kind: str,
+    qwen_lora: Path,
+) -> None:
+    path = tmp_path / kind
+    if kind == "not-gguf":
+        path.write_text("not a model")
+    elif kind == "gguf-model":
+        path = tiny_models["qwen2"].gguf_path
+    elif kind == "empty-dir":
+        path.mkdir()
+    with pytest.raises(InvalidAdapterError) as caught:
+        await adapters.load_adapter("bad", path)
+    assert str(path) in str(caught.value) and caught.value.provider == "ollama"
+    assert server.upload.call_count == 0 and server.creates == []
+    await adapters.load_adapter("good", qwen_lora)
+    assert await adapters.list_adapters() == ["good"]
+
+
+async def test_unload_deletes_the_derived_model(adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path) -> None:
+    await adapters.load_adapter("a0", qwen_lora)
+    name = adapters.derived_model("a0")
+    await adapters.unload_adapter("a0")
+    assert sent(server.delete) == {"model": name}
+    assert name not in server.models
+    assert await adapters.list_adapters() == []
+    with pytest.raises(AdapterNotFoundError):
+        await adapters.generate("Hi", model=BASE_MODEL, adapter_id="a0")
+    with pytest.raises(AdapterNotFoundError):
+        await adapters.unload_adapter("a0")
+    assert server.delete.call_count == 1
+    assert all(model in server.models for model in USER_MODELS)
+
+
+async def test_replace_swaps_the_model(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any]
+) -> None:
+    await adapters.load_adapter("a0", qwen_lora)
+    await adapters.load_adapter("a0", tiny_models["qwen2"].adapter_dirs["a1"], replace=True)
+    assert server.delete.call_count == 1 and len(server.creates) == 2
+    assert server.creates[0]["adapters"] != server.creates[1]["adapters"]
+    assert await adapters.list_adapters() == ["a0"]
+
+
+async def test_a_new_provider_finds_adapters_an_earlier_one_created(
+    server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL, adapter_cache_dir=tmp_path) as first:
+        await first.load_adapter("a0", qwen_lora)
+        await first.load_adapter("Style_B", tiny_models["qwen2"].adapter_dirs["a1"])
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL) as second:
+        assert await second.list_adapters() == ["Style_B", "a0"]  # from /api/tags; user models are not adapters
+        result = await second.generate("Hi", model=BASE_MODEL, adapter_id="Style_B")
+        assert result.adapter_id == "Style_B" and sent(server.chat)["model"] == first.derived_model("Style_B")
+        await second.unload_adapter("a0")
+        assert sent(server.delete) == {"model": first.derived_model("a0")}
+        assert await second.list_adapters() == ["Style_B"]
+        with pytest.raises(AdapterNotFoundError):
+            await second.generate("Hi", model=BASE_MODEL, adapter_id="nope")
+        # Loading a found adapter from local files creates it again from them.
+        await second.load_adapter("Style_B", qwen_lora)
+        assert server.creates[-1]["adapters"] == {"a0.gguf": digest_of(qwen_lora.read_bytes())}
+    assert all(model in server.models for model in USER_MODELS)
+
+
+async def test_a_new_provider_prefers_the_derived_model_on_its_own_base(
+    server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any]
+) -> None:
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL) as first:
+        await first.load_adapter("a0", qwen_lora)
+        await first.load_adapter("b0", tiny_models["llama"].adapter_dirs["a0"], base_model=LLAMA_BASE)
+    server.models[f"inference-lora/a0:{base_model_digest(LLAMA_BASE)}"] = {}
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL) as second:
+        await second.generate("Hi", model=BASE_MODEL, adapter_id="a0")
+        assert sent(server.chat)["model"] == f"inference-lora/a0:{base_model_digest(BASE_MODEL)}"
+        await second.generate("Hi", model=BASE_MODEL, adapter_id="b0")
+        assert sent(server.chat)["model"] == f"inference-lora/b0:{base_model_digest(LLAMA_BASE)}"
+
+
+async def test_a_derived_model_deleted_behind_our_back_is_created_again(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    await adapters.load_adapter("a0", qwen_lora)
+    name = adapters.derived_model("a0")
+    del server.models[name]  # `ollama rm` by someone else
+    result = await adapters.generate("Hi", model=BASE_MODEL, adapter_id="a0")
+    assert result.text == f"from {name}" and len(server.creates) == 2 and name in server.models
+    del server.models[name]
+    _, streamed = await collect(adapters.stream("Hi", model=BASE_MODEL, adapter_id="a0"))
+    assert streamed.text == f"from {name}" and len(server.creates) == 3
+
+
+async def test_adapter_ops_report_a_server_that_is_down(qwen_lora: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with OllamaProvider(base_url=f"http://127.0.0.1:{port}/v1", base_model=BASE_MODEL, max_retries=0) as ollama:
+        with pytest.raises(ProviderUnavailableError):
+            await ollama.load_adapter("a0", qwen_lora)
+        with pytest.raises(ProviderUnavailableError):
+            await ollama.list_adapters()
+
+
+async def test_an_upload_answered_503_is_sent_again_whole(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    real_upload = server._post_blob
+    answers = iter([httpx.Response(503)])
+
+    def flaky(request: httpx.Request, digest: str) -> httpx.Response:
+        return next(answers, None) or real_upload(request, digest)
+
+    server.upload.mock(side_effect=flaky)
+    await adapters.load_adapter("a0", qwen_lora)
+    assert server.upload.call_count == 2
+    assert server.blobs[digest_of(qwen_lora.read_bytes())] == qwen_lora.read_bytes()

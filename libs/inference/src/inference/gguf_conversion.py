@@ -16,6 +16,10 @@ Example:
     >>> from inference.gguf_conversion import convert_peft_to_gguf
     >>> convert_peft_to_gguf("adapters/support", "models/base.gguf", "adapters/support.gguf")  # doctest: +SKIP
     PosixPath('adapters/support.gguf')
+
+When the base model's file is not on this machine (an Ollama server holds it), describe its layout with
+:func:`layout_from_metadata` (architecture keys and tensor shapes, as Ollama's ``/api/show`` reports them)
+and convert with :func:`convert_peft_to_gguf_for_layout` or :func:`convert_peft_to_gguf_for_layout_cached`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import os
 import re
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +46,12 @@ __all__ = [
     "BaseModelLayout",
     "convert_peft_to_gguf",
     "convert_peft_to_gguf_cached",
+    "convert_peft_to_gguf_for_layout",
+    "convert_peft_to_gguf_for_layout_cached",
+    "layout_from_metadata",
     "permute_llama_rows",
     "read_base_layout",
+    "read_lora_gguf_architecture",
 ]
 
 #: Part of every cache key: bump when the output of a conversion changes.
@@ -72,6 +80,7 @@ class BaseModelLayout:
         head_count: Attention heads (``None`` when the file does not say, or says per layer).
         head_count_kv: Key/value heads (``None`` when the file does not say, or says per layer).
         tensor_shapes: Tensor name -> shape in PyTorch order (``(out_features, in_features)`` for matrices).
+        name: How messages name the base model; empty means the file name of ``path``.
     """
 
     path: Path
@@ -80,6 +89,12 @@ class BaseModelLayout:
     head_count: int | None
     head_count_kv: int | None
     tensor_shapes: dict[str, tuple[int, ...]]
+    name: str = ""
+
+    @property
+    def display_name(self) -> str:
+        """``name``, else the file name of ``path``."""
+        return self.name or self.path.name
 
     def fingerprint(self) -> str:
         """A digest of the architecture, head counts and tensor layout (not the weights)."""
@@ -139,12 +154,68 @@ def read_base_layout(base_gguf: str | os.PathLike[str]) -> BaseModelLayout:
         raise AdapterConversionError(
             f"base model {path} is not a readable GGUF file ({error})", path=str(path)
         ) from error
+    return _layout(path, str(path), fields, shapes, name="", provider=None)
+
+
+def layout_from_metadata(
+    name: str,
+    fields: Mapping[str, Any],
+    gguf_tensor_shapes: Mapping[str, Sequence[int]],
+    *,
+    provider: str | None = None,
+) -> BaseModelLayout:
+    """Describe a base model whose GGUF file is elsewhere (e.g. on an Ollama server) from its metadata.
+
+    Args:
+        name: How messages name the base model (``"qwen2.5:0.5b"``).
+        fields: GGUF metadata: at least ``general.architecture`` and ``<arch>.block_count``; the
+            ``<arch>.attention.head_count`` and ``head_count_kv`` keys are read when present (Ollama's
+            ``/api/show`` ``model_info`` holds exactly these keys).
+        gguf_tensor_shapes: Tensor name -> dimensions in GGUF order (innermost first, as GGUF headers and
+            Ollama's ``/api/show`` ``tensors`` give them); stored reversed, in PyTorch order.
+        provider: The provider name carried by errors.
+
+    Returns:
+        A layout whose ``path`` is ``name`` (no file is read).
+
+    Raises:
+        AdapterConversionError: The metadata lacks the architecture or block count, or a shape is not a
+            list of non-negative integers.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    for tensor, dims in gguf_tensor_shapes.items():
+        sizes_ok = isinstance(dims, (list, tuple)) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims
+        )
+        if not sizes_ok:
+            raise AdapterConversionError(
+                f"base model {name} reports tensor {tensor} with shape {dims!r}, which is not a list of sizes",
+                provider=provider,
+            )
+        shapes[str(tensor)] = tuple(reversed([int(d) for d in dims]))
+    return _layout(Path(name), None, fields, shapes, name=name, provider=provider)
+
+
+def _layout(
+    path: Path,
+    error_path: str | None,
+    fields: Mapping[str, Any],
+    shapes: dict[str, tuple[int, ...]],
+    *,
+    name: str,
+    provider: str | None,
+) -> BaseModelLayout:
+    shown = name or str(path)
     architecture = fields.get("general.architecture")
     if not isinstance(architecture, str) or not architecture:
-        raise AdapterConversionError(f"base model {path} has no general.architecture key", path=str(path))
+        raise AdapterConversionError(
+            f"base model {shown} has no general.architecture key", provider=provider, path=error_path
+        )
     block_count = fields.get(f"{architecture}.block_count")
     if isinstance(block_count, bool) or not isinstance(block_count, int):
-        raise AdapterConversionError(f"base model {path} has no {architecture}.block_count key", path=str(path))
+        raise AdapterConversionError(
+            f"base model {shown} has no {architecture}.block_count key", provider=provider, path=error_path
+        )
     return BaseModelLayout(
         path=path,
         architecture=architecture,
@@ -152,7 +223,44 @@ def read_base_layout(base_gguf: str | os.PathLike[str]) -> BaseModelLayout:
         head_count=_single_int(fields.get(f"{architecture}.attention.head_count")),
         head_count_kv=_single_int(fields.get(f"{architecture}.attention.head_count_kv")),
         tensor_shapes=shapes,
+        name=name,
     )
+
+
+def read_lora_gguf_architecture(lora_gguf: str | os.PathLike[str], *, provider: str | None = None) -> str:
+    """Check that a file is a GGUF LoRA adapter and return the base architecture it was made for.
+
+    Only the header is read.
+
+    Args:
+        lora_gguf: The ``.gguf`` adapter file.
+        provider: The provider name carried by errors.
+
+    Returns:
+        The adapter's ``general.architecture`` (``"llama"``, ``"qwen2"``...).
+
+    Raises:
+        InvalidAdapterError: The file is missing, not GGUF, or a GGUF that is not a LoRA adapter (a model).
+    """
+    path = Path(lora_gguf)
+    try:
+        stat = path.stat()
+        fields, _ = _read_gguf_header_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as error:
+        raise InvalidAdapterError(
+            f"adapter {path} is not a readable GGUF file ({error}): give a GGUF LoRA file or a PEFT adapter directory",
+            provider=provider,
+            path=str(path),
+        ) from error
+    architecture = fields.get("general.architecture")
+    if fields.get("general.type") != "adapter" or fields.get("adapter.type") != "lora" or not architecture:
+        raise InvalidAdapterError(
+            f"{path} is a GGUF file but not a LoRA adapter (general.type={fields.get('general.type')!r}, "
+            f"adapter.type={fields.get('adapter.type')!r}): give a GGUF LoRA file or a PEFT adapter directory",
+            provider=provider,
+            path=str(path),
+        )
+    return str(architecture)
 
 
 # GGUF value types: struct format of the fixed-size ones; 8 is a string, 9 an array.
@@ -253,11 +361,38 @@ def convert_peft_to_gguf(
         AdapterConversionError: The adapter does not fit the base model: unknown architecture, modules
             the base lacks, shapes of another model.
     """
-    adapter = read_peft_adapter(peft_dir, provider="llamacpp")
-    layout = read_base_layout(base_gguf)
-    tensors = _gguf_lora_tensors(adapter, layout)
+    return convert_peft_to_gguf_for_layout(peft_dir, read_base_layout(base_gguf), output)
+
+
+def convert_peft_to_gguf_for_layout(
+    peft_dir: str | os.PathLike[str],
+    layout: BaseModelLayout,
+    output: str | os.PathLike[str],
+    *,
+    provider: str = "llamacpp",
+) -> Path:
+    """Like :func:`convert_peft_to_gguf`, for a base model described by ``layout`` instead of a file.
+
+    Use it when the base model's GGUF file is not on this machine: build the layout with
+    :func:`layout_from_metadata` (e.g. from Ollama's ``/api/show``).
+
+    Args:
+        peft_dir: The PEFT LoRA adapter directory.
+        layout: The base model's architecture, head counts and tensor shapes.
+        output: Where to write the GGUF LoRA file; parent directories are created.
+        provider: The provider name carried by errors.
+
+    Returns:
+        ``output`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        InvalidAdapterError: As :func:`convert_peft_to_gguf`.
+        AdapterConversionError: As :func:`convert_peft_to_gguf`.
+    """
+    adapter = read_peft_adapter(peft_dir, provider=provider)
+    tensors = _gguf_lora_tensors(adapter, layout, provider=provider)
     destination = Path(output)
-    _write_lora_gguf(destination, layout.architecture, adapter, tensors)
+    _write_lora_gguf(destination, layout.architecture, adapter, tensors, provider=provider)
     return destination
 
 
@@ -284,24 +419,52 @@ def convert_peft_to_gguf_cached(
         InvalidAdapterError: As :func:`convert_peft_to_gguf`.
         AdapterConversionError: As :func:`convert_peft_to_gguf`.
     """
-    adapter = read_peft_adapter(peft_dir, provider="llamacpp")
-    layout = read_base_layout(base_gguf)
+    return convert_peft_to_gguf_for_layout_cached(peft_dir, read_base_layout(base_gguf), cache_dir)
+
+
+def convert_peft_to_gguf_for_layout_cached(
+    peft_dir: str | os.PathLike[str],
+    layout: BaseModelLayout,
+    cache_dir: str | os.PathLike[str],
+    *,
+    provider: str = "llamacpp",
+) -> Path:
+    """Like :func:`convert_peft_to_gguf_cached`, for a base model described by ``layout``.
+
+    The cache key is the same as :func:`convert_peft_to_gguf_cached`'s (adapter bytes, the layout's
+    :meth:`~BaseModelLayout.fingerprint`, converter version), so a layout read from a GGUF file and the same
+    layout reported by a server share one cached file.
+
+    Args:
+        peft_dir: The PEFT LoRA adapter directory.
+        layout: The base model's architecture, head counts and tensor shapes.
+        cache_dir: Directory of converted adapters (created if needed).
+        provider: The provider name carried by errors.
+
+    Returns:
+        The path of the GGUF LoRA file in ``cache_dir``.
+
+    Raises:
+        InvalidAdapterError: As :func:`convert_peft_to_gguf`.
+        AdapterConversionError: As :func:`convert_peft_to_gguf`.
+    """
+    adapter = read_peft_adapter(peft_dir, provider=provider)
     digest = hashlib.sha256()
     digest.update(f"inference-gguf-lora-{CONVERTER_VERSION}\0{layout.fingerprint()}\0".encode())
     for part in (adapter.path / "adapter_config.json", adapter.weights_path):
-        for chunk in _read_chunks(part, adapter):
+        for chunk in _read_chunks(part, adapter, provider):
             digest.update(chunk)
         digest.update(b"\0")
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", adapter.path.resolve().name) or "adapter"
     target = Path(cache_dir) / f"{stem}-{digest.hexdigest()[:24]}.gguf"
     if target.is_file():
         return target
-    tensors = _gguf_lora_tensors(adapter, layout)
-    _write_lora_gguf(target, layout.architecture, adapter, tensors)
+    tensors = _gguf_lora_tensors(adapter, layout, provider=provider)
+    _write_lora_gguf(target, layout.architecture, adapter, tensors, provider=provider)
     return target
 
 
-def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout) -> dict[str, Any]:
+def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider: str) -> dict[str, Any]:
     """Map the adapter's PEFT tensors onto the base's GGUF tensors; return ``{gguf name: array}``."""
     import numpy as np
 
@@ -309,9 +472,9 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout) -> dict[st
 
     def refuse(reason: str) -> AdapterConversionError:
         return AdapterConversionError(
-            f"cannot convert the adapter at {adapter.path} for base model {layout.path.name} "
+            f"cannot convert the adapter at {adapter.path} for base model {layout.display_name} "
             f"({layout.architecture}): {reason}",
-            provider="llamacpp",
+            provider=provider,
             path=str(adapter.path),
         )
 
@@ -328,7 +491,7 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout) -> dict[st
     arch_enum = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == layout.architecture), None)
     if arch_enum is None:
         raise refuse(f"the installed gguf package has no tensor name map for the architecture {layout.architecture!r}")
-    weights = _load_weights(adapter)
+    weights = _load_weights(adapter, provider)
     # Map layer numbers past the base's last block too, so that they are reported as missing by name.
     layer_numbers = [int(number) for key in weights for number in re.findall(r"\.layers\.(\d+)\.", key)]
     name_map = gguf.get_tensor_name_map(arch_enum, max([layout.block_count, *(n + 1 for n in layer_numbers)]))
@@ -403,11 +566,15 @@ def _permute_for_llama_cpp(lora_b: Any, base_name: str, layout: BaseModelLayout,
     return permute_llama_rows(lora_b, heads)
 
 
-def _write_lora_gguf(destination: Path, architecture: str, adapter: PeftAdapter, tensors: dict[str, Any]) -> None:
+def _write_lora_gguf(
+    destination: Path, architecture: str, adapter: PeftAdapter, tensors: dict[str, Any], *, provider: str
+) -> None:
     gguf = _import_gguf()
     if destination.is_dir():
         raise AdapterConversionError(
-            f"output {destination} is a directory: give the path of the .gguf file to write", path=str(destination)
+            f"output {destination} is a directory: give the path of the .gguf file to write",
+            provider=provider,
+            path=str(destination),
         )
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
@@ -429,46 +596,48 @@ def _write_lora_gguf(destination: Path, architecture: str, adapter: PeftAdapter,
         os.replace(temporary, destination)
     except OSError as error:
         raise AdapterConversionError(
-            f"could not write the converted adapter to {destination} ({error})", path=str(destination)
+            f"could not write the converted adapter to {destination} ({error})",
+            provider=provider,
+            path=str(destination),
         ) from error
     finally:
         temporary.unlink(missing_ok=True)
 
 
-def _load_weights(adapter: PeftAdapter) -> dict[str, Any]:
+def _load_weights(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
     if adapter.weights_path.suffix == ".safetensors":
-        return _read_safetensors(adapter)
-    return _read_torch_bin(adapter)
+        return _read_safetensors(adapter, provider)
+    return _read_torch_bin(adapter, provider)
 
 
-def _corrupt(adapter: PeftAdapter, reason: str) -> InvalidAdapterError:
+def _corrupt(adapter: PeftAdapter, reason: str, provider: str) -> InvalidAdapterError:
     return InvalidAdapterError(
         f"adapter weights {adapter.weights_path} are corrupt or truncated ({reason}): save the adapter again "
         "with PeftModel.save_pretrained",
-        provider="llamacpp",
+        provider=provider,
         path=str(adapter.path),
     )
 
 
-def _read_safetensors(adapter: PeftAdapter) -> dict[str, Any]:
+def _read_safetensors(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
     """Read a safetensors file into float32-compatible numpy arrays (also bf16, which numpy lacks)."""
     import numpy as np
 
     try:
         data = adapter.weights_path.read_bytes()
     except OSError as error:
-        raise _corrupt(adapter, f"unreadable: {error}") from error
+        raise _corrupt(adapter, f"unreadable: {error}", provider) from error
     if len(data) < 8:
-        raise _corrupt(adapter, "shorter than a safetensors header")
+        raise _corrupt(adapter, "shorter than a safetensors header", provider)
     header_size = int.from_bytes(data[:8], "little")
     if header_size > len(data) - 8:
-        raise _corrupt(adapter, "the header runs past the end of the file")
+        raise _corrupt(adapter, "the header runs past the end of the file", provider)
     try:
         header = json.loads(data[8 : 8 + header_size])
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise _corrupt(adapter, "the header is not valid JSON") from error
+        raise _corrupt(adapter, "the header is not valid JSON", provider) from error
     if not isinstance(header, dict):
-        raise _corrupt(adapter, "the header is not a JSON object")
+        raise _corrupt(adapter, "the header is not a JSON object", provider)
     body = memoryview(data)[8 + header_size :]
     arrays: dict[str, Any] = {}
     for name, info in header.items():
@@ -477,19 +646,19 @@ def _read_safetensors(adapter: PeftAdapter) -> dict[str, Any]:
         try:
             dtype_name, shape, (start, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
         except (TypeError, KeyError, ValueError) as error:
-            raise _corrupt(adapter, f"tensor {name} has a malformed header entry") from error
+            raise _corrupt(adapter, f"tensor {name} has a malformed header entry", provider) from error
         numpy_dtype = _SAFETENSORS_DTYPES.get(dtype_name)
         if numpy_dtype is None:
             raise AdapterConversionError(
                 f"adapter weights {adapter.weights_path} store {name} as {dtype_name}; only F32, F16, BF16 and "
                 "F64 LoRA weights can be converted",
-                provider="llamacpp",
+                provider=provider,
                 path=str(adapter.path),
             )
         count = math.prod(shape)
         item_size = np.dtype(numpy_dtype).itemsize
         if not (0 <= start <= end <= len(body)) or end - start != count * item_size:
-            raise _corrupt(adapter, f"tensor {name} points outside the file or has the wrong size")
+            raise _corrupt(adapter, f"tensor {name} points outside the file or has the wrong size", provider)
         array = np.frombuffer(body[start:end], dtype=numpy_dtype).reshape(shape)
         if dtype_name == "BF16":
             array = (array.astype(np.uint32) << 16).view(np.float32)
@@ -497,32 +666,32 @@ def _read_safetensors(adapter: PeftAdapter) -> dict[str, Any]:
     return arrays
 
 
-def _read_torch_bin(adapter: PeftAdapter) -> dict[str, Any]:
+def _read_torch_bin(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
     try:
         import torch
     except ImportError as error:
         raise AdapterConversionError(
             f"adapter weights {adapter.weights_path} are a PyTorch pickle, which needs torch to read: save the "
             "adapter with safe_serialization=True (adapter_model.safetensors) or install torch",
-            provider="llamacpp",
+            provider=provider,
             path=str(adapter.path),
         ) from error
     try:
         state = torch.load(adapter.weights_path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises pickle, zip and runtime errors on a bad file
-        raise _corrupt(adapter, str(error)) from error
+        raise _corrupt(adapter, str(error), provider) from error
     if not isinstance(state, dict):
-        raise _corrupt(adapter, "the pickle does not hold a dict of tensors")
+        raise _corrupt(adapter, "the pickle does not hold a dict of tensors", provider)
     return {str(key): value.detach().float().numpy() for key, value in state.items()}
 
 
-def _read_chunks(path: Path, adapter: PeftAdapter) -> Iterator[bytes]:
+def _read_chunks(path: Path, adapter: PeftAdapter, provider: str) -> Iterator[bytes]:
     try:
         with open(path, "rb") as handle:
             while chunk := handle.read(1 << 20):
                 yield chunk
     except OSError as error:
-        raise _corrupt(adapter, f"unreadable: {error}") from error
+        raise _corrupt(adapter, f"unreadable: {error}", provider) from error
 
 
 def _single_int(value: Any) -> int | None:

@@ -1,38 +1,85 @@
-"""The Ollama provider: generation through Ollama's native chat API, which honours every sampling option."""
+"""The Ollama provider: Ollama's native chat API (every sampling option honoured), adapters as derived models."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import json
 import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from inference._http import ServerAnswer, ServerClient, server_root
-from inference._validation import GenerationRequest
+import httpx
+
+from inference._http import ErrorHandlers, ServerAnswer, ServerClient, server_root
+from inference._ollama_models import (
+    OllamaModels,
+    base_model_digest,
+    default_cache_dir,
+    derived_model_name,
+    parse_derived_model_name,
+)
+from inference._validation import GenerationRequest, validate_adapter_id
 from inference.config import resolve_settings
-from inference.exceptions import InvalidRequestError, ServerModelNotFoundError, ServerResponseError
-from inference.provider import GenerationResult, InferenceProvider
+from inference.exceptions import (
+    AdapterNotFoundError,
+    ConfigurationError,
+    InferenceError,
+    InvalidRequestError,
+    ServerModelNotFoundError,
+    ServerResponseError,
+)
+from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 __all__ = ["OllamaProvider"]
 
 logger = logging.getLogger("inference.ollama")
 
+_DISCOVERED = "ollama-model:"
+"""Prefix of the path recorded for an adapter found on the server rather than loaded by this object."""
+
+_LOAD_BASE: contextvars.ContextVar[str | None] = contextvars.ContextVar("inference_ollama_load_base", default=None)
+"""The base model a ``load_adapter(..., base_model=...)`` call asked for, read by ``_load_adapter``."""
+
 
 class OllamaProvider(InferenceProvider):
-    """Generates through an Ollama server.
+    """Generates through an Ollama server; adapters become models derived from a base model.
 
-    Requests go to the native ``POST /api/chat`` route at the same host as ``base_url`` without ``/v1``:
-    Ollama's OpenAI-compatible route drops ``repetition_penalty`` and ``top_k`` and forces
+    **Generation** goes to the native ``POST /api/chat`` route at the same host as ``base_url`` without
+    ``/v1``: Ollama's OpenAI-compatible route drops ``repetition_penalty`` and ``top_k`` and forces
     ``temperature``/``top_p`` to 1.0 when they are omitted, while the native route honours every option.
     Only the options the caller sets are sent, so the model's own defaults apply to the rest.
+    :meth:`stream` reads the same route with ``"stream": true`` (NDJSON); stopping the iteration closes the
+    response, which makes Ollama stop generating.
 
-    Ollama has no runtime adapter loading: ``load_adapter`` and ``unload_adapter`` raise
-    :class:`~inference.exceptions.UnsupportedOperationError`, ``list_adapters`` returns ``[]``, and
-    ``generate(adapter_id=...)`` logs a warning and uses the base model.
+    **Adapters.** Ollama cannot add a LoRA to a running model; it bakes adapters into a model created
+    ``FROM`` a base. ``load_adapter(id, path)`` therefore uploads the adapter file(s) as blobs (skipped when
+    the server already has them), then creates ``inference-lora/<id>:<base digest>`` from the base model
+    (``base_model=`` of ``load_adapter``, else this provider's ``base_model``/``OLLAMA_BASE_MODEL``).
+    ``generate(adapter_id=id)`` runs that derived model (the ``model`` argument is then not used), and
+    ``unload_adapter`` deletes it. A GGUF LoRA file works for any base architecture; a PEFT directory is sent
+    as safetensors for ``llama`` and ``gemma2`` bases (Ollama converts those itself) and converted to a GGUF
+    LoRA here, against the base's tensor layout from ``/api/show``, for every other architecture.
+
+    Derived models live on the server, so they outlive this object: :meth:`aclose` keeps them, and
+    ``list_adapters`` reads the server's ``/api/tags`` (models in the ``inference-lora`` namespace, whose
+    names decode back to adapter ids) merged with what this object loaded. A new provider can generate with,
+    and unload, an adapter an earlier one created: the base class asks :meth:`_discover_adapter` about an id
+    it does not know, which finds the derived model in ``/api/tags`` (preferring the one on this provider's
+    ``base_model``) and records it. Loading such an id again with a local path recreates the model from that
+    path. If a derived model disappears from the server (deleted by hand), the next generation with it
+    recreates it once from the path it was loaded from.
 
     Args:
         base_url: Ollama's base URL (the native API is at the same host without ``/v1``); else
             ``OLLAMA_BASE_URL``; else ``http://localhost:11434/v1``.
         timeout: Seconds to wait for one answer; else ``OLLAMA_TIMEOUT``; else 120.
         max_retries: Retries of connect errors and 429/502/503/504; else ``OLLAMA_MAX_RETRIES``; else 2.
+        base_model: The Ollama model adapters are applied to (``"llama3.2"``); else ``OLLAMA_BASE_MODEL``.
+            ``load_adapter(..., base_model=...)`` overrides it per adapter.
+        adapter_cache_dir: Where PEFT adapters converted to GGUF are cached; else ``~/.cache/inference-adapters``.
 
     Example:
         >>> OllamaProvider(base_url="http://127.0.0.1:11434/v1")
@@ -40,7 +87,7 @@ class OllamaProvider(InferenceProvider):
     """
 
     name = "ollama"
-    supports_adapters = False
+    supports_adapters = True
     hot_swaps_adapters = False
 
     def __init__(
@@ -48,9 +95,16 @@ class OllamaProvider(InferenceProvider):
         base_url: str | None = None,
         timeout: float | None = None,
         max_retries: int | None = None,
+        base_model: str | None = None,
+        *,
+        adapter_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        settings = resolve_settings("ollama", {"base_url": base_url, "timeout": timeout, "max_retries": max_retries})
+        settings = resolve_settings(
+            "ollama",
+            {"base_url": base_url, "timeout": timeout, "max_retries": max_retries, "base_model": base_model},
+        )
         self.base_url: str = settings["base_url"]
+        self.base_model: str | None = settings["base_model"]
         self._http = ServerClient(
             provider=self.name,
             server="Ollama",
@@ -61,9 +115,16 @@ class OllamaProvider(InferenceProvider):
         )
         self.native_url = server_root(self.base_url)
         self._chat_url = f"{self.native_url}/api/chat"
+        self.adapter_cache_dir = Path(adapter_cache_dir) if adapter_cache_dir is not None else default_cache_dir()
+        self._models = OllamaModels(self._http, self.native_url, self.adapter_cache_dir)
+        self._derived: dict[str, str] = {}  # adapter id -> derived model name on the server
+        self._bases: dict[str, str] = {}  # adapter id -> base model it was created from
+        self._creations: dict[str, int] = {}  # adapter id -> times this object created its model
+        self._heal_lock = asyncio.Lock()
 
     def __repr__(self) -> str:
-        return f"OllamaProvider(base_url={self.base_url!r})"
+        base = f", base_model={self.base_model!r}" if self.base_model else ""
+        return f"OllamaProvider(base_url={self.base_url!r}{base})"
 
     @property
     def timeout(self) -> float:
@@ -75,47 +136,262 @@ class OllamaProvider(InferenceProvider):
         """Retries of transient failures."""
         return self._http.max_retries
 
-    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+    def derived_model(self, adapter_id: str, base_model: str | None = None) -> str:
+        """The name of the Ollama model that holds ``adapter_id`` (loaded, or as it would be named).
+
+        Args:
+            adapter_id: The adapter id.
+            base_model: The base to name it for when the adapter is not loaded; else the provider's.
+
+        Raises:
+            ConfigurationError: The adapter is not loaded and no base model is known.
+        """
+        if adapter_id in self._derived:
+            return self._derived[adapter_id]
+        return derived_model_name(adapter_id, self._base_for(adapter_id, base_model), provider=self.name)
+
+    # Adapters ---------------------------------------------------------------------------------------------
+
+    async def load_adapter(
+        self,
+        adapter_id: str,
+        adapter_path: str | os.PathLike[str],
+        *,
+        replace: bool = False,
+        pin: bool = False,
+        base_model: str | None = None,
+    ) -> None:
+        """Create the Ollama model ``inference-lora/<adapter_id>:<base digest>`` from a base model and the adapter.
+
+        Args:
+            adapter_id: The name to use it by (letters, digits, ``.``, ``_``, ``-``).
+            adapter_path: A GGUF LoRA file, or a PEFT LoRA directory, on this machine (it is uploaded).
+            replace: If the id is loaded from another path, replace it instead of raising.
+            pin: Accepted for the common interface (Ollama adapters are never evicted).
+            base_model: The Ollama model to apply it to; else the provider's ``base_model``
+                (``OLLAMA_BASE_MODEL``).
+
+        Raises:
+            ConfigurationError: No base model is given or configured.
+            AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false.
+            InvalidAdapterError: Nothing usable at the path, a GGUF LoRA for another architecture, or Ollama
+                refused to create the model (``ServerInvalidAdapterError``, with Ollama's sentence).
+            AdapterConversionError: A PEFT adapter that must be converted does not fit the base model.
+            ServerModelNotFoundError: The base model is not on the server (``ollama pull`` it).
+        """
+        adapter_id = validate_adapter_id(adapter_id, provider=self.name)
+        base = self._base_for(adapter_id, base_model, loading=True)
+        derived_model_name(adapter_id, base, provider=self.name)  # refuse an id too long for Ollama now
+        registry = self._adapter_registry
+        known = registry.path_of(adapter_id)
+        if (
+            known is not None
+            and known.startswith(_DISCOVERED)
+            and isinstance(adapter_path, (str, os.PathLike))
+            and os.fspath(adapter_path) != known
+            and registry.in_flight(adapter_id) == 0
+        ):
+            registry.forget(adapter_id)  # found on the server: recreate it from the files the caller names
+        token = _LOAD_BASE.set(base)
+        try:
+            await super().load_adapter(adapter_id, adapter_path, replace=replace, pin=pin)
+        finally:
+            _LOAD_BASE.reset(token)
+
+    def _base_for(self, adapter_id: str, base_model: str | None, *, loading: bool = False) -> str:
+        if base_model is not None and (not isinstance(base_model, str) or not base_model.strip()):
+            raise InvalidRequestError(
+                f"base_model must be an Ollama model name such as 'llama3.2', got {base_model!r}", provider=self.name
+            )
+        base = base_model or (None if loading else self._bases.get(adapter_id)) or self.base_model
+        if not base:
+            raise ConfigurationError(
+                f"Ollama needs a base model to apply adapter {adapter_id!r} to: pass base_model= to load_adapter, "
+                "or set OLLAMA_BASE_MODEL (or the provider's base_model argument) to a pulled model such as "
+                "'llama3.2'",
+                provider=self.name,
+                url=self.base_url,
+            )
+        return base
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        if adapter_path.startswith(_DISCOVERED):
+            raise AdapterNotFoundError(
+                f"adapter {adapter_id!r} was created on the server by another process and its model "
+                f"{adapter_path[len(_DISCOVERED) :]!r} is gone: load it again with load_adapter and its files",
+                provider=self.name,
+            )
+        base = _LOAD_BASE.get() or self._base_for(adapter_id, None)
+        name = derived_model_name(adapter_id, base, provider=self.name)
+        info = await self._models.show(base)
+        files = await self._models.adapter_files(adapter_path, info)
+        digests = {file.name: await self._models.upload_blob(file) for file in files}
+        await self._models.create(name, base, digests, adapter_id=adapter_id)
+        previous = self._derived.get(adapter_id)
+        self._derived[adapter_id], self._bases[adapter_id] = name, base
+        self._creations[adapter_id] = self._creations.get(adapter_id, 0) + 1
+        logger.info("created Ollama model %r for adapter %r (%s on %s)", name, adapter_id, adapter_path, base)
+        if previous is not None and previous != name:  # made earlier on another base: do not leave it behind
+            try:
+                await self._models.delete(previous)
+            except ServerResponseError as error:
+                logger.warning("could not delete the previous model %r of adapter %r: %s", previous, adapter_id, error)
+
+    async def _unload_adapter(self, adapter_id: str) -> None:
+        name = self.derived_model(adapter_id)
+        if not await self._models.delete(name):
+            logger.info("Ollama model %r of adapter %r was already gone", name, adapter_id)
+        self._derived.pop(adapter_id, None)
+        self._bases.pop(adapter_id, None)
+
+    async def _discover_adapter(self, adapter_id: str) -> str | None:
+        """Find a derived model made by an earlier provider (``/api/tags``); prefer the one on our base."""
+        candidates = [
+            (parsed[1], name)
+            for name in await self._models.tags()
+            if (parsed := parse_derived_model_name(name)) is not None and parsed[0] == adapter_id
+        ]
+        if not candidates:
+            return None
+        preferred = base_model_digest(self.base_model) if self.base_model else None
+        name = next((name for tag, name in candidates if tag == preferred), candidates[0][1])
+        self._derived[adapter_id] = name
+        return f"{_DISCOVERED}{name}"
+
+    async def _list_adapters(self) -> list[str]:
+        registry = self._adapter_registry
+        loaded = set(registry.ids())
+        being_unloaded = {adapter_id for adapter_id in self._derived if adapter_id not in loaded}
+        on_server = {parsed[0] for name in await self._models.tags() if (parsed := parse_derived_model_name(name))}
+        return sorted(loaded | (on_server - being_unloaded))
+
+    async def _recreate(self, adapter_id: str | None, creations_seen: int) -> bool:
+        """Create a vanished derived model again from its path, once; ``False`` when that is impossible."""
+        if adapter_id is None:
+            return False
+        path = self._adapter_path(adapter_id)
+        if path is None or path.startswith(_DISCOVERED):
+            return False
+        async with self._heal_lock:
+            if self._creations.get(adapter_id, 0) == creations_seen:  # nobody recreated it meanwhile
+                logger.warning("Ollama lost the model of adapter %r; creating it again from %s", adapter_id, path)
+                await self._load_adapter(adapter_id, path)
+        return True
+
+    # Generation -------------------------------------------------------------------------------------------
+
+    def _model_for(self, request: GenerationRequest) -> str:
+        if request.adapter_id is not None:
+            return self.derived_model(request.adapter_id)
         if not request.model:
             raise InvalidRequestError(
                 "Ollama needs a model name: pass model= (e.g. 'llama3.2'; `ollama list` shows what is pulled)",
                 provider=self.name,
             )
-        if request.adapter_id is not None:
-            logger.warning(
-                "Ollama has no runtime adapters: ignoring adapter_id %r and generating with the base model %r",
-                request.adapter_id,
-                request.model,
-            )
-        operation = f"generate with model {request.model!r}"
-        response = await self._http.request(
-            "POST",
-            self._chat_url,
-            operation=operation,
-            json_body=_chat_body(request),
-            handlers={404: lambda answer: self._not_found(answer, request.model)},
-        )
-        body = self._http.parse_json(response, operation=operation)
+        return request.model
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        for attempt in range(2):
+            creations = self._creations.get(request.adapter_id or "", 0)
+            model = self._model_for(request)
+            operation = f"generate with model {model!r}"
+            try:
+                response = await self._http.request(
+                    "POST",
+                    self._chat_url,
+                    operation=operation,
+                    json_body=_chat_body(request, model, stream=False),
+                    handlers=self._handlers(model),
+                )
+            except ServerModelNotFoundError:
+                if attempt or not await self._recreate(request.adapter_id, creations):
+                    raise
+                continue
+            body = self._http.parse_json(response, operation=operation)
+            try:
+                text = body["message"]["content"]
+                if not isinstance(text, str):
+                    raise TypeError("message.content is not a string")
+            except (KeyError, TypeError) as error:
+                problem = f"an answer that is not an Ollama chat reply ({error})"
+                raise self._http.protocol_error(operation, problem) from error
+            return self._result(body, request, model, text, operation)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        for attempt in range(2):
+            creations = self._creations.get(request.adapter_id or "", 0)
+            model = self._model_for(request)
+            operation = f"stream from model {model!r}"
+            body = _chat_body(request, model, stream=True)
+            try:
+                async with self._http.client().stream("POST", self._chat_url, json=body) as response:
+                    if response.is_error:
+                        await response.aread()
+                        raise self._http.error_from_response(
+                            response, operation=operation, handlers=self._handlers(model)
+                        )
+                    pieces: list[str] = []
+                    async for line in response.aiter_lines():
+                        if not line.strip():
+                            continue
+                        event = self._stream_event(line, response, operation)
+                        piece = event["message"]["content"]
+                        if piece:
+                            pieces.append(piece)
+                            yield piece
+                        if event.get("done"):
+                            yield self._result(event, request, model, "".join(pieces), operation)
+                            return
+                    raise self._http.protocol_error(operation, "a stream that ended before its done line")
+            except ServerModelNotFoundError:
+                if attempt or not await self._recreate(request.adapter_id, creations):
+                    raise
+            except InferenceError:
+                raise
+            except httpx.HTTPError as error:
+                raise self._http.error_from_exception(error, operation=operation) from error
+
+    def _stream_event(self, line: str, response: httpx.Response, operation: str) -> dict[str, Any]:
         try:
-            text = body["message"]["content"]
-            if not isinstance(text, str):
-                raise TypeError("message.content is not a string")
+            event = json.loads(line)
+        except ValueError as error:
+            raise self._http.protocol_error(operation, f"a stream line that is not JSON ({error})") from error
+        if isinstance(event, dict) and "error" in event:
+            raise ServerResponseError(
+                f"{self._http.where} failed during {operation}: {event['error']}. The server failed; its log says why",
+                request=response.request,
+                response=response,
+                provider=self.name,
+                url=self.base_url,
+            )
+        message = event.get("message") if isinstance(event, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("content", ""), str):
+            raise self._http.protocol_error(operation, f"a stream line that is not an Ollama chat chunk: {line[:200]}")
+        message.setdefault("content", "")
+        assert isinstance(event, dict)
+        return event
+
+    def _result(
+        self, body: dict[str, Any], request: GenerationRequest, model: str, text: str, operation: str
+    ) -> GenerationResult:
+        try:
             prompt_tokens = int(body.get("prompt_eval_count") or 0)
             completion_tokens = int(body.get("eval_count") or 0)
-            model = str(body.get("model") or request.model)
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise self._http.protocol_error(
-                operation, f"an answer that is not an Ollama chat reply ({error})"
-            ) from error
+        except (TypeError, ValueError) as error:
+            raise self._http.protocol_error(operation, f"token counts that are not numbers ({error})") from error
         return GenerationResult(
             text=text,
-            model=model,
-            adapter_id=None,
+            model=str(body.get("model") or model),
+            adapter_id=request.adapter_id,
             token_count=prompt_tokens + completion_tokens,
             finish_reason="length" if body.get("done_reason") == "length" else "stop",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
+
+    def _handlers(self, model: str) -> ErrorHandlers:
+        return {404: lambda answer: self._not_found(answer, model)}
 
     def _not_found(self, answer: ServerAnswer, model: str) -> ServerResponseError:
         if answer.route_missing:
@@ -126,17 +402,19 @@ class OllamaProvider(InferenceProvider):
                 "llama_cpp.server?); point OLLAMA_BASE_URL (or base_url) at Ollama, or use the vllm provider for "
                 "OpenAI-compatible servers",
             )
-        return answer.error(
-            ServerModelNotFoundError,
-            f"{answer.where} has no model {model!r} ({answer.message}): run `ollama pull {model}` on the server",
-        )
+        if parse_derived_model_name(model) is not None:
+            hint = "the adapter's model was deleted from the server: load the adapter again"
+        else:
+            hint = f"run `ollama pull {model}` on the server"
+        sentence = f"{answer.where} has no model {model!r} ({answer.message}): {hint}"
+        return answer.error(ServerModelNotFoundError, sentence)
 
     async def aclose(self) -> None:
-        """Close the pooled connections. The provider makes new ones if it is used again."""
+        """Close the pooled connections (derived models stay on the server). The provider reconnects if used."""
         await self._http.aclose()
 
 
-def _chat_body(request: GenerationRequest) -> dict[str, Any]:
+def _chat_body(request: GenerationRequest, model: str, *, stream: bool) -> dict[str, Any]:
     """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply."""
     messages = []
     if request.system_prompt is not None:
@@ -154,4 +432,4 @@ def _chat_body(request: GenerationRequest) -> dict[str, Any]:
             options[key] = value
     if request.stop:
         options["stop"] = list(request.stop)
-    return {"model": request.model, "messages": messages, "stream": False, "options": options}
+    return {"model": model, "messages": messages, "stream": stream, "options": options}

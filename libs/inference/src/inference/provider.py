@@ -182,7 +182,9 @@ class InferenceProvider(ABC):
             True
 
         Raises:
-            The same errors as :meth:`generate`, when iteration starts.
+            InvalidRequestError: An argument is invalid (raised when iteration starts, like every error here).
+            AdapterNotFoundError: ``adapter_id`` is not loaded.
+            ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
         request = GenerationRequest.from_arguments(
             provider=self.name,
