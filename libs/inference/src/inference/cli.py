@@ -4,8 +4,10 @@ Each subcommand is one small function that takes the parsed arguments and return
 :func:`build_parser` wires them up, so adding a subcommand is adding a ``_add_<name>`` and a handler.
 
 Exit status: 0 on success, 1 when the SDK refuses or fails (the sentence goes to stderr), 2 for usage errors.
+``--json`` makes a command print one JSON object on stdout (JSON lines for ``generate --stream``).
 
 Example:
+    $ inference generate "Hello" --provider llamacpp --model-path base.gguf --max-tokens 16 --temperature 0
     $ inference convert-adapter adapters/support --base models/qwen2.5-0.5b.gguf -o adapters/support.gguf
     adapters/support.gguf
 """
@@ -13,16 +15,53 @@ Example:
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.util
+import json
+import os
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from inference import __version__
-from inference.exceptions import InferenceError
+from inference.config import SETTINGS, resolve_provider_type, resolve_settings
+from inference.exceptions import AdapterNotFoundError, ConfigurationError, InferenceError
+from inference.registry import PROVIDER_EXTRAS, PROVIDER_REGISTRY
 
-__all__ = ["build_parser", "main"]
+__all__ = ["PROVIDER_PACKAGES", "build_parser", "main"]
 
 Handler = Callable[[argparse.Namespace], int]
+_T = TypeVar("_T")
+_Subcommands = argparse._SubParsersAction  # argparse gives the type no public name
+
+SERVER_PROVIDERS = ("vllm", "ollama")
+"""Providers that talk to a server, whose adapters outlive the process."""
+
+PROVIDER_PACKAGES: dict[str, tuple[str, ...]] = {
+    "vllm": ("openai", "httpx"),
+    "ollama": ("openai", "httpx"),
+    "llamacpp": ("llama_cpp", "gguf", "numpy", "safetensors"),
+    "transformers": ("torch", "transformers", "peft", "accelerate", "gguf", "safetensors"),
+    "fake": (),
+}
+"""The import names each provider needs (what its pip extra installs)."""
+
+_GENERATION_TYPES: dict[str, Callable[[str], Any]] = {
+    "model": str,
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "repetition_penalty": float,
+    "seed": int,
+    "stop": str,
+}
+
+
+class _UsageError(Exception):
+    """The command line does not make sense (exit status 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,14 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="inference",
         description="Tools of the inference-adapters SDK (async inference with a LoRA adapter lifecycle).",
         epilog=(
-            "Run 'inference COMMAND --help' for a command's options.\n"
-            "Exit status: 0 success, 1 the SDK refused or failed (reason on stderr), 2 usage error."
+            "Run 'inference COMMAND --help' for a command's options and examples.\n"
+            "Exit status: 0 success, 1 the SDK refused or failed (reason on stderr), 2 usage error.\n"
+            "Settings not given on the command line come from the environment (see .env.example)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subcommands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_generate(subcommands)
+    _add_adapters(subcommands)
     _add_convert_adapter(subcommands)
+    _add_eval(subcommands)
+    _add_providers(subcommands)
     return parser
 
 
@@ -63,13 +107,376 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return handler(args)
+    except _UsageError as error:
+        print(f"inference: usage error: {error}", file=sys.stderr)
+        return 2
     except InferenceError as error:
         print(f"inference: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("inference: interrupted", file=sys.stderr)
+        return 130
 
 
-def _add_convert_adapter(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = subcommands.add_parser(
+# Shared options --------------------------------------------------------------------------------------------
+
+
+def _parser(
+    subcommands: _Subcommands[argparse.ArgumentParser], name: str, *, help: str, description: str, epilog: str
+) -> argparse.ArgumentParser:
+    command: argparse.ArgumentParser = subcommands.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return command
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _add_provider_options(command: argparse.ArgumentParser, *, in_process: bool = True) -> None:
+    group = command.add_argument_group("provider")
+    group.add_argument(
+        "--provider",
+        metavar="NAME",
+        help=f"provider type: {', '.join(sorted(PROVIDER_REGISTRY))} (default: $INFERENCE_PROVIDER, else vllm)",
+    )
+    group.add_argument("--base-url", metavar="URL", help="server URL for vllm/ollama (default: $VLLM_BASE_URL...)")
+    if in_process:
+        group.add_argument(
+            "--model-path",
+            metavar="PATH",
+            help="in-process model: the GGUF file (llamacpp model_path) or model directory (transformers model_name)",
+        )
+        group.add_argument("--device", metavar="DEVICE", help="transformers device: cpu, cuda, cuda:1...")
+    group.add_argument(
+        "--set",
+        dest="settings",
+        metavar="KEY=VALUE",
+        action="append",
+        type=_key_value,
+        default=[],
+        help="a provider setting (n_ctx=2048, max_adapters=4, timeout=30...; see .env.example); repeatable",
+    )
+
+
+def _add_generation_options(command: argparse.ArgumentParser, *, max_tokens_default: int | None) -> None:
+    group = command.add_argument_group("generation")
+    group.add_argument("--model", metavar="NAME", help="model name on the server (in-process providers ignore it)")
+    default = f" (default: {max_tokens_default})" if max_tokens_default else ""
+    group.add_argument("--max-tokens", type=int, metavar="N", help=f"most tokens to generate{default}")
+    group.add_argument("--temperature", type=float, metavar="T", help="sampling temperature; 0 is greedy")
+    group.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling mass in (0, 1]")
+    group.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
+    group.add_argument("--repetition-penalty", type=float, metavar="R", help="above 1 discourages repeats")
+    group.add_argument("--seed", type=int, metavar="N", help="sampling seed, for reproducible output")
+    group.add_argument("--stop", action="append", metavar="TEXT", help="a string that ends the generation; repeatable")
+
+
+def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> dict[str, Any]:
+    """The step config the options describe: ``provider``, provider settings, and generation settings."""
+    provider_type = resolve_provider_type(args.provider)
+    settings = {setting.key: setting for setting in SETTINGS[provider_type]}
+    config: dict[str, Any] = {"provider": provider_type}
+    if args.base_url is not None:
+        config["base_url"] = args.base_url
+    if getattr(args, "model_path", None) is not None:
+        key = {"llamacpp": "model_path", "transformers": "model_name"}.get(provider_type)
+        if key is None:
+            raise _UsageError(
+                f"--model-path is for the in-process providers (llamacpp, transformers), not {provider_type}"
+            )
+        config[key] = args.model_path
+    if getattr(args, "device", None) is not None:
+        if "device" not in settings:
+            raise _UsageError(f"--device is a transformers setting; the {provider_type} provider has none")
+        config["device"] = args.device
+    for key, text in args.settings:
+        if key in settings:
+            try:
+                config[key] = settings[key].parse(text)
+            except ValueError:
+                raise _UsageError(f"--set {key}={text!r}: {settings[key].description} must be a valid value") from None
+        elif generation_keys and key in _GENERATION_TYPES:
+            try:
+                value = _GENERATION_TYPES[key](text)
+            except ValueError:
+                raise _UsageError(f"--set {key}={text!r} is not a valid {key}") from None
+            config[key] = [*config.get(key, []), value] if key == "stop" else value
+        else:
+            valid = sorted(settings) + (sorted(_GENERATION_TYPES) if generation_keys else [])
+            raise _UsageError(
+                f"--set {key}: not a setting of the {provider_type} provider; valid keys: {', '.join(valid) or 'none'}"
+            )
+    for key in _GENERATION_TYPES:
+        value = getattr(args, key, None)
+        if value is not None:
+            config[key] = value
+    return config
+
+
+def _sampling(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: config[key] for key in _GENERATION_TYPES if key != "model" and config.get(key) is not None}
+
+
+def _run_async(work: Callable[[], Awaitable[_T]]) -> _T:
+    """Run ``work`` on a fresh event loop and close every provider it used before returning."""
+    from inference.factory import aclose_all_providers
+
+    async def run() -> _T:
+        try:
+            return await work()
+        finally:
+            await aclose_all_providers()
+
+    return asyncio.run(run())
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, ensure_ascii=False), flush=True)
+
+
+# generate --------------------------------------------------------------------------------------------------
+
+
+def _add_generate(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
+    command = _parser(
+        subcommands,
+        "generate",
+        help="generate a completion for one prompt, optionally with an adapter",
+        description=(
+            "Generate a completion for PROMPT with any provider and print it. --adapter takes an adapter id "
+            "already loaded on a server, or a path (PEFT directory or GGUF LoRA file), which is loaded for this "
+            "command (and unloaded afterwards on a server)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  inference generate 'Hello' --provider llamacpp --model-path base.gguf --max-tokens 32 --temperature 0\n"
+            "  inference generate 'Hello' --provider llamacpp --model-path base.gguf --adapter adapters/style\n"
+            "  inference generate 'Hi' --provider vllm --base-url http://localhost:8100/v1 \\\n"
+            "      --model Qwen/Qwen2.5-0.5B --adapter support --stream\n"
+            "  inference generate 'Hi' --provider transformers --model-path models/tiny --device cpu --json\n"
+            "output: the text on stdout; with --json one object {text, model, adapter_id, finish_reason,\n"
+            "prompt_tokens, completion_tokens, token_count, latency_s}; with --stream --json one line\n"
+            '{"type": "text", "text": ...} per piece, then {"type": "result", ...}.'
+        ),
+    )
+    command.add_argument("prompt", metavar="PROMPT", help="the user's text")
+    command.add_argument("--system", metavar="TEXT", help="a system prompt")
+    command.add_argument("--adapter", metavar="ID_OR_PATH", help="a loaded adapter id, or an adapter path to load")
+    command.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    command.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _add_generation_options(command, max_tokens_default=256)
+    _add_provider_options(command)
+    command.set_defaults(handler=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from inference.factory import get_provider_for_step
+
+    config = _step_config(args)
+    sampling = {"max_tokens": 256, **_sampling(config)}
+
+    async def work() -> int:
+        provider = get_provider_for_step(config)
+        adapter_id, loaded_here = await _use_adapter(provider, args.adapter)
+        start = time.perf_counter()
+        try:
+            call = {"model": config.get("model") or "", "adapter_id": adapter_id, "system_prompt": args.system}
+            if args.stream:
+                result = await _print_stream(provider, args.prompt, call | sampling, as_json=args.json)
+            else:
+                result = await provider.generate(args.prompt, **call, **sampling)
+        finally:
+            if loaded_here and not provider.runs_in_process and adapter_id is not None:
+                await provider.unload_adapter(adapter_id)
+        latency = time.perf_counter() - start
+        if args.json:
+            fields = _result_fields(result, latency)
+            _print_json({"type": "result", **fields} if args.stream else fields)
+        elif not args.stream:
+            print(result.text)
+        return 0
+
+    return _run_async(work)
+
+
+async def _use_adapter(provider: Any, adapter: str | None) -> tuple[str | None, bool]:
+    """The adapter id to generate with, and whether this command loaded it (from a path)."""
+    if adapter is None:
+        return None, False
+    from inference.evaluation.inputs import adapter_id_for
+
+    if Path(adapter).exists():
+        adapter_id = adapter_id_for(adapter)
+        await provider.load_adapter(adapter_id, os.path.abspath(adapter))
+        return adapter_id, True
+    if provider.runs_in_process:
+        raise AdapterNotFoundError(
+            f"{adapter!r} is not an adapter path, and the {provider.name} provider runs in this process, where no "
+            "adapter is loaded yet: pass --adapter PATH (a PEFT directory or GGUF LoRA file)",
+            provider=provider.name,
+            path=adapter,
+        )
+    return adapter, False
+
+
+async def _print_stream(provider: Any, prompt: str, call: dict[str, Any], *, as_json: bool) -> Any:
+    stream = getattr(provider, "stream", None)
+    if stream is None:  # a provider from before streaming: one piece
+        result = await provider.generate(prompt, **call)
+        events: list[Any] = [result.text, result]
+        source: Any = _aiter(events)
+    else:
+        source = stream(prompt, **call)
+    result = None
+    async for event in source:
+        if isinstance(event, str):
+            if as_json:
+                _print_json({"type": "text", "text": event})
+            else:
+                sys.stdout.write(event)
+                sys.stdout.flush()
+        else:
+            result = event
+    if not as_json:
+        print(flush=True)
+    if result is None:
+        raise InferenceError(f"the {provider.name} provider's stream ended without a result", provider=provider.name)
+    return result
+
+
+async def _aiter(items: list[Any]) -> Any:
+    for item in items:
+        yield item
+
+
+def _result_fields(result: Any, latency_s: float) -> dict[str, Any]:
+    return {
+        "text": result.text,
+        "model": result.model,
+        "adapter_id": result.adapter_id,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "token_count": result.token_count,
+        "latency_s": round(latency_s, 6),
+    }
+
+
+# adapters load | unload | list ------------------------------------------------------------------------------
+
+
+def _add_adapters(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
+    command = _parser(
+        subcommands,
+        "adapters",
+        help="load, unload or list the adapters of a server (vllm, ollama)",
+        description=(
+            "Manage the LoRA adapters a server holds (vllm, ollama). Adapters loaded on a server stay there for "
+            "other processes. The in-process providers (llamacpp, transformers) keep adapters only inside the "
+            "process that loaded them, so this command refuses them: use 'inference generate --adapter PATH', "
+            "'inference eval', or the Python API."
+        ),
+        epilog=(
+            "examples:\n"
+            "  inference adapters load support /models/adapters/support --provider vllm --base-url http://gpu:8100/v1\n"
+            "  inference adapters list --provider vllm --json\n"
+            "  inference adapters unload support --provider vllm\n"
+            "the PATH is read by the server: give a path on the server's machine."
+        ),
+    )
+    actions = command.add_subparsers(title="actions", metavar="ACTION")
+    load = actions.add_parser("load", help="load an adapter under an id", description="Load an adapter on the server.")
+    load.add_argument("adapter_id", metavar="ID", help="the id to use it by (letters, digits, '.', '_', '-')")
+    load.add_argument("path", metavar="PATH", help="the adapter directory, as the server sees it")
+    unload = actions.add_parser("unload", help="unload an adapter", description="Unload an adapter from the server.")
+    unload.add_argument("adapter_id", metavar="ID", help="the adapter id")
+    listing = actions.add_parser("list", help="list the loaded adapters", description="List the server's adapters.")
+    for action, handler in ((load, _adapters_load), (unload, _adapters_unload), (listing, _adapters_list)):
+        action.add_argument("--json", action="store_true", help="print JSON for scripts")
+        _add_provider_options(action, in_process=False)
+        action.set_defaults(handler=handler)
+    command.set_defaults(handler=lambda _args: _missing_action(command))
+
+
+def _missing_action(command: argparse.ArgumentParser) -> int:
+    command.print_usage(sys.stderr)
+    print("inference adapters: usage error: choose an action: load, unload or list", file=sys.stderr)
+    return 2
+
+
+def _server_provider(args: argparse.Namespace) -> Any:
+    from inference.factory import get_provider_for_step
+
+    config = _step_config(args)
+    if config["provider"] not in SERVER_PROVIDERS:
+        raise _UsageError(
+            f"the {config['provider']} provider runs in process: its adapters live only in the process that loaded "
+            "them, so there is nothing to manage from the command line; choose --provider vllm or ollama, or use "
+            "'inference generate --adapter PATH' / 'inference eval'"
+        )
+    return get_provider_for_step(config)
+
+
+def _adapters_load(args: argparse.Namespace) -> int:
+    provider = _server_provider(args)
+    path = os.path.abspath(args.path) if Path(args.path).exists() else args.path
+
+    async def work() -> None:
+        await provider.load_adapter(args.adapter_id, path)
+
+    _run_async(work)
+    if args.json:
+        _print_json({"loaded": args.adapter_id, "path": path, "provider": provider.name})
+    else:
+        print(f"loaded {args.adapter_id} from {path}")
+    return 0
+
+
+def _adapters_unload(args: argparse.Namespace) -> int:
+    provider = _server_provider(args)
+
+    async def work() -> None:
+        await provider.unload_adapter(args.adapter_id)
+
+    _run_async(work)
+    if args.json:
+        _print_json({"unloaded": args.adapter_id, "provider": provider.name})
+    else:
+        print(f"unloaded {args.adapter_id}")
+    return 0
+
+
+def _adapters_list(args: argparse.Namespace) -> int:
+    provider = _server_provider(args)
+
+    async def work() -> list[str]:
+        adapters: list[str] = await provider.list_adapters()
+        return adapters
+
+    adapters = _run_async(work)
+    if args.json:
+        _print_json({"adapters": adapters, "provider": provider.name})
+    else:
+        for adapter_id in adapters:
+            print(adapter_id)
+    return 0
+
+
+# convert-adapter ---------------------------------------------------------------------------------------------
+
+
+def _add_convert_adapter(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
+    command = _parser(
+        subcommands,
         "convert-adapter",
         help="convert a PEFT LoRA adapter directory into a GGUF LoRA file for llama.cpp",
         description=(
@@ -82,7 +489,6 @@ def _add_convert_adapter(subcommands: argparse._SubParsersAction[argparse.Argume
             "  inference convert-adapter adapters/support --base models/base.gguf -o adapters/support.gguf\n"
             "then: Llama(model_path='models/base.gguf', lora_path='adapters/support.gguf')"
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     command.add_argument("peft_dir", metavar="PEFT_DIR", type=Path, help="the PEFT LoRA adapter directory")
     command.add_argument("--base", required=True, type=Path, metavar="MODEL.gguf", help="the base model's GGUF file")
@@ -98,6 +504,217 @@ def _convert_adapter(args: argparse.Namespace) -> int:
     output = convert_peft_to_gguf(args.peft_dir, args.base, args.output)
     print(output)
     return 0
+
+
+# eval --------------------------------------------------------------------------------------------------------
+
+
+def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
+    command = _parser(
+        subcommands,
+        "eval",
+        help="evaluate many adapters on a prompt set (resumable JSONL results, scoring, summary)",
+        description=(
+            "For each adapter: load it, generate every prompt of the prompt set (at most --concurrency requests "
+            "at once), unload it. One JSONL row per (adapter, prompt) is written to --output as it finishes; "
+            "running the same command again resumes (pairs already in the file are skipped). An adapter that "
+            "cannot be loaded gets one row per prompt with the load error, and the run goes on. At the end a "
+            "per-adapter table (score, mean latency, tokens/s, errors) is printed and written as CSV next to the "
+            "output (results.jsonl -> results.summary.csv). A progress bar is drawn on stderr when it is a terminal."
+        ),
+        epilog=(
+            "prompt set (JSONL, one object per line):\n"
+            '  {"id": "q1", "prompt": "2+2=", "expected": "4"}\n'
+            '  {"id": "q2", "prompt": "Capital of France?", "system_prompt": "One word.", "expected": "Paris"}\n'
+            "examples:\n"
+            "  inference eval --adapters 'runs/*/adapter' --prompts prompts.jsonl --output results.jsonl \\\n"
+            "      --provider llamacpp --model-path base.gguf --max-tokens 64 --temperature 0 --score exact\n"
+            "  inference eval --adapters a1 a2 --prompts p.jsonl --output r.jsonl --provider vllm \\\n"
+            "      --base-url http://gpu:8100/v1 --model Qwen/Qwen2.5-0.5B --score regex --concurrency 16\n"
+            "  inference eval ... --score mypkg.scoring:f1    # f1(output, expected, row) -> float | bool\n"
+            "exit status: 0 when the run finished (rows may carry errors: see the errors column), 1 when the run\n"
+            "could not start or every row failed, 2 usage error. --json prints the summary as one JSON object."
+        ),
+    )
+    command.add_argument(
+        "--adapters",
+        required=True,
+        nargs="+",
+        action="extend",
+        metavar="PATH_OR_GLOB",
+        help="adapter directories, GGUF LoRA files or globs (quote them); repeatable. The id is the name",
+    )
+    command.add_argument("--prompts", required=True, type=Path, metavar="FILE", help="the prompt set (JSONL)")
+    command.add_argument(
+        "--output", required=True, type=Path, metavar="FILE", help="results JSONL (resumed if present)"
+    )
+    command.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (default: 4)")
+    command.add_argument(
+        "--score", metavar="exact|regex|pkg.mod:func", help="score each row: exact match, regex search, or a function"
+    )
+    command.add_argument("--json", action="store_true", help="print the summary as JSON for scripts")
+    command.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    _add_generation_options(command, max_tokens_default=256)
+    _add_provider_options(command)
+    command.set_defaults(handler=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from inference.evaluation import TerminalProgress, evaluate_adapters
+
+    if args.concurrency < 1:
+        raise _UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.score and ":" not in args.score and args.score not in ("exact", "regex"):
+        raise _UsageError(f"--score {args.score!r}: use exact, regex or an import path pkg.module:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # let --score find the user's own modules
+        sys.path.insert(0, os.getcwd())
+    config = _step_config(args, generation_keys=True)
+    progress = TerminalProgress(sys.stderr, enabled=False if args.no_progress else None)
+    try:
+        summary = _run_async(
+            lambda: evaluate_adapters(
+                args.adapters,
+                args.prompts,
+                config,
+                args.output,
+                max_concurrency=args.concurrency,
+                scorer=args.score,
+                on_progress=progress,
+            )
+        )
+    finally:
+        progress.close()
+    if args.json:
+        _print_json(summary.to_dict())
+    else:
+        print(summary.format_table())
+        print(
+            f"\nresults: {summary.output}  summary: {summary.csv_path}  "
+            f"({summary.rows_written} rows written, {summary.rows_resumed} resumed)"
+        )
+    rows = sum(adapter.rows for adapter in summary.adapters)
+    if rows and summary.errors == rows:
+        first = next(adapter for adapter in summary.adapters if adapter.errors)
+        detail = first.load_error or "see the error field of the rows"
+        print(f"inference: error: every row failed (first adapter {first.adapter_id}: {detail})", file=sys.stderr)
+        return 1
+    if summary.errors:
+        print(f"inference: {summary.errors} of {rows} rows have errors (see {summary.output})", file=sys.stderr)
+    return 0
+
+
+# providers ---------------------------------------------------------------------------------------------------
+
+
+def _add_providers(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
+    command = _parser(
+        subcommands,
+        "providers",
+        help="show which providers are installed and whether their servers answer",
+        description=(
+            "For each provider: whether the Python packages of its extra are installed (checked without importing "
+            "them), and for the servers (vllm, ollama) whether the configured URL answers; for the in-process "
+            "providers, the configured model. Always exits 0 when it could check; read the table or --json."
+        ),
+        epilog=(
+            "examples:\n"
+            "  inference providers\n"
+            "  inference providers --vllm-url http://gpu:8100/v1 --timeout 5 --json\n"
+            "URLs come from --vllm-url / --ollama-url, else VLLM_BASE_URL / OLLAMA_BASE_URL, else the defaults."
+        ),
+    )
+    command.add_argument("--vllm-url", metavar="URL", help="vLLM base URL to check")
+    command.add_argument("--ollama-url", metavar="URL", help="Ollama base URL to check")
+    command.add_argument("--timeout", type=float, default=2.0, metavar="S", help="seconds per URL check (default: 2)")
+    command.add_argument("--json", action="store_true", help="print JSON for scripts")
+    command.set_defaults(handler=_providers)
+
+
+def _providers(args: argparse.Namespace) -> int:
+    urls = {"vllm": args.vllm_url, "ollama": args.ollama_url}
+    reports = [_provider_report(name, urls.get(name)) for name in PROVIDER_REGISTRY]
+    checks = {report["name"]: report["base_url"] for report in reports if report["base_url"]}
+    reachability = asyncio.run(_check_urls(checks, args.timeout)) if checks else {}
+    for report in reports:
+        if report["name"] in reachability:
+            report["reachable"], report["detail"] = reachability[report["name"]]
+    if args.json:
+        _print_json({"providers": reports})
+        return 0
+    for report in reports:
+        state = "installed" if report["installed"] else f"missing {', '.join(report['missing'])}"
+        if not report["installed"] and report["extra"]:
+            state += f" (pip install 'inference-adapters[{report['extra']}]')"
+        line = f"{report['name']:<13} {state}"
+        if report["base_url"]:
+            line += f"; {report['base_url']} " + ("reachable" if report["reachable"] else "unreachable")
+        if report["detail"]:
+            line += f" ({report['detail']})"
+        print(line)
+    return 0
+
+
+def _provider_report(name: str, url: str | None) -> dict[str, Any]:
+    missing = [package for package in PROVIDER_PACKAGES.get(name, ()) if not _installed(package)]
+    report: dict[str, Any] = {
+        "name": name,
+        "installed": not missing,
+        "missing": missing,
+        "extra": PROVIDER_EXTRAS.get(name),
+        "server": name in SERVER_PROVIDERS,
+        "base_url": None,
+        "reachable": None,
+        "detail": None,
+    }
+    try:
+        settings = resolve_settings(name, {"base_url": url} if url else {})
+    except ConfigurationError as error:
+        report["detail"] = str(error)
+        return report
+    if name in SERVER_PROVIDERS:
+        report["base_url"] = settings["base_url"]
+    elif name == "llamacpp":
+        report["detail"] = _model_detail(settings.get("model_path"), "LLAMACPP_MODEL_PATH")
+    elif name == "transformers":
+        report["detail"] = _model_detail(settings.get("model_name"), "TRANSFORMERS_MODEL_NAME")
+    return report
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _model_detail(model: str | None, variable: str) -> str:
+    if not model:
+        return f"no model configured (set {variable})"
+    return f"model {model}" + ("" if Path(model).exists() else " (not found on this machine)")
+
+
+async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[bool, str | None]]:
+    try:
+        import httpx
+    except ImportError:
+        return {name: (False, "cannot check: httpx is not installed") for name in urls}
+
+    async def check(client: httpx.AsyncClient, base_url: str) -> tuple[bool, str | None]:
+        reachable, notes = True, []
+        for url in base_url.split(","):
+            try:
+                response = await client.get(f"{url}/models")
+            except httpx.HTTPError as error:
+                reachable = False
+                notes.append(f"{url}: {type(error).__name__}")
+                continue
+            if response.status_code >= 400:  # something answers: reachable, but say what it said
+                notes.append(f"{url}: answered HTTP {response.status_code}")
+        return reachable, "; ".join(notes) or None
+
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        answers = await asyncio.gather(*(check(client, url) for url in urls.values()))
+    return dict(zip(urls, answers, strict=True))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""Evaluate many LoRA adapters on one prompt set: resumable JSONL results, scoring, a per-adapter summary.
+
+Example:
+    >>> import asyncio
+    >>> from inference.evaluation import evaluate_adapters
+    >>> summary = asyncio.run(evaluate_adapters(  # doctest: +SKIP
+    ...     "runs/*/adapter", "prompts.jsonl",
+    ...     {"provider": "llamacpp", "model_path": "base.gguf", "max_tokens": 64, "temperature": 0},
+    ...     "results.jsonl", scorer="exact"))
+    >>> print(summary.format_table())  # doctest: +SKIP
+
+See ``docs/evaluation.md`` for the file formats and resumption rules.
+"""
+
+from __future__ import annotations
+
+from inference.evaluation.inputs import AdapterSpec, EvalPrompt, adapter_id_for, discover_adapters, load_prompts
+from inference.evaluation.progress import Progress, TerminalProgress
+from inference.evaluation.rows import ROW_FIELDS, read_rows
+from inference.evaluation.runner import DEFAULT_MAX_TOKENS, GENERATION_KEYS, evaluate_adapters, generation_settings
+from inference.evaluation.scoring import SCORERS, Scorer, exact_match, regex_match, resolve_scorer
+from inference.evaluation.summary import AdapterSummary, AdapterTimings, EvaluationSummary, summary_csv_path
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "GENERATION_KEYS",
+    "ROW_FIELDS",
+    "SCORERS",
+    "AdapterSpec",
+    "AdapterSummary",
+    "AdapterTimings",
+    "EvalPrompt",
+    "EvaluationSummary",
+    "Progress",
+    "Scorer",
+    "TerminalProgress",
+    "adapter_id_for",
+    "discover_adapters",
+    "evaluate_adapters",
+    "exact_match",
+    "generation_settings",
+    "load_prompts",
+    "read_rows",
+    "regex_match",
+    "resolve_scorer",
+    "summary_csv_path",
+]

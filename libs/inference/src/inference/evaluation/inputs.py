@@ -1,0 +1,193 @@
+"""What an evaluation runs on: the prompt set (a JSONL file) and the adapters (directories, files or globs)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference._validation import ADAPTER_ID_PATTERN
+from inference.exceptions import InvalidRequestError
+
+__all__ = ["AdapterSpec", "EvalPrompt", "adapter_id_for", "discover_adapters", "load_prompts", "parse_prompts"]
+
+_GLOB_CHARACTERS = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class EvalPrompt:
+    """One prompt of the prompt set.
+
+    Attributes:
+        id: Unique within the set; with the adapter id it keys a result row (and resumption).
+        prompt: The user's text.
+        system_prompt: An optional system message.
+        expected: The expected answer (exact match), a pattern (regex scoring), or anything a user scorer reads.
+    """
+
+    id: str
+    prompt: str
+    system_prompt: str | None = None
+    expected: str | None = None
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One adapter to evaluate.
+
+    Attributes:
+        id: The adapter id it is loaded under (derived from its directory or file name).
+        path: Where it is.
+    """
+
+    id: str
+    path: Path
+
+
+def load_prompts(path: str | os.PathLike[str]) -> list[EvalPrompt]:
+    """Read a prompt set: one JSON object per line with ``id``, ``prompt``, optional ``system_prompt``, ``expected``.
+
+    Blank lines are skipped. Ids may be strings or integers (kept as text) and must be unique.
+
+    Raises:
+        InvalidRequestError: The file is missing, a line is not such an object, or an id repeats; the message
+            names the line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise InvalidRequestError(
+            f"cannot read the prompt set {path}: {error.strerror or error}", path=str(path)
+        ) from error
+    return parse_prompts(text.splitlines(), source=str(path))
+
+
+def parse_prompts(lines: Iterable[str], *, source: str = "<prompts>") -> list[EvalPrompt]:
+    """Parse prompt-set lines (see :func:`load_prompts`); ``source`` names them in error messages."""
+    prompts: list[EvalPrompt] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InvalidRequestError(f"{where} is not JSON ({error.msg})", path=source) from error
+        prompt = _prompt_from_record(record, where, source)
+        if prompt.id in seen:
+            raise InvalidRequestError(
+                f"{where}: id {prompt.id!r} was already used on line {seen[prompt.id]}; ids must be unique",
+                path=source,
+            )
+        seen[prompt.id] = number
+        prompts.append(prompt)
+    if not prompts:
+        raise InvalidRequestError(f"the prompt set {source} has no prompts", path=source)
+    return prompts
+
+
+def _prompt_from_record(record: Any, where: str, source: str) -> EvalPrompt:
+    if not isinstance(record, Mapping):
+        raise InvalidRequestError(f"{where} must be a JSON object with 'id' and 'prompt'", path=source)
+    prompt_id = record.get("id")
+    if isinstance(prompt_id, bool) or not isinstance(prompt_id, (str, int)) or str(prompt_id) == "":
+        raise InvalidRequestError(
+            f"{where}: 'id' must be a non-empty string or an integer, got {prompt_id!r}", path=source
+        )
+    fields: dict[str, str | None] = {}
+    for key, required in (("prompt", True), ("system_prompt", False), ("expected", False)):
+        value = record.get(key)
+        if value is None and not required:
+            fields[key] = None
+        elif isinstance(value, str):
+            fields[key] = value
+        else:
+            kind = "a string" if required else "a string or null"
+            raise InvalidRequestError(f"{where}: {key!r} must be {kind}, got {value!r}", path=source)
+    return EvalPrompt(str(prompt_id), str(fields["prompt"]), fields["system_prompt"], fields["expected"])
+
+
+def adapter_id_for(path: str | os.PathLike[str]) -> str:
+    """The adapter id an evaluation uses for ``path``: its name (a file's stem), made a valid adapter id.
+
+    Characters other than letters, digits, ``.``, ``_`` and ``-`` become ``-``; leading separators are
+    dropped; the result is cut to 128 characters.
+
+    Example:
+        >>> adapter_id_for("runs/step 100/")
+        'step-100'
+    """
+    path = Path(path)
+    name = path.stem if path.suffix.lower() == ".gguf" else path.name
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("._-")[:128].rstrip("-") or "adapter"
+    if not ADAPTER_ID_PATTERN.match(cleaned):  # pragma: no cover - the substitutions above make it valid
+        cleaned = "adapter"
+    return cleaned
+
+
+def discover_adapters(specs: Sequence[str | os.PathLike[str]]) -> list[AdapterSpec]:
+    """Expand adapter paths and globs into :class:`AdapterSpec` s with unique ids.
+
+    Each item is a directory or file (a PEFT directory, or a GGUF LoRA file for llama.cpp) or a glob
+    (``runs/*/adapter``). Matches of a glob are sorted; a path named twice is kept once. When two adapters
+    get the same id (``runs/1/adapter`` and ``runs/2/adapter``), the parent directory names are prefixed
+    (``1-adapter``), then a counter is appended, so ids are unique and stable between runs.
+
+    Raises:
+        InvalidRequestError: No adapters given, a path does not exist, or a glob matches nothing.
+    """
+    if isinstance(specs, (str, os.PathLike)):
+        specs = [specs]
+    paths: list[Path] = []
+    for spec in specs:
+        text = os.fspath(spec)
+        if _GLOB_CHARACTERS.search(text) and not Path(text).exists():
+            matches = sorted(glob.glob(os.path.expanduser(text)))
+            if not matches:
+                raise InvalidRequestError(f"the adapter glob {text!r} matches nothing", path=text)
+            paths += [Path(match) for match in matches]
+        else:
+            path = Path(text).expanduser()
+            if not path.exists():
+                raise InvalidRequestError(
+                    f"adapter path {text} does not exist: give a PEFT adapter directory, a GGUF LoRA file or a glob",
+                    path=text,
+                )
+            paths.append(path)
+    unique: list[Path] = []
+    seen: set[Path] = set()
+    for path in paths:
+        resolved = path.resolve()
+        if resolved not in seen:
+            seen.add(resolved)
+            unique.append(path)
+    if not unique:
+        raise InvalidRequestError("no adapters given: pass adapter directories, GGUF LoRA files or a glob")
+    return [AdapterSpec(adapter_id, path) for adapter_id, path in zip(_unique_ids(unique), unique, strict=True)]
+
+
+def _unique_ids(paths: list[Path]) -> list[str]:
+    names = [adapter_id_for(path) for path in paths]
+    ids = [
+        adapter_id_for(f"{path.resolve().parent.name}-{name}")
+        if names.count(name) > 1 and path.resolve().parent.name
+        else name
+        for name, path in zip(names, paths, strict=True)
+    ]
+    taken: set[str] = set()
+    result: list[str] = []
+    for adapter_id in ids:
+        candidate, counter = adapter_id, 2
+        while candidate in taken:
+            candidate = f"{adapter_id[:120]}-{counter}"
+            counter += 1
+        taken.add(candidate)
+        result.append(candidate)
+    return result

@@ -1,0 +1,333 @@
+"""The evaluation loop: for each adapter, load it, answer every prompt with bounded concurrency, unload it.
+
+Rows go to the results file as they finish (see :mod:`inference.evaluation.rows`), so a run killed at any
+point and started again with the same output skips the (adapter, prompt) pairs already there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inference._validation import GenerationRequest
+from inference.evaluation.inputs import AdapterSpec, EvalPrompt, discover_adapters, load_prompts
+from inference.evaluation.progress import Progress
+from inference.evaluation.rows import ResultsWriter, open_results, read_rows, row_key
+from inference.evaluation.scoring import Scorer, resolve_scorer, score_value
+from inference.evaluation.summary import AdapterTimings, EvaluationSummary, summarise, summary_csv_path
+from inference.exceptions import (
+    ConfigurationError,
+    InvalidRequestError,
+    MissingDependencyError,
+    ModelError,
+    ProviderUnavailableError,
+    UnsupportedOperationError,
+)
+from inference.factory import get_provider_for_step
+from inference.provider import GenerationResult, InferenceProvider
+
+__all__ = ["DEFAULT_MAX_TOKENS", "GENERATION_KEYS", "evaluate_adapters", "generation_settings"]
+
+logger = logging.getLogger("inference.evaluation")
+
+GENERATION_KEYS = ("model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop")
+"""Keys of the provider config that are generation settings (the rest configure the provider)."""
+
+DEFAULT_MAX_TOKENS = 256
+"""``max_tokens`` when the provider config gives none."""
+
+
+def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "evaluation") -> dict[str, Any]:
+    """The generation settings of a provider config, checked as ``generate`` would check them.
+
+    ``model`` defaults to ``""`` (in-process providers use their loaded model) and ``max_tokens`` to
+    :data:`DEFAULT_MAX_TOKENS`; the other settings default to the backend's own.
+
+    Raises:
+        InvalidRequestError: A setting is out of range or of the wrong type.
+    """
+    settings = {key: provider_config[key] for key in GENERATION_KEYS if provider_config.get(key) is not None}
+    settings.setdefault("model", "")
+    settings.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    GenerationRequest.from_arguments(provider=provider, prompt="", **settings)
+    return settings
+
+
+@dataclass
+class _Run:
+    """The state of one evaluation run, shared by its adapters."""
+
+    provider: InferenceProvider
+    writer: ResultsWriter
+    prompts: Sequence[EvalPrompt]
+    settings: dict[str, Any]
+    scorer: Scorer | None
+    max_concurrency: int
+    on_progress: Callable[[Progress], object] | None
+    adapters_total: int
+    rows_total: int
+    rows_done: int
+    started: float = field(default_factory=time.monotonic)
+    adapters_done: int = 0
+    rows_written: int = 0
+
+    def report(self, adapter_id: str | None) -> None:
+        if self.on_progress is not None:
+            self.on_progress(
+                Progress(
+                    adapters_done=self.adapters_done,
+                    adapters_total=self.adapters_total,
+                    rows_done=self.rows_done,
+                    rows_total=self.rows_total,
+                    rows_this_run=self.rows_written,
+                    elapsed_s=time.monotonic() - self.started,
+                    adapter_id=adapter_id,
+                )
+            )
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.writer.write(row)
+        self.rows_written += 1
+        self.rows_done += 1
+        self.report(str(row["adapter_id"]))
+
+
+async def evaluate_adapters(
+    adapters: Sequence[str | os.PathLike[str] | AdapterSpec] | str | os.PathLike[str],
+    prompts: str | os.PathLike[str] | Sequence[EvalPrompt],
+    provider_config: Mapping[str, Any],
+    output: str | os.PathLike[str],
+    *,
+    provider: InferenceProvider | None = None,
+    max_concurrency: int = 4,
+    scorer: str | Scorer | None = None,
+    on_progress: Callable[[Progress], object] | None = None,
+    warmup: bool = True,
+) -> EvaluationSummary:
+    """Evaluate every adapter on every prompt, writing one JSONL row per (adapter, prompt) as each finishes.
+
+    For each adapter in turn: load it, generate every prompt it still lacks with at most
+    ``max_concurrency`` requests in flight, unload it. Running again with the same ``output`` resumes:
+    pairs already in the file are skipped (a torn last line from a killed run is redone). An adapter that
+    cannot be loaded gets one row per prompt carrying the load error, and the run goes on.
+
+    Args:
+        adapters: Adapter directories or GGUF LoRA files, or globs (``"runs/*/adapter"``), or
+            :class:`AdapterSpec` s. The adapter id is the directory name (see
+            :func:`~inference.evaluation.inputs.adapter_id_for`).
+        prompts: A JSONL prompt set (``id``, ``prompt``, optional ``system_prompt`` and ``expected``) or the
+            prompts themselves.
+        provider_config: A step config as :func:`~inference.get_provider_for_step` takes it (``provider``,
+            ``base_url``, provider settings), plus generation settings: ``model``, ``max_tokens`` (default
+            256), ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``seed``, ``stop``.
+        output: The JSONL results file (created, or resumed if it exists). The CSV summary is written next to
+            it (``results.jsonl`` -> ``results.summary.csv``).
+        provider: Use this provider instead of the one ``provider_config`` names (its generation settings
+            still apply). The caller keeps ownership: it is not closed.
+        max_concurrency: Most requests in flight at once, per adapter.
+        scorer: ``"exact"``, ``"regex"`` (``expected`` is a pattern searched in the output),
+            ``"pkg.module:function"``, or a callable ``(output, expected, row) -> float | bool | None``.
+        on_progress: Called with a :class:`~inference.evaluation.progress.Progress` after every row and
+            adapter, e.g. a :class:`~inference.evaluation.progress.TerminalProgress`.
+        warmup: Before the first adapter, send one base-model request (``max_tokens=1``) so that a lazily
+            loaded model's load time is not counted in the first adapter's latencies. If the base model cannot
+            answer at all (server down, model missing), the run stops there with that error.
+
+    Returns:
+        The per-adapter summary of every row of these adapters and prompts (earlier runs' rows included).
+
+    Raises:
+        InvalidRequestError: The prompt set or an adapter path is invalid, or a generation setting is out
+            of range (checked before anything runs).
+        ConfigurationError: The provider config or the scorer is invalid, or the output cannot be written.
+        UnsupportedOperationError: The provider cannot load adapters.
+        MissingDependencyError: The provider's extra is not installed.
+
+    Example:
+        >>> import asyncio, tempfile, pathlib
+        >>> from inference.evaluation import EvalPrompt, evaluate_adapters
+        >>> folder = pathlib.Path(tempfile.mkdtemp()); (folder / "style").mkdir()
+        >>> summary = asyncio.run(evaluate_adapters(
+        ...     [folder / "style"], [EvalPrompt("q1", "Hello")], {"provider": "fake"}, folder / "out.jsonl"))
+        >>> summary.adapters[0].adapter_id, summary.adapters[0].rows, summary.errors
+        ('style', 1, 0)
+    """
+    started = time.monotonic()
+    specs = _adapter_specs(adapters)
+    prompt_list = load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else list(prompts)
+    if not prompt_list:
+        raise InvalidRequestError("the prompt set is empty")
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+        raise InvalidRequestError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
+    settings = generation_settings(provider_config)
+    score = resolve_scorer(scorer, prompt_list)
+    if provider is None:
+        provider = get_provider_for_step(provider_config)
+    if not provider.supports_adapters:
+        raise UnsupportedOperationError(
+            f"the {provider.name} provider cannot load adapters, so it cannot evaluate them: "
+            "use llamacpp, transformers, vllm or ollama",
+            provider=provider.name,
+        )
+    existing, writer = open_results(output)
+    prompt_ids = {prompt.id for prompt in prompt_list}
+    done = {row_key(row) for row in existing}
+    run = _Run(
+        provider=provider,
+        writer=writer,
+        prompts=prompt_list,
+        settings=settings,
+        scorer=score,
+        max_concurrency=max_concurrency,
+        on_progress=on_progress,
+        adapters_total=len(specs),
+        rows_total=len(specs) * len(prompt_list),
+        rows_done=sum(1 for adapter in specs for prompt in prompt_list if (adapter.id, prompt.id) in done),
+    )
+    timings: dict[str, AdapterTimings] = {}
+    resumed = run.rows_done
+    with writer:
+        if warmup and run.rows_done < run.rows_total:
+            await _warm_up(provider, prompt_list[0], settings)
+        for spec in specs:
+            pending = [prompt for prompt in prompt_list if (spec.id, prompt.id) not in done]
+            if pending:
+                timings[spec.id] = await _evaluate_adapter(run, spec, pending)
+                writer.sync()
+            run.adapters_done += 1
+            run.report(None if run.adapters_done == run.adapters_total else spec.id)
+    adapters_summary = summarise(read_rows(output), specs, prompt_ids, timings)
+    summary = EvaluationSummary(
+        adapters=tuple(adapters_summary),
+        output=Path(output),
+        csv_path=summary_csv_path(output),
+        rows_total=run.rows_total,
+        rows_written=run.rows_written,
+        rows_resumed=resumed,
+        elapsed_s=time.monotonic() - started,
+    )
+    summary.write_csv()
+    return summary
+
+
+def _adapter_specs(
+    adapters: Sequence[str | os.PathLike[str] | AdapterSpec] | str | os.PathLike[str],
+) -> list[AdapterSpec]:
+    if isinstance(adapters, (str, os.PathLike)):
+        return discover_adapters([adapters])
+    items = list(adapters)
+    if items and all(isinstance(item, AdapterSpec) for item in items):
+        specs = [item for item in items if isinstance(item, AdapterSpec)]
+        ids = [spec.id for spec in specs]
+        if len(set(ids)) != len(ids):
+            raise InvalidRequestError(f"adapter ids must be unique, got {ids}")
+        return specs
+    if any(isinstance(item, AdapterSpec) for item in items):
+        raise InvalidRequestError("give adapters either as paths and globs or as AdapterSpec objects, not both")
+    return discover_adapters([item for item in items if not isinstance(item, AdapterSpec)])
+
+
+async def _warm_up(provider: InferenceProvider, prompt: EvalPrompt, settings: dict[str, Any]) -> None:
+    try:
+        await provider.generate(prompt.prompt, **{**settings, "max_tokens": 1})
+    except (ProviderUnavailableError, ModelError, ConfigurationError, MissingDependencyError):
+        raise  # nothing of this run could work: say so once instead of in every row
+    except Exception as error:  # the rows will tell; the warm-up only saves latency
+        logger.info("warm-up request failed (%s); going on", error)
+
+
+async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt]) -> AdapterTimings:
+    provider = run.provider
+    start = time.perf_counter()
+    try:
+        await provider.load_adapter(spec.id, os.path.abspath(spec.path))
+    except Exception as error:  # any failure to load is this adapter's result; the run goes on
+        logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path, error)
+        for prompt in pending:
+            run.write(_row(spec, prompt, error=_error("load", error)))
+        return AdapterTimings(load_s=time.perf_counter() - start)
+    load_s = time.perf_counter() - start
+    generate_start = time.perf_counter()
+    try:
+        await _generate_all(run, spec, pending)
+    finally:
+        generate_s = time.perf_counter() - generate_start
+        unload_start = time.perf_counter()
+        try:
+            await provider.unload_adapter(spec.id)
+        except Exception as error:  # the rows are written; a failed unload must not lose the run
+            logger.warning("adapter %s could not be unloaded: %s", spec.id, error)
+        unload_s = time.perf_counter() - unload_start
+    return AdapterTimings(load_s=load_s, generate_s=generate_s, unload_s=unload_s)
+
+
+async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt]) -> None:
+    # Our own semaphore rather than provider.generate_batch: prompts carry their own system prompt, and each
+    # row needs its own latency. Concurrent generate() calls still batch where the provider batches.
+    semaphore = asyncio.Semaphore(run.max_concurrency)
+
+    async def one(prompt: EvalPrompt) -> None:
+        async with semaphore:
+            start = time.perf_counter()
+            try:
+                result: GenerationResult | Exception = await run.provider.generate(
+                    prompt.prompt, adapter_id=spec.id, system_prompt=prompt.system_prompt, **run.settings
+                )
+            except Exception as error:  # this row's answer
+                result = error
+            latency = time.perf_counter() - start
+        if isinstance(result, Exception):
+            run.write(_row(spec, prompt, latency_s=latency, error=_error("generate", result)))
+        else:
+            run.write(_scored(run.scorer, _row(spec, prompt, result=result, latency_s=latency), prompt))
+
+    tasks = [asyncio.ensure_future(one(prompt)) for prompt in pending]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _row(
+    spec: AdapterSpec,
+    prompt: EvalPrompt,
+    *,
+    result: GenerationResult | None = None,
+    latency_s: float | None = None,
+    error: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "adapter_id": spec.id,
+        "adapter_path": str(spec.path),
+        "prompt_id": prompt.id,
+        "output": result.text if result else None,
+        "prompt_tokens": result.prompt_tokens if result else None,
+        "completion_tokens": result.completion_tokens if result else None,
+        "finish_reason": result.finish_reason if result else None,
+        "latency_s": round(latency_s, 6) if latency_s is not None else None,
+        "error": error,
+        "score": None,
+    }
+
+
+def _scored(scorer: Scorer | None, row: dict[str, Any], prompt: EvalPrompt) -> dict[str, Any]:
+    if scorer is None:
+        return row
+    try:
+        row["score"] = score_value(scorer(str(row["output"]), prompt.expected, dict(row)))
+    except Exception as error:  # a scorer bug costs this row's score, not the run
+        row["score_error"] = f"{type(error).__name__}: {error}"
+    return row
+
+
+def _error(stage: str, error: BaseException) -> dict[str, str]:
+    return {"stage": stage, "type": type(error).__name__, "message": str(error) or repr(error)}

@@ -1,0 +1,146 @@
+"""Benchmark: the adapter evaluation runner, N adapters x M prompts on the tiny model, per in-process provider.
+
+For each provider (llama.cpp and Transformers, in process) it evaluates N new random LoRA adapters (written with
+``inference.testing.random_lora``, distinct seeds, so every load is a real load; llama.cpp converts each PEFT
+directory to GGUF on load, into a fresh cache) on M prompts, greedy, and reports:
+
+- adapters per minute (N over the run's wall time, model load excluded by the runner's warm-up);
+- the share of adapter time spent in load + unload versus generation (target on llama.cpp: load+unload under
+  10%, thanks to hot-swap: the base model is never reloaded);
+- rows per second and the mean request latency.
+
+Usage::
+
+    python scripts/bench_eval.py                       # 50 adapters x 20 prompts, max_tokens 16, both providers
+    python scripts/bench_eval.py --adapters 10 --prompts 5 --providers llamacpp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPTS = [
+    "Once upon a time, in a small village by the sea,",
+    "The system works like this: you write a prompt,",
+    "In the evening the lights of the houses came on,",
+    "Children played near the water while the teachers",
+    "Write a short note about the weather tomorrow:",
+    "The baker prepared dough for the morning and",
+    "Please summarise the story in two sentences.",
+    "A fisherman walked along the harbour and saw",
+    "Knowledge is power, and time is money; but",
+    "Hello, world! Hello again... and goodbye",
+]
+
+
+def make_adapters(base_gguf: Path, root: Path, count: int) -> list[Path]:
+    from inference.testing.random_lora import write_random_peft_lora
+
+    return [
+        write_random_peft_lora(
+            base_gguf, root / f"random-{index:03d}", rank=8, seed=index, targets=("q_proj", "v_proj")
+        )
+        for index in range(count)
+    ]
+
+
+def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
+    if name == "llamacpp":
+        from inference.llamacpp_provider import LlamaCppProvider
+
+        return LlamaCppProvider(
+            model_path=tiny.gguf_path, n_ctx=512, adapter_cache_dir=workdir / f"cache-{time.time_ns()}"
+        )
+    from inference.transformers_provider import TransformersProvider
+
+    return TransformersProvider(model_name=str(tiny.hf_dir), device="cpu", torch_dtype="float32")
+
+
+async def bench(
+    name: str, tiny: Any, adapters: list[Path], prompt_count: int, max_tokens: int, workdir: Path, concurrency: int
+) -> dict[str, float]:
+    from inference.evaluation import EvalPrompt, evaluate_adapters
+
+    prompts = [EvalPrompt(f"p{index}", PROMPTS[index % len(PROMPTS)] + f" ({index})") for index in range(prompt_count)]
+    provider = make_provider(name, tiny, workdir)
+    output = workdir / f"{name}-{time.time_ns()}.jsonl"
+    try:
+        start = time.perf_counter()
+        summary = await evaluate_adapters(
+            adapters,
+            prompts,
+            {"max_tokens": max_tokens, "temperature": 0.0},
+            output,
+            provider=provider,
+            max_concurrency=concurrency,
+        )
+        wall = time.perf_counter() - start
+    finally:
+        await provider.aclose()
+    if summary.errors:
+        raise SystemExit(
+            f"{name}: {summary.errors} rows failed, e.g. {next(a.load_error for a in summary.adapters if a.errors)}"
+        )
+    load = sum(adapter.load_s or 0.0 for adapter in summary.adapters)
+    unload = sum(adapter.unload_s or 0.0 for adapter in summary.adapters)
+    generate = sum(adapter.generate_s or 0.0 for adapter in summary.adapters)
+    adapter_time = load + unload + generate
+    rows = len(adapters) * prompt_count
+    return {
+        "wall_s": wall,
+        "adapters_per_min": len(adapters) / (adapter_time / 60),
+        "adapters_per_min_wall": len(adapters) / (wall / 60),
+        "load_s": load,
+        "unload_s": unload,
+        "generate_s": generate,
+        "load_unload_share": (load + unload) / adapter_time,
+        "rows_per_s": rows / adapter_time,
+        "mean_latency_ms": 1000 * sum(a.mean_latency_s or 0.0 for a in summary.adapters) / len(summary.adapters),
+        "completion_tokens": sum(adapter.completion_tokens for adapter in summary.adapters),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--adapters", type=int, default=50)
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--providers", nargs="+", default=["llamacpp", "transformers"])
+    parser.add_argument("--concurrency", type=int, default=20, help="requests in flight (Transformers batches them)")
+    args = parser.parse_args()
+
+    from inference.testing.tiny_models import build_tiny_models
+
+    tiny = build_tiny_models()["qwen2"]
+    with tempfile.TemporaryDirectory(prefix="bench-eval-") as folder:
+        workdir = Path(folder)
+        start = time.perf_counter()
+        adapters = make_adapters(tiny.gguf_path, workdir / "adapters", args.adapters)
+        print(f"wrote {len(adapters)} random LoRA adapters (rank 8, q/v) in {time.perf_counter() - start:.1f} s")
+        print(
+            f"tiny qwen2, {args.adapters} adapters x {args.prompts} prompts, max_tokens={args.max_tokens}, greedy, "
+            f"concurrency {args.concurrency}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
+        )
+        for name in args.providers:
+            figures = asyncio.run(bench(name, tiny, adapters, args.prompts, args.max_tokens, workdir, args.concurrency))
+            print(
+                f"{name:<13} {figures['adapters_per_min']:7.1f} adapters/min  "
+                f"load {figures['load_s']:6.2f} s  unload {figures['unload_s']:5.2f} s  "
+                f"generate {figures['generate_s']:7.2f} s  load+unload {100 * figures['load_unload_share']:4.1f}%  "
+                f"{figures['rows_per_s']:6.1f} rows/s  latency {figures['mean_latency_ms']:6.1f} ms  "
+                f"(wall {figures['wall_s']:.1f} s incl. model load, {figures['completion_tokens']} tokens)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""The ``inference`` command line with the fake provider: every subcommand, ``--json``, exit statuses, stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import respx
+
+from inference.cli import main
+from inference.fake_provider import FakeProvider
+
+VLLM = "http://vllm.test:8100/v1"
+DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing answers
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def fake_text(prompt: str, **arguments: object) -> str:
+    async def answer() -> str:
+        fake = FakeProvider()
+        adapter = arguments.get("adapter_id")
+        if isinstance(adapter, str):
+            await fake.load_adapter(adapter, "/x")
+        return (await fake.generate(prompt, model="", **arguments)).text  # type: ignore[arg-type]
+
+    return asyncio.run(answer())
+
+
+# generate ---------------------------------------------------------------------------------------------------
+
+
+def test_generate_prints_the_text(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(["generate", "Hello", "--provider", "fake", "--max-tokens", "5", "--seed", "3"], capsys)
+    assert status == 0, err
+    assert out == fake_text("Hello", max_tokens=5, seed=3) + "\n"
+
+
+def test_generate_json_has_the_result_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["generate", "Hi there", "--provider", "fake", "--system", "Be brief.", "--json"], capsys)
+    assert status == 0
+    answer = json.loads(out)
+    assert answer["text"] == fake_text("Hi there", system_prompt="Be brief.", max_tokens=256)
+    assert answer["token_count"] == answer["prompt_tokens"] + answer["completion_tokens"]
+    assert answer["prompt_tokens"] == 4  # "Hi there" + "Be brief."
+    assert answer["finish_reason"] in ("stop", "length")
+    assert answer["adapter_id"] is None and answer["latency_s"] >= 0
+
+
+def test_generate_stop_strings_are_passed_on(capsys: pytest.CaptureFixture[str]) -> None:
+    full = fake_text("Hello", max_tokens=256)
+    stop = full.split()[2]
+    status, out, _ = run(["generate", "Hello", "--provider", "fake", "--stop", stop, "--stop", "zzz"], capsys)
+    assert status == 0
+    assert out.rstrip("\n") == full[: full.index(stop)]
+
+
+def test_generate_stream_prints_the_same_text(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["generate", "Hello", "--provider", "fake", "--stream"], capsys)
+    assert status == 0
+    assert out == fake_text("Hello", max_tokens=256) + "\n"
+
+
+def test_generate_stream_json_is_json_lines_ending_with_the_result(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["generate", "Hello", "--provider", "fake", "--stream", "--json"], capsys)
+    assert status == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    pieces = [line["text"] for line in lines if line["type"] == "text"]
+    assert lines[-1]["type"] == "result"
+    assert [line["type"] for line in lines].count("result") == 1
+    assert "".join(pieces) == lines[-1]["text"] == fake_text("Hello", max_tokens=256)
+
+
+def test_generate_with_an_adapter_path_loads_it_under_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "my style").mkdir()
+    status, out, _ = run(["generate", "Hi", "--provider", "fake", "--adapter", str(tmp_path / "my style")], capsys)
+    assert status == 0
+    assert out.strip() == fake_text("Hi", adapter_id="my-style", max_tokens=256)
+    assert out.startswith("[my-style] ")
+
+
+def test_generate_with_an_unknown_adapter_id_exits_1_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(["generate", "Hi", "--provider", "fake", "--adapter", "nope"], capsys)
+    assert status == 1
+    assert out == ""
+    assert err.startswith("inference: error: ") and "'nope'" in err and "not loaded" in err
+    assert "Traceback" not in err
+
+
+def test_generate_with_bad_sampling_exits_1_with_the_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["generate", "Hi", "--provider", "fake", "--top-p", "1.5"], capsys)
+    assert status == 1
+    assert "top_p must be a number in (0, 1]" in err
+
+
+def test_unknown_provider_exits_1_listing_the_valid_names(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["generate", "Hi", "--provider", "gpt5"], capsys)
+    assert status == 1
+    assert "unknown provider type 'gpt5'" in err and "llamacpp" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--set", "n_ctx=10"], "not a setting of the fake provider"),
+        (["--model-path", "m.gguf"], "--model-path is for the in-process providers"),
+        (["--device", "cuda"], "--device is a transformers setting"),
+        (["--set", "oops"], "expected KEY=VALUE"),
+        (["--max-tokens", "many"], "invalid int value"),
+    ],
+)
+def test_usage_mistakes_exit_2(extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(["generate", "Hi", "--provider", "fake", *extra], capsys)
+    assert status == 2
+    assert needle in err and out == ""
+
+
+def test_set_values_are_parsed_with_the_settings_table(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["generate", "Hi", "--provider", "vllm", "--set", "timeout=soon"], capsys)
+    assert status == 2
+    assert "--set timeout='soon'" in err
+
+
+def test_a_server_that_is_down_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "Hi", "--provider", "vllm", "--base-url", DEAD, "--model", "m", "--set", "max_retries=0"]
+    status, _, err = run(argv, capsys)
+    assert status == 1
+    assert "127.0.0.1:9" in err and "Traceback" not in err
+
+
+# adapters ---------------------------------------------------------------------------------------------------
+
+
+def test_adapters_refuses_in_process_providers_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["adapters", "list", "--provider", "llamacpp"], capsys)
+    assert status == 2
+    assert "adapters live only in the process that loaded them" in err
+
+
+def test_adapters_without_an_action_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["adapters"], capsys)
+    assert status == 2
+    assert "load, unload or list" in err
+
+
+def test_adapters_load_and_unload_on_vllm(capsys: pytest.CaptureFixture[str]) -> None:
+    with respx.mock(assert_all_called=True) as router:
+        load = router.post(f"{VLLM}/load_lora_adapter").mock(
+            return_value=httpx.Response(200, text="Success: LoRA adapter 'style' added successfully.")
+        )
+        status, out, err = run(
+            ["adapters", "load", "style", "/srv/adapters/style", "--provider", "vllm", "--base-url", VLLM, "--json"],
+            capsys,
+        )
+    assert status == 0, err
+    assert json.loads(load.calls.last.request.content) == {"lora_name": "style", "lora_path": "/srv/adapters/style"}
+    assert json.loads(out) == {"loaded": "style", "path": "/srv/adapters/style", "provider": "vllm"}
+
+
+def test_adapters_list_prints_the_ids_one_per_line(capsys: pytest.CaptureFixture[str]) -> None:
+    models = {
+        "object": "list",
+        "data": [
+            {"id": "base", "object": "model", "root": "base", "parent": None},
+            {"id": "style", "object": "model", "root": "/srv/adapters/style", "parent": "base"},
+        ],
+    }
+    argv = ["adapters", "list", "--provider", "vllm", "--base-url", VLLM]
+    with respx.mock(assert_all_called=False) as router:
+        router.get(f"{VLLM}/models").mock(return_value=httpx.Response(200, json=models))
+        status, out, err = run([*argv, "--json"], capsys)
+        assert status == 0, err
+        listed = json.loads(out)
+        status, out, _ = run(argv, capsys)
+    assert status == 0
+    assert listed["provider"] == "vllm"
+    assert out.splitlines() == listed["adapters"]
+
+
+def test_adapters_against_a_server_that_is_down_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["adapters", "load", "x", "/a", "--provider", "vllm", "--base-url", DEAD, "--set", "max_retries=0"]
+    status, out, err = run(argv, capsys)
+    assert status == 1
+    assert out == "" and err.startswith("inference: error: ")
+
+
+# eval -------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def eval_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    for name in ("a1", "a2"):
+        (tmp_path / "adapters" / name).mkdir(parents=True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}", "expected": r"^\[a1\]"}) for i in range(3))
+    )
+    return tmp_path / "adapters", prompts, tmp_path / "out" / "results.jsonl"
+
+
+def test_eval_writes_rows_and_prints_the_table(
+    eval_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapters, prompts, output = eval_files
+    argv = ["eval", "--adapters", str(adapters / "*"), "--prompts", str(prompts), "--output", str(output)]
+    status, out, err = run([*argv, "--provider", "fake", "--score", "regex", "--max-tokens", "4"], capsys)
+    assert status == 0, err
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted((row["adapter_id"], row["prompt_id"]) for row in rows) == [
+        (a, f"p{i}") for a in ("a1", "a2") for i in range(3)
+    ]
+    assert all(row["completion_tokens"] <= 4 for row in rows)
+    table = out.splitlines()
+    assert table[0].split() == ["adapter", "rows", "score", "latency_s", "tokens/s", "errors"]
+    assert table[1].split()[:3] == ["a1", "3", "1.000"] and table[2].split()[:3] == ["a2", "3", "0.000"]
+    assert output.with_name("results.summary.csv").is_file()
+    assert err == ""  # not a terminal: no progress bar
+
+
+def test_eval_json_summary_and_resumption(
+    eval_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapters, prompts, output = eval_files
+    argv = ["eval", "--adapters", str(adapters / "a1"), "--adapters", str(adapters / "a2"), "--prompts", str(prompts)]
+    argv += ["--output", str(output), "--provider", "fake", "--json"]
+    status, out, _ = run(argv, capsys)
+    assert status == 0
+    first = json.loads(out)
+    assert (first["rows_total"], first["rows_written"], first["rows_resumed"], first["errors"]) == (6, 6, 0, 0)
+    assert [adapter["adapter_id"] for adapter in first["adapters"]] == ["a1", "a2"]
+    status, out, _ = run(argv, capsys)
+    assert status == 0
+    again = json.loads(out)
+    assert (again["rows_written"], again["rows_resumed"]) == (0, 6)
+    assert len(output.read_text().splitlines()) == 6
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "needle"),
+    [
+        (["--score", "fuzzy"], 2, "--score 'fuzzy'"),
+        (["--concurrency", "0"], 2, "--concurrency must be at least 1"),
+        (["--score", "no_such_module_here:f"], 1, "cannot import the scorer module"),
+        (["--temperature", "-1"], 1, "temperature must be a number"),
+        (["--set", "max_tokens=lots"], 2, "--set max_tokens='lots'"),
+    ],
+)
+def test_eval_refuses_bad_options_before_writing(
+    eval_files: tuple[Path, Path, Path], extra: list[str], status: int, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapters, prompts, output = eval_files
+    argv = ["eval", "--adapters", str(adapters / "*"), "--prompts", str(prompts), "--output", str(output)]
+    code, _, err = run([*argv, "--provider", "fake", *extra], capsys)
+    assert code == status
+    assert needle in err
+    assert not output.exists()
+
+
+def test_eval_with_a_missing_prompt_file_or_adapter_exits_1(
+    eval_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapters, prompts, output = eval_files
+    status, _, err = run(
+        ["eval", "--adapters", str(adapters / "a1"), "--prompts", "missing.jsonl", "--output", str(output)], capsys
+    )
+    assert status == 1 and "cannot read the prompt set missing.jsonl" in err
+    status, _, err = run(
+        ["eval", "--adapters", str(adapters / "zz*"), "--prompts", str(prompts), "--output", str(output)], capsys
+    )
+    assert status == 1 and "matches nothing" in err
+
+
+def test_eval_without_required_options_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(["eval", "--prompts", "p.jsonl"], capsys)
+    assert status == 2
+    assert "--adapters" in err
+
+
+# providers --------------------------------------------------------------------------------------------------
+
+
+def test_providers_json_lists_every_provider(capsys: pytest.CaptureFixture[str]) -> None:
+    with respx.mock(assert_all_called=True) as router:
+        router.get(f"{VLLM}/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": []}))
+        router.route(host="127.0.0.1").pass_through()  # the dead URL is really tried
+        status, out, _ = run(["providers", "--vllm-url", VLLM, "--ollama-url", DEAD, "--json"], capsys)
+    assert status == 0
+    reports = {report["name"]: report for report in json.loads(out)["providers"]}
+    assert set(reports) == {"vllm", "ollama", "llamacpp", "transformers", "fake"}
+    assert reports["fake"]["installed"] is True and reports["fake"]["missing"] == []
+    assert reports["vllm"]["reachable"] is True and reports["vllm"]["base_url"] == VLLM
+    assert reports["ollama"]["reachable"] is False and "127.0.0.1:9" in reports["ollama"]["detail"]
+    assert reports["llamacpp"]["server"] is False and reports["llamacpp"]["reachable"] is None
+
+
+def test_providers_table_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import inference.cli as cli
+
+    monkeypatch.setitem(cli.PROVIDER_PACKAGES, "transformers", ("torch", "surely_not_installed_pkg"))
+    status, out, _ = run(["providers", "--vllm-url", DEAD, "--ollama-url", DEAD, "--timeout", "0.5"], capsys)
+    assert status == 0
+    line = next(line for line in out.splitlines() if line.startswith("transformers"))
+    assert "missing surely_not_installed_pkg" in line and "pip install 'inference-adapters[transformers]'" in line
+    assert "unreachable" in next(line for line in out.splitlines() if line.startswith("vllm"))
+
+
+def test_providers_does_not_import_heavy_backends() -> None:
+    code = (
+        "import sys; from inference.cli import main; main(['providers', '--vllm-url', 'http://127.0.0.1:9/v1',"
+        " '--ollama-url', 'http://127.0.0.1:9/v1', '--timeout', '0.2', '--json']);"
+        "heavy = [m for m in ('torch', 'transformers', 'llama_cpp', 'openai') if m in sys.modules];"
+        "print('HEAVY', heavy)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "HEAVY []" in result.stdout
+
+
+# help and the process -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["generate"], ["adapters"], ["adapters", "load"], ["convert-adapter"], ["eval"], ["providers"]],
+)
+def test_every_command_has_help_with_examples(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run([*command, "--help"], capsys)
+    assert status == 0
+    assert "usage: inference" in out
+    if command != ["adapters", "load"]:
+        assert "example" in out
+
+
+def test_the_module_runs_as_a_program_with_exit_statuses(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "inference.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "INFERENCE_PROVIDER": "fake"},
+        )
+
+    ok = cli("generate", "Hello", "--max-tokens", "3")
+    assert ok.returncode == 0 and ok.stdout.startswith("[base] ")
+    failed = cli("generate", "Hello", "--adapter", "ghost")
+    assert failed.returncode == 1 and "ghost" in failed.stderr and "Traceback" not in failed.stderr
+    usage = cli("generate")
+    assert usage.returncode == 2 and "PROMPT" in usage.stderr
+    nothing = cli()
+    assert nothing.returncode == 2 and "generate" in nothing.stderr
