@@ -8,8 +8,9 @@ PIP := $(PY) -m pip install --quiet --constraint constraints.txt
 STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install models test unit lint demo bench clean
+.PHONY: install models test unit lint docs demo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,10 +24,13 @@ models: install
 	$(PY) scripts/build_test_models.py
 
 lint: install
-	$(VENV)/bin/ruff check libs tests scripts
+	$(VENV)/bin/ruff check libs tests scripts examples docs/_ext
 	$(VENV)/bin/mypy
 
-test: install models lint
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+test: install models lint docs
 	$(VENV)/bin/pytest
 
 unit: install
@@ -39,6 +43,7 @@ bench: install models
 	$(PY) scripts/bench_http_overhead.py
 	$(PY) scripts/bench_adapter_switch.py
 	$(PY) scripts/bench_batching.py
+	$(PY) scripts/bench_eval.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

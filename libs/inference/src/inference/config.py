@@ -216,7 +216,7 @@ def render_configuration_table() -> str:
     ]
     for provider_type, settings in SETTINGS.items():
         for setting in settings:
-            default = "" if setting.default is None else f"`{setting.default}`"
+            default = "" if setting.default in (None, "") else f"`{setting.default}`"
             rows.append(
                 f"| {provider_type} | `{setting.key}` | `{setting.env_var}` | {default} | {setting.description} |"
             )
