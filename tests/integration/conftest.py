@@ -22,6 +22,11 @@ import pytest
 STARTUP_TIMEOUT_SECONDS = 60.0
 
 
+def free_port() -> int:
+    """A port on 127.0.0.1 where nothing listens now."""
+    return _free_port()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -42,8 +47,8 @@ class LlamaServer:
         process: The server process.
     """
 
-    def __init__(self, model: Path, *, n_ctx: int = 512) -> None:
-        self.port = _free_port()
+    def __init__(self, model: Path, *, n_ctx: int = 512, port: int | None = None) -> None:
+        self.port = port if port is not None else _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop(), after the process ends
         command = [
@@ -85,6 +90,12 @@ class LlamaServer:
             f"its output:\n{_tail(self._log)}"
         )
 
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL), as a crash would: open connections are reset."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
     def stop(self) -> None:
         """Terminate the server (kill it if it does not stop within 10 s) and close its log."""
         if self.process.poll() is None:
@@ -116,12 +127,15 @@ def llama_server(tiny_qwen2_gguf: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def start_llama_server(tiny_qwen2_gguf: Path) -> Iterator[Callable[[], LlamaServer]]:
-    """Start extra short-lived servers (e.g. to kill one); every server started is stopped at teardown."""
+def start_llama_server(tiny_qwen2_gguf: Path) -> Iterator[Callable[..., LlamaServer]]:
+    """Start extra short-lived servers (e.g. to kill one); every server started is stopped at teardown.
+
+    Call it as ``start(n_ctx=512, port=None)``: ``port`` reuses a port (a server restarted in place).
+    """
     servers: list[LlamaServer] = []
 
-    def start() -> LlamaServer:
-        server = LlamaServer(tiny_qwen2_gguf)
+    def start(*, n_ctx: int = 512, port: int | None = None) -> LlamaServer:
+        server = LlamaServer(tiny_qwen2_gguf, n_ctx=n_ctx, port=port)
         servers.append(server)
         return server
 

@@ -8,8 +8,14 @@ from typing import Any
 import pytest
 
 from inference import get_provider
-from inference.exceptions import ProviderUnavailableError, RuntimeLoRADisabledError, ServerResponseError
+from inference.exceptions import (
+    InvalidAdapterError,
+    ProviderUnavailableError,
+    RuntimeLoRADisabledError,
+    ServerResponseError,
+)
 from inference.ollama_provider import OllamaProvider
+from inference.provider import GenerationResult
 from inference.vllm_provider import VLLMProvider
 
 pytestmark = pytest.mark.integration
@@ -100,3 +106,28 @@ async def test_a_killed_server_is_unavailable(start_llama_server: Callable[[], A
             await provider.generate("Hello", model=MODEL, max_tokens=2, temperature=0.0)
     assert base_url in str(caught.value)
     assert caught.value.url == base_url
+
+
+async def test_stream_pieces_add_up_to_the_generated_text(llama_server: str) -> None:
+    async with VLLMProvider(base_url=llama_server) as provider:
+        whole = await provider.generate("Hello", model=MODEL, max_tokens=12, temperature=0.0)
+        events = [event async for event in provider.stream("Hello", model=MODEL, max_tokens=12, temperature=0.0)]
+    pieces = [event for event in events[:-1] if isinstance(event, str) and event]
+    result = events[-1]
+    assert len(pieces) == len(events) - 1
+    assert isinstance(result, GenerationResult)
+    assert "".join(pieces) == result.text == whole.text
+    assert result.finish_reason == whole.finish_reason == "length"
+    # llama_cpp.server sends no usage chunk: the count of token chunks stands in for completion tokens
+    assert result.completion_tokens == whole.completion_tokens
+
+
+async def test_a_local_adapter_is_checked_before_anything_is_sent(llama_server: str, tiny_models: Any) -> None:
+    """A real PEFT adapter of rank 8 against max_lora_rank 1: refused here, and the server is not asked."""
+    adapter = tiny_models["qwen2"].adapter_dirs["a0"]
+    async with VLLMProvider(base_url=llama_server, max_lora_rank=1) as provider:
+        with pytest.raises(InvalidAdapterError, match="above max_lora_rank 1: start vLLM with --max-lora-rank"):
+            await provider.load_adapter("a0", adapter)
+        assert await provider.list_adapters() == []
+        result = await provider.generate("Hello", model=MODEL, max_tokens=2, temperature=0.0)
+    assert result.completion_tokens > 0

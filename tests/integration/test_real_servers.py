@@ -25,6 +25,7 @@ from inference.exceptions import (
     ModelNotFoundError,
 )
 from inference.ollama_provider import OllamaProvider
+from inference.provider import GenerationResult
 from inference.vllm_provider import VLLMProvider
 
 pytestmark = pytest.mark.integration
@@ -77,6 +78,15 @@ async def test_vllm_generates(vllm: VLLMProvider) -> None:
 
 
 @needs_vllm
+async def test_vllm_stream_reports_usage(vllm: VLLMProvider) -> None:
+    events = [event async for event in vllm.stream("Say hello.", model=VLLM_MODEL, max_tokens=6, temperature=0.0)]
+    final = events[-1]
+    assert isinstance(final, GenerationResult)
+    assert "".join(e for e in events[:-1] if isinstance(e, str)) == final.text
+    assert final.prompt_tokens > 0 and 0 < final.completion_tokens <= 6  # the usage chunk arrived
+
+
+@needs_vllm
 async def test_vllm_unknown_model(vllm: VLLMProvider) -> None:
     with pytest.raises(ModelNotFoundError):
         await vllm.generate("Hi", model=f"no-such-model-{uuid.uuid4().hex[:8]}", max_tokens=2)
@@ -90,8 +100,16 @@ async def test_vllm_runtime_lora_lifecycle(vllm: VLLMProvider) -> None:
         assert adapter_id in await vllm.list_adapters()
         result = await vllm.generate("Say hello.", model=VLLM_MODEL, adapter_id=adapter_id, max_tokens=4)
         assert result.adapter_id == adapter_id and result.completion_tokens > 0
+        await vllm.load_adapter(adapter_id, VLLM_ADAPTER)  # same id and path: nothing to do
         with pytest.raises(AdapterAlreadyLoadedError):
-            await vllm.load_adapter(adapter_id, VLLM_ADAPTER)
+            await vllm.load_adapter(adapter_id, VLLM_ADAPTER + "-elsewhere")
+        report = await vllm.reconcile_adapters()
+        assert report.ok and report.reloaded == []  # the server lists it (parent = the base model)
+        events = [
+            event async for event in vllm.stream("Say hello.", model=VLLM_MODEL, adapter_id=adapter_id, max_tokens=4)
+        ]
+        final = events[-1]
+        assert isinstance(final, GenerationResult) and final.completion_tokens > 0 and final.prompt_tokens > 0
     finally:
         await vllm.unload_adapter(adapter_id)
     assert adapter_id not in await vllm.list_adapters()

@@ -7,12 +7,13 @@ import email.utils
 import json
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import respx
 
-from inference._http import RetryPolicy, ServerAnswer, ServerClient, server_root
+from inference._http import RetryPolicy, ServerAnswer, ServerClient, is_connect_failure, server_root
 from inference.exceptions import (
     ProtocolError,
     ProviderTimeoutError,
@@ -296,4 +297,103 @@ async def test_secret_headers_are_sent_but_never_shown() -> None:
     assert route.calls.last.request.headers["authorization"] == "Bearer sk-very-secret"
     assert "sk-very-secret" not in str(caught.value) + repr(caught.value) + repr(client)
     assert "check the API key" in str(caught.value)
+    await client.aclose()
+
+
+def test_connect_failures_are_told_apart_from_failures_after_sending() -> None:
+    request = httpx.Request("POST", f"{BASE}/thing")
+    assert is_connect_failure(httpx.ConnectError("refused", request=request))
+    assert is_connect_failure(httpx.ConnectTimeout("no route", request=request))
+    wrapped = RuntimeError("openai's APIConnectionError")
+    wrapped.__cause__ = httpx.ConnectError("refused", request=request)
+    assert is_connect_failure(wrapped)
+    assert not is_connect_failure(httpx.ReadError("reset", request=request))
+    assert not is_connect_failure(httpx.RemoteProtocolError("Server disconnected", request=request))
+    assert not is_connect_failure(httpx.ReadTimeout("slow", request=request))
+
+
+async def test_a_connection_dropped_after_sending_says_so_and_is_not_retried() -> None:
+    client = make_client(max_retries=2)
+    with respx.mock:
+        route = respx.post(f"{BASE}/thing").mock(
+            side_effect=httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        )
+        with pytest.raises(ProviderUnavailableError) as caught:
+            await client.request("POST", f"{BASE}/thing", operation="do the thing")
+    assert route.call_count == 1  # the server may have acted on it: never resent
+    assert "Demo at http://server.test:9000/v1 dropped the connection during do the thing" in str(caught.value)
+    assert "Server disconnected" in str(caught.value)
+    await client.aclose()
+
+
+class LineStream(httpx.AsyncByteStream):
+    def __init__(self, lines: list[bytes], *, then_fail: Exception | None = None) -> None:
+        self.lines = lines
+        self.then_fail = then_fail
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for line in self.lines:
+            yield line
+        if self.then_fail is not None:
+            raise self.then_fail
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_stream_json_lines_yields_each_ndjson_line() -> None:
+    client = make_client()
+    body = LineStream([b'{"status": "pulling"}\n{"status": ', b'"verifying"}\n\n', b'{"status": "success"}\n'])
+    with respx.mock:
+        route = respx.post(f"{BASE}/create").mock(return_value=httpx.Response(200, stream=body))
+        items = [
+            item
+            async for item in client.stream_json_lines(
+                "POST", f"{BASE}/create", operation="create", json_body={"model": "m"}
+            )
+        ]
+    assert items == [{"status": "pulling"}, {"status": "verifying"}, {"status": "success"}]
+    assert json.loads(route.calls.last.request.content) == {"model": "m"}
+    assert body.closed
+    await client.aclose()
+
+
+async def test_stream_json_lines_closing_early_closes_the_response() -> None:
+    client = make_client()
+    body = LineStream([b'{"n": 1}\n', b'{"n": 2}\n', b'{"n": 3}\n'])
+    with respx.mock:
+        respx.post(f"{BASE}/chat").mock(return_value=httpx.Response(200, stream=body))
+        lines = client.stream_json_lines("POST", f"{BASE}/chat", operation="chat")
+        assert await lines.__anext__() == {"n": 1}
+        await lines.aclose()  # type: ignore[attr-defined]
+    assert body.closed
+    await client.aclose()
+
+
+async def test_stream_json_lines_maps_errors() -> None:
+    client = make_client(max_retries=0)
+
+    def not_found(answer: ServerAnswer) -> ServerResponseError | None:
+        return answer.error(ServerModelNotFoundError, f"pull it: {answer.message}")
+
+    with respx.mock:
+        respx.post(f"{BASE}/missing").mock(return_value=httpx.Response(404, json={"error": "model 'x' not found"}))
+        respx.post(f"{BASE}/bad").mock(return_value=httpx.Response(200, stream=LineStream([b'{"ok": 1}\n', b"oops\n"])))
+        respx.post(f"{BASE}/cut").mock(
+            return_value=httpx.Response(
+                200, stream=LineStream([b'{"ok": 1}\n'], then_fail=httpx.RemoteProtocolError("peer closed"))
+            )
+        )
+        with pytest.raises(ServerModelNotFoundError, match="pull it: model 'x' not found"):
+            async for _item in client.stream_json_lines(
+                "POST", f"{BASE}/missing", operation="chat", handlers={404: not_found}
+            ):
+                pass
+        with pytest.raises(ProtocolError, match="a line that is not JSON"):
+            async for _item in client.stream_json_lines("POST", f"{BASE}/bad", operation="chat"):
+                pass
+        with pytest.raises(ProviderUnavailableError, match="dropped the connection during chat"):
+            async for _item in client.stream_json_lines("POST", f"{BASE}/cut", operation="chat"):
+                pass
     await client.aclose()

@@ -8,11 +8,13 @@ is FastAPI's ``404 {"detail": "Not Found"}``; adapter loading succeeds with ``20
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -22,6 +24,7 @@ from inference import get_provider
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
     AdapterNotFoundError,
+    ConfigurationError,
     InvalidAdapterError,
     InvalidRequestError,
     ModelNotFoundError,
@@ -35,6 +38,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
+from inference.provider import GenerationResult
 from inference.vllm_provider import VLLMProvider
 
 BASE = "http://vllm.test:8100/v1"
@@ -45,7 +49,9 @@ SECRET = "sk-vllm-secret-4242"
 ROUTE_MISSING = {"detail": "Not Found"}
 
 
-def vllm_error(status: int, message: str, error_type: str = "BadRequestError", param: str | None = None) -> Any:
+def vllm_error(
+    status: int, message: str, error_type: str = "BadRequestError", param: str | None = None
+) -> httpx.Response:
     return httpx.Response(
         status, json={"error": {"message": message, "type": error_type, "param": param, "code": status}}
     )
@@ -88,6 +94,10 @@ def completion(
 
 def sent(route: respx.Route) -> Any:
     return json.loads(route.calls.last.request.content)
+
+
+def sent_body(call: Any) -> Any:
+    return json.loads(call.request.content)
 
 
 @pytest.fixture
@@ -168,7 +178,9 @@ async def test_generate_parses_text_tokens_and_finish_reason(provider: VLLMProvi
 
 
 async def test_adapter_id_is_sent_as_the_model(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success: LoRA adapter 'style-a' added successfully."))
     route = mock.post(CHAT).mock(return_value=completion("styled", model="style-a"))
+    await provider.load_adapter("style-a", "/adapters/style-a")
     result = await provider.generate("Hi", model="base-model", adapter_id="style-a")
     assert sent(route)["model"] == "style-a"
     assert (result.text, result.model, result.adapter_id, result.finish_reason) == (
@@ -243,31 +255,55 @@ async def test_load_route_missing_means_runtime_lora_is_off(provider: VLLMProvid
 
 
 async def test_unload_route_missing_means_runtime_lora_is_off(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
     mock.post(UNLOAD).mock(return_value=httpx.Response(404, json=ROUTE_MISSING))
+    await provider.load_adapter("a1", "/adapters/a1")
     with pytest.raises(RuntimeLoRADisabledError, match="--enable-lora"):
         await provider.unload_adapter("a1")
+    assert await provider.list_adapters() == ["a1"]  # still recorded: unloading again retries
 
 
-async def test_load_already_loaded(provider: VLLMProvider, mock: respx.MockRouter) -> None:
-    mock.post(LOAD).mock(
-        side_effect=[
-            httpx.Response(200, text="Success: LoRA adapter 'a1' added successfully."),
-            vllm_error(
-                400,
-                "The lora adapter 'a1' has already been loaded. If you want to load the adapter in place, "
-                "set 'load_inplace' to True.",
-                "InvalidUserInput",
-            ),
-        ]
-    )
+async def test_loading_the_same_id_and_path_again_sends_nothing(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success: LoRA adapter 'a1' added successfully."))
+    await asyncio.gather(*(provider.load_adapter("a1", "/adapters/a1") for _ in range(3)))
     await provider.load_adapter("a1", "/adapters/a1")
+    assert load.call_count == 1
+    with pytest.raises(AdapterAlreadyLoadedError, match="replace=True"):
+        await provider.load_adapter("a1", "/adapters/other")
+    assert load.call_count == 1
+    assert await provider.list_adapters() == ["a1"]
+    await generates(provider, mock)
+
+
+async def test_replace_unloads_then_loads_the_new_path(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    await provider.load_adapter("a1", "/adapters/v1")
+    await provider.load_adapter("a1", "/adapters/v2", replace=True)
+    assert [sent_body(call) for call in load.calls] == [
+        {"lora_name": "a1", "lora_path": "/adapters/v1"},
+        {"lora_name": "a1", "lora_path": "/adapters/v2"},
+    ]
+    assert sent(unload) == {"lora_name": "a1"}
+
+
+async def test_server_already_has_the_name(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    """The server holds an adapter of that name this provider did not load (another client, a restart)."""
+    mock.post(LOAD).mock(
+        return_value=vllm_error(
+            400,
+            "The lora adapter 'a1' has already been loaded. If you want to load the adapter in place, "
+            "set 'load_inplace' to True.",
+            "InvalidUserInput",
+        ),
+    )
     with pytest.raises(ServerAdapterAlreadyLoadedError) as caught:
         await provider.load_adapter("a1", "/adapters/other")
     error = caught.value
     assert isinstance(error, AdapterAlreadyLoadedError) and isinstance(error, httpx.HTTPStatusError)
     assert "already has an adapter named 'a1'" in str(error) and "unload it first" in str(error)
     assert error.status_code == 400
-    assert await provider.list_adapters() == ["a1"]
+    assert await provider.list_adapters() == []
     await generates(provider, mock)
 
 
@@ -310,21 +346,71 @@ async def test_load_other_400_stays_a_plain_server_error(provider: VLLMProvider,
     assert "same as the base model" in str(caught.value)
 
 
-async def test_unload_unknown_adapter(provider: VLLMProvider, mock: respx.MockRouter) -> None:
-    mock.post(UNLOAD).mock(return_value=vllm_error(404, "The lora adapter 'ghost' cannot be found.", "NotFoundError"))
-    with pytest.raises(ServerAdapterNotFoundError) as caught:
+def served_models(*adapters: str) -> httpx.Response:
+    """``GET /v1/models`` as vLLM answers it: the base (parent null), then one entry per LoRA adapter."""
+    data = [{"id": "base-model", "object": "model", "root": "/models/base", "parent": None}]
+    data += [{"id": name, "object": "model", "root": f"/adapters/{name}", "parent": "base-model"} for name in adapters]
+    return httpx.Response(200, json={"object": "list", "data": data})
+
+
+async def test_adapters_the_server_holds_are_found_from_a_new_process(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.get(f"{BASE}/models").mock(return_value=served_models("loaded-elsewhere"))
+    chat = mock.post(CHAT).mock(return_value=completion())
+    unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    await provider.generate("Hi", model="base-model", adapter_id="loaded-elsewhere")
+    assert json.loads(chat.calls[0].request.content)["model"] == "loaded-elsewhere"
+    await provider.unload_adapter("loaded-elsewhere")
+    assert json.loads(unload.calls[0].request.content) == {"lora_name": "loaded-elsewhere"}
+    assert await provider.list_adapters() == []
+
+
+async def test_unload_unknown_adapter_sends_no_unload_request(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.get(f"{BASE}/models").mock(return_value=served_models())
+    unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    with pytest.raises(AdapterNotFoundError, match="'ghost' is not loaded") as caught:
         await provider.unload_adapter("ghost")
-    assert isinstance(caught.value, AdapterNotFoundError) and isinstance(caught.value, LookupError)
-    assert "has no adapter named 'ghost'" in str(caught.value)
+    assert isinstance(caught.value, LookupError)
+    assert unload.call_count == 0
     await generates(provider, mock)
 
 
-async def test_generate_with_unknown_adapter(provider: VLLMProvider, mock: respx.MockRouter) -> None:
-    mock.post(CHAT).mock(return_value=vllm_error(404, "The model `ghost` does not exist.", "NotFoundError", "model"))
-    with pytest.raises(ServerAdapterNotFoundError) as caught:
+async def test_unload_of_an_adapter_the_server_already_lost_succeeds(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    unload = mock.post(UNLOAD).mock(
+        return_value=vllm_error(404, "The lora adapter 'a1' cannot be found.", "NotFoundError")
+    )
+    await provider.load_adapter("a1", "/adapters/a1")
+    await provider.unload_adapter("a1")
+    assert unload.call_count == 1
+    assert await provider.list_adapters() == []
+
+
+async def test_generate_with_an_adapter_nobody_loaded_sends_no_generation(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.get(f"{BASE}/models").mock(return_value=served_models("another"))
+    route = mock.post(CHAT).mock(return_value=completion())
+    with pytest.raises(AdapterNotFoundError, match="call load_adapter first"):
         await provider.generate("Hi", model="base-model", adapter_id="ghost")
-    assert isinstance(caught.value, AdapterNotFoundError)
-    assert "load_adapter('ghost', path)" in str(caught.value)
+    assert route.call_count == 0
+    await generates(provider, mock)
+
+
+async def test_a_404_for_a_name_the_provider_never_loaded_is_not_healed(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """A server-side adapter used by name as the model: a 404 is reported as it is, nothing is reloaded."""
+    chat = mock.post(CHAT).mock(
+        return_value=vllm_error(404, "The model `server-lora` does not exist.", "NotFoundError", "model")
+    )
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    with pytest.raises(ServerModelNotFoundError, match="does not serve model 'server-lora'"):
+        await provider.generate("Hi", model="server-lora")
+    assert (chat.call_count, load.call_count) == (1, 0)
     await generates(provider, mock)
 
 
@@ -512,3 +598,540 @@ async def test_factory_and_constructor_read_the_environment(monkeypatch: pytest.
 async def test_default_base_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_BASE_URL", raising=False)
     assert VLLMProvider().base_url == "http://localhost:8100/v1"
+
+
+def test_max_lora_rank_from_argument_environment_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_MAX_LORA_RANK", raising=False)
+    assert VLLMProvider(base_url=BASE).max_lora_rank == 16
+    monkeypatch.setenv("VLLM_MAX_LORA_RANK", "64")
+    assert VLLMProvider(base_url=BASE).max_lora_rank == 64
+    assert VLLMProvider(base_url=BASE, max_lora_rank=8).max_lora_rank == 8
+    with pytest.raises(ConfigurationError, match="max_lora_rank must be a positive integer"):
+        VLLMProvider(base_url=BASE, max_lora_rank=0)
+
+
+# Local validation before a load ------------------------------------------------------------------------
+
+
+def write_adapter(directory: Path, **config: Any) -> Path:
+    """A PEFT LoRA directory as PeftModel.save_pretrained writes it (the weights file is a stand-in)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "peft_type": "LORA",
+        "r": 8,
+        "lora_alpha": 16,
+        "target_modules": ["q_proj", "v_proj"],
+        "bias": "none",
+        "use_dora": False,
+        "base_model_name_or_path": "base-model",
+    }
+    settings.update(config)
+    (directory / "adapter_config.json").write_text(json.dumps(settings))
+    (directory / "adapter_model.safetensors").write_bytes(b"\0" * 16)
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"use_dora": True}, "uses DoRA"),
+        ({"bias": "all"}, "bias='all'"),
+        ({"bias": "lora_only"}, "only bias='none' is supported"),
+        ({"peft_type": "IA3"}, "only LoRA adapters"),
+        ({"r": 32}, "has rank 32, above max_lora_rank 16: start vLLM with --max-lora-rank 32"),
+        ({"r": 100}, "--max-lora-rank 128"),
+        ({"r": 300}, "--max-lora-rank 320"),
+        ({"r": 600}, "vLLM serves ranks up to 512: train the adapter with a smaller rank"),
+    ],
+    ids=["dora", "bias-all", "bias-lora-only", "not-lora", "rank-32", "rank-100", "rank-300", "rank-600"],
+)
+async def test_local_adapters_vllm_would_refuse_never_reach_the_server(
+    provider: VLLMProvider, mock: respx.MockRouter, tmp_path: Path, config: dict[str, Any], expected: str
+) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    path = write_adapter(tmp_path / "adapter", **config)
+    with pytest.raises(InvalidAdapterError) as caught:
+        await provider.load_adapter("a1", str(path))
+    assert expected in str(caught.value)
+    assert caught.value.path == str(path) and caught.value.provider == "vllm"
+    assert load.call_count == 0
+    assert await provider.list_adapters() == []
+    await generates(provider, mock)
+
+
+async def test_a_local_directory_without_adapter_config_never_reaches_the_server(
+    provider: VLLMProvider, mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    (tmp_path / "weights-only").mkdir()
+    (tmp_path / "weights-only" / "adapter_model.safetensors").write_bytes(b"\0")
+    with pytest.raises(InvalidAdapterError, match=r"has no adapter_config\.json"):
+        await provider.load_adapter("a1", str(tmp_path / "weights-only"))
+    with pytest.raises(InvalidAdapterError, match="is not a directory"):
+        await provider.load_adapter("a1", str(tmp_path / "weights-only" / "adapter_model.safetensors"))
+    assert load.call_count == 0
+    await generates(provider, mock)
+
+
+async def test_a_valid_local_adapter_within_the_rank_is_sent(mock: respx.MockRouter, tmp_path: Path) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    path = write_adapter(tmp_path / "rank64", r=64)
+    async with VLLMProvider(base_url=BASE, max_lora_rank=64) as vllm:
+        await vllm.load_adapter("big", path)
+        assert sent(load) == {"lora_name": "big", "lora_path": str(path)}
+        assert await vllm.list_adapters() == ["big"]
+
+
+async def test_a_path_that_is_not_local_is_sent_as_it_is(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    await provider.load_adapter("hub", "org/some-lora-on-the-hub")
+    await provider.load_adapter("remote", "/mnt/models/only-on-the-gpu-box")
+    assert [sent_body(call)["lora_path"] for call in load.calls] == [
+        "org/some-lora-on-the-hub",
+        "/mnt/models/only-on-the-gpu-box",
+    ]
+
+
+# Self-healing -----------------------------------------------------------------------------------------
+
+LOST_A1 = "The model `a1` does not exist."
+
+
+async def test_a_lost_adapter_is_loaded_again_and_the_request_retried_once(
+    provider: VLLMProvider, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    chat = mock.post(CHAT).mock(
+        side_effect=[vllm_error(404, LOST_A1, "NotFoundError", "model"), completion("healed", model="a1")]
+    )
+    await provider.load_adapter("a1", "/adapters/a1")
+    result = await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert (result.text, result.adapter_id) == ("healed", "a1")
+    assert [sent_body(call) for call in load.calls] == [{"lora_name": "a1", "lora_path": "/adapters/a1"}] * 2
+    assert [sent_body(call)["model"] for call in chat.calls] == ["a1", "a1"]
+    assert "lost adapter 'a1'" in caplog.text
+    await generates(provider, mock)
+
+
+async def test_a_second_404_after_the_reload_is_reported(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    chat = mock.post(CHAT).mock(return_value=vllm_error(404, LOST_A1, "NotFoundError", "model"))
+    await provider.load_adapter("a1", "/adapters/a1")
+    with pytest.raises(ServerAdapterNotFoundError) as caught:
+        await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert "still has no adapter 'a1' after it was loaded again from '/adapters/a1'" in str(caught.value)
+    assert (chat.call_count, load.call_count) == (2, 2)  # one retry, no loop
+    await generates(provider, mock)
+
+
+async def test_a_reload_that_fails_is_reported_with_its_cause(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.post(LOAD).mock(
+        side_effect=[
+            httpx.Response(200, text="Success"),
+            vllm_error(404, "No adapter found for /adapters/a1", "NotFoundError"),
+        ]
+    )
+    chat = mock.post(CHAT).mock(return_value=vllm_error(404, LOST_A1, "NotFoundError", "model"))
+    await provider.load_adapter("a1", "/adapters/a1")
+    with pytest.raises(ServerInvalidAdapterError, match="found no adapter at '/adapters/a1'"):
+        await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert chat.call_count == 1
+    await generates(provider, mock)
+
+
+class RestartingServer:
+    """A vLLM that keeps its runtime adapters in memory and forgets them on restart, answering as vLLM does."""
+
+    def __init__(self) -> None:
+        self.adapters: dict[str, str] = {}
+        self.loads = 0
+
+    def load(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.loads += 1
+        if body["lora_name"] in self.adapters:
+            return vllm_error(
+                400, f"The lora adapter '{body['lora_name']}' has already been loaded.", "InvalidUserInput"
+            )
+        self.adapters[body["lora_name"]] = body["lora_path"]
+        return httpx.Response(200, text=f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+    async def chat(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.001)  # requests overlap
+        model = json.loads(request.content)["model"]
+        if model != "base-model" and model not in self.adapters:
+            return vllm_error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return completion(f"from {model}", model=model)
+
+
+async def test_concurrent_requests_heal_a_lost_adapter_together(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    server = RestartingServer()
+    mock.post(LOAD).mock(side_effect=server.load)
+    mock.post(CHAT).mock(side_effect=server.chat)
+    await provider.load_adapter("a1", "/adapters/a1")
+    await provider.load_adapter("a2", "/adapters/a2")
+    server.adapters.clear()  # the server restarts
+    results = await asyncio.gather(
+        *(provider.generate("Hi", model="base-model", adapter_id=f"a{1 + n % 2}") for n in range(8))
+    )
+    assert [result.text for result in results] == [f"from a{1 + n % 2}" for n in range(8)]
+    assert server.adapters == {"a1": "/adapters/a1", "a2": "/adapters/a2"}
+    assert server.loads <= 2 + 8  # at most one reload per request that saw the 404
+
+
+async def test_a_lost_adapter_is_healed_for_a_stream_too(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    mock.post(CHAT).mock(
+        side_effect=[vllm_error(404, LOST_A1, "NotFoundError", "model"), sse_response(["Hel", "lo"], model="a1")]
+    )
+    await provider.load_adapter("a1", "/adapters/a1")
+    events = [event async for event in provider.stream("Hi", model="base-model", adapter_id="a1")]
+    assert events[:-1] == ["Hel", "lo"] and isinstance(events[-1], GenerationResult)
+    assert load.call_count == 2
+
+
+# Reconcile --------------------------------------------------------------------------------------------
+
+REPLICA_A = "http://vllm-a.test:8100/v1"
+REPLICA_B = "http://vllm-b.test:8100/v1"
+
+
+def model_list(*loras: str, base: str = "base-model") -> httpx.Response:
+    """``GET /v1/models`` as vLLM answers it: the base model (parent null) and one entry per LoRA."""
+    entry = {"object": "model", "created": 1700000000, "owned_by": "vllm", "max_model_len": 2048}
+    data = [{"id": base, "root": f"/models/{base}", "parent": None, **entry}]
+    data += [{"id": name, "root": f"/adapters/{name}", "parent": base, **entry} for name in loras]
+    return httpx.Response(200, json={"object": "list", "data": data})
+
+
+async def test_reconcile_reloads_what_each_replica_lost_and_lists_strangers(mock: respx.MockRouter) -> None:
+    loads = {
+        url: mock.post(f"{url}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+        for url in (REPLICA_A, REPLICA_B)
+    }
+    mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1", "a2", "from-cli"))
+    mock.get(f"{REPLICA_B}/models").mock(return_value=model_list())  # restarted: lost everything
+    async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B]) as vllm:
+        await vllm.load_adapter("a1", "/adapters/a1")
+        await vllm.load_adapter("a2", "/adapters/a2")
+        report = await vllm.reconcile_adapters()
+    first, second = report.replicas
+    assert (first.base_url, first.reloaded, first.unexpected, first.error) == (REPLICA_A, (), ("from-cli",), None)
+    assert (second.base_url, second.reloaded, second.unexpected) == (REPLICA_B, ("a1", "a2"), ())
+    assert report.reloaded == ["a1", "a2"] and report.unexpected == ["from-cli"] and report.ok
+    assert loads[REPLICA_A].call_count == 2  # only the first loads
+    assert [sent_body(call) for call in loads[REPLICA_B].calls][2:] == [
+        {"lora_name": "a1", "lora_path": "/adapters/a1"},
+        {"lora_name": "a2", "lora_path": "/adapters/a2"},
+    ]
+
+
+async def test_reconcile_reports_a_replica_that_is_down(mock: respx.MockRouter) -> None:
+    mock.post(f"{REPLICA_A}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1"))
+    mock.get(f"{REPLICA_B}/models").mock(side_effect=httpx.ConnectError("Connection refused"))
+    async with VLLMProvider(base_url=REPLICA_A, max_retries=0) as vllm:
+        await vllm.load_adapter("a1", "/adapters/a1")
+    async with VLLMProvider(base_url=f"{REPLICA_A},{REPLICA_B}", max_retries=0) as vllm:
+        report = await vllm.reconcile_adapters()
+    assert report.replicas[0].error is None
+    assert report.replicas[1].error is not None and REPLICA_B in report.replicas[1].error
+    assert not report.ok
+
+
+async def test_reconcile_with_an_old_vllm_that_does_not_list_runtime_adapters(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    load = mock.post(LOAD).mock(
+        side_effect=[
+            httpx.Response(200, text="Success"),
+            vllm_error(400, "The lora adapter 'a1' has already been loaded.", "InvalidUserInput"),
+        ]
+    )
+    mock.get(f"{BASE}/models").mock(return_value=model_list())
+    await provider.load_adapter("a1", "/adapters/a1")
+    report = await provider.reconcile_adapters()
+    assert report.replicas[0].reloaded == () and report.ok
+    assert load.call_count == 2
+
+
+# Replicas ---------------------------------------------------------------------------------------------
+
+
+def test_replicas_from_a_list_or_a_comma_separated_string(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert VLLMProvider(base_url=[REPLICA_A, REPLICA_B + "/"]).replicas == (REPLICA_A, REPLICA_B)
+    monkeypatch.setenv("VLLM_BASE_URL", f"{REPLICA_A}, {REPLICA_B}")
+    vllm = VLLMProvider()
+    assert vllm.replicas == (REPLICA_A, REPLICA_B) and len(vllm.replicas) == 2
+    assert vllm.base_url == f"{REPLICA_A},{REPLICA_B}"
+    with pytest.raises(ConfigurationError, match="not a valid base URL"):
+        VLLMProvider(base_url=[REPLICA_A, "vllm-b:8100"])
+
+
+@pytest.fixture
+async def replicated() -> AsyncIterator[VLLMProvider]:
+    async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B], max_retries=0) as vllm:
+        yield vllm
+
+
+async def test_loads_and_unloads_go_to_every_replica(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
+    loads = [
+        mock.post(f"{url}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+        for url in (REPLICA_A, REPLICA_B)
+    ]
+    unloads = [
+        mock.post(f"{url}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+        for url in (REPLICA_A, REPLICA_B)
+    ]
+    await replicated.load_adapter("a1", "/adapters/a1")
+    assert [sent(route) for route in loads] == [{"lora_name": "a1", "lora_path": "/adapters/a1"}] * 2
+    await replicated.unload_adapter("a1")
+    assert [sent(route) for route in unloads] == [{"lora_name": "a1"}] * 2
+    assert await replicated.list_adapters() == []
+
+
+async def test_a_load_failing_on_one_replica_is_rolled_back_on_the_others(
+    replicated: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.post(f"{REPLICA_A}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    mock.post(f"{REPLICA_B}/load_lora_adapter").mock(
+        return_value=vllm_error(500, "LoRA rank 64 is greater than max_lora_rank 16.", "InternalServerError")
+    )
+    unload_a = mock.post(f"{REPLICA_A}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    unload_b = mock.post(f"{REPLICA_B}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    with pytest.raises(ServerInvalidAdapterError) as caught:
+        await replicated.load_adapter("a1", "/adapters/a1")
+    assert f"vLLM at {REPLICA_B}" in str(caught.value) and "--max-lora-rank" in str(caught.value)
+    assert sent(unload_a) == {"lora_name": "a1"} and unload_b.call_count == 0
+    assert await replicated.list_adapters() == []
+
+
+async def test_a_load_on_a_down_replica_fails_and_is_rolled_back(
+    replicated: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.post(f"{REPLICA_A}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    mock.post(f"{REPLICA_B}/load_lora_adapter").mock(side_effect=httpx.ConnectError("Connection refused"))
+    unload_a = mock.post(f"{REPLICA_A}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    with pytest.raises(ProviderUnavailableError, match=REPLICA_B):
+        await replicated.load_adapter("a1", "/adapters/a1")
+    assert unload_a.call_count == 1
+    assert await replicated.list_adapters() == []
+
+
+async def test_generations_alternate_between_replicas(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
+    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(return_value=completion("from a"))
+    chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(return_value=completion("from b"))
+    texts = [(await replicated.generate("Hi", model="base-model")).text for _ in range(4)]
+    assert sorted(texts) == ["from a", "from a", "from b", "from b"]
+    assert texts[0] != texts[1] and texts[1] != texts[2]
+    assert (chat_a.call_count, chat_b.call_count) == (2, 2)
+
+
+async def test_concurrent_generations_are_spread(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.01)
+        return completion(str(request.url.host))
+
+    mock.post(f"{REPLICA_A}/chat/completions").mock(side_effect=slow)
+    mock.post(f"{REPLICA_B}/chat/completions").mock(side_effect=slow)
+    results = await asyncio.gather(*(replicated.generate("Hi", model="base-model") for _ in range(10)))
+    hosts = [result.text for result in results]
+    assert hosts.count("vllm-a.test") == hosts.count("vllm-b.test") == 5
+
+
+async def test_a_down_replica_is_skipped(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
+    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(return_value=completion("from a"))
+    chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(side_effect=httpx.ConnectError("Connection refused"))
+    texts = [(await replicated.generate("Hi", model="base-model")).text for _ in range(4)]
+    assert texts == ["from a"] * 4
+    assert chat_a.call_count == 4 and chat_b.call_count == 1  # tried once, then left alone for a while
+    streamed = [event async for event in replicated.stream("Hi", model="base-model")]
+    assert isinstance(streamed[-1], GenerationResult)
+
+
+async def test_all_replicas_down_is_unavailable_naming_every_url(
+    replicated: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.post(f"{REPLICA_A}/chat/completions").mock(side_effect=httpx.ConnectError("Connection refused"))
+    mock.post(f"{REPLICA_B}/chat/completions").mock(side_effect=httpx.ConnectError("Connection refused"))
+    with pytest.raises(ProviderUnavailableError) as caught:
+        await replicated.generate("Hi", model="base-model")
+    message = str(caught.value)
+    assert "none of the 2 vLLM replicas accepts connections" in message
+    assert REPLICA_A in message and REPLICA_B in message and "VLLM_BASE_URL" in message
+    assert caught.value.url == f"{REPLICA_A},{REPLICA_B}"
+    # both come back: the same provider serves again
+    mock.post(f"{REPLICA_A}/chat/completions").mock(return_value=completion("back"))
+    mock.post(f"{REPLICA_B}/chat/completions").mock(return_value=completion("back"))
+    assert (await replicated.generate("Hi", model="base-model")).text == "back"
+
+
+async def test_a_timeout_is_not_retried_on_another_replica(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
+    """The request reached a server, which may still be generating: sending it again would run it twice."""
+    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(side_effect=httpx.ReadTimeout("slow"))
+    chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(side_effect=httpx.ReadTimeout("slow"))
+    with pytest.raises(ProviderTimeoutError):
+        await replicated.generate("Hi", model="base-model")
+    assert chat_a.call_count + chat_b.call_count == 1
+
+
+# Streaming --------------------------------------------------------------------------------------------
+
+
+def sse_chunk(model: str, delta: dict[str, Any] | None, finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def sse_events(
+    pieces: list[str], *, model: str = "base-model", finish_reason: str = "stop", usage: bool = True
+) -> list[bytes]:
+    """The SSE events vLLM sends for a chat stream with include_usage: role, pieces, finish, usage, DONE."""
+    chunks = [sse_chunk(model, {"role": "assistant", "content": ""})]
+    chunks += [sse_chunk(model, {"content": piece}) for piece in pieces]
+    chunks.append(sse_chunk(model, {"content": ""}, finish_reason))
+    if usage:
+        chunks.append(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 1700000000,
+                "model": model,
+                "choices": [],
+                "usage": {"prompt_tokens": 9, "total_tokens": 9 + len(pieces), "completion_tokens": len(pieces)},
+            }
+        )
+    return [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks] + [b"data: [DONE]\n\n"]
+
+
+def sse_response(pieces: list[str], **kwargs: Any) -> httpx.Response:
+    return httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, content=b"".join(sse_events(pieces, **kwargs))
+    )
+
+
+class HeldStream(httpx.AsyncByteStream):
+    """A response body that sends some events, then holds the connection open (a server still generating)."""
+
+    def __init__(self, events: list[bytes], *, then_fail: Exception | None = None) -> None:
+        self.events = events
+        self.then_fail = then_fail
+        self.closed = asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for event in self.events:
+            yield event
+        if self.then_fail is not None:
+            raise self.then_fail
+        await asyncio.sleep(3600)  # only closing the response ends this
+        yield b""
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+async def test_stream_yields_pieces_then_the_result(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    route = mock.post(CHAT).mock(return_value=sse_response(["Hel", "lo", " there"], finish_reason="length"))
+    events = [event async for event in provider.stream("Hi", model="base-model", max_tokens=3, temperature=0.0)]
+    assert events[:-1] == ["Hel", "lo", " there"]
+    result = events[-1]
+    assert isinstance(result, GenerationResult)
+    assert (result.text, result.model, result.finish_reason) == ("Hello there", "base-model", "length")
+    assert (result.prompt_tokens, result.completion_tokens, result.token_count) == (9, 3, 12)
+    assert sent(route) == {
+        "model": "base-model",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 3,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    await generates(provider, mock)
+
+
+async def test_stream_without_a_usage_chunk_counts_token_chunks(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    """llama.cpp's server ignores include_usage and sends one chunk per token."""
+    mock.post(CHAT).mock(return_value=sse_response(["a", "b"], usage=False))
+    events = [event async for event in provider.stream("Hi", model="base-model")]
+    result = events[-1]
+    assert isinstance(result, GenerationResult)
+    assert (result.text, result.prompt_tokens, result.completion_tokens, result.finish_reason) == ("ab", 0, 4, "stop")
+
+
+async def test_breaking_out_of_a_stream_closes_the_response(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    body = HeldStream(sse_events(["one", "two"], usage=False)[:3])
+    mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
+    pieces = []
+    stream = cast(AsyncGenerator[object, None], provider.stream("Hi", model="base-model"))
+    async with contextlib.aclosing(stream) as events:
+        async for event in events:
+            pieces.append(event)
+            if len(pieces) == 2:
+                break
+    assert pieces == ["one", "two"]
+    assert body.closed.is_set()  # vLLM sees the connection close and aborts the request
+    await generates(provider, mock)
+
+
+async def test_cancelling_the_consumer_closes_the_response(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    body = HeldStream(sse_events(["one"], usage=False)[:2])
+    mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
+    first_piece = asyncio.Event()
+
+    async def consume() -> None:
+        async for _event in provider.stream("Hi", model="base-model"):
+            first_piece.set()
+
+    task = asyncio.create_task(consume())
+    await first_piece.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert body.closed.is_set()
+    await generates(provider, mock)
+
+
+async def test_stream_errors_are_mapped_like_generate(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.post(CHAT).mock(return_value=vllm_error(404, "The model `nope` does not exist.", "NotFoundError", "model"))
+    with pytest.raises(ServerModelNotFoundError, match="does not serve model 'nope'"):
+        async for _event in provider.stream("Hi", model="nope"):
+            pass
+    mock.post(CHAT).mock(side_effect=[httpx.Response(503), sse_response(["ok"])])
+    events = [event async for event in provider.stream("Hi", model="base-model")]
+    assert events[0] == "ok"
+    await generates(provider, mock)
+
+
+async def test_a_connection_dropped_mid_stream_is_unavailable(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    body = HeldStream(sse_events(["one"], usage=False)[:2], then_fail=httpx.RemoteProtocolError("peer closed"))
+    mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
+    pieces: list[object] = []
+    with pytest.raises(ProviderUnavailableError, match="dropped the connection during generate") as caught:
+        async for event in provider.stream("Hi", model="base-model"):
+            pieces.append(event)
+    assert pieces == ["one"] and caught.value.url == BASE
+    await generates(provider, mock)
+
+
+async def test_a_stream_that_times_out_between_chunks(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    body = HeldStream(sse_events(["one"], usage=False)[:2], then_fail=httpx.ReadTimeout("no next chunk"))
+    mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
+    with pytest.raises(ProviderTimeoutError, match="VLLM_TIMEOUT"):
+        async for _event in provider.stream("Hi", model="base-model"):
+            pass
+    await generates(provider, mock)
+
+
+async def test_a_malformed_stream_event_is_a_protocol_error(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.post(CHAT).mock(
+        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"data: {oops\n\n")
+    )
+    with pytest.raises(ProtocolError):
+        async for _event in provider.stream("Hi", model="base-model"):
+            pass
+    await generates(provider, mock)

@@ -28,7 +28,7 @@ import random
 import ssl
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ __all__ = [
     "RetryPolicy",
     "ServerAnswer",
     "ServerClient",
+    "is_connect_failure",
     "server_root",
 ]
 
@@ -72,6 +73,22 @@ _SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, ke
 def _ssl_context() -> ssl.SSLContext:
     """One default TLS context for every pool (making one loads the CA bundle: tens of milliseconds)."""
     return httpx.create_ssl_context()
+
+
+def is_connect_failure(error: BaseException) -> bool:
+    """True when ``error`` (or what caused it) is a failure to connect: the request never reached a server.
+
+    Such a request is safe to send elsewhere (another replica); an error after the request was sent (a
+    reset, a timeout waiting for the answer) is not.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def server_root(base_url: str) -> str:
@@ -342,7 +359,9 @@ class ServerClient:
         if isinstance(cause, (httpx.TransportError, OSError)) or (
             openai is not None and isinstance(error, openai.APIConnectionError)
         ):
-            return self._unavailable_error(cause if cause is not None else error)
+            if is_connect_failure(error):
+                return self._unavailable_error(cause if cause is not None else error)
+            return self._broken_error(operation, cause if cause is not None else error)
         if isinstance(error, ValueError):  # json.JSONDecodeError from a body that is not JSON
             return self.protocol_error(operation, f"malformed JSON ({error})")
         return ProviderError(
@@ -373,6 +392,54 @@ class ServerClient:
             provider=self.provider,
             url=self.base_url,
         )
+
+    def _broken_error(self, operation: str, cause: BaseException) -> ProviderUnavailableError:
+        detail = str(cause) or type(cause).__name__
+        return ProviderUnavailableError(
+            f"{self.where} dropped the connection during {operation} ({detail}): the server crashed, "
+            "restarted or was stopped while answering; check that it is up (its log says why), then retry",
+            provider=self.provider,
+            url=self.base_url,
+        )
+
+    async def stream_json_lines(
+        self,
+        method: str,
+        url: str,
+        *,
+        operation: str,
+        json_body: Any = None,
+        handlers: ErrorHandlers | None = None,
+    ) -> AsyncIterator[Any]:
+        """Send one request and yield each line of its answer parsed as JSON (NDJSON), as it arrives.
+
+        Error statuses are mapped like :meth:`request` (the error body is read first). Closing the
+        generator (``aclose()``, a ``break`` inside ``contextlib.aclosing``, cancelling the consumer)
+        closes the response, which tells the server to stop.
+
+        Raises:
+            ProviderUnavailableError: Nothing answers at the URL, or the connection broke mid-answer.
+            ProviderTimeoutError: No answer (or no next line) within the timeout.
+            ProtocolError: A line is not JSON.
+            ServerResponseError: The server answered with an error status.
+        """
+        try:
+            async with self.client().stream(method, url, json=json_body) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise self.error_from_response(response, operation=operation, handlers=handlers)
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    try:
+                        item = json.loads(line)
+                    except ValueError as error:
+                        raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
+                    yield item
+        except InferenceError:
+            raise
+        except httpx.HTTPError as error:
+            raise self.error_from_exception(error, operation=operation) from error
 
     def error_from_response(
         self, response: httpx.Response, *, operation: str, handlers: ErrorHandlers | None = None

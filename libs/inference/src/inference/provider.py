@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
@@ -157,7 +157,7 @@ class InferenceProvider(ABC):
         stop: str | list[str] | None = None,
         seed: int | None = None,
         top_k: int | None = None,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """Generate like :meth:`generate`, yielding text pieces as they are produced.
 
         Yields:

@@ -1,15 +1,31 @@
-"""The vLLM provider: generation over the OpenAI-compatible API, LoRA adapters over vLLM's runtime routes."""
+"""The vLLM provider: generation over the OpenAI-compatible API, LoRA adapters over vLLM's runtime routes.
+
+One provider may front several vLLM servers (replicas): adapters are loaded on every replica (all or
+nothing), generations are spread across them and skip a replica that does not accept connections.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
+import os
 import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inference._dependencies import import_optional
-from inference._http import ServerAnswer, ServerClient, server_root
+from inference._http import ServerAnswer, ServerClient, is_connect_failure, server_root
 from inference._validation import GenerationRequest
 from inference.config import resolve_settings
 from inference.exceptions import (
+    ConfigurationError,
+    InferenceError,
+    InvalidAdapterError,
+    ProviderUnavailableError,
     RuntimeLoRADisabledError,
     ServerAdapterAlreadyLoadedError,
     ServerAdapterNotFoundError,
@@ -17,17 +33,20 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.provider import GenerationResult, InferenceProvider
+from inference.peft_adapter import read_peft_adapter
+from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 if TYPE_CHECKING:
     import httpx
     from openai import AsyncOpenAI
 
-__all__ = ["VLLMProvider"]
+__all__ = ["ReconcileReport", "ReplicaReconciliation", "VLLMProvider"]
 
 # Imported with the module (never by ``import inference``), not at first request: importing openai takes
 # about half a second, which must not stall a running event loop.
 _openai = import_optional("openai", extra="vllm", provider="vllm")
+
+logger = logging.getLogger("inference.vllm")
 
 _NO_API_KEY = "EMPTY"
 """What the openai client sends when no key is configured (vLLM without --api-key ignores it)."""
@@ -35,22 +54,137 @@ _NO_API_KEY = "EMPTY"
 _RUNTIME_LORA_HINT = "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
 _QUOTED_MODEL = re.compile(r"`([^`]*)`")
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM's ``--max-lora-rank`` accepts."""
+
+DOWN_SECONDS = 5.0
+"""A replica that refused a connection is tried last for this long (it is still tried if all are down)."""
+
+
+@dataclass(frozen=True)
+class ReplicaReconciliation:
+    """What :meth:`VLLMProvider.reconcile_adapters` found and did on one replica.
+
+    Attributes:
+        base_url: The replica's base URL.
+        reloaded: Adapters the provider had loaded that the server had lost, loaded again.
+        failed: Adapters the server had lost that could not be loaded again (the log says why).
+        unexpected: LoRA adapters the server serves that this provider did not load (``--lora-modules``,
+            a resolver plugin, another client); left alone.
+        error: Why the replica could not be reconciled (e.g. it is down), else ``None``.
+    """
+
+    base_url: str
+    reloaded: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """The outcome of :meth:`VLLMProvider.reconcile_adapters`, one entry per replica.
+
+    Attributes:
+        replicas: One :class:`ReplicaReconciliation` per replica, in configuration order.
+    """
+
+    replicas: tuple[ReplicaReconciliation, ...]
+
+    @property
+    def reloaded(self) -> list[str]:
+        """Adapters reloaded on at least one replica, sorted."""
+        return sorted({adapter_id for replica in self.replicas for adapter_id in replica.reloaded})
+
+    @property
+    def unexpected(self) -> list[str]:
+        """Adapters some replica serves that this provider did not load, sorted."""
+        return sorted({adapter_id for replica in self.replicas for adapter_id in replica.unexpected})
+
+    @property
+    def ok(self) -> bool:
+        """True when every replica answered and holds every adapter the provider loaded."""
+        return all(replica.error is None and not replica.failed for replica in self.replicas)
+
+
+class _Replica:
+    """One vLLM server: its HTTP client, openai client, LoRA routes and load counters."""
+
+    def __init__(self, provider: VLLMProvider, base_url: str, settings: dict[str, Any]) -> None:
+        self.base_url = base_url
+        self.http = ServerClient(
+            provider=provider.name,
+            server="vLLM",
+            base_url=base_url,
+            timeout=settings["timeout"],
+            max_retries=settings["max_retries"],
+            env_prefix="VLLM",
+            headers={"Authorization": f"Bearer {provider._api_key}"} if provider._api_key else None,
+        )
+        root = server_root(base_url)
+        self.load_url = f"{root}/v1/load_lora_adapter"
+        self.unload_url = f"{root}/v1/unload_lora_adapter"
+        self.models_url = f"{root}/v1/models"
+        self.in_flight = 0
+        self.down_until = 0.0
+        self._api_key = provider._api_key
+        self._openai: AsyncOpenAI | None = None
+        self._openai_http: httpx.AsyncClient | None = None
+
+    def openai(self) -> AsyncOpenAI:
+        """The openai client over the pooled HTTP client (made again when the pooled client changes)."""
+        http_client = self.http.client()
+        if self._openai is None or self._openai_http is not http_client:
+            self._openai = _openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key or _NO_API_KEY,
+                http_client=http_client,
+                timeout=self.http.httpx_timeout,
+                max_retries=0,  # retries live in the pooled client's transport
+            )
+            self._openai_http = http_client
+        return self._openai
+
+    async def aclose(self) -> None:
+        self._openai = None
+        self._openai_http = None
+        await self.http.aclose()
+
+
+class _ReplicaDown(Exception):
+    """A request could not reach a replica (connect failure): another replica may take it."""
+
+    def __init__(self, error: InferenceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
 
 class VLLMProvider(InferenceProvider):
-    """Generates through a vLLM server and loads LoRA adapters into it at run time.
+    """Generates through one or more vLLM servers and loads LoRA adapters into them at run time.
 
     Generation uses the OpenAI-compatible ``/v1/chat/completions`` route through the ``openai`` client;
     an adapter is chosen by sending its id as the ``model``. ``load_adapter``/``unload_adapter`` call
     vLLM's runtime routes, which exist only when the server runs with ``--enable-lora`` and
-    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``. The provider keeps its own record of the adapters it loaded
-    (the server's own list was unreliable in some vLLM versions); ``list_adapters`` returns it.
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``. An adapter directory that exists on this machine is checked
+    before it is sent (PEFT LoRA, no DoRA, no bias, rank at most ``max_lora_rank``); another path is sent
+    as it is (the server may see another filesystem, or take it as a Hugging Face Hub repo id).
+
+    Self-healing: when a server answers that it does not know an adapter this provider loaded (it was
+    restarted), the provider loads it again from the remembered path on that server and retries the
+    request once. :meth:`reconcile_adapters` does the same for every adapter at once.
+
+    Replicas: give several base URLs (a list, or comma-separated) to spread generations over several
+    independent vLLM servers serving the same model. Adapter loads and unloads go to every replica; a
+    load that fails on one is undone on the others.
 
     Args:
-        base_url: The server's OpenAI-compatible base URL, ending with ``/v1``; else ``VLLM_BASE_URL``;
-            else ``http://localhost:8100/v1``.
-        api_key: Key the server was started with (``--api-key``); else ``VLLM_API_KEY``. Never shown.
+        base_url: The server's OpenAI-compatible base URL, ending with ``/v1``, or several (a list or a
+            comma-separated string); else ``VLLM_BASE_URL``; else ``http://localhost:8100/v1``.
+        api_key: Key the servers were started with (``--api-key``); else ``VLLM_API_KEY``. Never shown.
         timeout: Seconds to wait for one answer; else ``VLLM_TIMEOUT``; else 120.
         max_retries: Retries of connect errors and 429/502/503/504; else ``VLLM_MAX_RETRIES``; else 2.
+        max_lora_rank: Largest adapter rank accepted before sending (match the servers'
+            ``--max-lora-rank``); else ``VLLM_MAX_LORA_RANK``; else 16.
 
     Example:
         >>> provider = VLLMProvider(base_url="http://127.0.0.1:8100/v1", api_key="secret")
@@ -65,98 +199,68 @@ class VLLMProvider(InferenceProvider):
 
     def __init__(
         self,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         api_key: str | None = None,
         timeout: float | None = None,
         max_retries: int | None = None,
+        max_lora_rank: int | None = None,
     ) -> None:
-        settings = resolve_settings(
-            "vllm", {"base_url": base_url, "api_key": api_key, "timeout": timeout, "max_retries": max_retries}
-        )
+        given = {
+            "base_url": base_url,
+            "api_key": api_key,
+            "timeout": timeout,
+            "max_retries": max_retries,
+            "max_lora_rank": max_lora_rank,
+        }
+        settings = resolve_settings("vllm", {key: value for key, value in given.items() if value is not None})
         self.base_url: str = settings["base_url"]
+        max_rank = settings["max_lora_rank"]
+        if isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 1:
+            raise ConfigurationError(
+                f"max_lora_rank must be a positive integer (the server's --max-lora-rank), got {max_rank!r}",
+                provider=self.name,
+            )
+        self.max_lora_rank: int = max_rank
         self._api_key: str | None = settings["api_key"]
-        self._http = ServerClient(
-            provider=self.name,
-            server="vLLM",
-            base_url=self.base_url,
-            timeout=settings["timeout"],
-            max_retries=settings["max_retries"],
-            env_prefix="VLLM",
-            headers={"Authorization": f"Bearer {self._api_key}"} if self._api_key else None,
-        )
-        root = server_root(self.base_url)
-        self._load_url = f"{root}/v1/load_lora_adapter"
-        self._unload_url = f"{root}/v1/unload_lora_adapter"
-        self._openai: AsyncOpenAI | None = None
-        self._openai_http: httpx.AsyncClient | None = None
-        self._adapters: dict[str, str] = {}
+        urls = [url for url in self.base_url.split(",") if url]
+        self._replicas = tuple(_Replica(self, url, settings) for url in urls)
+        self._cursor = itertools.count()
 
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
-        return f"VLLMProvider(base_url={self.base_url!r}, api_key={key}, adapters={sorted(self._adapters)})"
+        adapters = sorted(self._adapter_registry.ids())
+        return f"VLLMProvider(base_url={self.base_url!r}, api_key={key}, adapters={adapters})"
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """The base URLs of the vLLM servers this provider uses, in configuration order."""
+        return tuple(replica.base_url for replica in self._replicas)
 
     @property
     def timeout(self) -> float:
         """Seconds to wait for one answer."""
-        return self._http.timeout
+        return self._replicas[0].http.timeout
 
     @property
     def max_retries(self) -> int:
         """Retries of transient failures."""
-        return self._http.max_retries
+        return self._replicas[0].http.max_retries
 
-    def _client(self) -> AsyncOpenAI:
-        """The openai client over the pooled HTTP client (made again when the pooled client changes)."""
-        http_client = self._http.client()
-        if self._openai is None or self._openai_http is not http_client:
-            self._openai = _openai.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self._api_key or _NO_API_KEY,
-                http_client=http_client,
-                timeout=self._http.httpx_timeout,
-                max_retries=0,  # retries live in the pooled client's transport
-            )
-            self._openai_http = http_client
-        return self._openai
+    # Generation -----------------------------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        model = request.adapter_id or request.model
-        operation = f"generate with adapter {model!r}" if request.adapter_id else f"generate with model {model!r}"
-        messages = []
-        if request.system_prompt is not None:
-            messages.append({"role": "system", "content": request.system_prompt})
-        messages.append({"role": "user", "content": request.prompt})
-        arguments: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": request.max_tokens}
-        if request.temperature is not None:
-            arguments["temperature"] = request.temperature
-        if request.top_p is not None:
-            arguments["top_p"] = request.top_p
-        if request.stop:
-            arguments["stop"] = list(request.stop)
-        if request.seed is not None:
-            arguments["seed"] = request.seed
-        extra_body: dict[str, Any] = {}
-        if request.repetition_penalty is not None:
-            extra_body["repetition_penalty"] = request.repetition_penalty
-        if request.top_k is not None:
-            extra_body["top_k"] = request.top_k
-        if extra_body:
-            arguments["extra_body"] = extra_body
-        client = self._client()
-        try:
-            completion = await client.chat.completions.create(**arguments)
-        except Exception as error:
-            handlers = {404: lambda answer: self._generation_not_found(answer, request)}
-            raise self._http.error_from_exception(error, operation=operation, handlers=handlers) from error
-        try:
-            choice = completion.choices[0]
-            text = choice.message.content or ""
-            usage = completion.usage
-            prompt_tokens = usage.prompt_tokens if usage is not None else 0
-            completion_tokens = usage.completion_tokens if usage is not None else 0
-            answered_model = completion.model or model
-        except (AttributeError, IndexError, TypeError) as error:
-            raise self._http.protocol_error(operation, "an answer that is not a chat completion") from error
+        async with self._chat(request, stream=False) as (replica, completion):
+            try:
+                choice = completion.choices[0]
+                text = choice.message.content or ""
+                usage = completion.usage
+                prompt_tokens = usage.prompt_tokens if usage is not None else 0
+                completion_tokens = usage.completion_tokens if usage is not None else 0
+                answered_model = completion.model or (request.adapter_id or request.model)
+            except (AttributeError, IndexError, TypeError) as error:
+                raise replica.http.protocol_error(
+                    _operation(request), "an answer that is not a chat completion"
+                ) from error
         return GenerationResult(
             text=text,
             model=answered_model,
@@ -167,7 +271,135 @@ class VLLMProvider(InferenceProvider):
             completion_tokens=completion_tokens,
         )
 
-    def _generation_not_found(self, answer: ServerAnswer, request: GenerationRequest) -> ServerResponseError | None:
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        operation = _operation(request)
+        async with self._chat(request, stream=True) as (replica, events):
+            pieces: list[str] = []
+            finish_reason: str | None = None
+            usage: Any = None
+            answered_model = request.adapter_id or request.model
+            token_chunks = 0  # servers that send no usage chunk (llama.cpp's) send one chunk per token
+            iterator = events.__aiter__()
+            while True:
+                try:
+                    chunk = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                except InferenceError:
+                    raise
+                except Exception as error:
+                    raise replica.http.error_from_exception(error, operation=operation) from error
+                try:
+                    answered_model = chunk.model or answered_model
+                    usage = chunk.usage or usage
+                    choices = chunk.choices or []
+                    delta = choices[0].delta if choices else None
+                    content = delta.content if delta is not None else None
+                    if choices and choices[0].finish_reason:
+                        finish_reason = choices[0].finish_reason
+                except (AttributeError, IndexError, TypeError) as error:
+                    raise replica.http.protocol_error(operation, "a stream chunk that is not a chat chunk") from error
+                if content is not None:
+                    token_chunks += 1
+                if content:
+                    pieces.append(content)
+                    yield content
+        prompt_tokens = usage.prompt_tokens if usage is not None else 0
+        completion_tokens = usage.completion_tokens if usage is not None else token_chunks
+        yield GenerationResult(
+            text="".join(pieces),
+            model=answered_model,
+            adapter_id=request.adapter_id,
+            token_count=prompt_tokens + completion_tokens,
+            finish_reason="length" if finish_reason == "length" else "stop",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+    @asynccontextmanager
+    async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[_Replica, Any]]:
+        """Send the chat request to a replica and hold it there until the caller is done with the answer.
+
+        Replicas are tried least-busy first (round-robin among equals); one that cannot be reached is
+        skipped. A stream is closed on exit, which makes vLLM abort the generation.
+        """
+        arguments = _chat_arguments(request, stream=stream)
+        failures: list[tuple[_Replica, InferenceError]] = []
+        for replica in self._replicas_in_order():
+            replica.in_flight += 1
+            try:
+                try:
+                    answer = await self._create(replica, request, arguments)
+                except _ReplicaDown as down:
+                    replica.down_until = time.monotonic() + DOWN_SECONDS
+                    failures.append((replica, down.error))
+                    if len(self._replicas) > 1:
+                        logger.warning("vLLM replica %s is unreachable; trying another", replica.base_url)
+                    continue
+                replica.down_until = 0.0
+                try:
+                    yield replica, answer
+                finally:
+                    if stream:
+                        await answer.close()
+                return
+            finally:
+                replica.in_flight -= 1
+        raise self._all_down(failures)
+
+    def _replicas_in_order(self) -> list[_Replica]:
+        count = len(self._replicas)
+        start = next(self._cursor) % count
+        rotated = self._replicas[start:] + self._replicas[:start]
+        now = time.monotonic()
+        up = sorted((replica for replica in rotated if replica.down_until <= now), key=lambda r: r.in_flight)
+        return up + [replica for replica in rotated if replica.down_until > now]
+
+    def _all_down(self, failures: list[tuple[_Replica, InferenceError]]) -> InferenceError:
+        if len(failures) == 1:
+            return failures[0][1]
+        said = "; ".join(f"{replica.base_url}: {error}" for replica, error in failures)
+        return ProviderUnavailableError(
+            f"none of the {len(failures)} vLLM replicas accepts connections ({said}): start them, or remove "
+            "the URLs of stopped servers from VLLM_BASE_URL (or base_url)",
+            provider=self.name,
+            url=self.base_url,
+        )
+
+    async def _create(self, replica: _Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
+        """One chat request on ``replica``; reloads a lost adapter and retries once (self-healing)."""
+        operation = _operation(request)
+        try:
+            return await replica.openai().chat.completions.create(**arguments)
+        except Exception as error:
+            if is_connect_failure(error):
+                raise _ReplicaDown(replica.http.error_from_exception(error, operation=operation)) from error
+            mapped = self._generation_error(replica, error, request)
+            path = self._adapter_path(request.adapter_id) if request.adapter_id else None
+            if not isinstance(mapped, ServerAdapterNotFoundError) or path is None:
+                raise mapped from error
+            first = mapped
+        assert request.adapter_id is not None  # a lost adapter implies one was asked for
+        logger.warning(
+            "%s lost adapter %r (restarted?); loading it again from %s", replica.http.where, request.adapter_id, path
+        )
+        await self._load_on(replica, request.adapter_id, path, healing=True)
+        try:
+            return await replica.openai().chat.completions.create(**arguments)
+        except Exception as error:
+            raise self._generation_error(replica, error, request, reloaded_from=path) from first
+
+    def _generation_error(
+        self, replica: _Replica, error: Exception, request: GenerationRequest, *, reloaded_from: str | None = None
+    ) -> InferenceError:
+        def not_found(answer: ServerAnswer) -> ServerResponseError | None:
+            return self._generation_not_found(answer, request, reloaded_from)
+
+        return replica.http.error_from_exception(error, operation=_operation(request), handlers={404: not_found})
+
+    def _generation_not_found(
+        self, answer: ServerAnswer, request: GenerationRequest, reloaded_from: str | None
+    ) -> ServerResponseError | None:
         if answer.route_missing:
             return answer.error(
                 ServerResponseError,
@@ -177,22 +409,86 @@ class VLLMProvider(InferenceProvider):
         quoted = _QUOTED_MODEL.search(answer.message)
         named = quoted.group(1) if quoted else None
         if request.adapter_id is not None and named in (None, request.adapter_id):
-            return answer.error(
-                ServerAdapterNotFoundError,
-                f"{answer.where} has no adapter {request.adapter_id!r} ({answer.message}): load it with "
-                f"load_adapter({request.adapter_id!r}, path) first, or start vLLM with "
-                f"--lora-modules {request.adapter_id}=<path>",
-            )
+            if reloaded_from is not None:
+                sentence = (
+                    f"{answer.where} still has no adapter {request.adapter_id!r} after it was loaded again from "
+                    f"{reloaded_from!r} ({answer.message}): check the server's log; unload_adapter and "
+                    "load_adapter it again, or call reconcile_adapters()"
+                )
+            else:
+                sentence = (
+                    f"{answer.where} has no adapter {request.adapter_id!r} ({answer.message}): load it with "
+                    f"load_adapter({request.adapter_id!r}, path) first, or start vLLM with "
+                    f"--lora-modules {request.adapter_id}=<path>"
+                )
+            return answer.error(ServerAdapterNotFoundError, sentence)
         return answer.error(
             ServerModelNotFoundError,
             f"{answer.where} does not serve model {named or request.model!r} ({answer.message}): use the name "
             "the server was started with (--served-model-name, or the --model path); GET /v1/models lists it",
         )
 
+    # Adapters -------------------------------------------------------------------------------------------
+
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        self._check_local_adapter(adapter_path)
+        outcomes = await asyncio.gather(
+            *(self._load_on(replica, adapter_id, adapter_path) for replica in self._replicas),
+            return_exceptions=True,
+        )
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if not failures:
+            return
+        loaded = [replica for replica, outcome in zip(self._replicas, outcomes, strict=True) if outcome is None]
+        if loaded:
+            logger.warning(
+                "loading adapter %r failed on %d of %d vLLM replicas; unloading it from the others",
+                adapter_id,
+                len(failures),
+                len(self._replicas),
+            )
+            await self._roll_back(loaded, adapter_id)
+        raise failures[0]
+
+    async def _roll_back(self, replicas: list[_Replica], adapter_id: str) -> None:
+        outcomes = await asyncio.gather(
+            *(self._unload_on(replica, adapter_id) for replica in replicas), return_exceptions=True
+        )
+        for replica, outcome in zip(replicas, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                logger.error(
+                    "could not unload adapter %r from %s after a failed load elsewhere (%s): unload it by hand",
+                    adapter_id,
+                    replica.base_url,
+                    outcome,
+                )
+
+    def _check_local_adapter(self, adapter_path: str) -> None:
+        """Refuse, before sending, an adapter directory on this machine that vLLM would refuse."""
+        if not os.path.exists(adapter_path):
+            return  # the server may see another filesystem, or take it as a Hub repo id
+        adapter = read_peft_adapter(adapter_path, provider=self.name)
+        if adapter.rank <= self.max_lora_rank:
+            return
+        fitting = [rank for rank in VLLM_LORA_RANKS if rank >= adapter.rank]
+        if not fitting:
+            advice = f"vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}: train the adapter with a smaller rank"
+        else:
+            advice = (
+                f"start vLLM with --max-lora-rank {fitting[0]} (or more; it accepts "
+                f"{', '.join(map(str, VLLM_LORA_RANKS))}) and set VLLM_MAX_LORA_RANK={fitting[0]} "
+                f"(or max_lora_rank={fitting[0]})"
+            )
+        raise InvalidAdapterError(
+            f"adapter at {adapter_path} has rank {adapter.rank}, above max_lora_rank {self.max_lora_rank}: {advice}",
+            provider=self.name,
+            path=adapter_path,
+        )
+
+    async def _load_on(self, replica: _Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> None:
         def not_found(answer: ServerAnswer) -> ServerResponseError:
             if answer.route_missing:
-                return self._runtime_lora_disabled(answer)
+                return _runtime_lora_disabled(answer)
             return answer.error(
                 ServerInvalidAdapterError,
                 f"{answer.where} found no adapter at {adapter_path!r} ({answer.message}): the path must exist "
@@ -215,7 +511,7 @@ class VLLMProvider(InferenceProvider):
             if "max_lora_rank" in answer.message:
                 advice = (
                     "restart vLLM with a --max-lora-rank at least the adapter's rank "
-                    "(one of 8, 16, 32, 64, 128, 256, 320, 512; the default is 16)"
+                    f"(one of {', '.join(map(str, VLLM_LORA_RANKS))}; the default is 16)"
                 )
             else:
                 advice = (
@@ -229,48 +525,161 @@ class VLLMProvider(InferenceProvider):
                 path=adapter_path,
             )
 
-        await self._http.request(
-            "POST",
-            self._load_url,
-            operation=f"load adapter {adapter_id!r}",
-            json_body={"lora_name": adapter_id, "lora_path": adapter_path},
-            handlers={400: bad_request, 404: not_found, 500: server_error},
-        )
-        self._adapters[adapter_id] = adapter_path
+        try:
+            await replica.http.request(
+                "POST",
+                replica.load_url,
+                operation=f"load adapter {adapter_id!r}",
+                json_body={"lora_name": adapter_id, "lora_path": adapter_path},
+                handlers={400: bad_request, 404: not_found, 500: server_error},
+            )
+        except ServerAdapterAlreadyLoadedError:
+            if not healing:
+                raise
+            # Another request reloaded it first: the server has it again, which is what healing wants.
 
     async def _unload_adapter(self, adapter_id: str) -> None:
-        def not_found(answer: ServerAnswer) -> ServerResponseError:
+        outcomes = await asyncio.gather(
+            *(self._unload_on(replica, adapter_id) for replica in self._replicas), return_exceptions=True
+        )
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if failures:
+            raise failures[0]  # the adapter stays recorded: unloading again retries where it failed
+
+    async def _unload_on(self, replica: _Replica, adapter_id: str) -> None:
+        def not_found(answer: ServerAnswer) -> ServerResponseError | None:
             if answer.route_missing:
-                return self._runtime_lora_disabled(answer)
-            self._adapters.pop(adapter_id, None)  # the server does not have it: forget it here too
-            return answer.error(
-                ServerAdapterNotFoundError,
-                f"{answer.where} has no adapter named {adapter_id!r} ({answer.message}): "
-                f"adapters this provider loaded: {sorted(self._adapters) or 'none'}",
+                return _runtime_lora_disabled(answer)
+            return None
+
+        try:
+            await replica.http.request(
+                "POST",
+                replica.unload_url,
+                operation=f"unload adapter {adapter_id!r}",
+                json_body={"lora_name": adapter_id},
+                handlers={404: not_found},
             )
+        except RuntimeLoRADisabledError:
+            raise
+        except ServerResponseError as error:
+            if error.status_code != 404:
+                raise
+            # The server no longer has it (restarted): the unload's goal is met there.
+            logger.info("%s had already lost adapter %r; nothing to unload there", replica.http.where, adapter_id)
 
-        await self._http.request(
-            "POST",
-            self._unload_url,
-            operation=f"unload adapter {adapter_id!r}",
-            json_body={"lora_name": adapter_id},
-            handlers={404: not_found},
+    async def reconcile_adapters(self) -> ReconcileReport:
+        """Make every replica hold the adapters this provider loaded; report what differed.
+
+        Reads each replica's ``GET /v1/models`` (LoRA entries are those with a ``parent``), loads again the
+        adapters a replica lost (a restarted server forgets runtime-loaded adapters), and lists the LoRA
+        adapters a replica serves that this provider did not load (left alone). A replica that cannot be
+        reached is reported, not raised.
+
+        Returns:
+            One :class:`ReplicaReconciliation` per replica.
+        """
+        expected = {adapter_id: self._adapter_path(adapter_id) for adapter_id in self._adapter_registry.ids()}
+        results = await asyncio.gather(*(self._reconcile_one(replica, expected) for replica in self._replicas))
+        return ReconcileReport(replicas=tuple(results))
+
+    async def _served_adapters(self, replica: _Replica) -> dict[str, str]:
+        """The LoRA adapters ``replica`` lists in ``GET /v1/models``: name -> path (``root``)."""
+        operation = "list models"
+        response = await replica.http.request("GET", replica.models_url, operation=operation)
+        body = replica.http.parse_json(response, operation=operation)
+        try:
+            return {str(entry["id"]): str(entry.get("root") or "") for entry in body["data"] if entry.get("parent")}
+        except (KeyError, TypeError, AttributeError):
+            raise replica.http.protocol_error(operation, "a model list without data[].id") from None
+
+    async def _discover_adapter(self, adapter_id: str) -> str | None:
+        """An adapter the server lists but this object did not load (an earlier process, ``--lora-modules``).
+
+        It is then used and unloaded like one loaded here, so ``inference adapters unload ID`` works from a
+        new process. Asks the first replica that answers; ``None`` when none lists it.
+        """
+        for replica in self._replicas:
+            try:
+                served = await self._served_adapters(replica)
+            except InferenceError:
+                continue
+            if adapter_id in served:
+                return served[adapter_id] or adapter_id
+            return None
+        return None
+
+    async def _reconcile_one(self, replica: _Replica, expected: dict[str, str | None]) -> ReplicaReconciliation:
+        try:
+            served = set(await self._served_adapters(replica))
+        except InferenceError as error:
+            return ReplicaReconciliation(base_url=replica.base_url, error=str(error))
+        reloaded: list[str] = []
+        failed: list[str] = []
+        for adapter_id in sorted(set(expected) - served):
+            path = expected[adapter_id]
+            if path is None:
+                continue
+            try:
+                await self._load_on(replica, adapter_id, path)
+            except ServerAdapterAlreadyLoadedError:
+                continue  # the server has it but does not list it (some vLLM versions)
+            except InferenceError as error:
+                logger.error("%s: could not load adapter %r again: %s", replica.http.where, adapter_id, error)
+                failed.append(adapter_id)
+            else:
+                reloaded.append(adapter_id)
+        return ReplicaReconciliation(
+            base_url=replica.base_url,
+            reloaded=tuple(reloaded),
+            failed=tuple(failed),
+            unexpected=tuple(sorted(served - set(expected))),
         )
-        self._adapters.pop(adapter_id, None)
-
-    @staticmethod
-    def _runtime_lora_disabled(answer: ServerAnswer) -> ServerResponseError:
-        return answer.error(
-            RuntimeLoRADisabledError,
-            f"{answer.where} refused runtime LoRA loading (404 on {answer.response.request.url.path}): "
-            f"{_RUNTIME_LORA_HINT}",
-        )
-
-    async def _list_adapters(self) -> list[str]:
-        return list(self._adapters)
 
     async def aclose(self) -> None:
         """Close the pooled connections. The provider makes new ones if it is used again."""
-        self._openai = None
-        self._openai_http = None
-        await self._http.aclose()
+        for replica in self._replicas:
+            await replica.aclose()
+
+
+def _operation(request: GenerationRequest) -> str:
+    if request.adapter_id:
+        return f"generate with adapter {request.adapter_id!r}"
+    return f"generate with model {request.model!r}"
+
+
+def _chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+    """The ``chat.completions.create`` arguments: only what the caller set, vLLM extras in ``extra_body``."""
+    messages = []
+    if request.system_prompt is not None:
+        messages.append({"role": "system", "content": request.system_prompt})
+    messages.append({"role": "user", "content": request.prompt})
+    model = request.adapter_id or request.model
+    arguments: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": request.max_tokens}
+    if request.temperature is not None:
+        arguments["temperature"] = request.temperature
+    if request.top_p is not None:
+        arguments["top_p"] = request.top_p
+    if request.stop:
+        arguments["stop"] = list(request.stop)
+    if request.seed is not None:
+        arguments["seed"] = request.seed
+    extra_body: dict[str, Any] = {}
+    if request.repetition_penalty is not None:
+        extra_body["repetition_penalty"] = request.repetition_penalty
+    if request.top_k is not None:
+        extra_body["top_k"] = request.top_k
+    if extra_body:
+        arguments["extra_body"] = extra_body
+    if stream:
+        arguments["stream"] = True
+        arguments["stream_options"] = {"include_usage": True}
+    return arguments
+
+
+def _runtime_lora_disabled(answer: ServerAnswer) -> ServerResponseError:
+    return answer.error(
+        RuntimeLoRADisabledError,
+        f"{answer.where} refused runtime LoRA loading (404 on {answer.response.request.url.path}): "
+        f"{_RUNTIME_LORA_HINT}",
+    )
