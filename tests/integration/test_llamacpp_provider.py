@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import json
 import shutil
+import threading
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,11 +24,13 @@ from inference.exceptions import (
     AdapterNotFoundError,
     ConfigurationError,
     InvalidAdapterError,
+    InvalidRequestError,
     ModelLoadError,
     ProviderError,
 )
 from inference.factory import get_provider
 from inference.llamacpp_provider import LlamaCppProvider
+from inference.provider import GenerationResult
 
 pytestmark = pytest.mark.integration
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -46,7 +49,8 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
 
 
 def make_provider(model: Any, cache_dir: Path, **kwargs: Any) -> LlamaCppProvider:
-    return LlamaCppProvider(model.gguf_path, n_ctx=512, adapter_cache_dir=cache_dir, kv_cache_type="f32", **kwargs)
+    options: dict[str, Any] = {"n_ctx": 512, "adapter_cache_dir": cache_dir, "kv_cache_type": "f32", **kwargs}
+    return LlamaCppProvider(model.gguf_path, **options)
 
 
 async def greedy(provider: LlamaCppProvider, adapter_id: str | None = None, **kwargs: Any) -> str:
@@ -370,6 +374,265 @@ async def test_factory_builds_the_provider_from_the_environment(
     assert provider.n_ctx == 256
     assert get_provider("llamacpp") is provider
     assert (await provider.generate(PROMPT, model="m", temperature=0, max_tokens=4)).completion_tokens == 4
+
+
+# Streaming -------------------------------------------------------------------------------------------------
+
+
+async def collect(provider: LlamaCppProvider, **kwargs: Any) -> tuple[list[str], GenerationResult]:
+    """Pieces and final result of one stream (exactly one result, after every piece)."""
+    pieces: list[str] = []
+    results: list[GenerationResult] = []
+    async for event in provider.stream(PROMPT, model="m", **kwargs):
+        if isinstance(event, GenerationResult):
+            results.append(event)
+        else:
+            assert not results, "a piece came after the result"
+            pieces.append(event)
+    assert len(results) == 1
+    return pieces, results[0]
+
+
+@pytest.mark.parametrize("adapter_id", [None, "a1"])
+@pytest.mark.parametrize("with_stop", [False, True])
+async def test_stream_pieces_concatenate_to_what_generate_returns(
+    qwen: LlamaCppProvider,
+    tiny_models: Any,
+    references: dict[str, dict[str | None, str]],
+    adapter_id: str | None,
+    with_stop: bool,
+) -> None:
+    if adapter_id is not None:
+        await qwen.load_adapter(adapter_id, tiny_models["qwen2"].adapter_dirs[adapter_id])
+    full = references["qwen2"][adapter_id]
+    stop = [full[len(full) // 2 : len(full) // 2 + 2]] if with_stop else None
+    options: dict[str, Any] = {"adapter_id": adapter_id, "temperature": 0, "max_tokens": MAX_TOKENS, "stop": stop}
+    expected = await qwen.generate(PROMPT, model="m", **options)
+
+    pieces, result = await collect(qwen, **options)
+
+    assert result == expected
+    assert "".join(pieces) == expected.text
+    assert len(pieces) > 1  # streamed as it came, not in one block
+    if stop:
+        assert expected.finish_reason == "stop" and expected.text == full[: full.index(stop[0])]
+        assert not any(stop[0] in piece for piece in pieces)
+
+
+async def test_text_held_back_for_a_stop_string_that_never_completes_is_still_streamed(
+    qwen: LlamaCppProvider,
+) -> None:
+    full = await greedy(qwen)
+    middle = len(full) // 2
+    stop = full[middle : middle + 2] + "\u2603never"  # begins like the text's middle, never occurs
+    pieces, result = await collect(qwen, temperature=0, max_tokens=MAX_TOKENS, stop=[stop])
+    assert (result.text, result.finish_reason) == (full, "length")
+    assert "".join(pieces) == full
+
+
+async def test_stream_pieces_are_whole_utf8_characters(tiny_models: Any, tmp_path: Path) -> None:
+    """The tiny models' 512-token vocabularies write most non-ASCII characters as several byte tokens."""
+    model = tiny_models["llama"]  # no chat template: the prompt is the text, so raw_greedy can replay it
+    multi_token_characters = set()
+    async with make_provider(model, tmp_path) as provider:
+        for prompt in (PROMPT, "Grüße aus Köln — 東京", "café"):
+            pieces: list[str] = []
+            async for event in provider.stream(prompt, model="m", temperature=0, max_tokens=64):
+                if isinstance(event, str):
+                    pieces.append(event)
+            # Decoded in one go from all bytes: a character split between pieces would show as U+FFFD.
+            _, expected = raw_greedy(model.gguf_path, prompt, add_bos=True, max_tokens=64)
+            assert "".join(pieces) == expected
+            multi_token_characters |= {c for c in expected if ord(c) > 0xFF and c != "\ufffd"}
+    assert multi_token_characters  # e.g. U+0673, bytes D9 B3, which the vocabulary has only as two tokens
+
+
+async def test_breaking_out_of_a_stream_stops_the_generation_within_a_token(
+    tiny_models: Any, adapter_cache: Path, references: dict[str, dict[str | None, str]]
+) -> None:
+    async with make_provider(tiny_models["qwen2"], adapter_cache, n_ctx=2560) as provider:
+        await provider.load_adapter("a1", tiny_models["qwen2"].adapter_dirs["a1"])
+        jobs: list[GenerationResult] = []
+        real = provider._generate_blocking
+
+        def slow_model(request: Any, sink: Any, cancel: threading.Event | None) -> GenerationResult:
+            """After the 2nd piece, the worker waits (as a slow model would) until the consumer is gone."""
+            handed = 0
+
+            def slow_sink(piece: str) -> None:
+                nonlocal handed
+                sink(piece)
+                handed += 1
+                if handed == 2 and cancel is not None:
+                    cancel.wait(30)
+
+            result = real(request, slow_sink if sink is not None else None, cancel)
+            jobs.append(result)
+            return result
+
+        provider._generate_blocking = slow_model  # type: ignore[method-assign]
+        pieces: list[str] = []
+        async for event in provider.stream(PROMPT, model="m", adapter_id="a1", temperature=0, max_tokens=2000):
+            assert isinstance(event, str)
+            pieces.append(event)
+            if len(pieces) == 2:
+                break
+
+        after = await asyncio.wait_for(greedy(provider, "a1"), timeout=60)
+        assert after == references["qwen2"]["a1"]
+        assert len(jobs) == 2
+        cancelled = jobs[0]
+        assert cancelled.text.startswith("".join(pieces))
+        assert cancelled.completion_tokens < len(pieces) + 8  # stopped within a token, not after 2000
+        assert await greedy(provider) == references["qwen2"][None]  # the worker serves more requests
+
+
+async def test_cancelling_the_consuming_task_stops_the_stream(
+    qwen: LlamaCppProvider, references: dict[str, dict[str | None, str]]
+) -> None:
+    first_piece = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in qwen.stream(PROMPT * 10, model="m", temperature=0, max_tokens=400):
+            first_piece.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first_piece.wait(), timeout=60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.wait_for(greedy(qwen), timeout=60) == references["qwen2"][None]
+
+
+async def test_stream_errors_are_typed_and_the_provider_keeps_streaming(
+    qwen: LlamaCppProvider, references: dict[str, dict[str | None, str]]
+) -> None:
+    with pytest.raises(AdapterNotFoundError):
+        await collect(qwen, adapter_id="never-loaded", temperature=0)
+    with pytest.raises(InvalidRequestError, match="does not fit"):
+        async for _ in qwen.stream("word " * 600, model="m", temperature=0):
+            pass
+    pieces, result = await collect(qwen, temperature=0, max_tokens=MAX_TOKENS)
+    assert "".join(pieces) == result.text == references["qwen2"][None]
+
+
+# Capacity and lifecycle ------------------------------------------------------------------------------------
+
+
+class BackendCalls:
+    """Counts what reaches llama.cpp: adapter inits (loads) and frees (unloads), by id."""
+
+    def __init__(self, provider: LlamaCppProvider) -> None:
+        self.loads: list[str] = []
+        self.unloads: list[str] = []
+        init, free = provider._init_adapter_blocking, provider._free_adapter_blocking
+
+        def counting_init(gguf_path: Path) -> Any:
+            handle = init(gguf_path)
+            self.loads.append(gguf_path.name)
+            return handle
+
+        def counting_free(adapter_id: str, adapter: Any) -> None:
+            self.unloads.append(adapter_id)
+            free(adapter_id, adapter)
+
+        provider._init_adapter_blocking = counting_init  # type: ignore[method-assign]
+        provider._free_adapter_blocking = counting_free  # type: ignore[method-assign]
+
+
+async def test_capacity_evicts_the_least_recently_used_adapter_and_reloads_it_on_use(
+    tiny_models: Any, adapter_cache: Path, references: dict[str, dict[str | None, str]]
+) -> None:
+    model = tiny_models["qwen2"]
+    async with make_provider(model, adapter_cache, max_adapters=2) as provider:
+        calls = BackendCalls(provider)
+        for name in ADAPTERS:
+            await provider.load_adapter(name, model.adapter_dirs[name])
+        assert calls.unloads == ["a0"]  # the least recently used one made room for a2
+        assert provider.resident_adapters == ["a1", "a2"]
+        assert await provider.list_adapters() == list(ADAPTERS)  # evicted, not forgotten
+
+        assert await greedy(provider, "a0") == references["qwen2"]["a0"]  # transparently loaded again
+        assert calls.unloads == ["a0", "a1"]
+        assert provider.resident_adapters == ["a0", "a2"]
+        assert len(calls.loads) == 4
+        for adapter_id in ["a1", "a2", "a0", "a1", None, "a2"]:
+            assert await greedy(provider, adapter_id) == references["qwen2"][adapter_id], adapter_id
+            assert len(provider.resident_adapters) <= 2
+        assert provider.model_loads == 1
+
+
+async def test_a_pinned_adapter_is_never_evicted(
+    tiny_models: Any, adapter_cache: Path, references: dict[str, dict[str | None, str]]
+) -> None:
+    model = tiny_models["qwen2"]
+    async with make_provider(model, adapter_cache, max_adapters=2) as provider:
+        calls = BackendCalls(provider)
+        await provider.load_adapter("a0", model.adapter_dirs["a0"], pin=True)
+        await provider.load_adapter("a1", model.adapter_dirs["a1"])
+        await provider.load_adapter("a2", model.adapter_dirs["a2"])
+        for adapter_id in ["a1", "a2", "a1", "a2", "a0"]:
+            assert await greedy(provider, adapter_id) == references["qwen2"][adapter_id]
+            assert "a0" in provider.resident_adapters
+        assert "a0" not in calls.unloads
+        assert calls.unloads.count("a1") >= 2 and calls.unloads.count("a2") >= 2
+
+
+async def test_replace_swaps_the_path_and_the_same_path_is_a_no_op(
+    tiny_models: Any, adapter_cache: Path, references: dict[str, dict[str | None, str]]
+) -> None:
+    model = tiny_models["qwen2"]
+    async with make_provider(model, adapter_cache) as provider:
+        calls = BackendCalls(provider)
+        await provider.load_adapter("x", model.adapter_dirs["a0"])
+        await provider.load_adapter("x", model.adapter_dirs["a0"])  # same id, same path: nothing happens
+        assert len(calls.loads) == 1
+        with pytest.raises(AdapterAlreadyLoadedError, match="replace=True"):
+            await provider.load_adapter("x", model.adapter_dirs["a1"])
+        assert await greedy(provider, "x") == references["qwen2"]["a0"]
+
+        await provider.load_adapter("x", model.adapter_dirs["a1"], replace=True)
+        assert calls.unloads == ["x"] and len(calls.loads) == 2
+        assert await greedy(provider, "x") == references["qwen2"]["a1"]
+        assert await provider.list_adapters() == ["x"]
+
+
+async def test_concurrent_loads_of_one_adapter_load_it_once(
+    tiny_models: Any, adapter_cache: Path, references: dict[str, dict[str | None, str]]
+) -> None:
+    model = tiny_models["qwen2"]
+    async with make_provider(model, adapter_cache) as provider:
+        calls = BackendCalls(provider)
+        await asyncio.gather(*(provider.load_adapter("a2", model.adapter_dirs["a2"]) for _ in range(5)))
+        assert len(calls.loads) == 1
+        assert provider.resident_adapters == ["a2"]
+        assert await greedy(provider, "a2") == references["qwen2"]["a2"]
+
+
+async def test_a_failed_concurrent_load_fails_every_caller_and_loads_nothing(
+    tiny_models: Any, adapter_cache: Path, tmp_path: Path
+) -> None:
+    not_gguf = tmp_path / "garbage.gguf"
+    not_gguf.write_bytes(b"not a GGUF file")
+    async with make_provider(tiny_models["qwen2"], adapter_cache) as provider:
+        outcomes = await asyncio.gather(
+            *(provider.load_adapter("bad", not_gguf) for _ in range(3)), return_exceptions=True
+        )
+        assert all(isinstance(outcome, InvalidAdapterError) for outcome in outcomes), outcomes
+        assert await provider.list_adapters() == [] and provider.resident_adapters == []
+        assert await greedy(provider)
+
+
+def test_max_adapters_comes_from_the_argument_or_the_environment(
+    tiny_models: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tiny_models["qwen2"].gguf_path
+    assert LlamaCppProvider(path).max_adapters is None
+    monkeypatch.setenv("LLAMACPP_MAX_ADAPTERS", "3")
+    assert LlamaCppProvider(path).max_adapters == 3
+    assert LlamaCppProvider(path, max_adapters=1).max_adapters == 1
+    with pytest.raises(ConfigurationError, match="max_adapters"):
+        LlamaCppProvider(path, max_adapters=0)
 
 
 # Helpers -------------------------------------------------------------------------------------------------

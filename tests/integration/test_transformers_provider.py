@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ from inference.exceptions import (
     AdapterNotFoundError,
     ConfigurationError,
     InvalidAdapterError,
+    InvalidRequestError,
     ModelLoadError,
 )
+from inference.provider import GenerationResult
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
@@ -209,7 +212,7 @@ async def test_requests_with_different_sampling_settings_never_share_a_batch(
         return real_generate(*args, **kwargs)
 
     monkeypatch.setattr(model, "generate", spy)
-    settings = (
+    settings: list[dict[str, Any]] = (
         [{"temperature": 0.0}] * 4 + [{"temperature": 0.7}] * 3 + [{"temperature": 0.7, "repetition_penalty": 1.3}] * 2
     )
     results = await asyncio.gather(
@@ -219,7 +222,7 @@ async def test_requests_with_different_sampling_settings_never_share_a_batch(
         )
     )
     assert all(r.completion_tokens == 4 for r in results)
-    rows = {}
+    rows: dict[tuple[bool, float, float], int] = {}
     for size, do_sample, temperature, penalty in calls:
         key = (do_sample, temperature if do_sample else 0.0, penalty)
         rows[key] = rows.get(key, 0) + size
@@ -333,7 +336,7 @@ async def test_unload_while_requests_are_queued_serves_them_first(qwen2: Any) ->
             *(fresh.generate(PROMPTS[4], model="", adapter_id="x", max_tokens=6, temperature=0) for _ in range(3)),
             fresh.unload_adapter("x"),
         )
-        assert [r.text for r in results] == [expected] * 3
+        assert [r.text if r is not None else None for r in results] == [expected] * 3
         with pytest.raises(AdapterNotFoundError):
             await fresh.generate(PROMPTS[4], model="", adapter_id="x", max_tokens=6)
 
@@ -470,6 +473,259 @@ async def test_a_cancelled_request_does_not_disturb_its_batch(provider: Transfor
     tasks[1].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(results[1], asyncio.CancelledError)
-    assert [r.text for i, r in enumerate(results) if i != 1] == [t for i, t in enumerate(expected) if i != 1]
+    texts = [r.text for i, r in enumerate(results) if i != 1 and isinstance(r, GenerationResult)]
+    assert texts == [t for i, t in enumerate(expected) if i != 1]
     again = await provider.generate(PROMPTS[1], model="", adapter_id="a2", max_tokens=5, temperature=0)
     assert again.text == expected[1]
+
+
+# Streaming ----------------------------------------------------------------------------------------------
+
+
+async def collect(provider: TransformersProvider, prompt: str, **kwargs: Any) -> tuple[list[str], GenerationResult]:
+    """Pieces and final result of one stream (exactly one result, after every piece)."""
+    pieces: list[str] = []
+    results: list[GenerationResult] = []
+    async for event in provider.stream(prompt, model="", **kwargs):
+        if isinstance(event, GenerationResult):
+            results.append(event)
+        else:
+            assert not results, "a piece came after the result"
+            pieces.append(event)
+    assert len(results) == 1
+    return pieces, results[0]
+
+
+@pytest.mark.parametrize("adapter_id", [None, "a1"])
+@pytest.mark.parametrize("with_stop", [False, True])
+async def test_stream_pieces_concatenate_to_what_generate_returns(
+    provider: TransformersProvider, adapter_id: str | None, with_stop: bool
+) -> None:
+    options: dict[str, Any] = {"adapter_id": adapter_id, "max_tokens": 16, "temperature": 0}
+    full = (await provider.generate(PROMPTS[2], model="", **options)).text
+    if with_stop:
+        options["stop"] = [full[len(full) // 2 : len(full) // 2 + 2]]
+    expected = await provider.generate(PROMPTS[2], model="", **options)
+
+    pieces, result = await collect(provider, PROMPTS[2], **options)
+
+    assert result == expected
+    assert "".join(pieces) == expected.text
+    assert len(pieces) > 1
+    if with_stop:
+        assert expected.finish_reason == "stop" and expected.text == full[: full.index(options["stop"][0])]
+        assert not any(options["stop"][0] in piece for piece in pieces)
+
+
+async def test_stream_pieces_are_whole_utf8_characters(
+    provider: TransformersProvider, reference: Any, tokenizer: Any
+) -> None:
+    """The tiny Qwen2's 512-token vocabulary writes most non-ASCII characters as several byte tokens."""
+    multi_token_characters = set()
+    for adapter_id in (None, *ADAPTERS):
+        for prompt in (PROMPTS[0], "Grüße aus Köln — 東京", "café"):
+            pieces, result = await collect(provider, prompt, adapter_id=adapter_id, max_tokens=32, temperature=0)
+            # Decoded in one go from all tokens: a character split between pieces would show as U+FFFD.
+            expected = plain_generate(reference, tokenizer, chatml_ids(tokenizer, prompt), 32, adapter_id)
+            assert "".join(pieces) == result.text == expected
+            multi_token_characters |= {c for c in expected if ord(c) > 0xFF and c != "\ufffd"}
+    assert multi_token_characters
+
+
+async def test_a_stream_runs_alone_while_generates_around_it_batch(provider: TransformersProvider) -> None:
+    alone = [(await provider.generate(p, model="", adapter_id="a2", max_tokens=8, temperature=0)) for p in PROMPTS[:4]]
+    before = len(provider.recent_batch_sizes)
+    streamed, together = await asyncio.gather(
+        collect(provider, PROMPTS[0], adapter_id="a2", max_tokens=8, temperature=0),
+        asyncio.gather(
+            *(provider.generate(p, model="", adapter_id="a2", max_tokens=8, temperature=0) for p in PROMPTS[:4])
+        ),
+    )
+    assert streamed[1] == alone[0] and "".join(streamed[0]) == alone[0].text
+    assert together == alone
+    batches = provider.recent_batch_sizes[before:]
+    assert sum(batches) == 5 and 1 in batches
+
+
+async def test_breaking_out_of_a_stream_stops_the_generation_within_a_token(
+    provider: TransformersProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = (await provider.generate(PROMPTS[3], model="", adapter_id="a1", max_tokens=8, temperature=0)).text
+    jobs: list[GenerationResult] = []
+    real = provider._stream_now
+
+    def slow_model(request: Any, sink: Any, cancel: threading.Event) -> GenerationResult:
+        """After the 2nd piece, the worker waits (as a slow model would) until the consumer is gone."""
+        handed = 0
+
+        def slow_sink(piece: str) -> None:
+            nonlocal handed
+            sink(piece)
+            handed += 1
+            if handed == 2:
+                cancel.wait(30)
+
+        result = real(request, slow_sink, cancel)
+        jobs.append(result)
+        return result
+
+    monkeypatch.setattr(provider, "_stream_now", slow_model)
+    pieces: list[str] = []
+    async for event in provider.stream(PROMPTS[3], model="", adapter_id="a1", max_tokens=2000, temperature=0):
+        assert isinstance(event, str)
+        pieces.append(event)
+        if len(pieces) == 2:
+            break
+
+    after = await asyncio.wait_for(
+        provider.generate(PROMPTS[3], model="", adapter_id="a1", max_tokens=8, temperature=0), timeout=60
+    )
+    assert after.text == expected
+    assert len(jobs) == 1
+    assert jobs[0].text.startswith("".join(pieces))
+    assert jobs[0].completion_tokens < len(pieces) + 8  # stopped within a token, not at max_tokens
+
+
+async def test_cancelling_the_consuming_task_stops_the_stream(provider: TransformersProvider) -> None:
+    expected = (await provider.generate(PROMPTS[1], model="", max_tokens=8, temperature=0)).text
+    first_piece = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in provider.stream(PROMPTS[1], model="", max_tokens=400, temperature=0):
+            first_piece.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first_piece.wait(), timeout=60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    again = await asyncio.wait_for(provider.generate(PROMPTS[1], model="", max_tokens=8, temperature=0), timeout=60)
+    assert again.text == expected
+
+
+async def test_stream_errors_are_typed_and_the_provider_keeps_streaming(provider: TransformersProvider) -> None:
+    with pytest.raises(AdapterNotFoundError):
+        await collect(provider, PROMPTS[0], adapter_id="nope")
+    with pytest.raises(InvalidRequestError, match="context"):
+        await collect(provider, "word " * 2000, max_tokens=4)
+    pieces, result = await collect(provider, PROMPTS[0], max_tokens=6, temperature=0)
+    assert "".join(pieces) == result.text and result.completion_tokens == 6
+
+
+# Capacity and lifecycle -----------------------------------------------------------------------------------
+
+
+class BackendCalls:
+    """Counts adapter loads into and deletions from the PEFT model, by id."""
+
+    def __init__(self, provider: TransformersProvider) -> None:
+        self.loads: list[str] = []
+        self.unloads: list[str] = []
+        load, unload = provider._load_adapter_now, provider._unload_adapter_now
+
+        def counting_load(adapter_id: str, path: str) -> None:
+            load(adapter_id, path)
+            self.loads.append(adapter_id)
+
+        def counting_unload(adapter_id: str) -> None:
+            unload(adapter_id)
+            self.unloads.append(adapter_id)
+
+        provider._load_adapter_now = counting_load  # type: ignore[method-assign, assignment]
+        provider._unload_adapter_now = counting_unload  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="module")
+def adapter_texts(provider: TransformersProvider) -> dict[str | None, str]:
+    """Greedy text of PROMPTS[0] per adapter, from the module's provider (no capacity)."""
+
+    async def texts() -> dict[str | None, str]:
+        return {
+            adapter_id: (
+                await provider.generate(PROMPTS[0], model="", adapter_id=adapter_id, max_tokens=8, temperature=0)
+            ).text
+            for adapter_id in (None, *ADAPTERS)
+        }
+
+    result: dict[str | None, str] = run(texts())
+    return result
+
+
+async def ask(provider: TransformersProvider, adapter_id: str | None) -> str:
+    return (await provider.generate(PROMPTS[0], model="", adapter_id=adapter_id, max_tokens=8, temperature=0)).text
+
+
+async def test_capacity_evicts_the_least_recently_used_adapter_and_reloads_it_on_use(
+    qwen2: Any, adapter_texts: dict[str | None, str]
+) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), max_adapters=2) as fresh:
+        calls = BackendCalls(fresh)
+        for adapter_id in ADAPTERS:
+            await fresh.load_adapter(adapter_id, qwen2.adapter_dirs[adapter_id])
+        assert calls.unloads == ["a0"]
+        assert fresh.resident_adapters == ["a1", "a2"] and set(fresh.model.peft_config) == {"a1", "a2"}
+        assert await fresh.list_adapters() == list(ADAPTERS)
+
+        assert await ask(fresh, "a0") == adapter_texts["a0"]  # transparently loaded again
+        assert calls.unloads == ["a0", "a1"] and calls.loads == ["a0", "a1", "a2", "a0"]
+        for wanted in ["a1", "a2", "a0", None, "a1"]:
+            assert await ask(fresh, wanted) == adapter_texts[wanted], wanted
+            assert len(fresh.resident_adapters) <= 2
+
+
+async def test_concurrent_requests_for_more_adapters_than_the_capacity_each_get_their_own_output(
+    qwen2: Any, adapter_texts: dict[str | None, str]
+) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), max_adapters=2, batch_window_ms=20) as fresh:
+        for adapter_id in ADAPTERS:
+            await fresh.load_adapter(adapter_id, qwen2.adapter_dirs[adapter_id])
+        order: list[str | None] = ["a0", "a1", "a2", None, "a2", "a0", "a1", "a0"]
+        texts = await asyncio.gather(*(ask(fresh, adapter_id) for adapter_id in order))
+        assert texts == [adapter_texts[adapter_id] for adapter_id in order]
+        assert await fresh.list_adapters() == list(ADAPTERS)
+
+
+async def test_a_pinned_adapter_is_never_evicted(qwen2: Any, adapter_texts: dict[str | None, str]) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), max_adapters=2) as fresh:
+        calls = BackendCalls(fresh)
+        await fresh.load_adapter("a0", qwen2.adapter_dirs["a0"], pin=True)
+        await fresh.load_adapter("a1", qwen2.adapter_dirs["a1"])
+        await fresh.load_adapter("a2", qwen2.adapter_dirs["a2"])
+        for adapter_id in ["a1", "a2", "a1", "a0"]:
+            assert await ask(fresh, adapter_id) == adapter_texts[adapter_id]
+            assert "a0" in fresh.resident_adapters
+        assert "a0" not in calls.unloads and calls.unloads.count("a1") >= 2
+
+
+async def test_replace_swaps_the_path_and_the_same_path_is_a_no_op(
+    qwen2: Any, adapter_texts: dict[str | None, str]
+) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
+        calls = BackendCalls(fresh)
+        await fresh.load_adapter("x", qwen2.adapter_dirs["a0"])
+        await fresh.load_adapter("x", qwen2.adapter_dirs["a0"])
+        assert calls.loads == ["x"]
+        with pytest.raises(AdapterAlreadyLoadedError, match="replace=True"):
+            await fresh.load_adapter("x", qwen2.adapter_dirs["a2"])
+        assert await ask(fresh, "x") == adapter_texts["a0"]
+        await fresh.load_adapter("x", qwen2.adapter_dirs["a2"], replace=True)
+        assert (calls.loads, calls.unloads) == (["x", "x"], ["x"])
+        assert await ask(fresh, "x") == adapter_texts["a2"]
+
+
+async def test_concurrent_loads_of_one_adapter_load_it_once(qwen2: Any, adapter_texts: dict[str | None, str]) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
+        calls = BackendCalls(fresh)
+        await asyncio.gather(*(fresh.load_adapter("a1", qwen2.adapter_dirs["a1"]) for _ in range(5)))
+        assert calls.loads == ["a1"]
+        assert await ask(fresh, "a1") == adapter_texts["a1"]
+
+
+def test_max_adapters_comes_from_the_argument_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRANSFORMERS_MAX_ADAPTERS", raising=False)
+    assert TransformersProvider(model_name="x").max_adapters is None
+    monkeypatch.setenv("TRANSFORMERS_MAX_ADAPTERS", "4")
+    assert TransformersProvider(model_name="x").max_adapters == 4
+    assert TransformersProvider(model_name="x", max_adapters=2).max_adapters == 2
+    with pytest.raises(ConfigurationError, match="max_adapters"):
+        TransformersProvider(model_name="x", max_adapters=-1)

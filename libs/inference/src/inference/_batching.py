@@ -1,4 +1,6 @@
-"""Batching for an in-process model: collect concurrent requests, pad them together, split the output.
+"""Batching and streaming for an in-process model.
+
+Batching: collect concurrent requests, pad them together, split the output.
 
 Requests are put in a :class:`BatchQueue` on the event loop's thread; the model's worker thread takes
 them out with :meth:`BatchQueue.next_batch`. A batch starts when the oldest waiting request has waited
@@ -8,22 +10,45 @@ goes first, so no request waits behind later ones forever.
 
 The helpers below turn a batch into one left-padded input (:func:`left_pad`), stop each row at its own
 ``max_tokens`` (:class:`RowLimits`) and cut each row's output back into a result (:func:`cut_row`).
+Streaming: :class:`PieceAssembler` turns the text decoded so far into pieces that are safe to hand out
+(never a partial stop string), and :func:`stream_from_worker` runs a generation on the model's worker
+thread while its pieces reach the event loop as they come, with a cancel flag the worker checks per token.
+
 Nothing here imports torch: functions that build tensors take the torch module as an argument.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from inference._validation import GenerationRequest
+from inference._worker import ModelWorker
 from inference.provider import GenerationResult
 
-__all__ = ["BatchQueue", "BatchRow", "PendingRequest", "RowLimits", "cut_row", "left_pad"]
+__all__ = [
+    "BatchQueue",
+    "BatchRow",
+    "PendingRequest",
+    "PieceAssembler",
+    "PieceSink",
+    "RowLimits",
+    "StreamingJob",
+    "cut_row",
+    "left_pad",
+    "stream_from_worker",
+]
+
+PieceSink = Callable[[str], None]
+"""Receives each text piece of a streamed generation, on the worker thread."""
+
+StreamingJob = Callable[[GenerationRequest, PieceSink | None, threading.Event], GenerationResult]
+"""A blocking generation that hands pieces to the sink and stops soon after the event is set."""
 
 
 @dataclass(eq=False)
@@ -173,3 +198,106 @@ def cut_row(
         (n for n in range(1, len(tokens) + 1) if any(stop in decode(tokens[:n]) for stop in stops)), len(tokens)
     )
     return text[: min(cuts)], count, "stop"
+
+
+class PieceAssembler:
+    """Turns the growing text of one generation into pieces, holding back what may become a stop string.
+
+    The worker feeds it the text decoded so far after each token (:meth:`update`); a piece goes to the sink
+    only once no stop string can start inside it, so pieces never show a stop string or a part of one, and
+    their concatenation is exactly the final text.
+
+    Args:
+        stops: The request's stop strings.
+        sink: Receives each piece; ``None`` when nobody streams (then it only finds stop strings).
+    """
+
+    def __init__(self, stops: tuple[str, ...], sink: PieceSink | None) -> None:
+        self.stops = stops
+        self.sink = sink
+        self.emitted = 0  # characters of the text handed to the sink
+        self._searched = 0  # characters already searched for stop strings
+        self._longest = max((len(stop) for stop in stops), default=0)
+
+    def update(self, text: str) -> int | None:
+        """Take the text so far (it only ever grows); return where a stop string starts, or ``None``.
+
+        When a stop string is found, the text before it is handed out and nothing more should be fed.
+        """
+        cut: int | None = None
+        if self.stops:
+            start = max(0, self._searched - self._longest + 1)
+            found = [index for index in (text.find(stop, start) for stop in self.stops) if index >= 0]
+            cut = min(found) if found else None
+        self._searched = len(text)
+        if cut is not None:
+            self._hand_out(text, cut)
+            return cut
+        self._hand_out(text, len(text) - self._held_back(text))
+        return None
+
+    def finish(self, text: str) -> None:
+        """Hand out the rest of the final text."""
+        self._hand_out(text, len(text))
+
+    def _held_back(self, text: str) -> int:
+        """Length of the longest end of ``text`` that is the beginning of a stop string."""
+        for size in range(min(self._longest - 1, len(text)), 0, -1):
+            tail = text[-size:]
+            if any(stop.startswith(tail) for stop in self.stops):
+                return size
+        return 0
+
+    def _hand_out(self, text: str, end: int) -> None:
+        if end > self.emitted:
+            if self.sink is not None:
+                self.sink(text[self.emitted : end])
+            self.emitted = end
+
+
+_DONE = object()
+
+
+async def stream_from_worker(
+    worker: ModelWorker, job: StreamingJob, request: GenerationRequest
+) -> AsyncIterator[str | GenerationResult]:
+    """Run ``job`` on ``worker`` and yield its pieces as the worker produces them, then its result.
+
+    Pieces cross from the worker thread with ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``, so
+    the loop never blocks. Closing the generator (the consumer stopped or was cancelled) sets the job's
+    cancel event, which the job checks after every token: the worker is free again within one token. A
+    job still waiting in the worker's queue is dropped without running.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[object] = asyncio.Queue()
+    cancel = threading.Event()
+
+    def sink(piece: str) -> None:  # worker thread
+        if cancel.is_set():
+            return
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, piece)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            cancel.set()
+
+    task = asyncio.ensure_future(worker.run(job, request, sink, cancel))
+    # Runs after the result is set, which the worker schedules after its last piece: the sentinel comes last.
+    task.add_done_callback(lambda _: queue.put_nowait(_DONE))
+    try:
+        while (item := await queue.get()) is not _DONE:
+            assert isinstance(item, str)
+            yield item
+        yield task.result()
+    finally:
+        cancel.set()
+        if task.done():
+            _retrieve(task)
+        else:
+            task.cancel()  # drops the job if it has not started; a running one sees the cancel event
+            task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future[GenerationResult]) -> None:
+    """Mark a finished, abandoned job's error as seen (nobody waits for it any more)."""
+    if not task.cancelled():
+        task.exception()

@@ -8,25 +8,32 @@ design: it rebuilds ``Llama(model_path, lora_path=...)`` whenever the adapter ch
 
 All model work (load, adapter init, generation) runs on one :class:`~inference._worker.ModelWorker` thread,
 so one context never runs two requests at once, requests run first come first served, and the event loop
-only awaits.
+only awaits. Streaming hands each piece from that thread to the event loop as it is decoded; a consumer
+that stops sets a cancel flag the generation loop checks after every token.
+
+Which adapters the user loaded (ids, paths, pins, LRU order) is the base class's registry; this module only
+keeps llama.cpp's handles for the adapters resident in the backend now.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import ctypes
 import importlib.util
 import os
+import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference._batching import PieceAssembler, PieceSink, stream_from_worker
 from inference._dependencies import import_optional
 from inference._validation import GenerationRequest
 from inference._worker import ModelWorker
 from inference.config import resolve_settings
 from inference.exceptions import (
-    AdapterAlreadyLoadedError,
     AdapterNotFoundError,
     ConfigurationError,
     InvalidAdapterError,
@@ -35,7 +42,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.provider import GenerationResult, InferenceProvider
+from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 __all__ = ["DEFAULT_ADAPTER_CACHE_DIR", "DEFAULT_SAMPLING", "KV_CACHE_TYPES", "LlamaCppProvider"]
 
@@ -59,9 +66,8 @@ KV_CACHE_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf1
 
 @dataclass
 class _Adapter:
-    """One loaded adapter: where it came from, the GGUF LoRA file used, and llama.cpp's handle."""
+    """One adapter resident in llama.cpp: the GGUF LoRA file used, and llama.cpp's handle."""
 
-    source: str
     gguf_path: Path
     handle: Any = None  # llama_adapter_lora_p; None in reload mode
 
@@ -100,6 +106,9 @@ class LlamaCppProvider(InferenceProvider):
             Ignored by CPU-only builds of llama.cpp.
         adapter_cache_dir: Where converted PEFT adapters are cached; else ``LLAMACPP_ADAPTER_CACHE_DIR``;
             else ``~/.cache/inference-adapters``.
+        max_adapters: Most adapters kept in llama.cpp's memory at once; else ``LLAMACPP_MAX_ADAPTERS``; else
+            unlimited. Beyond it the least recently used adapter (not pinned, not in use) is freed, and
+            loaded again from its path (the converted file is cached) when a request needs it.
         kv_cache_type: KV cache precision, one of :data:`KV_CACHE_TYPES` (``"f32"`` makes results match
             other backends to 1e-5); ``None`` keeps llama.cpp's default (f16).
         seed: Sampling seed for requests that give none; ``None`` draws a fresh one per request.
@@ -126,6 +135,7 @@ class LlamaCppProvider(InferenceProvider):
         n_ctx: int | None = None,
         n_gpu_layers: int | None = None,
         adapter_cache_dir: str | os.PathLike[str] | None = None,
+        max_adapters: int | None = None,
         *,
         kv_cache_type: str | None = None,
         seed: int | None = None,
@@ -139,6 +149,7 @@ class LlamaCppProvider(InferenceProvider):
             "n_ctx": n_ctx,
             "n_gpu_layers": n_gpu_layers,
             "adapter_cache_dir": os.fspath(adapter_cache_dir) if adapter_cache_dir is not None else None,
+            "max_adapters": max_adapters,
         }
         settings = resolve_settings(_PROVIDER, {k: v for k, v in given.items() if v is not None})
         if not settings["model_path"]:
@@ -150,6 +161,13 @@ class LlamaCppProvider(InferenceProvider):
             raise ConfigurationError(
                 "n_ctx must be a positive integer (argument n_ctx or LLAMACPP_N_CTX), "
                 f"got {settings['n_ctx']!r}",
+                provider=_PROVIDER,
+            )
+        capacity = settings["max_adapters"]
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ConfigurationError(
+                "max_adapters must be a positive integer or None for no limit (argument max_adapters or "
+                f"LLAMACPP_MAX_ADAPTERS), got {capacity!r}",
                 provider=_PROVIDER,
             )
         if kv_cache_type is not None and kv_cache_type not in KV_CACHE_TYPES:
@@ -167,6 +185,7 @@ class LlamaCppProvider(InferenceProvider):
         self.n_ctx: int = settings["n_ctx"]
         self.n_gpu_layers: int = settings["n_gpu_layers"]
         self.adapter_cache_dir = Path(settings["adapter_cache_dir"] or DEFAULT_ADAPTER_CACHE_DIR)
+        self.max_adapters: int | None = capacity
         self.kv_cache_type = kv_cache_type
         self.seed = seed
         self._n_threads = n_threads
@@ -183,14 +202,14 @@ class LlamaCppProvider(InferenceProvider):
         self._active: str | None = None  # adapter set on the context (hot-swap) or baked in (reload)
         self._model_lora_path: Path | None = None  # reload mode: the adapter the model was built with
         self._loads = 0
-        # Event-loop state.
-        self._adapters: dict[str, _Adapter] = {}
-        self._pending: set[str] = set()
+        # Adapters resident in llama.cpp, by id (the registry decides when; the worker uses the handles).
+        self._resident: dict[str, _Adapter] = {}
 
     def __repr__(self) -> str:
         return (
             f"LlamaCppProvider(model_path={str(self.model_path)!r}, n_ctx={self.n_ctx}, "
-            f"n_gpu_layers={self.n_gpu_layers}, adapters={sorted(self._adapters)})"
+            f"n_gpu_layers={self.n_gpu_layers}, max_adapters={self.max_adapters}, "
+            f"adapters={sorted(self._adapter_registry.ids())})"
         )
 
     @property
@@ -211,65 +230,62 @@ class LlamaCppProvider(InferenceProvider):
         """
         return self._hot_swap
 
+    @property
+    def resident_adapters(self) -> list[str]:
+        """Ids of the adapters in llama.cpp's memory now, sorted (``list_adapters`` also lists evicted ones)."""
+        return sorted(self._resident)
+
     # Public hooks ---------------------------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         self._check_open()
-        if request.adapter_id is not None and request.adapter_id not in self._adapters:
-            raise self._not_loaded(request.adapter_id)
-        return await self._worker.run(self._generate_blocking, request)
+        return await self._worker.run(self._generate_blocking, request, None, None)
+
+    def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        self._check_open()
+        return stream_from_worker(self._worker, self._generate_blocking, request)
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        """Load into llama.cpp (first load, or again after an eviction: the conversion is cached)."""
         self._check_open()
-        if adapter_id in self._adapters or adapter_id in self._pending:
-            loaded = self._adapters.get(adapter_id)
-            source = loaded.source if loaded is not None else "a load in progress"
-            raise AdapterAlreadyLoadedError(
-                f"adapter {adapter_id!r} is already loaded (from {source}): "
-                "unload it first or choose another id",
+        path = Path(adapter_path)
+        if path.is_dir():
+            gguf_path = await asyncio.to_thread(self._convert_peft, path)
+        elif path.is_file():
+            gguf_path = path
+        else:
+            raise InvalidAdapterError(
+                f"adapter at {path} does not exist: give a GGUF LoRA file or a PEFT adapter directory",
                 provider=self.name,
-                path=adapter_path,
+                path=str(path),
             )
-        self._pending.add(adapter_id)
-        try:
-            path = Path(adapter_path)
-            if path.is_dir():
-                gguf_path = await asyncio.to_thread(self._convert_peft, path)
-            elif path.is_file():
-                gguf_path = path
-            else:
-                raise InvalidAdapterError(
-                    f"adapter at {path} does not exist: give a GGUF LoRA file or a PEFT adapter directory",
-                    provider=self.name,
-                    path=str(path),
-                )
-            self._check_open()
-            handle = await self._worker.run(self._init_adapter_blocking, gguf_path)
-            self._adapters[adapter_id] = _Adapter(source=adapter_path, gguf_path=gguf_path, handle=handle)
-        finally:
-            self._pending.discard(adapter_id)
+        self._check_open()
+        stale = self._resident.pop(adapter_id, None)  # never expected: the registry unloads before loading
+        if stale is not None:
+            await self._worker.run(self._free_adapter_blocking, adapter_id, stale)
+        handle = await self._worker.run(self._init_adapter_blocking, gguf_path)
+        self._resident[adapter_id] = _Adapter(gguf_path=gguf_path, handle=handle)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
+        """Free the adapter's memory in llama.cpp (on unload, and on eviction)."""
         self._check_open()
-        adapter = self._adapters.pop(adapter_id, None)
-        if adapter is None:
-            raise self._not_loaded(adapter_id)
-        await self._worker.run(self._free_adapter_blocking, adapter_id, adapter)
-
-    async def _list_adapters(self) -> list[str]:
-        return list(self._adapters)
+        adapter = self._resident.pop(adapter_id, None)
+        if adapter is not None:
+            await self._worker.run(self._free_adapter_blocking, adapter_id, adapter)
 
     async def aclose(self) -> None:
         """Free the adapters, the model and the worker thread. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        adapters = list(self._adapters.items())
-        self._adapters.clear()
+        adapters = list(self._resident.items())
+        self._resident.clear()
+        self._adapter_registry.clear()
         try:
             await self._worker.run(self._close_blocking, adapters)
         finally:
             self._worker.shutdown()
+            await super().aclose()
 
     # Event-loop helpers ---------------------------------------------------------------------------------
 
@@ -283,8 +299,8 @@ class LlamaCppProvider(InferenceProvider):
 
     def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
         return AdapterNotFoundError(
-            f"adapter {adapter_id!r} is not loaded: call load_adapter first "
-            f"(loaded: {', '.join(sorted(self._adapters)) or 'none'})",
+            f"adapter {adapter_id!r} is not loaded in llama.cpp: call load_adapter first "
+            f"(resident: {', '.join(sorted(self._resident)) or 'none'})",
             provider=self.name,
         )
 
@@ -451,7 +467,7 @@ class LlamaCppProvider(InferenceProvider):
 
     def _activate(self, adapter_id: str | None) -> Any:
         """Return the model with ``adapter_id`` active: switched (hot-swap) or rebuilt (reload) if needed."""
-        adapter = self._adapters.get(adapter_id) if adapter_id is not None else None
+        adapter = self._resident.get(adapter_id) if adapter_id is not None else None
         if adapter_id is not None and adapter is None:
             raise self._not_loaded(adapter_id)
         self._llama_cpp()
@@ -484,7 +500,15 @@ class LlamaCppProvider(InferenceProvider):
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
         return list(llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
-    def _generate_blocking(self, request: GenerationRequest) -> GenerationResult:
+    def _generate_blocking(
+        self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event | None
+    ) -> GenerationResult:
+        """Generate on the worker thread; hand text pieces to ``sink`` as they are decoded, if given.
+
+        Pieces are whole UTF-8 characters (a token that ends inside a multi-byte character waits for the
+        next), never show a stop string or the start of one, and concatenate to the result's text. Setting
+        ``cancel`` stops the loop after the current token (the result is then of no use to anyone).
+        """
         llama_cpp = self._llama_cpp()
         llama = self._activate(request.adapter_id)
         prompt = self._prompt_tokens(llama, request)
@@ -505,12 +529,12 @@ class LlamaCppProvider(InferenceProvider):
         temperature = request.temperature
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         completion: list[int] = []
-        text_bytes = bytearray()
-        text: str | None = None
-        searched = 0  # characters already searched for stop strings
-        margin = max((len(stop) for stop in request.stop), default=0) + 4  # + a multi-byte character
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # same text as one decode at the end
+        pieces = PieceAssembler(request.stop, sink)
+        text = ""
         finish_reason = "length"
-        for token in llama.generate(
+        stopped = False
+        tokens = llama.generate(
             prompt,
             temp=DEFAULT_SAMPLING["temperature"] if temperature is None else temperature,
             top_p=DEFAULT_SAMPLING["top_p"] if request.top_p is None else request.top_p,
@@ -521,23 +545,24 @@ class LlamaCppProvider(InferenceProvider):
                 if request.repetition_penalty is None
                 else request.repetition_penalty
             ),
-        ):
+        )
+        for token in tokens:
+            if cancel is not None and cancel.is_set():
+                break
             completion.append(token)
             if llama_cpp.llama_vocab_is_eog(vocab, token):
                 finish_reason = "stop"
                 break
-            text_bytes += llama.detokenize([token])  # byte pieces: they concatenate to the full text
-            if request.stop:
-                decoded = text_bytes.decode("utf-8", errors="replace")
-                cut = _find_stop(decoded, request.stop, start=max(0, searched - margin))
-                searched = len(decoded)
-                if cut is not None:
-                    text, finish_reason = decoded[:cut], "stop"
-                    break
+            text += decoder.decode(bytes(llama.detokenize([token])))  # byte pieces concatenate to the text
+            cut = pieces.update(text)
+            if cut is not None:
+                text, finish_reason, stopped = text[:cut], "stop", True
+                break
             if len(completion) >= limit:
                 break
-        if text is None:
-            text = text_bytes.decode("utf-8", errors="replace")
+        if not stopped:
+            text += decoder.decode(b"", final=True)
+            pieces.finish(text)
         return GenerationResult(
             text=text,
             model=self.model_name,
@@ -547,12 +572,6 @@ class LlamaCppProvider(InferenceProvider):
             prompt_tokens=len(prompt),
             completion_tokens=len(completion),
         )
-
-
-def _find_stop(text: str, stops: tuple[str, ...], *, start: int) -> int | None:
-    """Index of the earliest stop string in ``text[start:]``, or ``None`` when none occurs."""
-    positions = [index for index in (text.find(stop, start) for stop in stops) if index >= 0]
-    return min(positions) if positions else None
 
 
 def _read_lora_architecture(path: Path) -> str:

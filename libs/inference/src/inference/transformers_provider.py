@@ -7,6 +7,11 @@ each batch runs as ONE ``model.generate`` with PEFT's per-row ``adapter_names`` 
 base model), left-padded. Everything that touches the model (load, adapters, batches) runs on one worker
 thread, in order, so the event loop never blocks and adapters never change under a running batch.
 
+A streamed request is not batched: it runs as its own one-row ``generate`` whose stopping criterion hands
+each new token's text to the event loop and checks a cancel flag, so a consumer that stops frees the worker
+within one token. Which adapters the user loaded (ids, paths, pins, LRU order) is the base class's registry;
+this module only tracks the adapters resident in the PEFT model now.
+
 torch, transformers and peft are imported on first use only.
 """
 
@@ -14,18 +19,29 @@ from __future__ import annotations
 
 import gc
 import re
+import threading
 from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._batching import BatchQueue, BatchRow, PendingRequest, RowLimits, cut_row, left_pad
+from inference._batching import (
+    BatchQueue,
+    BatchRow,
+    PendingRequest,
+    PieceAssembler,
+    PieceSink,
+    RowLimits,
+    cut_row,
+    left_pad,
+    stream_from_worker,
+)
 from inference._dependencies import import_optional
 from inference._validation import GenerationRequest
 from inference._worker import ModelWorker
 from inference.config import resolve_settings
 from inference.exceptions import (
-    AdapterAlreadyLoadedError,
     AdapterNotFoundError,
     ConfigurationError,
     InferenceError,
@@ -35,7 +51,7 @@ from inference.exceptions import (
     ProviderError,
 )
 from inference.peft_adapter import PeftAdapter, read_peft_adapter
-from inference.provider import GenerationResult, InferenceProvider
+from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 __all__ = ["TransformersProvider"]
 
@@ -92,6 +108,9 @@ class TransformersProvider(InferenceProvider):
         max_batch_size: The most requests in one batch; else ``TRANSFORMERS_MAX_BATCH_SIZE``; else 32.
         batch_window_ms: How long a waiting request waits for others to join its batch; else
             ``TRANSFORMERS_BATCH_WINDOW_MS``; else 5.
+        max_adapters: Most adapters kept in the PEFT model at once; else ``TRANSFORMERS_MAX_ADAPTERS``; else
+            unlimited. Beyond it the least recently used adapter (not pinned, not in use) is deleted from
+            the model, and loaded again from its path when a request needs it.
 
     The model loads on first use, on the worker thread. Greedy output of a request is the same whether it
     runs alone or in a batch. Sampled requests with a ``seed`` run in a batch of their own, so the seed
@@ -123,6 +142,7 @@ class TransformersProvider(InferenceProvider):
         torch_dtype: str | None = None,
         max_batch_size: int | None = None,
         batch_window_ms: float | None = None,
+        max_adapters: int | None = None,
     ) -> None:
         given = {
             "model_name": model_name,
@@ -130,6 +150,7 @@ class TransformersProvider(InferenceProvider):
             "torch_dtype": torch_dtype,
             "max_batch_size": max_batch_size,
             "batch_window_ms": batch_window_ms,
+            "max_adapters": max_adapters,
         }
         settings = resolve_settings(self.name, {key: value for key, value in given.items() if value is not None})
         self.model_name: str = str(settings["model_name"])
@@ -160,12 +181,20 @@ class TransformersProvider(InferenceProvider):
                 "(argument batch_window_ms or TRANSFORMERS_BATCH_WINDOW_MS)",
                 provider=self.name,
             )
+        capacity = settings["max_adapters"]
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ConfigurationError(
+                "max_adapters must be a positive integer or None for no limit (argument max_adapters or "
+                f"TRANSFORMERS_MAX_ADAPTERS), got {capacity!r}",
+                provider=self.name,
+            )
+        self.max_adapters: int | None = capacity
         self.max_batch_size: int = size
         self.batch_window_ms: float = float(window)
         self._queue = BatchQueue(size, self.batch_window_ms / 1000.0)
         self._worker = ModelWorker(self.name)
         self._loaded: _LoadedModel | None = None
-        self._adapters: dict[str, str] = {}
+        self._resident: dict[str, str] = {}  # adapters in the PEFT model now (worker thread), id -> directory
         self._batch_sizes: deque[int] = deque(maxlen=1000)
         self._closed = False
 
@@ -173,7 +202,8 @@ class TransformersProvider(InferenceProvider):
         return (
             f"TransformersProvider(model_name={self.model_name!r}, device={self.device!r}, "
             f"torch_dtype={self.torch_dtype!r}, max_batch_size={self.max_batch_size}, "
-            f"batch_window_ms={self.batch_window_ms:g}, adapters={sorted(self._adapters)})"
+            f"batch_window_ms={self.batch_window_ms:g}, max_adapters={self.max_adapters}, "
+            f"adapters={sorted(self._adapter_registry.ids())})"
         )
 
     @property
@@ -186,12 +216,15 @@ class TransformersProvider(InferenceProvider):
         """Rows in each of the last (up to 1000) batches run, oldest first: one ``generate`` call per entry."""
         return tuple(self._batch_sizes)
 
+    @property
+    def resident_adapters(self) -> list[str]:
+        """Ids of the adapters in the PEFT model now, sorted (``list_adapters`` also lists evicted ones)."""
+        return sorted(self._resident)
+
     # Public hooks (event loop side) -------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         self._check_open()
-        if request.adapter_id is not None and request.adapter_id not in self._adapters:
-            raise self._not_loaded(request.adapter_id)
         entry = self._queue.put(request)
         try:
             await self._worker.run(self._serve, entry)
@@ -200,26 +233,31 @@ class TransformersProvider(InferenceProvider):
             raise
         return entry.future.result()
 
+    def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        self._check_open()
+        return stream_from_worker(self._worker, self._stream_now, request)
+
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        """Load into the PEFT model (first load, or again after an eviction)."""
         self._check_open()
         await self._worker.run(self._load_adapter_now, adapter_id, adapter_path)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
+        """Delete the adapter's weights from the PEFT model (on unload, and on eviction)."""
         self._check_open()
         await self._worker.run(self._unload_adapter_now, adapter_id)
-
-    async def _list_adapters(self) -> list[str]:
-        return list(self._adapters)
 
     async def aclose(self) -> None:
         """Finish queued requests, then free the model (and the CUDA cache on CUDA). Safe to call twice."""
         if self._closed:
             return
         self._closed = True
+        self._adapter_registry.clear()
         try:
             await self._worker.run(self._free)
         finally:
             self._worker.shutdown()
+            await super().aclose()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -230,8 +268,8 @@ class TransformersProvider(InferenceProvider):
 
     def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
         return AdapterNotFoundError(
-            f"adapter {adapter_id!r} is not loaded: call load_adapter first "
-            f"(loaded: {', '.join(sorted(self._adapters)) or 'none'})",
+            f"adapter {adapter_id!r} is not loaded in the model: call load_adapter first "
+            f"(resident: {', '.join(sorted(self._resident)) or 'none'})",
             provider=self.name,
         )
 
@@ -332,7 +370,7 @@ class TransformersProvider(InferenceProvider):
 
     def _free(self) -> None:
         loaded, self._loaded = self._loaded, None
-        self._adapters.clear()
+        self._resident.clear()
         if loaded is None:
             return
         on_cuda = loaded.device.type == "cuda"
@@ -345,12 +383,8 @@ class TransformersProvider(InferenceProvider):
 
     def _load_adapter_now(self, adapter_id: str, adapter_path: str) -> None:
         loaded = self._ensure_loaded()
-        if adapter_id in self._adapters:
-            raise AdapterAlreadyLoadedError(
-                f"adapter {adapter_id!r} is already loaded (from {self._adapters[adapter_id]}): "
-                "unload it first or choose another id",
-                provider=self.name,
-            )
+        if adapter_id in self._resident:  # never expected: the registry unloads before it loads again
+            self._unload_adapter_now(adapter_id)
         adapter = read_peft_adapter(adapter_path, provider=self.name)
         self._check_target_modules(loaded, adapter)
         self._check_weight_shapes(loaded, adapter)
@@ -374,13 +408,13 @@ class TransformersProvider(InferenceProvider):
                 adapter, f"could not be loaded into {loaded.name} ({type(error).__name__}: {error})"
             ) from error
         loaded.model.eval()
-        self._adapters[adapter_id] = str(adapter.path)
+        self._resident[adapter_id] = str(adapter.path)
 
     def _unload_adapter_now(self, adapter_id: str) -> None:
         loaded = self._loaded
-        if loaded is None or adapter_id not in self._adapters:
-            raise self._not_loaded(adapter_id)
-        others = [other for other in self._adapters if other != adapter_id]
+        if loaded is None or adapter_id not in self._resident:
+            return  # nothing of it is in the model (the model was never loaded, or it was freed)
+        others = [other for other in self._resident if other != adapter_id]
         if others:
             if adapter_id in loaded.model.active_adapters:  # PEFT warns when the active one is deleted
                 loaded.model.set_adapter(others[0], inference_mode=True)
@@ -388,7 +422,7 @@ class TransformersProvider(InferenceProvider):
         else:
             loaded.model = loaded.model.unload()  # the last one: back to the plain model, no LoRA layers
             loaded.base_model = loaded.model
-        del self._adapters[adapter_id]
+        del self._resident[adapter_id]
         if loaded.device.type == "cuda":
             _import("torch").cuda.empty_cache()
 
@@ -396,8 +430,8 @@ class TransformersProvider(InferenceProvider):
         """Remove what a failed load left behind, so the provider keeps working."""
         if loaded.model is not loaded.base_model:
             if adapter_id in loaded.model.peft_config:
-                if self._adapters and adapter_id in loaded.model.active_adapters:
-                    loaded.model.set_adapter(next(iter(self._adapters)), inference_mode=True)
+                if self._resident and adapter_id in loaded.model.active_adapters:
+                    loaded.model.set_adapter(next(iter(self._resident)), inference_mode=True)
                 loaded.model.delete_adapter(adapter_id)
             return
         tuner_layer = _import("peft").tuners.tuners_utils.BaseTunerLayer
@@ -497,8 +531,8 @@ class TransformersProvider(InferenceProvider):
         rows: list[BatchRow] = []
         for entry in batch:
             try:
-                if entry.request.adapter_id is not None and entry.request.adapter_id not in self._adapters:
-                    raise self._not_loaded(entry.request.adapter_id)  # unloaded while it waited
+                if entry.request.adapter_id is not None and entry.request.adapter_id not in self._resident:
+                    raise self._not_loaded(entry.request.adapter_id)  # never expected: the registry holds it
                 rows.append(self._row(loaded, entry))
             except BaseException as error:
                 entry.future.set_exception(self._as_inference_error(error))
@@ -543,8 +577,38 @@ class TransformersProvider(InferenceProvider):
             )
         return BatchRow(entry, [int(token) for token in ids], min(request.max_tokens, room))
 
-    def _generate_rows(self, loaded: _LoadedModel, rows: list[BatchRow]) -> list[list[int]]:
-        """One left-padded ``generate`` over all rows, each with its own adapter; returns the new tokens."""
+    def _stream_now(
+        self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
+    ) -> GenerationResult:
+        """Run one request alone (no batch), handing its text to ``sink`` token by token (worker thread)."""
+        loaded = self._ensure_loaded()
+        if request.adapter_id is not None and request.adapter_id not in self._resident:
+            raise self._not_loaded(request.adapter_id)
+        entry = PendingRequest(request)
+        entry.key = self._sampling(loaded, request)
+        row = self._row(loaded, entry)
+        pieces = PieceAssembler(request.stop, sink)
+
+        def decode(ids: list[int]) -> str:
+            return str(loaded.tokenizer.decode(ids, skip_special_tokens=True))
+
+        watch = _StreamWatch(_import("torch"), len(row.prompt_ids), loaded.eos_ids, decode, pieces, cancel)
+        try:
+            [tokens] = self._generate_rows(loaded, [row], watch)
+        except BaseException as error:
+            raise self._as_inference_error(error) from None
+        result = self._result(loaded, row, tokens)
+        if not cancel.is_set():
+            pieces.finish(result.text)
+        return result
+
+    def _generate_rows(
+        self, loaded: _LoadedModel, rows: list[BatchRow], watch: Callable[..., Any] | None = None
+    ) -> list[list[int]]:
+        """One left-padded ``generate`` over all rows, each with its own adapter; returns the new tokens.
+
+        ``watch`` is one more stopping criterion (a streamed row's token watcher).
+        """
         torch, transformers = _import("torch"), _import("transformers")
         sampling = rows[0].entry.key
         assert isinstance(sampling, _Sampling)
@@ -568,13 +632,15 @@ class TransformersProvider(InferenceProvider):
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         self._batch_sizes.append(len(rows))
-        stop_rows = RowLimits(torch.tensor(limits, device=loaded.device), width)
+        criteria: list[Any] = [RowLimits(torch.tensor(limits, device=loaded.device), width)]
+        if watch is not None:
+            criteria.append(watch)
         with torch.inference_mode():
             output = loaded.model.generate(
                 input_ids=input_ids.to(loaded.device),
                 attention_mask=attention_mask.to(loaded.device),
                 generation_config=config,
-                stopping_criteria=transformers.StoppingCriteriaList([stop_rows]),
+                stopping_criteria=transformers.StoppingCriteriaList(criteria),
                 **extra,
             )
         return [[int(token) for token in row] for row in output[:, width:].tolist()]
@@ -607,6 +673,40 @@ class TransformersProvider(InferenceProvider):
         )
         wrapped.__cause__ = error
         return wrapped
+
+
+class _StreamWatch:
+    """A ``generate`` stopping criterion for one streamed row: hands out text, stops on cancel or stop string.
+
+    Called after every new token. Text is handed out only while it decodes cleanly: a trailing U+FFFD
+    (a character whose bytes are split over tokens) waits for the next token.
+    """
+
+    def __init__(
+        self,
+        torch: Any,
+        prompt_width: int,
+        eos_ids: frozenset[int],
+        decode: Callable[[list[int]], str],
+        pieces: PieceAssembler,
+        cancel: threading.Event,
+    ) -> None:
+        self.torch = torch
+        self.prompt_width = prompt_width
+        self.eos_ids = eos_ids
+        self.decode = decode
+        self.pieces = pieces
+        self.cancel = cancel
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        done = self.cancel.is_set()
+        if not done:
+            tokens = [int(token) for token in input_ids[0, self.prompt_width :].tolist()]
+            end = next((index for index, token in enumerate(tokens) if token in self.eos_ids), None)
+            if end is None:  # after an end-of-sequence token generate stops by itself; finish() hands out the rest
+                text = self.decode(tokens).rstrip("\ufffd")
+                done = self.pieces.update(text) is not None
+        return self.torch.full((input_ids.shape[0],), done, dtype=self.torch.bool, device=input_ids.device)
 
 
 def _as_ids(value: Any) -> list[int]:
