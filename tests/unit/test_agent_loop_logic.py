@@ -1,0 +1,129 @@
+"""The agent loop of examples/agent_loop.py, on the fake provider: data flow, rounds, adapters, cleanup."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from inference import GenerationResult, get_provider_for_step
+from inference.exceptions import AdapterNotFoundError, InvalidRequestError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_loop.py"
+
+
+@pytest.fixture(scope="module")
+def agent_loop() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("agent_loop_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_steps(agent_loop: ModuleType) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = agent_loop.default_steps(
+        base_url=None, server_model="planner", model_path="writer.gguf", adapter_path="/adapters/writer"
+    )
+    for step in steps:
+        if "provider" in step:
+            step["provider"] = "fake"
+    return steps
+
+
+async def test_outputs_flow_from_plan_through_the_tool_into_the_writer(agent_loop: ModuleType) -> None:
+    async with agent_loop.AgentLoop(fake_steps(agent_loop), check=lambda result: None) as agent:
+        records = await agent.run("Pack for a hike.")
+    plan, notes, write = records
+    assert [record.name for record in records] == ["plan", "notes", "write"]
+    assert plan.prompt.startswith("Task: Pack for a hike.\nWrite")
+    assert plan.output.startswith("[base] ")
+    assert notes.provider == "tool" and notes.prompt == plan.output
+    assert notes.output == agent_loop.key_words(plan.output) and notes.output != "(no key words)"
+    assert write.prompt == f"Pack for a hike. Key points: {notes.output}."
+    assert write.adapter_id == "writer" and write.output.startswith("[writer] ")
+    assert write.result is not None and write.result.text == write.output
+
+
+async def test_each_model_step_runs_on_the_provider_its_config_names(agent_loop: ModuleType) -> None:
+    seen: list[Any] = []
+    steps = fake_steps(agent_loop)
+    async with agent_loop.AgentLoop(steps, check=lambda result: None, on_step=seen.append) as agent:
+        providers = [get_provider_for_step(step) for step in steps if "provider" in step]
+        records = await agent.run("task")
+        # the writer's adapter was loaded into the writer's provider on entry
+        assert await providers[-1].list_adapters() == ["writer"]
+    assert seen == records
+    assert [record.provider for record in records] == ["fake", "tool", "fake"]
+
+
+async def test_a_rejected_draft_feeds_back_into_the_next_round(agent_loop: ModuleType) -> None:
+    verdicts = iter(["too long", None])
+    async with agent_loop.AgentLoop(fake_steps(agent_loop), check=lambda result: next(verdicts)) as agent:
+        records = await agent.run("task")
+    assert [(record.round, record.name) for record in records] == [
+        (1, "plan"), (1, "notes"), (1, "write"), (2, "plan"), (2, "notes"), (2, "write"),
+    ]
+    assert "Feedback: too long\n" not in records[0].prompt
+    assert records[3].prompt == "Task: task\nFeedback: too long\nWrite a three-point plan for the answer."
+    assert records[3].output != records[0].output  # the planner saw the feedback
+
+
+async def test_the_loop_stops_after_max_rounds_when_every_draft_is_rejected(agent_loop: ModuleType) -> None:
+    async with agent_loop.AgentLoop(fake_steps(agent_loop), check=lambda result: "no", max_rounds=3) as agent:
+        records = await agent.run("task")
+    assert [record.round for record in records] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_the_default_check_rejects_cut_off_or_empty_drafts(agent_loop: ModuleType) -> None:
+    def result(text: str, finish_reason: str) -> GenerationResult:
+        return GenerationResult(text, "m", None, 10, finish_reason, prompt_tokens=5, completion_tokens=5)
+
+    assert agent_loop.check_draft(result("A fine answer.", "stop")) is None
+    assert "cut off after 5 tokens" in agent_loop.check_draft(result("A fine", "length"))
+    assert "empty" in agent_loop.check_draft(result("  ", "stop"))
+
+
+def test_key_words_takes_distinct_words_in_order(agent_loop: ModuleType) -> None:
+    assert agent_loop.key_words("Water, water! Food; a map and 3 maps.") == "water, food, map, and, maps"
+    assert agent_loop.key_words("?? 12 !!") == "(no key words)"
+
+
+async def test_a_failing_adapter_load_closes_the_providers_and_raises(agent_loop: ModuleType) -> None:
+    steps = fake_steps(agent_loop)
+    steps[-1]["adapter_id"] = "bad id"  # not a valid adapter id
+    with pytest.raises(InvalidRequestError, match="adapter id"):
+        async with agent_loop.AgentLoop(steps):
+            pytest.fail("the body must not run when an adapter cannot be loaded")
+    # the cache was emptied: a new provider, without the adapter, comes back for the same config
+    with pytest.raises(AdapterNotFoundError):
+        await get_provider_for_step(steps[0]).generate("x", model="m", adapter_id="writer")
+
+
+def test_help_names_every_option_and_its_environment_variable(
+    agent_loop: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        agent_loop.parse_arguments(["--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--model-path", "--adapter", "--base-url", "--server-model", "--task", "--max-rounds"):
+        assert option in text
+    for variable in ("AGENT_MODEL_PATH", "LLAMACPP_MODEL_PATH", "AGENT_BASE_URL", "VLLM_BASE_URL"):
+        assert variable in text
+
+
+def test_missing_model_path_is_a_usage_error(
+    agent_loop: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("AGENT_MODEL_PATH", "LLAMACPP_MODEL_PATH"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        agent_loop.parse_arguments(["--base-url", "http://127.0.0.1:1/v1"])
+    assert exited.value.code == 2
+    assert "--model-path" in capsys.readouterr().err
