@@ -126,19 +126,9 @@ class InferenceProvider(ABC):
             AdapterNotFoundError: ``adapter_id`` is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status).
         """
-        request = GenerationRequest.from_arguments(
-            provider=self.name,
-            prompt=prompt,
-            model=model,
-            adapter_id=adapter_id,
-            max_tokens=max_tokens,
-            system_prompt=system_prompt,
-            temperature=temperature,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            stop=stop,
-            seed=seed,
-            top_k=top_k,
+        request = self._request(
+            prompt, model, adapter_id, max_tokens, system_prompt, temperature, top_p, repetition_penalty,
+            stop, seed, top_k,
         )
         async with self._adapter_in_use(request.adapter_id):
             return await self._generate(request)
@@ -186,19 +176,9 @@ class InferenceProvider(ABC):
             AdapterNotFoundError: ``adapter_id`` is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
-        request = GenerationRequest.from_arguments(
-            provider=self.name,
-            prompt=prompt,
-            model=model,
-            adapter_id=adapter_id,
-            max_tokens=max_tokens,
-            system_prompt=system_prompt,
-            temperature=temperature,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            stop=stop,
-            seed=seed,
-            top_k=top_k,
+        request = self._request(
+            prompt, model, adapter_id, max_tokens, system_prompt, temperature, top_p, repetition_penalty,
+            stop, seed, top_k,
         )
         async with self._adapter_in_use(request.adapter_id):
             events = self._stream(request)
@@ -336,6 +316,27 @@ class InferenceProvider(ABC):
         traceback: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    def _request(
+        self,
+        prompt: object,
+        model: object,
+        adapter_id: object,
+        max_tokens: object,
+        system_prompt: object,
+        temperature: object,
+        top_p: object,
+        repetition_penalty: object,
+        stop: object,
+        seed: object,
+        top_k: object,
+    ) -> GenerationRequest:
+        """The validated request for the arguments of :meth:`generate` / :meth:`stream`, in their order."""
+        return GenerationRequest.from_arguments(
+            provider=self.name, prompt=prompt, model=model, adapter_id=adapter_id, max_tokens=max_tokens,
+            system_prompt=system_prompt, temperature=temperature, top_p=top_p,
+            repetition_penalty=repetition_penalty, stop=stop, seed=seed, top_k=top_k,
+        )
 
     # Hooks for backends -------------------------------------------------------------------------------
 
