@@ -257,3 +257,58 @@ async def test_generate_batch_bounds_concurrency_and_survives_a_failing_callback
 async def test_generate_batch_refuses_bad_arguments(prompts: object, concurrency: object) -> None:
     with pytest.raises(InvalidRequestError):
         await FakeProvider().generate_batch(prompts, model="m", max_concurrency=concurrency)  # type: ignore[arg-type]
+
+
+# Cancellation ---------------------------------------------------------------------------------------------
+
+
+class SlowBackend(FakeProvider):
+    """Backend loads and unloads that take a while, as a real conversion or a busy worker does."""
+
+    def __init__(self, max_adapters: int | None = None, delay: float = 0.05) -> None:
+        super().__init__(max_adapters)
+        self.delay = delay
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        await asyncio.sleep(self.delay)
+        await super()._load_adapter(adapter_id, adapter_path)
+
+    async def _unload_adapter(self, adapter_id: str) -> None:
+        await asyncio.sleep(self.delay)
+        await super()._unload_adapter(adapter_id)
+
+
+async def test_a_cancelled_load_finishes_in_the_backend_and_other_callers_are_served() -> None:
+    provider = SlowBackend()
+    first = asyncio.create_task(provider.load_adapter("a", "/adapters/a"))
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(provider.generate("p", model="m", adapter_id="a"))
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    result = await waiter  # not a RuntimeError: the load the backend finished is recorded and used
+    assert result.adapter_id == "a"
+    assert provider.backend_loads == 1 and await provider.list_adapters() == ["a"]
+
+
+async def test_a_timed_out_unload_still_leaves_record_and_backend_in_step() -> None:
+    provider = SlowBackend()
+    await provider.load_adapter("a", "/adapters/a")
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(provider.unload_adapter("a"), timeout=0.01)
+    assert provider._resident == {} and await provider.list_adapters() == []
+    await provider.load_adapter("a", "/adapters/a")  # and it can be loaded again, for real
+    assert (await provider.generate("p", model="m", adapter_id="a")).adapter_id == "a"
+
+
+async def test_a_request_cancelled_while_evicting_leaves_capacity_consistent() -> None:
+    provider = SlowBackend(max_adapters=1)
+    await provider.load_adapter("a", "/adapters/a")
+    await provider.load_adapter("b", "/adapters/b")  # evicts a
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(provider.generate("p", model="m", adapter_id="a"), timeout=0.01)
+    await asyncio.sleep(0.2)
+    result = await provider.generate("p", model="m", adapter_id="a")
+    assert result.adapter_id == "a"
+    assert sorted(provider._resident) == ["a"]
+    assert (await provider.generate("p", model="m", adapter_id="b")).adapter_id == "b"

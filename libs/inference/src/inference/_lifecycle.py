@@ -41,6 +41,7 @@ class _Entry:
     transition: asyncio.Future[None] | None = None
     drained: asyncio.Event | None = None
     unloaded: asyncio.Future[None] | None = None
+    evicting: bool = False
     loads: int = 0
 
 
@@ -105,7 +106,8 @@ class AdapterRegistry:
                 try:
                     await self._make_resident(adapter_id, entry)
                 except BaseException:
-                    if self._entries.get(adapter_id) is entry:
+                    # A cancelled caller may leave the backend holding the adapter: keep the record then.
+                    if not entry.resident and self._entries.get(adapter_id) is entry:
                         del self._entries[adapter_id]
                     raise
                 return
@@ -144,10 +146,11 @@ class AdapterRegistry:
                 await asyncio.shield(entry.transition)
             if entry.resident:
                 async with self._transition(entry):
-                    await self._unload(adapter_id)
-                entry.resident = False
+                    await self._finish(entry, self._unload(adapter_id), resident_after=False)
         except BaseException:
             entry.unloading = False
+            if not entry.resident and self._entries.get(adapter_id) is entry:
+                del self._entries[adapter_id]  # the backend did unload it before a cancellation
             raise
         else:
             if self._entries.get(adapter_id) is entry:
@@ -187,10 +190,27 @@ class AdapterRegistry:
     async def _make_resident(self, adapter_id: str, entry: _Entry) -> None:
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
-            await self._load(adapter_id, entry.path)
-        entry.resident = True
+            await self._finish(entry, self._load(adapter_id, entry.path), resident_after=True)
         entry.loads += 1
         entry.last_used = next(self._clock)
+
+    @staticmethod
+    async def _finish(entry: _Entry, work: Awaitable[None], *, resident_after: bool) -> None:
+        """Run a backend load or unload to its end even if the caller is cancelled meanwhile.
+
+        A backend call stopped half-way would leave the backend and this record disagreeing (an adapter
+        listed but gone, or a handle nobody frees). The caller's cancellation is re-raised once the backend
+        is done, with the record matching what the backend did.
+        """
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])
+            if not task.cancelled() and task.exception() is None:
+                entry.resident = resident_after
+            raise
+        entry.resident = resident_after
 
     @asynccontextmanager
     async def _transition(self, entry: _Entry) -> AsyncIterator[None]:
@@ -203,9 +223,12 @@ class AdapterRegistry:
         entry.transition = transition
         try:
             yield
-        except BaseException as error:
-            transition.set_exception(error if isinstance(error, Exception) else RuntimeError("cancelled"))
+        except Exception as error:
+            transition.set_exception(error)
             transition.exception()  # retrieved here, so an unobserved failure logs no warning
+            raise
+        except BaseException:
+            transition.set_result(None)  # the owner was cancelled: waiters look at the entry again
             raise
         else:
             transition.set_result(None)
@@ -220,7 +243,7 @@ class AdapterRegistry:
             resident = [
                 (entry.last_used, adapter_id)
                 for adapter_id, entry in self._entries.items()
-                if entry.resident and adapter_id != exclude
+                if entry.resident and adapter_id != exclude and not entry.evicting
             ]
             if len(resident) < capacity:
                 return
@@ -242,9 +265,12 @@ class AdapterRegistry:
             _, victim = min(candidates)
             entry = self._entries[victim]
             logger.info("%s: evicting least recently used adapter %r", self._provider, victim)
-            async with self._transition(entry):
-                await self._unload(victim)
-            entry.resident = False
+            entry.evicting = True
+            try:
+                async with self._transition(entry):
+                    await self._finish(entry, self._unload(victim), resident_after=False)
+            finally:
+                entry.evicting = False
 
     async def _wait_unloaded(self, adapter_id: str, entry: _Entry) -> None:
         if entry.unloaded is not None:
