@@ -327,3 +327,22 @@ def test_server_errors_are_httpx_status_errors_with_the_sdk_attributes() -> None
     )
     assert isinstance(exceptions.ServerAdapterNotFoundError("gone", request=request, response=response),
                       AdapterNotFoundError)
+
+
+class ClosingFake(FakeProvider):
+    """A fake that, like the in-process providers, is unusable after aclose()."""
+
+    _closed = False
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+async def test_a_provider_closed_by_async_with_is_replaced_in_the_cache(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setitem(PROVIDER_REGISTRY, "fake", f"{__name__}:ClosingFake")
+    async with get_provider("fake") as first:
+        assert not first.closed
+    assert first.closed
+    second = get_provider("fake")
+    assert second is not first and not second.closed
+    assert get_provider("fake") is second

@@ -88,7 +88,7 @@ def _get_or_create(provider_type: str, overrides: Mapping[str, Any]) -> Inferenc
     key: _CacheKey = (provider_type, tuple(settings.items()))
     with _cache_lock:
         provider = _cache.get(key)
-        if provider is None:
+        if provider is None or provider.closed:  # closed by `async with` or aclose(): make a new one
             cls = cast("type[InferenceProvider]", load_provider_class(provider_type))
             provider = cls(**settings)
             _cache[key] = provider

@@ -306,6 +306,15 @@ class InferenceProvider(ABC):
     async def aclose(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Free what the provider holds (connections, model weights). Safe to call twice."""
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` made the provider unusable (in-process providers free their model).
+
+        HTTP providers stay usable after ``aclose`` (they open new connections), so they never report closed.
+        ``get_provider`` replaces a cached provider that is closed with a new one.
+        """
+        return bool(getattr(self, "_closed", False))
+
     async def __aenter__(self: _ProviderT) -> _ProviderT:
         return self
 
