@@ -346,3 +346,19 @@ async def test_a_provider_closed_by_async_with_is_replaced_in_the_cache(clean_en
     second = get_provider("fake")
     assert second is not first and not second.closed
     assert get_provider("fake") is second
+
+
+def test_errors_survive_pickling_with_their_attributes() -> None:
+    import pickle
+
+    request = httpx.Request("POST", "http://127.0.0.1:8100/v1/chat/completions")
+    response = httpx.Response(404, request=request, json={"error": {"message": "gone"}})
+    errors = [
+        AdapterNotFoundError("adapter 'a' is not loaded", provider="fake", path="/x"),
+        exceptions.ServerModelNotFoundError("model gone", request=request, response=response, provider="vllm"),
+    ]
+    for error in errors:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+        assert (copy.provider, copy.path) == (error.provider, error.path)
+    assert copy.status_code == 404

@@ -984,3 +984,18 @@ async def test_an_upload_answered_503_is_sent_again_whole(
     await adapters.load_adapter("a0", qwen_lora)
     assert server.upload.call_count == 2
     assert server.blobs[digest_of(qwen_lora.read_bytes())] == qwen_lora.read_bytes()
+
+
+async def test_the_same_adapter_on_another_base_needs_replace(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.bases["tiny-qwen2-copy"] = server.bases[BASE_MODEL]
+    await adapters.load_adapter("a0", qwen_lora, base_model=BASE_MODEL)
+    await adapters.load_adapter("a0", qwen_lora, base_model=f"{BASE_MODEL}:latest")  # the same model: no-op
+    assert len(server.creates) == 1
+    with pytest.raises(AdapterAlreadyLoadedError, match="already applied to base model 'tiny-qwen2'"):
+        await adapters.load_adapter("a0", qwen_lora, base_model="tiny-qwen2-copy")
+    await adapters.load_adapter("a0", qwen_lora, base_model="tiny-qwen2-copy", replace=True)
+    assert [create["from"] for create in server.creates] == [BASE_MODEL, "tiny-qwen2-copy"]
+    assert adapters.derived_model("a0") == derived_model_name("a0", "tiny-qwen2-copy")
+    assert await adapters.list_adapters() == ["a0"]

@@ -289,6 +289,7 @@ async def test_replace_unloads_then_loads_the_new_path(provider: VLLMProvider, m
 
 async def test_server_already_has_the_name(provider: VLLMProvider, mock: respx.MockRouter) -> None:
     """The server holds an adapter of that name this provider did not load (another client, a restart)."""
+    mock.get(f"{BASE}/models").mock(return_value=served_models("a1"))  # from /adapters/a1, not /adapters/other
     mock.post(LOAD).mock(
         return_value=vllm_error(
             400,
@@ -1135,3 +1136,44 @@ async def test_a_malformed_stream_event_is_a_protocol_error(provider: VLLMProvid
         async for _event in provider.stream("Hi", model="base-model"):
             pass
     await generates(provider, mock)
+
+
+ALREADY_LOADED = (
+    "The lora adapter 'a1' has already been loaded. If you want to load the adapter in place, "
+    "set 'load_inplace' to True."
+)
+
+
+async def test_a_retried_load_that_finds_its_own_earlier_load_succeeds(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """A proxy answered 504 to a load vLLM finished; the retry hears "already loaded" for the same path."""
+    load = mock.post(LOAD).mock(
+        side_effect=[httpx.Response(504), vllm_error(400, ALREADY_LOADED, "InvalidUserInput")]
+    )
+    mock.get(f"{BASE}/models").mock(return_value=served_models("a1"))  # root /adapters/a1
+    await provider.load_adapter("a1", "/adapters/a1")
+    assert load.call_count == 2 and await provider.list_adapters() == ["a1"]
+
+
+async def test_already_loaded_from_another_path_stays_an_error(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.post(LOAD).mock(return_value=vllm_error(400, ALREADY_LOADED, "InvalidUserInput"))
+    mock.get(f"{BASE}/models").mock(return_value=served_models("a1"))  # root /adapters/a1
+    with pytest.raises(ServerAdapterAlreadyLoadedError):
+        await provider.load_adapter("a1", "/adapters/elsewhere")
+    assert await provider.list_adapters() == []
+
+
+async def test_an_adapter_on_any_replica_is_found_and_unloaded_everywhere(mock: respx.MockRouter) -> None:
+    mock.get(f"{REPLICA_A}/models").mock(return_value=model_list())
+    mock.get(f"{REPLICA_B}/models").mock(return_value=model_list("stale"))
+    unloads = [
+        mock.post(f"{url.removesuffix('/v1')}/v1/unload_lora_adapter").mock(
+            return_value=httpx.Response(200, text="Success")
+        )
+        for url in (REPLICA_A, REPLICA_B)
+    ]
+    async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B]) as vllm:
+        await vllm.unload_adapter("stale")
+        assert await vllm.list_adapters() == []
+    assert [route.call_count for route in unloads] == [1, 1]

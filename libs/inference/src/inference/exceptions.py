@@ -103,6 +103,18 @@ class InferenceError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only arguments are lost by Exception's default pickling; keep every attribute instead,
+        # so errors returned by generate_batch can cross process boundaries (multiprocessing, caches).
+        return (_restore_error, (type(self), self.message, dict(self.__dict__)))
+
+
+def _restore_error(cls: type[InferenceError], message: str, state: dict[str, Any]) -> InferenceError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigurationError(InferenceError, ValueError):
     """A setting is missing or malformed (argument, step config or environment variable)."""

@@ -24,6 +24,7 @@ from inference._ollama_models import (
 from inference._validation import GenerationRequest, validate_adapter_id
 from inference.config import resolve_settings
 from inference.exceptions import (
+    AdapterAlreadyLoadedError,
     AdapterNotFoundError,
     ConfigurationError,
     InferenceError,
@@ -192,6 +193,17 @@ class OllamaProvider(InferenceProvider):
             and registry.in_flight(adapter_id) == 0
         ):
             registry.forget(adapter_id)  # found on the server: recreate it from the files the caller names
+        current_base = self._bases.get(adapter_id)
+        if known is not None and current_base is not None and _untagged(current_base) != _untagged(base):
+            # The registry compares paths only; another base model is another derived model.
+            if not replace:
+                raise AdapterAlreadyLoadedError(
+                    f"adapter {adapter_id!r} is already applied to base model {current_base!r}: unload it "
+                    f"first, choose another id, or pass replace=True to apply it to {base!r} instead",
+                    provider=self.name,
+                    url=self.base_url,
+                )
+            await registry.unload(adapter_id)
         token = _LOAD_BASE.set(base)
         try:
             await super().load_adapter(adapter_id, adapter_path, replace=replace, pin=pin)
@@ -433,3 +445,8 @@ def _chat_body(request: GenerationRequest, model: str, *, stream: bool) -> dict[
     if request.stop:
         options["stop"] = list(request.stop)
     return {"model": model, "messages": messages, "stream": stream, "options": options}
+
+
+def _untagged(model: str) -> str:
+    """``llama3.2`` and ``llama3.2:latest`` name the same Ollama model."""
+    return model.removesuffix(":latest")

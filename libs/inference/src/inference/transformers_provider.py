@@ -559,7 +559,14 @@ class TransformersProvider(InferenceProvider):
         if loaded.has_chat_template:
             messages = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
             messages.append({"role": "user", "content": request.prompt})
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            try:
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as error:  # jinja2's TemplateError, e.g. "System role not supported"
+                raise InvalidRequestError(
+                    f"the model's chat template refused these messages ({error}): "
+                    "drop system_prompt or put it into the prompt",
+                    provider=self.name,
+                ) from error
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
             text = (request.system_prompt + "\n\n" if request.system_prompt else "") + request.prompt

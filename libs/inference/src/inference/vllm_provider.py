@@ -7,6 +7,7 @@ nothing), generations are spread across them and skip a replica that does not ac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -534,9 +535,14 @@ class VLLMProvider(InferenceProvider):
                 handlers={400: bad_request, 404: not_found, 500: server_error},
             )
         except ServerAdapterAlreadyLoadedError:
-            if not healing:
-                raise
-            # Another request reloaded it first: the server has it again, which is what healing wants.
+            if healing:
+                return  # another request reloaded it first: the server has it again, which is what healing wants
+            # A retried POST (after a 504 from a proxy, say) finds the load it already made: when the server
+            # serves this very name from this very path, the load succeeded.
+            with contextlib.suppress(InferenceError):
+                if (await self._served_adapters(replica)).get(adapter_id) == adapter_path:
+                    return
+            raise
 
     async def _unload_adapter(self, adapter_id: str) -> None:
         outcomes = await asyncio.gather(
@@ -597,7 +603,7 @@ class VLLMProvider(InferenceProvider):
         """An adapter the server lists but this object did not load (an earlier process, ``--lora-modules``).
 
         It is then used and unloaded like one loaded here, so ``inference adapters unload ID`` works from a
-        new process. Asks the first replica that answers; ``None`` when none lists it.
+        new process. Asks each replica in turn; ``None`` when none lists it.
         """
         for replica in self._replicas:
             try:
@@ -606,7 +612,6 @@ class VLLMProvider(InferenceProvider):
                 continue
             if adapter_id in served:
                 return served[adapter_id] or adapter_id
-            return None
         return None
 
     async def _reconcile_one(self, replica: _Replica, expected: dict[str, str | None]) -> ReplicaReconciliation:
