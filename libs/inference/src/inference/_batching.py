@@ -280,7 +280,7 @@ async def stream_from_worker(
         except RuntimeError:  # the loop is closed: nobody listens any more
             cancel.set()
 
-    task = asyncio.ensure_future(worker.run(job, request, sink, cancel))
+    task = worker.submit(job, request, sink, cancel)  # queued now: a later aclose() runs after it, not before
     # Runs after the result is set, which the worker schedules after its last piece: the sentinel comes last.
     task.add_done_callback(lambda _: queue.put_nowait(_DONE))
     try:

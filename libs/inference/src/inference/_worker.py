@@ -8,6 +8,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from inference.exceptions import ProviderError
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -21,12 +23,27 @@ class ModelWorker:
     """
 
     def __init__(self, name: str) -> None:
+        self._name = name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inference-{name}")
 
     async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``function(*args, **kwargs)`` on the worker thread and return its result."""
+        return await self.submit(function, *args, **kwargs)
+
+    def submit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[T]:
+        """Queue ``function(*args, **kwargs)`` now (in this very call, so queue order is call order).
+
+        Raises:
+            ProviderError: The worker was shut down (its provider is closed).
+        """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(function, *args, **kwargs))
+        try:
+            return loop.run_in_executor(self._executor, functools.partial(function, *args, **kwargs))
+        except RuntimeError as error:  # "cannot schedule new futures after shutdown"
+            raise ProviderError(
+                f"the {self._name} provider is closed: create a new one (or call get_provider again)",
+                provider=self._name,
+            ) from error
 
     def shutdown(self) -> None:
         """Stop accepting work; the call in progress finishes."""
