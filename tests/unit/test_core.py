@@ -362,3 +362,8 @@ def test_errors_survive_pickling_with_their_attributes() -> None:
         assert type(copy) is type(error) and str(copy) == str(error)
         assert (copy.provider, copy.path) == (error.provider, error.path)
     assert copy.status_code == 404
+
+
+def test_unhashable_step_settings_are_a_configuration_error(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match="plain values"):
+        get_provider_for_step({"provider": "llamacpp", "model_path": "/m.gguf", "n_ctx": [4096]})

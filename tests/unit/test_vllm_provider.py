@@ -1177,3 +1177,19 @@ async def test_an_adapter_on_any_replica_is_found_and_unloaded_everywhere(mock: 
         await vllm.unload_adapter("stale")
         assert await vllm.list_adapters() == []
     assert [route.call_count for route in unloads] == [1, 1]
+
+
+async def test_a_relative_local_path_is_sent_as_an_absolute_path(
+    mock: respx.MockRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = tmp_path / "adapters" / "rel"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "bias": "none"})
+    )
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    async with VLLMProvider(base_url=BASE) as vllm:
+        await vllm.load_adapter("rel", "adapters/rel")
+    assert json.loads(load.calls[0].request.content)["lora_path"] == str(adapter)

@@ -86,6 +86,13 @@ def _get_or_create(provider_type: str, overrides: Mapping[str, Any]) -> Inferenc
         )
     settings = resolve_settings(provider_type, overrides)
     key: _CacheKey = (provider_type, tuple(settings.items()))
+    try:
+        hash(key)
+    except TypeError:
+        raise ConfigurationError(
+            f"the {provider_type} settings must be plain values (strings, numbers), got {settings!r}",
+            provider=provider_type,
+        ) from None
     with _cache_lock:
         provider = _cache.get(key)
         if provider is None or provider.closed:  # closed by `async with` or aclose(): make a new one
