@@ -86,3 +86,23 @@ def test_a_wrong_base_exits_1_in_process(
     )
     assert status == 1
     assert f"base model {missing_base} does not exist" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_exits_1_with_one_line(
+    tiny_models: dict[str, TinyModel], tmp_path: Path, repo_root: Path
+) -> None:
+    model = tiny_models["llama"]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("the output's directory would have to be here")
+    targets = [blocker / "out.gguf", tmp_path]  # under a file; a directory itself
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        targets.append(locked / "out.gguf")
+    for output in targets:
+        result = run_cli(
+            "convert-adapter", model.adapter_dirs["a0"], "--base", model.gguf_path, "-o", output, cwd=repo_root
+        )
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith("inference: error: ") and result.stderr.count("\n") == 1
+        assert "Traceback" not in result.stderr and result.stdout == ""

@@ -159,6 +159,7 @@ def test_the_cache_converts_once_per_adapter_and_base(
 ) -> None:
     model = tiny_models["qwen2"]
     cache = tmp_path / "cache"
+    _edit_config(adapter_copy, base_model_name_or_path="")  # names no base, so another base is not refused
     first = convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache)
     assert first.is_file()
     assert first.parent == cache

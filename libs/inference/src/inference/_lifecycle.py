@@ -3,7 +3,8 @@
 The registry is the single place that decides:
 
 - concurrent ``load_adapter`` calls for one id and path load it once (a failed load fails every caller);
-- an id loaded with another path is refused unless the caller asks to replace it;
+- an id loaded with another path is refused unless the caller asks to replace it; paths are compared by
+  what they name (:func:`~inference._paths.path_identity`), so ``a/x/`` and ``./a/x`` are one path;
 - ``unload_adapter`` waits for the adapter's requests in flight, and refuses new ones meanwhile;
 - with a capacity (``max_adapters``), the least recently used adapter that is neither pinned nor in use is
   evicted from the backend, stays listed, and is loaded again transparently when a request needs it.
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from inference._paths import path_identity
 from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError
 
 logger = logging.getLogger("inference.adapters")
@@ -33,6 +35,7 @@ BackendDiscover = Callable[[str], Awaitable[str | None]]
 @dataclass
 class _Entry:
     path: str
+    identity: str = ""
     pinned: bool = False
     resident: bool = False
     in_flight: int = 0
@@ -98,10 +101,11 @@ class AdapterRegistry:
 
     async def load(self, adapter_id: str, path: str, *, replace: bool = False, pin: bool = False) -> None:
         """Load ``adapter_id`` from ``path`` (see the module docstring for the rules)."""
+        identity = path_identity(path)
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
-                entry = _Entry(path=path, pinned=pin)
+                entry = _Entry(path=path, identity=identity, pinned=pin)
                 self._entries[adapter_id] = entry
                 try:
                     await self._make_resident(adapter_id, entry)
@@ -117,7 +121,7 @@ class AdapterRegistry:
             if entry.unloading:
                 await self._wait_unloaded(adapter_id, entry)
                 continue
-            if entry.path == path:
+            if (entry.identity or path_identity(entry.path)) == identity:
                 entry.pinned = entry.pinned or pin
                 if not entry.resident:
                     await self._make_resident(adapter_id, entry)
@@ -280,7 +284,7 @@ class AdapterRegistry:
         path = await self._discover(adapter_id)
         if path is None:
             return None
-        entry = self._entries.setdefault(adapter_id, _Entry(path=path, resident=True))
+        entry = self._entries.setdefault(adapter_id, _Entry(path=path, identity=path_identity(path), resident=True))
         entry.last_used = next(self._clock)
         return entry
 

@@ -77,16 +77,20 @@ class GenerationRequest:
 
         if not isinstance(prompt, str):
             raise fail(f"prompt must be a string, got {type(prompt).__name__}")
+        _require_utf8(prompt, "prompt", fail)
         if model is None:
             model = ""
         if not isinstance(model, str):
             raise fail(f"model must be a string, got {type(model).__name__}")
+        _require_utf8(model, "model", fail)
         if adapter_id is not None:
             adapter_id = validate_adapter_id(adapter_id, provider=provider)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise fail(f"max_tokens must be a positive integer, got {max_tokens!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise fail(f"system_prompt must be a string or None, got {type(system_prompt).__name__}")
+        if system_prompt is not None:
+            _require_utf8(system_prompt, "system_prompt", fail)
         temperature = _number(temperature, "temperature", fail, minimum=0.0, maximum=100.0)
         top_p = _number(top_p, "top_p", fail, minimum=0.0, maximum=1.0, exclusive_minimum=True)
         repetition_penalty = _number(
@@ -137,8 +141,25 @@ def _number(
 def _stop_sequences(stop: object, fail: Callable[[str], InvalidRequestError]) -> tuple[str, ...]:
     if stop is None:
         return ()
+    single = isinstance(stop, str)
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, Sequence) or not all(isinstance(s, str) and s for s in stop):
         raise fail(f"stop must be a non-empty string or a list of non-empty strings, got {stop!r}")
+    for index, sequence in enumerate(stop):
+        _require_utf8(sequence, "stop" if single else f"stop[{index}]", fail)
     return tuple(stop)
+
+
+def _require_utf8(text: str, name: str, fail: Callable[[str], InvalidRequestError]) -> None:
+    """Refuse text that cannot be encoded as UTF-8 (a lone surrogate, such as U+D800).
+
+    Every backend sends or tokenizes UTF-8, and would fail on such text with a ``UnicodeEncodeError``.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise fail(
+            f"{name} holds {text[error.start]!r} at position {error.start}, a lone surrogate that cannot be "
+            "encoded as UTF-8: remove it, or decode the original bytes with errors='replace'"
+        ) from None

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.exceptions import AdapterConversionError, InvalidAdapterError
-from inference.peft_adapter import PeftAdapter, read_peft_adapter
+from inference._paths import directory_problem, expand_path
+from inference.exceptions import AdapterConversionError, ConfigurationError, InvalidAdapterError
+from inference.peft_adapter import PeftAdapter, check_base_model, read_peft_adapter
 
 __all__ = [
     "CONVERTER_VERSION",
@@ -141,14 +142,18 @@ def read_base_layout(base_gguf: str | os.PathLike[str]) -> BaseModelLayout:
     Raises:
         AdapterConversionError: The file is missing or is not a readable GGUF model.
     """
-    path = Path(base_gguf)
-    if not path.is_file():
+    path = expand_path(base_gguf)
+    try:
+        found = path.is_file()
+    except OSError:  # a parent this process may not search: reported by the read below
+        found = True
+    if not found:
         raise AdapterConversionError(
             f"base model {path} does not exist: give the path of the GGUF file the adapter should run on",
             path=str(path),
         )
-    stat = path.stat()
     try:
+        stat = path.stat()
         fields, shapes = _read_gguf_header_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
     except (OSError, ValueError, struct.error, UnicodeDecodeError) as error:
         raise AdapterConversionError(
@@ -242,7 +247,7 @@ def read_lora_gguf_architecture(lora_gguf: str | os.PathLike[str], *, provider: 
     Raises:
         InvalidAdapterError: The file is missing, not GGUF, or a GGUF that is not a LoRA adapter (a model).
     """
-    path = Path(lora_gguf)
+    path = expand_path(lora_gguf)
     try:
         stat = path.stat()
         fields, _ = _read_gguf_header_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
@@ -261,6 +266,17 @@ def read_lora_gguf_architecture(lora_gguf: str | os.PathLike[str], *, provider: 
             path=str(path),
         )
     return str(architecture)
+
+
+def _read_gguf_architecture(path: Path) -> str | None:
+    """``general.architecture`` of any GGUF file (model or adapter), or ``None`` when it cannot be read."""
+    try:
+        stat = path.stat()
+        fields, _ = _read_gguf_header_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        return None
+    architecture = fields.get("general.architecture")
+    return architecture if isinstance(architecture, str) and architecture else None
 
 
 # GGUF value types: struct format of the fixed-size ones; 8 is a string, 9 an array.
@@ -352,14 +368,19 @@ def convert_peft_to_gguf(
         base_gguf: The base model's GGUF file, the one llama.cpp will load the adapter on.
         output: Where to write the GGUF LoRA file; parent directories are created.
 
+    Every path may start with ``~``, which is expanded.
+
     Returns:
-        ``output`` as a :class:`~pathlib.Path`.
+        ``output`` as a :class:`~pathlib.Path` (``~`` expanded).
 
     Raises:
         InvalidAdapterError: The directory is missing, not a plain LoRA (DoRA, trained biases,
-            ``modules_to_save``), or its weights are unreadable.
-        AdapterConversionError: The adapter does not fit the base model: unknown architecture, modules
-            the base lacks, shapes of another model.
+            ``modules_to_save``), its weights are unreadable, or its ``adapter_config.json`` names a base
+            model of another architecture (see :func:`~inference.peft_adapter.check_base_model`).
+        AdapterConversionError: The adapter does not fit the base model (unknown architecture, modules
+            the base lacks, shapes of another model), or the file could not be written (disk full...).
+        ConfigurationError: The output's directory is not a directory, or cannot be created or written
+            into; the message names it.
     """
     return convert_peft_to_gguf_for_layout(peft_dir, read_base_layout(base_gguf), output)
 
@@ -383,15 +404,17 @@ def convert_peft_to_gguf_for_layout(
         provider: The provider name carried by errors.
 
     Returns:
-        ``output`` as a :class:`~pathlib.Path`.
+        ``output`` as a :class:`~pathlib.Path` (``~`` expanded).
 
     Raises:
         InvalidAdapterError: As :func:`convert_peft_to_gguf`.
         AdapterConversionError: As :func:`convert_peft_to_gguf`.
+        ConfigurationError: As :func:`convert_peft_to_gguf`.
     """
     adapter = read_peft_adapter(peft_dir, provider=provider)
+    _check_trained_base(adapter, layout, provider=provider)
     tensors = _gguf_lora_tensors(adapter, layout, provider=provider)
-    destination = Path(output)
+    destination = expand_path(output)
     _write_lora_gguf(destination, layout.architecture, adapter, tensors, provider=provider)
     return destination
 
@@ -410,7 +433,7 @@ def convert_peft_to_gguf_cached(
     Args:
         peft_dir: The PEFT LoRA adapter directory.
         base_gguf: The base model's GGUF file.
-        cache_dir: Directory of converted adapters (created if needed).
+        cache_dir: Directory of converted adapters (created if needed; ``~`` is expanded).
 
     Returns:
         The path of the GGUF LoRA file in ``cache_dir``.
@@ -418,6 +441,7 @@ def convert_peft_to_gguf_cached(
     Raises:
         InvalidAdapterError: As :func:`convert_peft_to_gguf`.
         AdapterConversionError: As :func:`convert_peft_to_gguf`.
+        ConfigurationError: ``cache_dir`` is not a directory, or cannot be created or written into.
     """
     return convert_peft_to_gguf_for_layout_cached(peft_dir, read_base_layout(base_gguf), cache_dir)
 
@@ -438,7 +462,7 @@ def convert_peft_to_gguf_for_layout_cached(
     Args:
         peft_dir: The PEFT LoRA adapter directory.
         layout: The base model's architecture, head counts and tensor shapes.
-        cache_dir: Directory of converted adapters (created if needed).
+        cache_dir: Directory of converted adapters (created if needed; ``~`` is expanded).
         provider: The provider name carried by errors.
 
     Returns:
@@ -447,8 +471,12 @@ def convert_peft_to_gguf_for_layout_cached(
     Raises:
         InvalidAdapterError: As :func:`convert_peft_to_gguf`.
         AdapterConversionError: As :func:`convert_peft_to_gguf`.
+        ConfigurationError: ``cache_dir`` is not a directory, or cannot be created or written into.
     """
     adapter = read_peft_adapter(peft_dir, provider=provider)
+    _check_trained_base(adapter, layout, provider=provider)
+    directory = expand_path(cache_dir)
+    _require_writable_directory(directory, "adapter cache directory", provider=provider)
     digest = hashlib.sha256()
     digest.update(f"inference-gguf-lora-{CONVERTER_VERSION}\0{layout.fingerprint()}\0".encode())
     for part in (adapter.path / "adapter_config.json", adapter.weights_path):
@@ -456,12 +484,23 @@ def convert_peft_to_gguf_for_layout_cached(
             digest.update(chunk)
         digest.update(b"\0")
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", adapter.path.resolve().name) or "adapter"
-    target = Path(cache_dir) / f"{stem}-{digest.hexdigest()[:24]}.gguf"
+    target = directory / f"{stem}-{digest.hexdigest()[:24]}.gguf"
     if target.is_file():
         return target
     tensors = _gguf_lora_tensors(adapter, layout, provider=provider)
     _write_lora_gguf(target, layout.architecture, adapter, tensors, provider=provider)
     return target
+
+
+def _check_trained_base(adapter: PeftAdapter, layout: BaseModelLayout, *, provider: str) -> None:
+    """Refuse an adapter trained on another architecture than the base's (see ``check_base_model``).
+
+    Shapes alone cannot tell: two architectures of the same sizes share every tensor name and shape, and
+    the converted file would carry the base's architecture, so llama.cpp would load it without complaint.
+    An architecture the gguf package cannot map is left to the conversion, which names that problem.
+    """
+    if layout.architecture in _import_gguf().MODEL_ARCH_NAMES.values():
+        check_base_model(adapter, model_name=None, model_type=layout.architecture, provider=provider)
 
 
 def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider: str) -> dict[str, Any]:
@@ -576,9 +615,20 @@ def _write_lora_gguf(
             provider=provider,
             path=str(destination),
         )
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary_name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
-    os.close(handle)
+    _require_writable_directory(destination.parent, "output directory", provider=provider)
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary_name = tempfile.mkstemp(
+            prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent
+        )
+        os.close(handle)
+    except OSError as error:
+        raise AdapterConversionError(
+            f"could not create the converted adapter {destination} ({error.strerror or error}): check that "
+            f"{destination.parent} is a writable directory with free space",
+            provider=provider,
+            path=str(destination),
+        ) from error
     temporary = Path(temporary_name)
     try:
         writer = gguf.GGUFWriter(temporary, architecture)
@@ -602,6 +652,17 @@ def _write_lora_gguf(
         ) from error
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _require_writable_directory(directory: Path, what: str, *, provider: str) -> None:
+    """Refuse, before any work, a directory that files cannot be written into (checked, not created)."""
+    problem = directory_problem(directory)
+    if problem is not None:
+        raise ConfigurationError(
+            f"{what} {directory} {problem}: choose a directory this process can create and write into",
+            provider=provider,
+            path=str(directory),
+        )
 
 
 def _load_weights(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
@@ -647,6 +708,11 @@ def _read_safetensors(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
             dtype_name, shape, (start, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
         except (TypeError, KeyError, ValueError) as error:
             raise _corrupt(adapter, f"tensor {name} has a malformed header entry", provider) from error
+        numbers = [*shape, start, end]
+        if not isinstance(dtype_name, str) or not all(
+            isinstance(number, int) and not isinstance(number, bool) and number >= 0 for number in numbers
+        ):
+            raise _corrupt(adapter, f"tensor {name} has a malformed header entry", provider)
         numpy_dtype = _SAFETENSORS_DTYPES.get(dtype_name)
         if numpy_dtype is None:
             raise AdapterConversionError(
@@ -680,7 +746,7 @@ def _read_torch_bin(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
         state = torch.load(adapter.weights_path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises pickle, zip and runtime errors on a bad file
         raise _corrupt(adapter, str(error), provider) from error
-    if not isinstance(state, dict):
+    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
         raise _corrupt(adapter, "the pickle does not hold a dict of tensors", provider)
     return {str(key): value.detach().float().numpy() for key, value in state.items()}
 

@@ -3,19 +3,25 @@
 Every provider that takes PEFT adapters (llama.cpp through conversion, Transformers+PEFT, vLLM when the
 path is local) checks the directory here first, so a bad adapter gets the same clear
 :class:`~inference.exceptions.InvalidAdapterError` everywhere instead of a backend's stack trace.
+:func:`check_base_model` then compares the base model the adapter names with the model it is loaded on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference._paths import expand_path, path_identity
 from inference.exceptions import InvalidAdapterError
 
-__all__ = ["PeftAdapter", "read_peft_adapter"]
+__all__ = ["PeftAdapter", "base_model_type", "check_base_model", "read_peft_adapter"]
+
+logger = logging.getLogger("inference.adapters")
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHT_NAMES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -54,34 +60,40 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
 
     Checks: the directory exists and holds ``adapter_config.json`` and ``adapter_model.safetensors``
     (or ``.bin``); ``peft_type`` is ``LORA``; no DoRA; ``bias`` is ``"none"``; no ``modules_to_save``;
-    ``r`` is a positive integer; ``target_modules`` is given.
+    ``r`` is a positive integer; ``lora_alpha`` is a finite number; ``target_modules`` is given.
 
     Args:
-        path: The adapter directory.
+        path: The adapter directory (a leading ``~`` is expanded).
         provider: The provider asking, for the error message.
 
     Raises:
         InvalidAdapterError: The directory is missing or is not a plain LoRA adapter; the message says why.
     """
-    directory = Path(path)
+    directory = expand_path(path)
 
     def refuse(reason: str) -> InvalidAdapterError:
         return InvalidAdapterError(f"adapter at {directory} {reason}", provider=provider, path=str(directory))
 
-    if not directory.exists():
-        raise refuse("does not exist: give the path of a PEFT adapter directory")
-    if not directory.is_dir():
-        raise refuse("is not a directory: give a PEFT adapter directory (with adapter_config.json)")
     config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
-        raise refuse(f"has no {CONFIG_NAME}: save it with PeftModel.save_pretrained")
+    try:
+        if not directory.exists():
+            raise refuse("does not exist: give the path of a PEFT adapter directory")
+        if not directory.is_dir():
+            raise refuse("is not a directory: give a PEFT adapter directory (with adapter_config.json)")
+        if not config_path.is_file():
+            raise refuse(f"has no {CONFIG_NAME}: save it with PeftModel.save_pretrained")
+    except OSError as error:  # e.g. a parent directory this process may not search
+        raise refuse(f"cannot be read ({error.strerror or error}): check its permissions") from error
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise refuse(f"has an unreadable {CONFIG_NAME} ({error})") from error
     if not isinstance(config, dict):
         raise refuse(f"has a {CONFIG_NAME} that is not a JSON object")
-    weights = next((directory / name for name in WEIGHT_NAMES if (directory / name).is_file()), None)
+    try:
+        weights = next((directory / name for name in WEIGHT_NAMES if (directory / name).is_file()), None)
+    except OSError as error:
+        raise refuse(f"cannot be read ({error.strerror or error}): check its permissions") from error
     if weights is None:
         raise refuse(f"has no weights file ({' or '.join(WEIGHT_NAMES)})")
 
@@ -100,12 +112,12 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise refuse(f"has an invalid rank r={rank!r}: expected a positive integer")
     alpha = config.get("lora_alpha", 8)  # PEFT's LoraConfig default
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise refuse(f"has an invalid lora_alpha={alpha!r}: expected a number")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise refuse(f"has an invalid lora_alpha={alpha!r}: expected a finite number")
     targets = config.get("target_modules")
     if isinstance(targets, str):
         targets = [targets]
-    if not targets or not all(isinstance(t, str) and t for t in targets):
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
         raise refuse(f"has no usable target_modules ({targets!r})")
     return PeftAdapter(
         path=directory,
@@ -116,3 +128,132 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
         base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
         config=config,
     )
+
+
+# Architecture names that differ between transformers' model_type and GGUF's general.architecture, or that
+# llama.cpp serves with another architecture's code: compared through this table.
+_SAME_ARCHITECTURE = {"gemma3_text": "gemma3", "mistral": "llama"}
+
+_warned: set[tuple[str, str]] = set()
+
+
+def base_model_type(adapter: PeftAdapter) -> str | None:
+    """The architecture of the model the adapter was trained on, when this machine can tell; else ``None``.
+
+    Read from ``base_model_name_or_path``: a local model directory's ``config.json`` (``model_type``), a local
+    GGUF file's header (``general.architecture``), or, for a Hugging Face Hub id, the ``config.json`` in the
+    local Hugging Face cache when ``huggingface_hub`` is installed (nothing is downloaded).
+    """
+    declared = adapter.base_model_name_or_path
+    if not declared:
+        return None
+    local = expand_path(declared)
+    config_file: Path | None = None
+    try:
+        if local.is_dir():
+            config_file = local / "config.json"
+        elif local.is_file() and local.suffix.lower() == ".gguf":
+            from inference.gguf_conversion import _read_gguf_architecture
+
+            return _read_gguf_architecture(local)
+        else:
+            config_file = _hub_cached_config(declared)
+        if config_file is None or not config_file.is_file():
+            return None
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):  # unreadable or not a JSON object: nothing to compare
+        return None
+    return model_type if isinstance(model_type, str) and model_type else None
+
+
+def check_base_model(
+    adapter: PeftAdapter,
+    *,
+    model_name: str | os.PathLike[str] | None,
+    model_type: str | None,
+    provider: str | None = None,
+) -> None:
+    """Refuse an adapter trained on another architecture; log a warning when it names another base model.
+
+    An adapter whose matrices happen to have the loaded model's shapes loads without any backend error,
+    and then produces wrong text. Its ``adapter_config.json`` says what it was trained on
+    (``base_model_name_or_path``); this compares that with the model it is about to be loaded on.
+
+    - Architectures: when :func:`base_model_type` can tell the base's architecture and ``model_type`` is
+      given, they must be the same (``qwen2`` and ``llama`` are not), else the adapter is refused.
+    - Names: when ``model_name`` is given and names another model (compared by real path when both are on
+      this machine, else by final path component, ignoring case and a ``.gguf`` suffix), a warning is logged
+      on the ``inference.adapters`` logger, once per adapter and model. A warning, not an error: the same
+      model is often saved under another name.
+
+    Providers call it after :func:`read_peft_adapter`, before giving the adapter to the backend.
+
+    Args:
+        adapter: The adapter, as :func:`read_peft_adapter` returned it.
+        model_name: The loaded model's name or path, or ``None`` to skip the name comparison.
+        model_type: The loaded model's architecture (transformers' ``config.model_type`` or GGUF's
+            ``general.architecture``), or ``None`` when unknown.
+        provider: The provider asking, for the error.
+
+    Raises:
+        InvalidAdapterError: The adapter was trained on another architecture.
+    """
+    declared = adapter.base_model_name_or_path
+    if not declared:
+        return
+    trained_type = base_model_type(adapter) if model_type else None
+    if trained_type and model_type and _architecture(trained_type) != _architecture(model_type):
+        shown = f" {os.fspath(model_name)}" if model_name is not None else ""
+        raise InvalidAdapterError(
+            f"adapter at {adapter.path} was trained on {declared}, a {trained_type} model, but the loaded model"
+            f"{shown} is a {model_type} model: its weights would load and produce wrong text; use an adapter "
+            "trained for this base model",
+            provider=provider,
+            path=str(adapter.path),
+        )
+    if model_name is None or _same_model(declared, os.fspath(model_name)):
+        return
+    key = (path_identity(adapter.path), os.fspath(model_name))
+    if key in _warned:
+        return
+    _warned.add(key)
+    logger.warning(
+        "%sadapter at %s was trained on %s, but is being loaded on %s: if that is another model, its output "
+        "will be wrong; use an adapter trained for this model (or set base_model_name_or_path in its "
+        "adapter_config.json if it is the same model under another name)",
+        f"{provider}: " if provider else "",
+        adapter.path,
+        declared,
+        os.fspath(model_name),
+    )
+
+
+def _architecture(name: str) -> str:
+    lowered = name.strip().lower()
+    return _SAME_ARCHITECTURE.get(lowered, lowered)
+
+
+def _same_model(declared: str, loaded: str) -> bool:
+    if path_identity(declared) == path_identity(loaded):
+        return True
+
+    def stem(name: str) -> str:
+        last = os.path.basename(os.path.normpath(os.path.expanduser(name))).lower()
+        return last[: -len(".gguf")] if last.endswith(".gguf") else last
+
+    return stem(declared) == stem(loaded)
+
+
+def _hub_cached_config(repo_id: str) -> Path | None:
+    """``config.json`` of a Hub repo id in the local Hugging Face cache, or ``None`` (never downloads)."""
+    if repo_id.count("/") > 1 or repo_id.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # an id the hub library refuses (HFValidationError): nothing cached under it
+        return None
+    return Path(found) if isinstance(found, str) else None

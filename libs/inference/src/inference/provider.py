@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 from inference._lifecycle import AdapterRegistry
+from inference._paths import normalise_path, path_text_problem
 from inference._validation import GenerationRequest, validate_adapter_id
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 
@@ -37,18 +38,19 @@ class GenerationResult:
         text: The generated text (without the prompt).
         model: The model that answered (for servers, the name the server reports).
         adapter_id: The adapter used, or ``None`` for the base model.
-        token_count: Prompt tokens plus completion tokens.
+        token_count: Prompt tokens plus completion tokens; ``None`` when the backend did not report the prompt's
+            tokens (a server that sends no usage in a stream).
         finish_reason: ``"stop"`` (end of sequence or a stop string) or ``"length"`` (``max_tokens`` reached).
-        prompt_tokens: Tokens in the prompt as the backend counted them.
+        prompt_tokens: Tokens in the prompt as the backend counted them; ``None`` when it did not say.
         completion_tokens: Tokens generated.
     """
 
     text: str
     model: str
     adapter_id: str | None
-    token_count: int
+    token_count: int | None
     finish_reason: str
-    prompt_tokens: int = 0
+    prompt_tokens: int | None = 0
     completion_tokens: int = 0
 
 
@@ -263,7 +265,9 @@ class InferenceProvider(ABC):
     ) -> None:
         """Load a LoRA adapter under ``adapter_id`` so that ``generate(adapter_id=...)`` can use it.
 
-        Loading an id again with the same path does nothing (concurrent calls load it once).
+        Loading an id again with the same path does nothing (concurrent calls load it once). "The same path"
+        means the same place, however it is written: ``~`` is expanded, ``adapters/a/``, ``./adapters/a`` and
+        ``adapters//a`` are one path, and a symlink to a directory on this machine is that directory.
 
         Args:
             adapter_id: The name to use it by (letters, digits, ``.``, ``_``, ``-``).
@@ -276,14 +280,12 @@ class InferenceProvider(ABC):
             UnsupportedOperationError: The provider has no adapter support.
             AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false.
             InvalidAdapterError: The adapter is missing, corrupt or unsupported.
+            InvalidRequestError: ``adapter_path`` is not a non-empty path the operating system can take.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
-        if not isinstance(adapter_path, (str, os.PathLike)) or not os.fspath(adapter_path):
-            raise InvalidRequestError(
-                f"adapter_path must be a non-empty path, got {adapter_path!r}", provider=self.name
-            )
+        path = self._adapter_path_argument(adapter_path)
         self._require_adapter_support("load_adapter")
-        await self._adapter_registry.load(adapter_id, os.fspath(adapter_path), replace=replace, pin=pin)
+        await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
 
     async def unload_adapter(self, adapter_id: str) -> None:
         """Unload the adapter ``adapter_id`` and free what it holds.
@@ -346,6 +348,22 @@ class InferenceProvider(ABC):
             system_prompt=system_prompt, temperature=temperature, top_p=top_p,
             repetition_penalty=repetition_penalty, stop=stop, seed=seed, top_k=top_k,
         )
+
+    def _adapter_path_argument(self, adapter_path: object) -> str:
+        """``adapter_path`` as the backend receives it: checked, ``~`` expanded, written canonically."""
+        text = os.fspath(adapter_path) if isinstance(adapter_path, (str, os.PathLike)) else None
+        if not isinstance(text, str) or not text:
+            raise InvalidRequestError(
+                f"adapter_path must be a non-empty path (a string or os.PathLike), got {adapter_path!r}",
+                provider=self.name,
+            )
+        problem = path_text_problem(text)
+        if problem is not None:
+            raise InvalidRequestError(
+                f"adapter_path {text!r} {problem}: give the path of the adapter as the file system names it",
+                provider=self.name,
+            )
+        return normalise_path(text)
 
     # Hooks for backends -------------------------------------------------------------------------------
 
