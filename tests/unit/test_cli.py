@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -363,3 +364,93 @@ def test_the_module_runs_as_a_program_with_exit_statuses(tmp_path: Path) -> None
     assert usage.returncode == 2 and "PROMPT" in usage.stderr
     nothing = cli()
     assert nothing.returncode == 2 and "generate" in nothing.stderr
+
+
+# one-line errors, a closed stdout ----------------------------------------------------------------------------
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("provider", ["vllm", "ollama"])
+def test_adapters_list_where_nothing_listens_exits_1_with_one_line(
+    provider: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{unused_port()}/v1"
+    argv = ["adapters", "list", "--provider", provider, "--base-url", url, "--set", "max_retries=0"]
+    for extra in ([], ["--json"]):
+        status, out, err = run([*argv, *extra], capsys)
+        assert status == 1
+        assert out == ""  # not "[]": an empty list would say the server holds no adapters
+        assert err.startswith("inference: error: ") and err.count("\n") == 1
+        assert url in err and f"{provider.upper()}_BASE_URL" in err and "Traceback" not in err
+
+
+def test_an_error_message_with_line_breaks_is_printed_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inference.exceptions import ProviderError
+
+    async def broken(self: FakeProvider, request: object) -> object:
+        raise ProviderError("the backend failed:\n  line two\n  line three")
+
+    monkeypatch.setattr(FakeProvider, "_generate", broken)
+    status, out, err = run(["generate", "Hi", "--provider", "fake"], capsys)
+    assert status == 1 and out == ""
+    assert err == "inference: error: the backend failed: line two line three\n"
+
+
+def test_a_file_system_refusal_is_one_line_with_exit_1(
+    eval_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapters, prompts, _ = eval_files
+    blocker = adapters.parent / "a-file"
+    blocker.write_text("not a directory")
+    argv = ["eval", "--adapters", str(adapters / "a1"), "--prompts", str(prompts), "--provider", "fake"]
+    status, out, err = run([*argv, "--output", str(blocker / "results.jsonl")], capsys)
+    assert status == 1 and out == ""
+    assert err.startswith("inference: error: ") and err.count("\n") == 1 and str(blocker) in err
+
+
+def test_resuming_eval_with_other_settings_exits_1_saying_to_use_a_new_output(
+    eval_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapters, prompts, output = eval_files
+    argv = ["eval", "--adapters", str(adapters / "*"), "--prompts", str(prompts), "--output", str(output)]
+    argv += ["--provider", "fake"]
+    assert run([*argv, "--max-tokens", "4"], capsys)[0] == 0
+    before = output.read_bytes()
+    status, out, err = run([*argv, "--max-tokens", "8"], capsys)
+    assert status == 1 and out == ""
+    assert "max_tokens was 4, now 8" in err and "new output file" in err and err.count("\n") == 1
+    assert output.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "Hello", "--max-tokens", "50"],
+        ["generate", "Hello", "--max-tokens", "50", "--stream"],
+        ["generate", "Hello", "--max-tokens", "50", "--stream", "--json"],
+        ["eval", "--adapters", "{adapters}/*", "--prompts", "{prompts}", "--output", "{output}", "--json"],
+        ["providers", "--vllm-url", "http://127.0.0.1:9/v1", "--ollama-url", "http://127.0.0.1:9/v1", "--json"],
+    ],
+)
+def test_a_closed_stdout_stops_the_command_quietly(command: list[str], eval_files: tuple[Path, Path, Path]) -> None:
+    adapters, prompts, output = eval_files
+    argv = [part.format(adapters=adapters, prompts=prompts, output=output) for part in command]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "inference.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "INFERENCE_PROVIDER": "fake"},
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # like `| head` having read enough: every write to stdout now fails
+    with process.stderr:
+        err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, err  # 128 + SIGPIPE, as a shell reports for `yes | head`
+    assert err == ""

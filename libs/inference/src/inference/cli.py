@@ -3,7 +3,9 @@
 Each subcommand is one small function that takes the parsed arguments and returns the exit status;
 :func:`build_parser` wires them up, so adding a subcommand is adding a ``_add_<name>`` and a handler.
 
-Exit status: 0 on success, 1 when the SDK refuses or fails (the sentence goes to stderr), 2 for usage errors.
+Exit status: 0 on success, 1 when the SDK refuses or fails (one line on stderr, no traceback), 2 for usage
+errors, 130 on Ctrl-C, and 141 (128 + SIGPIPE, what a shell reports for a program a closed pipe stopped) when
+stdout is closed early, as by ``inference eval ... --json | head -c 100``: the command then stops quietly.
 ``--json`` makes a command print one JSON object on stdout (JSON lines for ``generate --stream``).
 
 Example:
@@ -19,6 +21,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -71,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tools of the inference-adapters SDK (async inference with a LoRA adapter lifecycle).",
         epilog=(
             "Run 'inference COMMAND --help' for a command's options and examples.\n"
-            "Exit status: 0 success, 1 the SDK refused or failed (reason on stderr), 2 usage error.\n"
+            "Exit status: 0 success, 1 the SDK refused or failed (reason on stderr), 2 usage error,\n"
+            "130 interrupted, 141 stdout closed early (a pipe into head).\n"
             "Settings not given on the command line come from the environment (see .env.example)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -93,8 +97,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name; ``sys.argv[1:]`` when ``None``.
 
     Returns:
-        The exit status: 0 success, 1 refused or failed (message on stderr), 2 usage error.
+        The exit status: 0 success, 1 refused or failed (one line on stderr), 2 usage error, 130 interrupted,
+        141 stdout closed early (the rest of the output is dropped quietly).
     """
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here rather than at exit, where it could not be handled
+    except BrokenPipeError:  # stdout's reader went away (``| head``), in any command
+        return _stdout_closed()
+    return status
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -108,14 +122,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except _UsageError as error:
-        print(f"inference: usage error: {error}", file=sys.stderr)
+        _print_error(f"usage error: {error}")
         return 2
     except InferenceError as error:
-        print(f"inference: error: {error}", file=sys.stderr)
+        _print_error(f"error: {error}")
+        return 1
+    except BrokenPipeError:
+        raise  # main's to handle
+    except OSError as error:  # the file system refused (a directory that cannot be written, a full disk...)
+        _print_error(f"error: {_os_error_sentence(error)}")
         return 1
     except KeyboardInterrupt:
-        print("inference: interrupted", file=sys.stderr)
+        _print_error("interrupted")
         return 130
+
+
+def _print_error(message: str) -> None:
+    """One line on stderr, whatever line breaks the message holds."""
+    print(f"inference: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _os_error_sentence(error: OSError) -> str:
+    where = f"{error.filename}: " if error.filename is not None else ""
+    return f"{where}{error.strerror or error}: check the path and its permissions"
+
+
+def _stdout_closed() -> int:
+    """Stop quietly after the reader of stdout went away (``| head``); the exit status is 128 + SIGPIPE.
+
+    Python's recommended handling: point stdout at devnull so that the flush at exit cannot fail again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture): nothing to flush later
+        pass
+    return 128 + int(getattr(signal, "SIGPIPE", 13))  # 13 where the platform has no SIGPIPE (Windows)
 
 
 # Shared options --------------------------------------------------------------------------------------------
@@ -202,8 +245,8 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
         if key in settings:
             try:
                 config[key] = settings[key].parse(text)
-            except ValueError:
-                raise _UsageError(f"--set {key}={text!r}: {settings[key].description} must be a valid value") from None
+            except ValueError as error:
+                raise _UsageError(f"--set {key}={text!r}: {error}") from None
         elif generation_keys and key in _GENERATION_TYPES:
             try:
                 value = _GENERATION_TYPES[key](text)
@@ -459,6 +502,7 @@ def _adapters_list(args: argparse.Namespace) -> int:
     provider = _server_provider(args)
 
     async def work() -> list[str]:
+        # The provider asks the server (an unreachable one is ProviderUnavailableError, exit 1).
         adapters: list[str] = await provider.list_adapters()
         return adapters
 
@@ -517,7 +561,9 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
         description=(
             "For each adapter: load it, generate every prompt of the prompt set (at most --concurrency requests "
             "at once), unload it. One JSONL row per (adapter, prompt) is written to --output as it finishes; "
-            "running the same command again resumes (pairs already in the file are skipped). An adapter that "
+            "running the same command again resumes (pairs already in the file are skipped). A results file holds "
+            "one experiment: rows are reused only for the same adapter files and prompt text, and a file written "
+            "with other settings (model, --max-tokens, --temperature, scorer...) is refused. An adapter that "
             "cannot be loaded gets one row per prompt with the load error, and the run goes on. At the end a "
             "per-adapter table (score, mean latency, tokens/s, errors) is printed and written as CSV next to the "
             "output (results.jsonl -> results.summary.csv). A progress bar is drawn on stderr when it is a terminal."
@@ -533,7 +579,8 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
             "      --base-url http://gpu:8100/v1 --model Qwen/Qwen2.5-0.5B --score regex --concurrency 16\n"
             "  inference eval ... --score mypkg.scoring:f1    # f1(output, expected, row) -> float | bool\n"
             "exit status: 0 when the run finished (rows may carry errors: see the errors column), 1 when the run\n"
-            "could not start or every row failed, 2 usage error. --json prints the summary as one JSON object."
+            "could not start (the output holds rows of other settings included) or every row failed, 2 usage\n"
+            "error. --json prints the summary as one JSON object."
         ),
     )
     command.add_argument(
@@ -542,7 +589,10 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
         nargs="+",
         action="extend",
         metavar="PATH_OR_GLOB",
-        help="adapter directories, GGUF LoRA files or globs (quote them); repeatable. The id is the name",
+        help=(
+            "adapter directories, GGUF LoRA files or globs (quote them); repeatable. The id is the name, with "
+            "parent folders prefixed when the output file already uses it for another adapter"
+        ),
     )
     command.add_argument("--prompts", required=True, type=Path, metavar="FILE", help="the prompt set (JSONL)")
     command.add_argument(
@@ -712,7 +762,7 @@ async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[b
                 notes.append(f"{url}: answered HTTP {response.status_code}")
         return reachable, "; ".join(notes) or None
 
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:  # no proxy, as the providers
         answers = await asyncio.gather(*(check(client, url) for url in urls.values()))
     return dict(zip(urls, answers, strict=True))
 

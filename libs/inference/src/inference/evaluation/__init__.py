@@ -14,6 +14,7 @@ See ``docs/evaluation.md`` for the file formats and resumption rules.
 
 from __future__ import annotations
 
+from inference.evaluation.identity import ResultsFileMismatchError, adapter_hash, prompt_hash, run_settings
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, adapter_id_for, discover_adapters, load_prompts
 from inference.evaluation.progress import Progress, TerminalProgress
 from inference.evaluation.rows import ROW_FIELDS, read_rows
@@ -32,16 +33,20 @@ __all__ = [
     "EvalPrompt",
     "EvaluationSummary",
     "Progress",
+    "ResultsFileMismatchError",
     "Scorer",
     "TerminalProgress",
+    "adapter_hash",
     "adapter_id_for",
     "discover_adapters",
     "evaluate_adapters",
     "exact_match",
     "generation_settings",
     "load_prompts",
+    "prompt_hash",
     "read_rows",
     "regex_match",
     "resolve_scorer",
+    "run_settings",
     "summary_csv_path",
 ]

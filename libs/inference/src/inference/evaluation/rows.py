@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -20,7 +21,9 @@ __all__ = ["ROW_FIELDS", "ResultsWriter", "open_results", "read_rows", "row_key"
 ROW_FIELDS = (
     "adapter_id",
     "adapter_path",
+    "adapter_hash",
     "prompt_id",
+    "prompt_hash",
     "output",
     "prompt_tokens",
     "completion_tokens",
@@ -28,8 +31,14 @@ ROW_FIELDS = (
     "latency_s",
     "error",
     "score",
+    "settings",
 )
-"""The keys of every row, in order. ``error`` is ``null`` or ``{"stage", "type", "message"}``."""
+"""The keys of every row, in order. ``error`` is ``null`` or ``{"stage", "type", "message"}``.
+
+``adapter_path`` is absolute; ``adapter_hash`` and ``prompt_hash`` identify the adapter's files and the prompt's
+text, and ``settings`` the run's provider, base model, generation settings and scorer (see
+:mod:`inference.evaluation.identity`). Rows written before these three existed lack them.
+"""
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str]:
@@ -77,10 +86,17 @@ def _complete_rows(path: Path) -> tuple[list[dict[str, Any]], int]:
     return rows, end
 
 
-def open_results(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], ResultsWriter]:
+def open_results(
+    path: str | os.PathLike[str], *, check: Callable[[list[dict[str, Any]]], object] | None = None
+) -> tuple[list[dict[str, Any]], ResultsWriter]:
     """Read the finished rows of ``path`` and open it for appending (created with its directory if missing).
 
     A torn last line (a run killed mid-write) is cut off first, so appended rows start on a fresh line.
+
+    Args:
+        path: The results file.
+        check: Called with the rows before the file is created or changed; whatever it raises leaves the
+            file as it was.
 
     Returns:
         The rows already there, and the writer to append more.
@@ -91,6 +107,8 @@ def open_results(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], Re
     """
     path = Path(path)
     rows, end = _complete_rows(path)
+    if check is not None:
+        check(rows)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(path, "ab")  # noqa: SIM115 - owned by the writer, closed by its close()

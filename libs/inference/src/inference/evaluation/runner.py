@@ -1,7 +1,8 @@
 """The evaluation loop: for each adapter, load it, answer every prompt with bounded concurrency, unload it.
 
 Rows go to the results file as they finish (see :mod:`inference.evaluation.rows`), so a run killed at any
-point and started again with the same output skips the (adapter, prompt) pairs already there.
+point and started again with the same output skips the (adapter, prompt) pairs already there, once
+:mod:`inference.evaluation.identity` has checked that they were made for the same adapters, prompts and settings.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference._validation import GenerationRequest
+from inference._validation import GenerationRequest, validate_adapter_id
+from inference.evaluation.identity import Reconciled, adapter_hash, prompt_hash, reconcile, run_settings
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, discover_adapters, load_prompts
 from inference.evaluation.progress import Progress
 from inference.evaluation.rows import ResultsWriter, open_results, read_rows, row_key
@@ -67,6 +69,9 @@ class _Run:
     writer: ResultsWriter
     prompts: Sequence[EvalPrompt]
     settings: dict[str, Any]
+    fingerprint: dict[str, Any]
+    adapter_hashes: dict[str, str]
+    prompt_hashes: dict[str, str]
     scorer: Scorer | None
     max_concurrency: int
     on_progress: Callable[[Progress], object] | None
@@ -117,10 +122,16 @@ async def evaluate_adapters(
     pairs already in the file are skipped (a torn last line from a killed run is redone). An adapter that
     cannot be loaded gets one row per prompt carrying the load error, and the run goes on.
 
+    A results file holds one experiment: rows are reused only for the same adapter (same path, same content
+    hash), the same prompt text and the same settings (provider, base model, generation settings, scorer);
+    anything else is refused before anything runs (see :mod:`~inference.evaluation.identity`).
+
     Args:
         adapters: Adapter directories or GGUF LoRA files, or globs (``"runs/*/adapter"``), or
             :class:`AdapterSpec` s. The adapter id is the directory name (see
-            :func:`~inference.evaluation.inputs.adapter_id_for`).
+            :func:`~inference.evaluation.inputs.adapter_id_for`), or the id the output file already holds
+            for that adapter; a name the file holds for another adapter gets its parent folders' names
+            prefixed (``ckpt-200-adapter``). The ids of :class:`AdapterSpec` s are kept as given.
         prompts: A JSONL prompt set (``id``, ``prompt``, optional ``system_prompt`` and ``expected``) or the
             prompts themselves.
         provider_config: A step config as :func:`~inference.get_provider_for_step` takes it (``provider``,
@@ -145,6 +156,8 @@ async def evaluate_adapters(
     Raises:
         InvalidRequestError: The prompt set or an adapter path is invalid, or a generation setting is out
             of range (checked before anything runs).
+        ResultsFileMismatchError: ``output`` holds rows made with other settings, for another text of a
+            prompt, or for another version of an adapter (an :class:`InvalidRequestError`; nothing is written).
         ConfigurationError: The provider config or the scorer is invalid, or the output cannot be written.
         UnsupportedOperationError: The provider cannot load adapters.
         MissingDependencyError: The provider's extra is not installed.
@@ -159,7 +172,7 @@ async def evaluate_adapters(
         ('style', 1, 0)
     """
     started = time.monotonic()
-    specs = _adapter_specs(adapters)
+    specs, explicit_ids = _adapter_specs(adapters)
     prompt_list = load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else list(prompts)
     if not prompt_list:
         raise InvalidRequestError("the prompt set is empty")
@@ -175,20 +188,34 @@ async def evaluate_adapters(
             "use llamacpp, transformers, vllm or ollama",
             provider=provider.name,
         )
-    existing, writer = open_results(output)
+    hashes = list(await asyncio.gather(*(asyncio.to_thread(adapter_hash, spec.path) for spec in specs)))
+    fingerprint = run_settings(provider, settings, scorer)
+    checked: list[Reconciled] = []
+
+    def check(rows: list[dict[str, Any]]) -> None:
+        checked.append(
+            reconcile(specs, hashes, prompt_list, fingerprint, rows, output=output, explicit_ids=explicit_ids)
+        )
+
+    _, writer = open_results(output, check=check)
+    reconciled = checked[0]
+    specs = list(reconciled.specs)
     prompt_ids = {prompt.id for prompt in prompt_list}
-    done = {row_key(row) for row in existing}
+    done = {row_key(row) for row in reconciled.reused}
     run = _Run(
         provider=provider,
         writer=writer,
         prompts=prompt_list,
         settings=settings,
+        fingerprint=fingerprint,
+        adapter_hashes={spec.id: content for spec, content in zip(specs, hashes, strict=True)},
+        prompt_hashes={prompt.id: prompt_hash(prompt) for prompt in prompt_list},
         scorer=score,
         max_concurrency=max_concurrency,
         on_progress=on_progress,
         adapters_total=len(specs),
         rows_total=len(specs) * len(prompt_list),
-        rows_done=sum(1 for adapter in specs for prompt in prompt_list if (adapter.id, prompt.id) in done),
+        rows_done=len(done),
     )
     timings: dict[str, AdapterTimings] = {}
     resumed = run.rows_done
@@ -202,7 +229,8 @@ async def evaluate_adapters(
                 writer.sync()
             run.adapters_done += 1
             run.report(None if run.adapters_done == run.adapters_total else spec.id)
-    adapters_summary = summarise(read_rows(output), specs, prompt_ids, timings)
+    rows = [row for row in read_rows(output) if reconciled.belongs(row)]
+    adapters_summary = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
     summary = EvaluationSummary(
         adapters=tuple(adapters_summary),
         output=Path(output),
@@ -218,19 +246,28 @@ async def evaluate_adapters(
 
 def _adapter_specs(
     adapters: Sequence[str | os.PathLike[str] | AdapterSpec] | str | os.PathLike[str],
-) -> list[AdapterSpec]:
+) -> tuple[list[AdapterSpec], bool]:
+    """The adapters, and whether the caller chose their ids (``AdapterSpec`` objects)."""
     if isinstance(adapters, (str, os.PathLike)):
-        return discover_adapters([adapters])
+        return discover_adapters([adapters]), False
     items = list(adapters)
     if items and all(isinstance(item, AdapterSpec) for item in items):
         specs = [item for item in items if isinstance(item, AdapterSpec)]
         ids = [spec.id for spec in specs]
         if len(set(ids)) != len(ids):
             raise InvalidRequestError(f"adapter ids must be unique, got {ids}")
-        return specs
+        for spec in specs:
+            validate_adapter_id(spec.id, provider="evaluation")
+            if not Path(spec.path).exists():
+                raise InvalidRequestError(
+                    f"adapter path {spec.path} of {spec.id!r} does not exist here: the runner hashes each adapter's "
+                    "files to tell versions apart, so give a path readable where the evaluation runs",
+                    path=str(spec.path),
+                )
+        return specs, True
     if any(isinstance(item, AdapterSpec) for item in items):
         raise InvalidRequestError("give adapters either as paths and globs or as AdapterSpec objects, not both")
-    return discover_adapters([item for item in items if not isinstance(item, AdapterSpec)])
+    return discover_adapters([item for item in items if not isinstance(item, AdapterSpec)]), False
 
 
 async def _warm_up(provider: InferenceProvider, prompt: EvalPrompt, settings: dict[str, Any]) -> None:
@@ -250,7 +287,7 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
     except Exception as error:  # any failure to load is this adapter's result; the run goes on
         logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path, error)
         for prompt in pending:
-            run.write(_row(spec, prompt, error=_error("load", error)))
+            run.write(_row(run, spec, prompt, error=_error("load", error)))
         return AdapterTimings(load_s=time.perf_counter() - start)
     load_s = time.perf_counter() - start
     generate_start = time.perf_counter()
@@ -283,9 +320,9 @@ async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt])
                 result = error
             latency = time.perf_counter() - start
         if isinstance(result, Exception):
-            run.write(_row(spec, prompt, latency_s=latency, error=_error("generate", result)))
+            run.write(_row(run, spec, prompt, latency_s=latency, error=_error("generate", result)))
         else:
-            run.write(_scored(run.scorer, _row(spec, prompt, result=result, latency_s=latency), prompt))
+            run.write(_scored(run.scorer, _row(run, spec, prompt, result=result, latency_s=latency), prompt))
 
     tasks = [asyncio.ensure_future(one(prompt)) for prompt in pending]
     try:
@@ -298,6 +335,7 @@ async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt])
 
 
 def _row(
+    run: _Run,
     spec: AdapterSpec,
     prompt: EvalPrompt,
     *,
@@ -308,7 +346,9 @@ def _row(
     return {
         "adapter_id": spec.id,
         "adapter_path": str(spec.path),
+        "adapter_hash": run.adapter_hashes[spec.id],
         "prompt_id": prompt.id,
+        "prompt_hash": run.prompt_hashes[prompt.id],
         "output": result.text if result else None,
         "prompt_tokens": result.prompt_tokens if result else None,
         "completion_tokens": result.completion_tokens if result else None,
@@ -316,6 +356,7 @@ def _row(
         "latency_s": round(latency_s, 6) if latency_s is not None else None,
         "error": error,
         "score": None,
+        "settings": run.fingerprint,
     }
 
 

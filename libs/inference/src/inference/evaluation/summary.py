@@ -37,7 +37,7 @@ class AdapterSummary:
 
     Attributes:
         adapter_id: The adapter id.
-        adapter_path: Where it was loaded from.
+        adapter_path: Where it was loaded from (absolute).
         rows: Rows in the results file for this adapter and the prompt set.
         errors: Rows with an error (load or generation).
         load_error: The load error's sentence when the adapter could not be loaded, else ``None``.
@@ -49,6 +49,7 @@ class AdapterSummary:
         load_s: Seconds to load it in this run (``None`` if an earlier run did it).
         generate_s: Seconds of generation in this run (``None`` if an earlier run did it).
         unload_s: Seconds to unload it in this run (``None`` if an earlier run did it).
+        adapter_hash: The content hash of its files (see :func:`~inference.evaluation.identity.adapter_hash`).
     """
 
     adapter_id: str
@@ -64,12 +65,16 @@ class AdapterSummary:
     load_s: float | None = None
     generate_s: float | None = None
     unload_s: float | None = None
+    adapter_hash: str | None = None
 
 
 def summary_csv_path(output: str | os.PathLike[str]) -> Path:
-    """Where the CSV summary of ``output`` goes: ``results.jsonl`` -> ``results.summary.csv``."""
-    output = Path(output)
-    return output.with_name(f"{output.stem if output.suffix else output.name}.summary.csv")
+    """Where the CSV summary of ``output`` goes: ``results.jsonl`` -> ``results.summary.csv``.
+
+    Other names keep their suffix (``results.json`` -> ``results.json.summary.csv``).
+    """
+    output = Path(output)  # only .jsonl is dropped, so results.json and results.jsonl do not share one summary
+    return output.with_name(f"{output.stem if output.suffix == '.jsonl' else output.name}.summary.csv")
 
 
 @dataclass(frozen=True)
@@ -158,20 +163,27 @@ def summarise(
     adapters: Sequence[AdapterSpec],
     prompt_ids: Iterable[str],
     timings: Mapping[str, AdapterTimings] | None = None,
+    hashes: Mapping[str, str] | None = None,
 ) -> list[AdapterSummary]:
-    """Summarise the rows of ``adapters`` x ``prompt_ids`` (other rows in the file are ignored)."""
+    """Summarise the rows of ``adapters`` x ``prompt_ids`` (other rows in the file are ignored).
+
+    ``timings`` and ``hashes`` (by adapter id) fill the fields of the same names.
+    """
     wanted = set(prompt_ids)
     by_adapter: dict[str, list[Mapping[str, Any]]] = {adapter.id: [] for adapter in adapters}
     for row in rows:
         adapter_id, prompt_id = row_key(dict(row))
         if adapter_id in by_adapter and prompt_id in wanted:
             by_adapter[adapter_id].append(row)
-    timings = timings or {}
-    return [_summarise_adapter(adapter, by_adapter[adapter.id], timings.get(adapter.id)) for adapter in adapters]
+    timings, hashes = timings or {}, hashes or {}
+    return [
+        _summarise_adapter(adapter, by_adapter[adapter.id], timings.get(adapter.id), hashes.get(adapter.id))
+        for adapter in adapters
+    ]
 
 
 def _summarise_adapter(
-    adapter: AdapterSpec, rows: list[Mapping[str, Any]], timing: AdapterTimings | None
+    adapter: AdapterSpec, rows: list[Mapping[str, Any]], timing: AdapterTimings | None, content_hash: str | None
 ) -> AdapterSummary:
     ok = [row for row in rows if not row.get("error")]
     failed = [row for row in rows if row.get("error")]
@@ -193,6 +205,7 @@ def _summarise_adapter(
         load_s=timing.load_s if timing else None,
         generate_s=timing.generate_s if timing else None,
         unload_s=timing.unload_s if timing else None,
+        adapter_hash=content_hash,
     )
 
 
