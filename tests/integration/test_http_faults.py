@@ -229,3 +229,38 @@ async def test_a_server_that_never_answers_times_out_then_recovers(stub: StubSer
         stub.hang = False
         result = await provider.generate("Hello", model=MODEL, max_tokens=4)
         assert (result.text, result.token_count) == ("at last", 5)
+
+
+@slow_server
+async def test_cancelling_generate_batch_or_stream_closes_the_connection(
+    start_llama_server: Callable[..., Any],
+) -> None:
+    """Cancelling the awaiting task closes the HTTP request at once, whichever call it was waiting on.
+
+    llama_cpp.server goes on generating for a client that left (vLLM aborts the request); what the SDK owes
+    is to close the connection, which a real server sees here as the connection leaving ESTABLISHED.
+    """
+    server = start_llama_server(n_ctx=LONG_CONTEXT)
+    prompt = "Tell me a story"
+
+    async def consume_stream(provider: VLLMProvider) -> None:
+        async for _event in provider.stream(prompt, model=MODEL, max_tokens=LONG, temperature=0.0):
+            pass
+
+    calls: dict[str, Callable[[VLLMProvider], Any]] = {
+        "generate": lambda provider: provider.generate(prompt, model=MODEL, max_tokens=LONG, temperature=0.0),
+        "generate_batch": lambda provider: provider.generate_batch(
+            [prompt, prompt], model=MODEL, max_tokens=LONG, temperature=0.0
+        ),
+        "stream": consume_stream,
+    }
+    async with VLLMProvider(base_url=server.base_url, max_retries=0, timeout=120) as provider:
+        for name, call in calls.items():
+            task = asyncio.create_task(call(provider))
+            await wait_for(lambda: connection_open_to(server.port), f"the connection of {name}")
+            await asyncio.sleep(0.3)
+            assert not task.done(), f"{name} finished before it could be cancelled"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await wait_for(lambda: not connection_open_to(server.port), f"{name}'s connection to close", 5.0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from inference import get_provider
@@ -119,7 +121,42 @@ async def test_stream_pieces_add_up_to_the_generated_text(llama_server: str) -> 
     assert "".join(pieces) == result.text == whole.text
     assert result.finish_reason == whole.finish_reason == "length"
     # llama_cpp.server sends no usage chunk: the count of token chunks stands in for completion tokens
-    assert result.completion_tokens == whole.completion_tokens
+    assert result.completion_tokens == whole.completion_tokens == 12
+
+
+async def test_llama_cpp_server_sends_no_usage_in_a_stream_even_when_asked(llama_server: str) -> None:
+    """Why the stream below reports no prompt tokens: ``stream_options.include_usage`` is ignored (vLLM honours it)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(f"{llama_server}/chat/completions", json=body)
+    chunks = [
+        json.loads(line.removeprefix("data: ")) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
+    assert chunks and not any(chunk.get("usage") for chunk in chunks)
+
+
+async def test_stream_reports_the_token_counts_of_generate_or_none(llama_server: str) -> None:
+    async with VLLMProvider(base_url=llama_server) as provider:
+        whole = await provider.generate("Tell me a story", model=MODEL, max_tokens=10, temperature=0.0)
+        events = [e async for e in provider.stream("Tell me a story", model=MODEL, max_tokens=10, temperature=0.0)]
+    streamed = events[-1]
+    assert isinstance(streamed, GenerationResult)
+    assert streamed.text == whole.text and streamed.completion_tokens == whole.completion_tokens
+    assert whole.prompt_tokens is not None and whole.prompt_tokens > 0
+    assert streamed.prompt_tokens is None and streamed.token_count is None  # the server did not say
+
+
+async def test_a_server_without_lora_lists_no_adapters_from_a_new_provider(llama_server: str) -> None:
+    """``GET /v1/models`` is asked; llama_cpp.server's model card (no ``parent``) is not an adapter."""
+    async with VLLMProvider(base_url=llama_server) as fresh:
+        assert await fresh.list_adapters() == []
 
 
 async def test_a_local_adapter_is_checked_before_anything_is_sent(llama_server: str, tiny_models: Any) -> None:

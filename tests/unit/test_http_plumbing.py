@@ -13,8 +13,17 @@ import httpx
 import pytest
 import respx
 
-from inference._http import RetryPolicy, ServerAnswer, ServerClient, is_connect_failure, server_root
+from inference._http import (
+    RetryPolicy,
+    ServerAnswer,
+    ServerClient,
+    check_base_url,
+    is_connect_failure,
+    is_route_missing,
+    server_root,
+)
 from inference.exceptions import (
+    ConfigurationError,
     ProtocolError,
     ProviderTimeoutError,
     ProviderUnavailableError,
@@ -397,3 +406,80 @@ async def test_stream_json_lines_maps_errors() -> None:
             async for _item in client.stream_json_lines("POST", f"{BASE}/cut", operation="chat"):
                 pass
     await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("response", "missing"),
+    [
+        (httpx.Response(404, json={"detail": "Not Found"}), True),  # FastAPI (vLLM, llama_cpp.server)
+        (httpx.Response(405, json={"detail": "Method Not Allowed"}), True),
+        (httpx.Response(404, text="404 page not found"), True),  # Go's net/http and gin (Ollama)
+        (httpx.Response(404, text="Not Found"), True),  # Starlette without FastAPI
+        (httpx.Response(404, html="<html><head><title>404 Not Found</title></head><body>nginx</body></html>"), True),
+        (httpx.Response(404, json={"error": "model 'x' not found"}), False),  # Ollama's own answer
+        (httpx.Response(404, json={"error": {"message": "The model `x` does not exist.", "code": 404}}), False),
+        (httpx.Response(404, json={"detail": "Adapter x not found"}), False),  # an application's own detail
+        (httpx.Response(404), False),  # HEAD /api/blobs/<digest>: the blob is not there
+        (httpx.Response(404, text="no such adapter"), False),
+        (httpx.Response(400, text="404 page not found"), False),
+    ],
+    ids=[
+        "fastapi",
+        "fastapi-405",
+        "gin",
+        "starlette",
+        "nginx",
+        "ollama-model",
+        "vllm-model",
+        "app-detail",
+        "empty",
+        "other-text",
+        "not-404",
+    ],
+)
+def test_a_missing_route_is_told_apart_from_a_missing_resource(response: httpx.Response, missing: bool) -> None:
+    assert is_route_missing(response) is missing
+
+
+async def test_a_plain_text_404_gets_the_base_url_hint() -> None:
+    client = make_client()
+    with respx.mock() as router:
+        router.get(f"{BASE}/things").mock(return_value=httpx.Response(404, text="404 page not found"))
+        with pytest.raises(ServerResponseError) as caught:
+            await client.request("GET", f"{BASE}/things", operation="list things")
+    message = str(caught.value)
+    assert "the server has no route /v1/things" in message.lower() and "DEMO_BASE_URL" in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://server.test:port/v1",
+        "http://:9000/v1",
+        "http://server.test:0/v1",
+        "http://server.test:70000/v1",
+        "http://server\x00.test/v1",
+        "http://ser ver.test/v1",
+        "ftp://server.test/v1",
+    ],
+)
+def test_a_base_url_no_request_can_use_is_refused_naming_the_setting(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="DEMO_BASE_URL") as caught:
+        check_base_url(url, provider="demo", env_prefix="DEMO")
+    assert caught.value.url == url and caught.value.provider == "demo"
+    with pytest.raises(ConfigurationError):
+        ServerClient(provider="demo", server="Demo", base_url=url, timeout=1, max_retries=0, env_prefix="DEMO")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://server.test:9000/v1", "https://[::1]:8443/v1", "http://127.0.0.1/v1", "http://bücher.example/v1"]
+)
+def test_usable_base_urls_pass(url: str) -> None:
+    check_base_url(url, provider="demo", env_prefix="DEMO")
+
+
+def test_a_url_httpx_refuses_at_request_time_is_a_configuration_error() -> None:
+    client = make_client()
+    for error in (httpx.InvalidURL("Invalid port: 'x'"), httpx.UnsupportedProtocol("Request URL has no scheme")):
+        mapped = client.error_from_exception(error, operation="list things")
+        assert isinstance(mapped, ConfigurationError) and "DEMO_BASE_URL" in str(mapped)

@@ -443,8 +443,11 @@ async def test_timeout(provider: OllamaProvider, mock: respx.MockRouter) -> None
         httpx.Response(200, json={"done": True}),
         httpx.Response(200, json={"message": {"content": None}}),
         httpx.Response(200, json=["not", "an", "object"]),
+        httpx.Response(200, json={"message": {"content": "x"}, "done": True, "prompt_eval_count": "26"}),
+        httpx.Response(200, json={"message": {"content": "x"}, "done": True, "eval_count": 7.5}),
+        httpx.Response(200, json={"message": {"content": "x"}, "done": True, "eval_count": -1}),
     ],
-    ids=["truncated", "no-message", "null-content", "list"],
+    ids=["truncated", "no-message", "null-content", "list", "count-text", "count-fraction", "count-negative"],
 )
 async def test_malformed_replies_are_protocol_errors(
     provider: OllamaProvider, mock: respx.MockRouter, answer: httpx.Response
@@ -999,3 +1002,111 @@ async def test_the_same_adapter_on_another_base_needs_replace(
     assert [create["from"] for create in server.creates] == [BASE_MODEL, "tiny-qwen2-copy"]
     assert adapters.derived_model("a0") == derived_model_name("a0", "tiny-qwen2-copy")
     assert await adapters.list_adapters() == ["a0"]
+
+
+# Listing from a new process, missing routes, URLs, malformed answers, cancellation -----------------------------
+
+
+def ollama_tags(*names: str) -> httpx.Response:
+    """``GET /api/tags`` exactly as Ollama 0.33 answers it (``ListResponse``): one entry per model."""
+    models = [
+        {
+            "name": name,
+            "model": name,
+            "modified_at": "2026-01-01T00:00:00.000000000Z",
+            "size": 2019393189,
+            "digest": hashlib.sha256(name.encode()).hexdigest(),
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": "qwen2",
+                "families": ["qwen2"],
+                "parameter_size": "494.03M",
+                "quantization_level": "Q4_K_M",
+            },
+        }
+        for name in names
+    ]
+    return httpx.Response(200, json={"models": models})
+
+
+async def test_a_new_provider_lists_the_adapters_an_earlier_process_created(mock: respx.MockRouter) -> None:
+    """``inference adapters list`` in a new process, with no base model configured: derived models only."""
+    derived = [derived_model_name("Style_B", "llama3.2"), derived_model_name("support", "qwen2.5:0.5b")]
+    mock.get(f"{ROOT}/api/tags").mock(return_value=ollama_tags("llama3.2:latest", *derived, "myteam/assistant:v1"))
+    async with OllamaProvider(base_url=BASE) as fresh:
+        assert await fresh.list_adapters() == ["Style_B", "support"]
+
+
+GIN_404 = httpx.Response(404, text="404 page not found", headers={"content-type": "text/plain"})
+"""What Ollama (gin) answers for a route it does not have: plain text, not its JSON ``{"error": ...}``."""
+
+
+async def test_a_route_ollama_lacks_is_not_taken_for_a_missing_model(
+    adapters: OllamaProvider, mock: respx.MockRouter, qwen_lora: Path
+) -> None:
+    """Gin's ``404 page not found`` (an old Ollama, or another server) says the route is missing."""
+    for method, route in (
+        ("POST", "/api/chat"),
+        ("POST", "/api/show"),
+        ("DELETE", "/api/delete"),
+        ("GET", "/api/tags"),
+    ):
+        mock.route(method=method, url=f"{ROOT}{route}").mock(return_value=GIN_404)
+    with pytest.raises(ServerResponseError, match="has no Ollama native API") as chat:
+        await adapters.generate("Hi", model="llama3.2")
+    assert not isinstance(chat.value, ModelNotFoundError)
+    with pytest.raises(ServerResponseError, match="has no route /api/show") as show:
+        await adapters.load_adapter("a0", qwen_lora)
+    assert not isinstance(show.value, ModelNotFoundError) and "ollama pull" not in str(show.value)
+    with pytest.raises(ServerResponseError, match="has no route /api/tags"):
+        await adapters.list_adapters()
+    with pytest.raises(ServerResponseError, match="has no route /api/delete"):  # not "already gone"
+        await adapters._models.delete(derived_model_name("a0", BASE_MODEL))
+
+
+async def test_a_create_route_ollama_lacks_is_not_an_invalid_adapter(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.create_answer = GIN_404
+    with pytest.raises(ServerResponseError, match="has no route /api/create") as caught:
+        await adapters.load_adapter("a0", qwen_lora)
+    assert not isinstance(caught.value, InvalidAdapterError)
+    assert await adapters.list_adapters() == []
+
+
+async def test_a_model_ollama_does_not_have_is_still_a_missing_model(
+    adapters: OllamaProvider, server: FakeOllama
+) -> None:
+    with pytest.raises(ServerModelNotFoundError, match="ollama pull nope"):
+        await adapters.generate("Hi", model="nope")
+    assert await adapters._models.delete("nope") is False  # its JSON 404: already gone
+
+
+@pytest.mark.parametrize("url", ["http://ollama.test:port/v1", "http://:11434/v1", "http://ollama\x07.test/v1"])
+def test_a_base_url_no_request_can_use_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="base_url") as caught:
+        OllamaProvider(base_url=url)
+    assert caught.value.url == url
+
+
+async def test_a_show_answer_with_malformed_tensors_is_a_protocol_error(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.bases[BASE_MODEL] = {**server.bases[BASE_MODEL], "tensors": 12}
+    with pytest.raises(ProtocolError, match="tensors are not a list"):
+        await adapters.load_adapter("a0", qwen_lora)
+
+
+async def test_cancelling_generate_closes_the_response(provider: OllamaProvider, mock: respx.MockRouter) -> None:
+    """The model is still thinking when the caller gives up: the response is closed, so Ollama stops."""
+    body = EndlessStream()
+    route = mock.post(CHAT).mock(return_value=httpx.Response(200, stream=body))
+    task = asyncio.create_task(provider.generate("Hi", model="llama3.2"))
+    while not route.called or body.sent < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert body.closed.is_set()
+    await generates(provider, mock)

@@ -29,6 +29,7 @@ from inference.exceptions import (
     InvalidRequestError,
     ModelNotFoundError,
     ProtocolError,
+    ProviderError,
     ProviderTimeoutError,
     ProviderUnavailableError,
     RuntimeLoRADisabledError,
@@ -92,6 +93,15 @@ def completion(
     )
 
 
+def completion_with(**changes: Any) -> httpx.Response:
+    """A chat completion with some fields replaced: ``content`` (the message's), ``usage``, ``model``."""
+    body = json.loads(completion().content)
+    if "content" in changes:
+        body["choices"][0]["message"]["content"] = changes.pop("content")
+    body.update(changes)
+    return httpx.Response(200, json=body)
+
+
 def sent(route: respx.Route) -> Any:
     return json.loads(route.calls.last.request.content)
 
@@ -102,7 +112,9 @@ def sent_body(call: Any) -> Any:
 
 @pytest.fixture
 def mock() -> Iterator[respx.MockRouter]:
+    """respx for the test's routes; ``GET /v1/models`` answers as a vLLM with no LoRA adapter unless a test mocks it."""
     with respx.mock(assert_all_called=False) as router:
+        router.get(f"{BASE}/models").mock(return_value=served_models())
         yield router
 
 
@@ -304,7 +316,7 @@ async def test_server_already_has_the_name(provider: VLLMProvider, mock: respx.M
     assert isinstance(error, AdapterAlreadyLoadedError) and isinstance(error, httpx.HTTPStatusError)
     assert "already has an adapter named 'a1'" in str(error) and "unload it first" in str(error)
     assert error.status_code == 400
-    assert await provider.list_adapters() == []
+    assert await provider.list_adapters() == ["a1"]  # the server's, listed though this object did not load it
     await generates(provider, mock)
 
 
@@ -364,6 +376,7 @@ async def test_adapters_the_server_holds_are_found_from_a_new_process(
     assert json.loads(chat.calls[0].request.content)["model"] == "loaded-elsewhere"
     await provider.unload_adapter("loaded-elsewhere")
     assert json.loads(unload.calls[0].request.content) == {"lora_name": "loaded-elsewhere"}
+    mock.get(f"{BASE}/models").mock(return_value=served_models())  # the server no longer lists it
     assert await provider.list_adapters() == []
 
 
@@ -497,8 +510,15 @@ async def test_timeout_on_the_lora_route(provider: VLLMProvider, mock: respx.Moc
         httpx.Response(200, text="<html>proxy login</html>"),
         httpx.Response(200, json={"choices": []}),
         httpx.Response(200, json={"unexpected": True}),
+        completion_with(content=5),
+        completion_with(usage={"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}),
+        completion_with(usage={"prompt_tokens": "twelve", "completion_tokens": 3, "total_tokens": 15}),
+        completion_with(model=7),
     ],
-    ids=["truncated-json", "html", "no-choices", "other-json"],
+    ids=[
+        "truncated-json", "html", "no-choices", "other-json", "content-not-text", "usage-nulls", "usage-text",
+        "model-not-text",
+    ],
 )
 async def test_malformed_answers_are_protocol_errors(
     provider: VLLMProvider, mock: respx.MockRouter, answer: httpx.Response
@@ -870,7 +890,10 @@ def test_replicas_from_a_list_or_a_comma_separated_string(monkeypatch: pytest.Mo
 
 
 @pytest.fixture
-async def replicated() -> AsyncIterator[VLLMProvider]:
+async def replicated(mock: respx.MockRouter) -> AsyncIterator[VLLMProvider]:
+    """Two replicas; their ``GET /v1/models`` list no LoRA adapter unless a test mocks them."""
+    for url in (REPLICA_A, REPLICA_B):
+        mock.get(f"{url}/models").mock(return_value=model_list())
     async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B], max_retries=0) as vllm:
         yield vllm
 
@@ -941,13 +964,16 @@ async def test_concurrent_generations_are_spread(replicated: VLLMProvider, mock:
 
 
 async def test_a_down_replica_is_skipped(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
-    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(return_value=completion("from a"))
+    def answer_a(request: httpx.Request) -> httpx.Response:
+        return sse_response(["from a"]) if json.loads(request.content).get("stream") else completion("from a")
+
+    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(side_effect=answer_a)
     chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(side_effect=httpx.ConnectError("Connection refused"))
     texts = [(await replicated.generate("Hi", model="base-model")).text for _ in range(4)]
     assert texts == ["from a"] * 4
     assert chat_a.call_count == 4 and chat_b.call_count == 1  # tried once, then left alone for a while
     streamed = [event async for event in replicated.stream("Hi", model="base-model")]
-    assert isinstance(streamed[-1], GenerationResult)
+    assert isinstance(streamed[-1], GenerationResult) and streamed[-1].text == "from a"
 
 
 async def test_all_replicas_down_is_unavailable_naming_every_url(
@@ -1010,6 +1036,15 @@ def sse_events(
     return [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks] + [b"data: [DONE]\n\n"]
 
 
+def sse_chunks_response(*chunks: dict[str, Any]) -> httpx.Response:
+    """An event stream of these chunks (each completed with id, object, created and model), then [DONE]."""
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "base-model"}
+    events = [f"data: {json.dumps({**head, **chunk})}\n\n".encode() for chunk in chunks]
+    return httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, content=b"".join([*events, b"data: [DONE]\n\n"])
+    )
+
+
 def sse_response(pieces: list[str], **kwargs: Any) -> httpx.Response:
     return httpx.Response(
         200, headers={"content-type": "text/event-stream"}, content=b"".join(sse_events(pieces, **kwargs))
@@ -1056,12 +1091,13 @@ async def test_stream_yields_pieces_then_the_result(provider: VLLMProvider, mock
 
 
 async def test_stream_without_a_usage_chunk_counts_token_chunks(provider: VLLMProvider, mock: respx.MockRouter) -> None:
-    """llama.cpp's server ignores include_usage and sends one chunk per token."""
+    """Without a usage chunk, each chunk with a piece is one token; the role chunk and empty closing chunk are not."""
     mock.post(CHAT).mock(return_value=sse_response(["a", "b"], usage=False))
     events = [event async for event in provider.stream("Hi", model="base-model")]
     result = events[-1]
     assert isinstance(result, GenerationResult)
-    assert (result.text, result.prompt_tokens, result.completion_tokens, result.finish_reason) == ("ab", 0, 4, "stop")
+    counts = (result.prompt_tokens, result.completion_tokens, result.token_count)
+    assert (result.text, counts, result.finish_reason) == ("ab", (None, 2, None), "stop")
 
 
 async def test_breaking_out_of_a_stream_closes_the_response(provider: VLLMProvider, mock: respx.MockRouter) -> None:
@@ -1161,7 +1197,8 @@ async def test_already_loaded_from_another_path_stays_an_error(provider: VLLMPro
     mock.get(f"{BASE}/models").mock(return_value=served_models("a1"))  # root /adapters/a1
     with pytest.raises(ServerAdapterAlreadyLoadedError):
         await provider.load_adapter("a1", "/adapters/elsewhere")
-    assert await provider.list_adapters() == []
+    assert await provider.list_adapters() == ["a1"]  # the server's own, from /adapters/a1
+    assert provider._adapter_path("a1") is None  # not recorded as loaded from the refused path
 
 
 async def test_an_adapter_on_any_replica_is_found_and_unloaded_everywhere(mock: respx.MockRouter) -> None:
@@ -1175,6 +1212,7 @@ async def test_an_adapter_on_any_replica_is_found_and_unloaded_everywhere(mock: 
     ]
     async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B]) as vllm:
         await vllm.unload_adapter("stale")
+        mock.get(f"{REPLICA_B}/models").mock(return_value=model_list())  # unloaded there
         assert await vllm.list_adapters() == []
     assert [route.call_count for route in unloads] == [1, 1]
 
@@ -1193,3 +1231,282 @@ async def test_a_relative_local_path_is_sent_as_an_absolute_path(
     async with VLLMProvider(base_url=BASE) as vllm:
         await vllm.load_adapter("rel", "adapters/rel")
     assert json.loads(load.calls[0].request.content)["lora_path"] == str(adapter)
+
+
+# Listing what the servers hold ----------------------------------------------------------------------------
+
+
+def vllm_models(*loras: tuple[str, str], base: str = "base-model") -> httpx.Response:
+    """``GET /v1/models`` exactly as vLLM 0.33 answers it: the base model, then one card per LoRA adapter."""
+
+    def card(model_id: str, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": 1700000000,
+            "owned_by": "vllm",
+            "root": root,
+            "parent": parent,
+            "max_model_len": max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{model_id}",
+                    "object": "model_permission",
+                    "created": 1700000000,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+
+    data = [card(base, f"/models/{base}", None, 2048)]
+    data += [card(name, root, base, None) for name, root in loras]
+    return httpx.Response(200, json={"object": "list", "data": data})
+
+
+async def test_a_new_provider_lists_the_adapters_the_server_holds(mock: respx.MockRouter) -> None:
+    """``inference adapters list`` in a new process: the LoRA cards of /v1/models, merged with this object's."""
+    mock.get(f"{BASE}/models").mock(
+        return_value=vllm_models(("support", "/srv/adapters/support"), ("from-cli", "/srv/lora-modules/x"))
+    )
+    mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success: LoRA adapter 'mine' added successfully."))
+    async with VLLMProvider(base_url=BASE) as fresh:
+        assert await fresh.list_adapters() == ["from-cli", "support"]  # the base model is not an adapter
+        await fresh.load_adapter("mine", "/srv/adapters/mine")  # a vLLM that does not list runtime loads
+        assert await fresh.list_adapters() == ["from-cli", "mine", "support"]
+
+
+async def test_an_adapter_being_unloaded_is_not_listed(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    mock.get(f"{BASE}/models").mock(return_value=vllm_models(("a1", "/adapters/a1")))
+    unloading = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_unload(request: httpx.Request) -> httpx.Response:
+        unloading.set()
+        await release.wait()
+        return httpx.Response(200, text="Success: LoRA adapter 'a1' removed successfully.")
+
+    mock.post(UNLOAD).mock(side_effect=slow_unload)
+    await provider.load_adapter("a1", "/adapters/a1")
+    unload = asyncio.create_task(provider.unload_adapter("a1"))
+    await unloading.wait()
+    assert await provider.list_adapters() == []  # the server still lists it until the unload answers
+    release.set()
+    await unload
+
+
+async def test_listing_with_replicas_is_the_union_of_what_answers(
+    replicated: VLLMProvider, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    models_b = mock.get(f"{REPLICA_B}/models")
+    mock.get(f"{REPLICA_A}/models").mock(return_value=vllm_models(("a1", "/adapters/a1")))
+    models_b.mock(return_value=vllm_models(("a1", "/adapters/a1"), ("b-only", "/adapters/b")))
+    assert await replicated.list_adapters() == ["a1", "b-only"]
+
+    models_b.mock(side_effect=httpx.ConnectError("Connection refused"))
+    assert await replicated.list_adapters() == ["a1"]
+    assert f"vLLM replica {REPLICA_B} did not list its adapters" in caplog.text
+
+    mock.get(f"{REPLICA_A}/models").mock(side_effect=httpx.ConnectError("Connection refused"))
+    with pytest.raises(ProviderUnavailableError) as caught:
+        await replicated.list_adapters()
+    assert REPLICA_A in str(caught.value) and REPLICA_B in str(caught.value)
+
+
+async def test_listing_when_the_server_refuses_the_key_is_its_error(mock: respx.MockRouter) -> None:
+    mock.get(f"{BASE}/models").mock(return_value=vllm_error(401, "Unauthorized", "AuthenticationError"))
+    async with VLLMProvider(base_url=BASE, api_key="wrong") as vllm:
+        with pytest.raises(ServerResponseError, match="refused the credentials") as caught:
+            await vllm.list_adapters()
+    assert caught.value.status_code == 401
+
+
+async def test_listing_or_finding_adapters_where_nothing_answers_is_unavailable() -> None:
+    """A real closed port on loopback: the CLI must exit 1, not print an empty list."""
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    async with VLLMProvider(base_url=url, max_retries=0) as vllm:
+        with pytest.raises(ProviderUnavailableError, match=f"nothing answers at {url}"):
+            await vllm.list_adapters()
+        with pytest.raises(ProviderUnavailableError):  # not "adapter 'x' is not loaded"
+            await vllm.unload_adapter("x")
+        with pytest.raises(ProviderUnavailableError):
+            await vllm.generate("Hi", model="base-model", adapter_id="x")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, json=[{"id": "a1", "parent": "base"}]),
+        httpx.Response(200, json={"object": "list", "data": {"a1": {}}}),
+        httpx.Response(200, json={"object": "list", "data": ["a1"]}),
+        httpx.Response(200, json={"object": "list", "data": [{"id": None, "parent": "base"}]}),
+        httpx.Response(200, text="<html>proxy login</html>"),
+    ],
+    ids=["list", "data-object", "data-of-names", "id-null", "html"],
+)
+async def test_a_malformed_model_list_is_a_protocol_error(
+    provider: VLLMProvider, mock: respx.MockRouter, answer: httpx.Response
+) -> None:
+    mock.get(f"{BASE}/models").mock(return_value=answer)
+    with pytest.raises(ProtocolError, match="answered list models with"):
+        await provider.list_adapters()
+
+
+# Resolver plugins, routes, URLs, malformed streams ---------------------------------------------------------
+
+
+async def test_an_adapter_the_lora_resolver_cannot_load_is_an_invalid_adapter(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """vLLM with a LoRA resolver plugin found the adapter the request names, but loading it failed: 400."""
+    reason = "LoRA rank 64 is greater than max_lora_rank 16."
+    mock.post(CHAT).mock(
+        return_value=vllm_error(400, f"LoRA adapter 'pirate' was found but could not be loaded: {reason}")
+    )
+    with pytest.raises(ServerInvalidAdapterError) as caught:
+        await provider.generate("Hi", model="pirate")
+    message = str(caught.value)
+    assert "found adapter 'pirate' through its LoRA resolver plugin but could not load it" in message
+    assert reason in message and caught.value.status_code == 400
+    with pytest.raises(ServerInvalidAdapterError, match="LoRA resolver"):
+        async for _event in provider.stream("Hi", model="pirate"):
+            pass
+    mock.post(CHAT).mock(return_value=vllm_error(400, "max_tokens must be at least 1, got 0."))
+    with pytest.raises(ServerResponseError) as other:  # another 400 stays a plain server error
+        await provider.generate("Hi", model="base-model")
+    assert not isinstance(other.value, InvalidAdapterError)
+
+
+async def test_a_plain_text_404_is_a_missing_route_not_a_missing_model(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """A proxy (or a Go server) in front: ``404 page not found`` says the route is missing, not the model."""
+    mock.post(CHAT).mock(
+        return_value=httpx.Response(404, text="404 page not found", headers={"content-type": "text/plain"})
+    )
+    with pytest.raises(ServerResponseError, match="has no route /v1/chat/completions") as caught:
+        await provider.generate("Hi", model="base-model")
+    assert not isinstance(caught.value, ModelNotFoundError)
+    mock.post(LOAD).mock(return_value=httpx.Response(404, text="404 page not found"))
+    with pytest.raises(RuntimeLoRADisabledError):
+        await provider.load_adapter("a1", "/adapters/a1")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://vllm.test:port/v1", "http://:8100/v1", "http://vllm.test:99999/v1", "http://vllm\x07.test/v1"]
+)
+def test_a_base_url_no_request_can_use_is_a_configuration_error(url: str) -> None:
+    """Refused when the provider is made (the settings check or the HTTP client's), never at the first request."""
+    with pytest.raises(ConfigurationError, match="base_url") as caught:
+        VLLMProvider(base_url=url)
+    assert caught.value.url == url
+
+
+def llama_cpp_server_sse(pieces: list[str]) -> httpx.Response:
+    """A chat stream exactly as llama_cpp.server 0.3 sends it: no usage chunk, whatever stream_options says.
+
+    A role chunk without content, one chunk per token (a token that ends inside a multi-byte character has
+    an empty piece), then an empty delta with the finish reason.
+    """
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        body = {
+            "id": "chatcmpl-52a1df83",
+            "model": "base-model",
+            "created": 1795466280,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+        return f"data: {json.dumps(body)}\r\n\r\n".encode()
+
+    events = [chunk({"role": "assistant"})] + [chunk({"content": piece}) for piece in pieces]
+    events += [chunk({}, "length"), b"data: [DONE]\r\n\r\n"]
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(events))
+
+
+async def test_a_llama_cpp_server_stream_counts_one_token_per_chunk(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.post(CHAT).mock(return_value=llama_cpp_server_sse([" sm", "", "ion", "ear"]))
+    events = [event async for event in provider.stream("Hello", model="base-model", max_tokens=4)]
+    result = events[-1]
+    assert isinstance(result, GenerationResult)
+    assert events[:-1] == [" sm", "ion", "ear"]
+    assert (result.text, result.completion_tokens, result.finish_reason) == (" smionear", 4, "length")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        sse_chunks_response({"choices": [{"index": 0, "delta": {"content": 5}, "finish_reason": None}]}),
+        sse_chunks_response(
+            {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}},
+        ),
+        sse_chunks_response({"choices": [{"index": 0, "delta": {"content": "cut"}, "finish_reason": None}]}),
+        completion("a JSON answer to a stream request"),
+        httpx.Response(200, text="<html>proxy login</html>"),
+    ],
+    ids=["content-not-text", "usage-nulls", "cut-short", "json-answer", "html"],
+)
+async def test_a_malformed_stream_is_a_protocol_error(
+    provider: VLLMProvider, mock: respx.MockRouter, answer: httpx.Response
+) -> None:
+    mock.post(CHAT).mock(return_value=answer)
+    with pytest.raises(ProtocolError, match=BASE):
+        async for _event in provider.stream("Hi", model="base-model"):
+            pass
+    await generates(provider, mock)
+
+
+async def test_an_error_event_inside_a_stream_is_a_provider_error_that_says_why(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    error_event = {"error": {"message": "The engine died.", "type": "InternalServerError", "code": 500}}
+    mock.post(CHAT).mock(return_value=sse_chunks_response(error_event))
+    with pytest.raises(ProviderError, match="reported an error during generate with model 'base-model': The engine"):
+        async for _event in provider.stream("Hi", model="base-model"):
+            pass
+
+
+# Cancellation closes the request ---------------------------------------------------------------------------
+
+
+def held_response(body: HeldStream) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "application/json"}, stream=body)
+
+
+async def test_cancelling_generate_closes_the_response(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    """The server is still answering when the caller gives up: the response is closed, so vLLM aborts."""
+    body = HeldStream([b'{"id": "chatcmpl-1", '])
+    route = mock.post(CHAT).mock(return_value=held_response(body))
+    task = asyncio.create_task(provider.generate("Hi", model="base-model"))
+    while not route.called:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert body.closed.is_set()
+    await generates(provider, mock)
+
+
+async def test_cancelling_generate_batch_closes_every_response(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    bodies = [HeldStream([b'{"id": "chatcmpl-1", ']) for _ in range(3)]
+    route = mock.post(CHAT).mock(side_effect=[held_response(body) for body in bodies])
+    task = asyncio.create_task(provider.generate_batch(["a", "b", "c"], model="base-model"))
+    while route.call_count < 3:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert all(body.closed.is_set() for body in bodies)

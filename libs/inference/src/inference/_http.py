@@ -9,7 +9,10 @@ Everything that talks to a server goes through one :class:`ServerClient` per pro
   client (its own retries off) and by the providers themselves are retried in this one place;
 - one translation of failures into the error tree: transport errors, timeouts, malformed JSON, and
   :meth:`ServerClient.error_from_response`, which maps an error answer by status code first and lets each
-  provider pass the cases specific to its backend.
+  provider pass the cases specific to its backend;
+- one reading of "the server has no such route" (:func:`is_route_missing`): FastAPI's JSON 404, and the
+  plain-text 404 of Go servers (Ollama's ``404 page not found``) or of a proxy, as opposed to a backend's
+  own JSON error with status 404 ("model not found").
 
 Nothing here logs or formats request headers, so an API key never reaches a message, a repr or a log.
 """
@@ -25,6 +28,7 @@ import json
 import logging
 import math
 import random
+import re
 import ssl
 import sys
 import time
@@ -35,6 +39,7 @@ from typing import Any
 import httpx
 
 from inference.exceptions import (
+    ConfigurationError,
     InferenceError,
     ProtocolError,
     ProviderError,
@@ -49,7 +54,9 @@ __all__ = [
     "RetryPolicy",
     "ServerAnswer",
     "ServerClient",
+    "check_base_url",
     "is_connect_failure",
+    "is_route_missing",
     "server_root",
 ]
 
@@ -89,6 +96,76 @@ def is_connect_failure(error: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False
+
+
+_ROUTE_MISSING_JSON = frozenset({"Not Found", "Method Not Allowed"})
+"""FastAPI's (Starlette's) ``{"detail": ...}`` for a path or method the application does not serve."""
+
+_ROUTE_MISSING_TEXT = re.compile(r"(404\s+)?(page\s+)?not\s+found|(405\s+)?method\s+not\s+allowed", re.IGNORECASE)
+"""Plain-text bodies of a missing route: Go's net/http and gin (Ollama) ``404 page not found``, Starlette
+without FastAPI ``Not Found``, proxies ``404 Not Found``."""
+
+_HOST = re.compile(r"[A-Za-z0-9._~\-:\[\]]+")
+"""A host as sent (IDNA-encoded): a name, an IPv4 address or an IPv6 one; ``%20`` (a space) is not."""
+
+
+def is_route_missing(response: httpx.Response) -> bool:
+    """True when a 404/405 ``response`` says the server has no such route, not that a resource is missing.
+
+    Backends answer a missing model or adapter with their own JSON error (``{"error": ...}``); a route the
+    server lacks gets FastAPI's ``{"detail": "Not Found"}``, or a plain-text or HTML page from Go's HTTP
+    server (``404 page not found``: Ollama, any gin server) or a proxy in front of the server.
+
+    Example:
+        >>> is_route_missing(httpx.Response(404, text="404 page not found"))
+        True
+        >>> is_route_missing(httpx.Response(404, json={"error": "model 'x' not found"}))
+        False
+    """
+    if response.status_code not in (404, 405):
+        return False
+    try:
+        body = json.loads(response.content) if response.content else None
+    except ValueError:
+        body = None
+    else:
+        if isinstance(body, dict):
+            return set(body) == {"detail"} and body["detail"] in _ROUTE_MISSING_JSON
+        if body is not None:
+            return False
+    text = response.content.decode("utf-8", errors="replace").strip()
+    if "<" in text:  # an HTML error page: look at its title or heading
+        match = re.search(r"<(title|h1)[^>]*>([^<]*)<", text, re.IGNORECASE)
+        text = match.group(2).strip() if match else text
+    return _ROUTE_MISSING_TEXT.fullmatch(text) is not None
+
+
+def check_base_url(base_url: str, *, provider: str, env_prefix: str) -> None:
+    """Refuse a base URL that no request could be sent to, naming the setting to fix.
+
+    Raises:
+        ConfigurationError: The URL does not parse (a port that is not a number, a control character), has
+            no ``http``/``https`` scheme, no host, or a port outside 1-65535.
+    """
+    problem: str | None = None
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, ValueError, TypeError) as error:
+        problem = str(error) or type(error).__name__
+    else:
+        if url.scheme not in ("http", "https"):
+            problem = "the scheme must be http or https"
+        elif not url.raw_host or not _HOST.fullmatch(url.raw_host.decode("ascii", errors="replace")):
+            problem = "it has no valid host name"
+        elif url.port is not None and not 0 < url.port < 65536:
+            problem = f"port {url.port} is outside 1-65535"
+    if problem is not None:
+        raise ConfigurationError(
+            f"{env_prefix}_BASE_URL (or base_url) {base_url!r} is not a usable URL ({problem}): write it as "
+            "http://HOST:PORT/v1, for example 'http://localhost:8000/v1'",
+            provider=provider,
+            url=base_url,
+        )
 
 
 def server_root(base_url: str) -> str:
@@ -192,8 +269,9 @@ class ServerAnswer:
         status: The HTTP status code.
         message: The server's own error message (JSON ``error.message``, ``error``, ``message`` or
             ``detail``, else the start of the body).
-        route_missing: The server has no such route: FastAPI's ``{"detail": "Not Found"}`` 404, as opposed
-            to an application's own JSON error with status 404.
+        route_missing: The server has no such route (:func:`is_route_missing`): FastAPI's
+            ``{"detail": "Not Found"}`` 404 or a plain-text ``404 page not found``, as opposed to an
+            application's own JSON error with status 404.
         operation: What was asked, for messages ("load adapter 'a1'").
         where: "<server> at <base URL>", for messages.
         provider: The provider name.
@@ -239,6 +317,9 @@ class ServerClient:
         env_prefix: Prefix of the provider's environment variables (``"VLLM"``), for hints.
         headers: Headers sent with every request (e.g. ``Authorization``); never logged or shown.
         retry_policy: Backoff settings; ``max_retries`` overrides its own.
+
+    Raises:
+        ConfigurationError: ``base_url`` is not a URL a request could be sent to.
     """
 
     def __init__(
@@ -253,13 +334,14 @@ class ServerClient:
         headers: Mapping[str, str] | None = None,
         retry_policy: RetryPolicy | None = None,
     ) -> None:
+        check_base_url(base_url, provider=provider, env_prefix=env_prefix)
         self.provider = provider
         self.server = server
         self.base_url = base_url
         self.timeout = float(timeout)
         self.env_prefix = env_prefix
         self.where = f"{server} at {base_url}"
-        self.retry_policy = dataclasses.replace(retry_policy or RetryPolicy(), max_retries=max(0, int(max_retries)))
+        self.retry_policy = dataclasses.replace(retry_policy or RetryPolicy(), max_retries=int(max_retries))
         self.httpx_timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT_MAX))
         self.logger = logging.getLogger(f"inference.{provider}")
         self._headers = dict(headers or {})
@@ -345,13 +427,21 @@ class ServerClient:
 
         Error statuses go through :meth:`error_from_response`; timeouts become
         :class:`ProviderTimeoutError`; connection failures :class:`ProviderUnavailableError`; malformed JSON
-        :class:`ProtocolError`.
+        :class:`ProtocolError`; a URL httpx cannot send to :class:`ConfigurationError`; an error event in a
+        stream (``openai.APIError``) a :class:`ProviderError` with the server's message.
         """
         response = getattr(error, "response", None)
         if isinstance(response, httpx.Response) and response.is_error:  # openai.APIStatusError, HTTPStatusError
             return self.error_from_response(response, operation=operation, handlers=handlers)
         openai = sys.modules.get("openai")
         cause = error if isinstance(error, httpx.HTTPError) else error.__cause__
+        if isinstance(cause or error, (httpx.InvalidURL, httpx.UnsupportedProtocol)):
+            return ConfigurationError(
+                f"{self.where} cannot be asked to {operation}: the URL is not usable ({cause or error}); set "
+                f"{self.env_prefix}_BASE_URL (or base_url) to http://HOST:PORT/v1",
+                provider=self.provider,
+                url=self.base_url,
+            )
         if isinstance(cause, httpx.TimeoutException) or (
             openai is not None and isinstance(error, openai.APITimeoutError)
         ):
@@ -364,6 +454,13 @@ class ServerClient:
             return self._broken_error(operation, cause if cause is not None else error)
         if isinstance(error, ValueError):  # json.JSONDecodeError from a body that is not JSON
             return self.protocol_error(operation, f"malformed JSON ({error})")
+        if openai is not None and isinstance(error, openai.APIError):  # an error event inside a stream
+            return ProviderError(
+                f"{self.where} reported an error during {operation}: {error.message}. The server failed; its "
+                "log says why",
+                provider=self.provider,
+                url=self.base_url,
+            )
         return ProviderError(
             f"{self.where} failed during {operation}: {type(error).__name__}: {error}",
             provider=self.provider,
@@ -493,17 +590,11 @@ def _answer(response: httpx.Response, *, operation: str, where: str, provider: s
     except ValueError:
         body = None
     message = _server_message(body) if body is not None else response.text.strip()
-    route_missing = (
-        response.status_code in (404, 405)
-        and isinstance(body, dict)
-        and set(body) == {"detail"}
-        and (body["detail"] in ("Not Found", "Method Not Allowed"))
-    )
     return ServerAnswer(
         response=response,
         status=response.status_code,
         message=message[:500],
-        route_missing=route_missing,
+        route_missing=is_route_missing(response),
         operation=operation,
         where=where,
         provider=provider,

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from inference._http import ErrorHandlers, ServerAnswer, ServerClient
+from inference._http import ErrorHandlers, ServerAnswer, ServerClient, is_route_missing
 from inference.exceptions import (
     AdapterConversionError,
     InferenceError,
@@ -204,7 +204,7 @@ class OllamaModels:
             response = await self._http.client().request(method, f"{self._native_url}{route}", **kwargs)
         except httpx.HTTPError as error:
             raise self._http.error_from_exception(error, operation=operation) from error
-        if response.is_error and response.status_code not in ok_statuses:
+        if response.is_error and (response.status_code not in ok_statuses or is_route_missing(response)):
             raise self._http.error_from_response(response, operation=operation, handlers=handlers)
         return response
 
@@ -225,7 +225,10 @@ class OllamaModels:
             raise self._http.protocol_error(operation, "an answer without model_info['general.architecture']")
         assert isinstance(model_info, dict)
         tensors: dict[str, Any] = {}
-        for tensor in body.get("tensors") or []:
+        listed = body.get("tensors") or []
+        if not isinstance(listed, list):
+            raise self._http.protocol_error(operation, "an answer whose tensors are not a list")
+        for tensor in listed:
             if isinstance(tensor, dict) and isinstance(tensor.get("name"), str):
                 tensors[tensor["name"]] = tensor.get("shape")  # checked by layout_from_metadata
         return BaseModelInfo(name=model, architecture=architecture, model_info=model_info, tensors=tensors)

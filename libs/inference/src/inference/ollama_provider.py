@@ -8,7 +8,6 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +20,7 @@ from inference._ollama_models import (
     derived_model_name,
     parse_derived_model_name,
 )
+from inference._paths import directory_problem, expand_path
 from inference._validation import GenerationRequest, validate_adapter_id
 from inference.config import resolve_settings
 from inference.exceptions import (
@@ -116,7 +116,15 @@ class OllamaProvider(InferenceProvider):
         )
         self.native_url = server_root(self.base_url)
         self._chat_url = f"{self.native_url}/api/chat"
-        self.adapter_cache_dir = Path(adapter_cache_dir) if adapter_cache_dir is not None else default_cache_dir()
+        cache_dir = expand_path(adapter_cache_dir) if adapter_cache_dir is not None else default_cache_dir()
+        self.adapter_cache_dir = cache_dir
+        problem = directory_problem(self.adapter_cache_dir)
+        if problem is not None:
+            raise ConfigurationError(
+                f"adapter_cache_dir {str(self.adapter_cache_dir)!r} {problem}: pass a directory this process can "
+                "write to",
+                provider=self.name,
+            )
         self._models = OllamaModels(self._http, self.native_url, self.adapter_cache_dir)
         self._derived: dict[str, str] = {}  # adapter id -> derived model name on the server
         self._bases: dict[str, str] = {}  # adapter id -> base model it was created from
@@ -387,11 +395,11 @@ class OllamaProvider(InferenceProvider):
     def _result(
         self, body: dict[str, Any], request: GenerationRequest, model: str, text: str, operation: str
     ) -> GenerationResult:
-        try:
-            prompt_tokens = int(body.get("prompt_eval_count") or 0)
-            completion_tokens = int(body.get("eval_count") or 0)
-        except (TypeError, ValueError) as error:
-            raise self._http.protocol_error(operation, f"token counts that are not numbers ({error})") from error
+        counts = (body.get("prompt_eval_count") or 0, body.get("eval_count") or 0)
+        if any(isinstance(count, bool) or not isinstance(count, int) or count < 0 for count in counts):
+            problem = f"token counts that are not non-negative integers (prompt_eval_count, eval_count = {counts!r})"
+            raise self._http.protocol_error(operation, problem)
+        prompt_tokens, completion_tokens = counts
         return GenerationResult(
             text=text,
             model=str(body.get("model") or model),

@@ -23,7 +23,6 @@ from inference._http import ServerAnswer, ServerClient, is_connect_failure, serv
 from inference._validation import GenerationRequest
 from inference.config import resolve_settings
 from inference.exceptions import (
-    ConfigurationError,
     InferenceError,
     InvalidAdapterError,
     ProviderUnavailableError,
@@ -178,6 +177,10 @@ class VLLMProvider(InferenceProvider):
     independent vLLM servers serving the same model. Adapter loads and unloads go to every replica; a
     load that fails on one is undone on the others.
 
+    Adapters live on the servers, so they outlive this object: ``list_adapters`` reads ``GET /v1/models``
+    (the LoRA entries, those with a ``parent``) on every replica and merges them with what this object
+    loaded, and an adapter a server lists can be used and unloaded by id from any new provider.
+
     Args:
         base_url: The server's OpenAI-compatible base URL, ending with ``/v1``, or several (a list or a
             comma-separated string); else ``VLLM_BASE_URL``; else ``http://localhost:8100/v1``.
@@ -215,13 +218,7 @@ class VLLMProvider(InferenceProvider):
         }
         settings = resolve_settings("vllm", {key: value for key, value in given.items() if value is not None})
         self.base_url: str = settings["base_url"]
-        max_rank = settings["max_lora_rank"]
-        if isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 1:
-            raise ConfigurationError(
-                f"max_lora_rank must be a positive integer (the server's --max-lora-rank), got {max_rank!r}",
-                provider=self.name,
-            )
-        self.max_lora_rank: int = max_rank
+        self.max_lora_rank: int = settings["max_lora_rank"]
         self._api_key: str | None = settings["api_key"]
         urls = [url for url in self.base_url.split(",") if url]
         self._replicas = tuple(_Replica(self, url, settings) for url in urls)
@@ -254,32 +251,41 @@ class VLLMProvider(InferenceProvider):
             try:
                 choice = completion.choices[0]
                 text = choice.message.content or ""
+                if not isinstance(text, str):
+                    raise TypeError(f"message.content is {type(text).__name__}, not text")
                 usage = completion.usage
-                prompt_tokens = usage.prompt_tokens if usage is not None else 0
-                completion_tokens = usage.completion_tokens if usage is not None else 0
-                answered_model = completion.model or (request.adapter_id or request.model)
+                prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (0, 0)
+                answered_model = _model_name(completion.model, request)
+                finish_reason = choice.finish_reason
             except (AttributeError, IndexError, TypeError) as error:
                 raise replica.http.protocol_error(
-                    _operation(request), "an answer that is not a chat completion"
+                    _operation(request), f"an answer that is not a chat completion ({error})"
                 ) from error
         return GenerationResult(
             text=text,
             model=answered_model,
             adapter_id=request.adapter_id,
             token_count=prompt_tokens + completion_tokens,
-            finish_reason="length" if choice.finish_reason == "length" else "stop",
+            finish_reason="length" if finish_reason == "length" else "stop",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """Stream the chat completion, asking for a final usage chunk (``stream_options.include_usage``).
+
+        vLLM sends that chunk, so the counts equal those of :meth:`generate`. A server that ignores the
+        option (llama_cpp.server) sends one chunk per generated token: the completion tokens are counted
+        from those chunks, and the prompt tokens, which such a server does not report, are ``None``
+        (so is ``token_count``).
+        """
         operation = _operation(request)
         async with self._chat(request, stream=True) as (replica, events):
             pieces: list[str] = []
             finish_reason: str | None = None
-            usage: Any = None
+            counts: tuple[int, int] | None = None
             answered_model = request.adapter_id or request.model
-            token_chunks = 0  # servers that send no usage chunk (llama.cpp's) send one chunk per token
+            token_chunks = 0
             iterator = events.__aiter__()
             while True:
                 try:
@@ -291,27 +297,42 @@ class VLLMProvider(InferenceProvider):
                 except Exception as error:
                     raise replica.http.error_from_exception(error, operation=operation) from error
                 try:
-                    answered_model = chunk.model or answered_model
-                    usage = chunk.usage or usage
+                    answered_model = _model_name(chunk.model, request, answered_model)
+                    if chunk.usage is not None:
+                        counts = _token_counts(chunk.usage)
                     choices = chunk.choices or []
                     delta = choices[0].delta if choices else None
                     content = delta.content if delta is not None else None
-                    if choices and choices[0].finish_reason:
-                        finish_reason = choices[0].finish_reason
+                    if content is not None and not isinstance(content, str):
+                        raise TypeError(f"delta.content is {type(content).__name__}, not text")
+                    finished = choices[0].finish_reason if choices else None
+                    announces_role = delta is not None and bool(getattr(delta, "role", None))
                 except (AttributeError, IndexError, TypeError) as error:
-                    raise replica.http.protocol_error(operation, "a stream chunk that is not a chat chunk") from error
-                if content is not None:
+                    raise replica.http.protocol_error(
+                        operation, f"a stream chunk that is not a chat chunk ({error})"
+                    ) from error
+                if finished:
+                    finish_reason = str(finished)
+                # One chunk per token, even an empty piece (part of a multi-byte character); not the chunk
+                # that only announces the role, nor an empty closing chunk.
+                if content is not None and not ((announces_role or finished) and content == ""):
                     token_chunks += 1
                 if content:
                     pieces.append(content)
                     yield content
-        prompt_tokens = usage.prompt_tokens if usage is not None else 0
-        completion_tokens = usage.completion_tokens if usage is not None else token_chunks
+            if finish_reason is None:
+                raise replica.http.protocol_error(
+                    operation,
+                    "a stream that ended without a finish_reason (it was cut short, or is not an OpenAI "
+                    "chat completion stream)",
+                )
+        prompt_tokens: int | None
+        prompt_tokens, completion_tokens = counts if counts is not None else (None, token_chunks)
         yield GenerationResult(
             text="".join(pieces),
             model=answered_model,
             adapter_id=request.adapter_id,
-            token_count=prompt_tokens + completion_tokens,
+            token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
             finish_reason="length" if finish_reason == "length" else "stop",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
@@ -396,7 +417,8 @@ class VLLMProvider(InferenceProvider):
         def not_found(answer: ServerAnswer) -> ServerResponseError | None:
             return self._generation_not_found(answer, request, reloaded_from)
 
-        return replica.http.error_from_exception(error, operation=_operation(request), handlers={404: not_found})
+        handlers = {400: _resolver_could_not_load, 404: not_found}
+        return replica.http.error_from_exception(error, operation=_operation(request), handlers=handlers)
 
     def _generation_not_found(
         self, answer: ServerAnswer, request: GenerationRequest, reloaded_from: str | None
@@ -609,26 +631,86 @@ class VLLMProvider(InferenceProvider):
         return ReconcileReport(replicas=tuple(results))
 
     async def _served_adapters(self, replica: _Replica) -> dict[str, str]:
-        """The LoRA adapters ``replica`` lists in ``GET /v1/models``: name -> path (``root``)."""
+        """The LoRA adapters ``replica`` lists in ``GET /v1/models``: name -> path (``root``).
+
+        LoRA entries are those with a ``parent`` (the base model's name); the base model's is ``null``, and
+        servers without LoRA support (llama_cpp.server) send no ``parent`` at all.
+        """
         operation = "list models"
         response = await replica.http.request("GET", replica.models_url, operation=operation)
         body = replica.http.parse_json(response, operation=operation)
-        try:
-            return {str(entry["id"]): str(entry.get("root") or "") for entry in body["data"] if entry.get("parent")}
-        except (KeyError, TypeError, AttributeError):
-            raise replica.http.protocol_error(operation, "a model list without data[].id") from None
+        entries = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise replica.http.protocol_error(operation, "an answer that is not a model list (no data[] of objects)")
+        served: dict[str, str] = {}
+        for entry in entries:
+            name, parent, root = entry.get("id"), entry.get("parent"), entry.get("root")
+            if not isinstance(name, str) or not name:
+                raise replica.http.protocol_error(operation, f"a model entry without an id: {entry!r:.200}")
+            if parent:
+                served[name] = root if isinstance(root, str) else ""
+        return served
+
+    async def _served_by_replicas(self) -> list[dict[str, str]]:
+        """What each replica that answers lists (see :meth:`_served_adapters`), in configuration order.
+
+        A replica that fails is logged and left out, as long as another one answered: adapters are loaded
+        on every replica, so the others say what the provider serves.
+
+        Raises:
+            ProviderUnavailableError: No replica accepts connections.
+            InferenceError: No replica answered, and one failed otherwise (its error, e.g. a refused key).
+        """
+        outcomes = await asyncio.gather(
+            *(self._served_adapters(replica) for replica in self._replicas), return_exceptions=True
+        )
+        answered: list[dict[str, str]] = []
+        failures: list[tuple[_Replica, InferenceError]] = []
+        for replica, outcome in zip(self._replicas, outcomes, strict=True):
+            if isinstance(outcome, InferenceError):
+                failures.append((replica, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                answered.append(outcome)
+        if not answered:
+            other = [error for _, error in failures if not isinstance(error, ProviderUnavailableError)]
+            raise other[0] if other else self._all_down(failures)
+        for replica, error in failures:
+            logger.warning(
+                "vLLM replica %s did not list its adapters (%s); using the others' lists", replica.base_url, error
+            )
+        return answered
+
+    async def _list_adapters(self) -> list[str]:
+        """The adapters this object loaded, and every LoRA adapter the servers list in ``GET /v1/models``.
+
+        A new process thus lists what an earlier one loaded (``inference adapters list``), and adapters
+        given with ``--lora-modules``. With replicas, the union of what they list: an adapter on any replica
+        can be used, since a replica that lacks it gets it loaded again from the path another one reports.
+        Adapters this object is unloading are left out. The object's own record covers vLLM versions that
+        do not list runtime-loaded adapters.
+
+        Raises:
+            ProviderUnavailableError: No replica accepts connections.
+            ProtocolError: The answer is not a model list.
+        """
+        served = {adapter_id for listing in await self._served_by_replicas() for adapter_id in listing}
+        registry = self._adapter_registry
+        loaded = set(registry.ids())
+        being_unloaded = {adapter_id for adapter_id in served - loaded if registry.path_of(adapter_id) is not None}
+        return sorted(loaded | (served - being_unloaded))
 
     async def _discover_adapter(self, adapter_id: str) -> str | None:
         """An adapter the server lists but this object did not load (an earlier process, ``--lora-modules``).
 
         It is then used and unloaded like one loaded here, so ``inference adapters unload ID`` works from a
-        new process. Asks each replica in turn; ``None`` when none lists it.
+        new process. Asks every replica; ``None`` when none that answers lists it.
+
+        Raises:
+            ProviderUnavailableError: No replica accepts connections (the id cannot be looked up).
         """
-        for replica in self._replicas:
-            try:
-                served = await self._served_adapters(replica)
-            except InferenceError:
-                continue
+        for served in await self._served_by_replicas():
             if adapter_id in served:
                 return served[adapter_id] or adapter_id
         return None
@@ -672,6 +754,30 @@ def _operation(request: GenerationRequest) -> str:
     return f"generate with model {request.model!r}"
 
 
+def _token_counts(usage: Any) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` of an OpenAI ``usage`` object.
+
+    Raises:
+        TypeError: A count is missing or not a non-negative integer.
+    """
+    counts = (usage.prompt_tokens, usage.completion_tokens)
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise TypeError(f"usage has token counts {counts!r}, not non-negative integers")
+    return counts
+
+
+def _model_name(answered: Any, request: GenerationRequest, default: str | None = None) -> str:
+    """The model the server says answered, else ``default`` (else the adapter or model asked for).
+
+    Raises:
+        TypeError: The server's ``model`` is not a string.
+    """
+    if answered is not None and not isinstance(answered, str):
+        raise TypeError(f"model is {type(answered).__name__}, not a name")
+    return answered or default or request.adapter_id or request.model
+
+
 def _chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
     """The ``chat.completions.create`` arguments: only what the caller set, vLLM extras in ``extra_body``."""
     messages = []
@@ -699,6 +805,26 @@ def _chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, An
         arguments["stream"] = True
         arguments["stream_options"] = {"include_usage": True}
     return arguments
+
+
+_RESOLVER_FAILED = re.compile(
+    r"LoRA adapter '(?P<name>[^']*)' was found but could not be loaded: ?(?P<reason>.*)", re.S
+)
+"""vLLM's 400 when a LoRA resolver plugin found the adapter a request names but loading it failed."""
+
+
+def _resolver_could_not_load(answer: ServerAnswer) -> ServerResponseError | None:
+    """The 400 of vLLM's LoRA resolver (``VLLM_PLUGINS``): the adapter exists but is broken or unsupported."""
+    match = _RESOLVER_FAILED.search(answer.message)
+    if match is None:
+        return None
+    name, reason = match.group("name"), match.group("reason").strip() or "no reason given"
+    return answer.error(
+        ServerInvalidAdapterError,
+        f"{answer.where} found adapter {name!r} through its LoRA resolver plugin but could not load it "
+        f"({reason}): fix the adapter the resolver serves (adapter_config.json and weights of a PEFT LoRA, rank "
+        "within --max-lora-rank, no DoRA), or load a working one with load_adapter",
+    )
 
 
 def _runtime_lora_disabled(answer: ServerAnswer) -> ServerResponseError:
