@@ -132,7 +132,7 @@ def prepare(model: str, workdir: Path) -> Setup:
 
 
 async def main(args: argparse.Namespace) -> int:
-    from inference.gguf_conversion import convert_peft_to_gguf_cached
+    from inference.adapters.gguf import convert_peft_to_gguf_cached
     from inference.llamacpp_provider import LlamaCppProvider
 
     with tempfile.TemporaryDirectory(prefix="bench-adapter-switch-") as tmp:

@@ -120,7 +120,7 @@ CATALOGUE: list[tuple[str, Case, type[InferenceError], str]] = [
 async def setup(
     tiny_models: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[LlamaCppProvider, dict[str, Any], str]]:
-    from inference.gguf_conversion import convert_peft_to_gguf
+    from inference.adapters.gguf import convert_peft_to_gguf
 
     model, llama = tiny_models["qwen2"], tiny_models["llama"]
     tmp = tmp_path_factory.mktemp("bad-inputs")

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from inference.adapters.gguf import convert_peft_to_gguf, convert_peft_to_gguf_cached
+from inference.adapters.peft import base_model_type, check_base_model, read_peft_adapter
 from inference.cli import main
 from inference.exceptions import ConfigurationError, InvalidAdapterError
-from inference.gguf_conversion import convert_peft_to_gguf, convert_peft_to_gguf_cached
-from inference.peft_adapter import base_model_type, check_base_model, read_peft_adapter
 from inference.testing.tiny_models import TinyModel
 
 pytestmark = pytest.mark.integration

@@ -134,7 +134,7 @@ def test_each_adapter_changes_the_output(references: dict[str, dict[str | None, 
 async def test_converted_gguf_file_gives_the_same_output_as_the_peft_dir(
     tiny_models: Any, references: dict[str, dict[str | None, str]], arch: str, tmp_path: Path
 ) -> None:
-    from inference.gguf_conversion import convert_peft_to_gguf
+    from inference.adapters.gguf import convert_peft_to_gguf
 
     model = tiny_models[arch]
     gguf_file = convert_peft_to_gguf(model.adapter_dirs["a1"], model.gguf_path, tmp_path / "a1.gguf")
@@ -226,7 +226,7 @@ async def test_adapter_errors_are_typed_and_leave_the_provider_usable(
     references: dict[str, dict[str | None, str]],
     tmp_path: Path,
 ) -> None:
-    from inference.gguf_conversion import convert_peft_to_gguf
+    from inference.adapters.gguf import convert_peft_to_gguf
 
     model = tiny_models["qwen2"]
     llama_adapter = convert_peft_to_gguf(

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from inference.adapters.peft import base_model_type, check_base_model, read_peft_adapter
 from inference.exceptions import ConfigurationError, InvalidAdapterError, InvalidRequestError
 from inference.fake_provider import FakeProvider
-from inference.peft_adapter import base_model_type, check_base_model, read_peft_adapter
 
 CONFIG: dict[str, Any] = {
     "peft_type": "LORA",
@@ -161,7 +161,7 @@ def test_an_unknown_base_is_not_refused(tmp_path: Path) -> None:
 
 
 def test_a_conversion_cache_dir_that_is_a_file_is_a_configuration_error(tmp_path: Path) -> None:
-    from inference.gguf_conversion import BaseModelLayout, convert_peft_to_gguf_for_layout_cached
+    from inference.adapters.gguf import BaseModelLayout, convert_peft_to_gguf_for_layout_cached
 
     layout = BaseModelLayout(Path("base"), "qwen2", 1, 2, 2, {}, name="base")
     a_file = tmp_path / "cache"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import respx
 
-from inference._ollama_models import derived_model_name
+from inference._servers.ollama_models import derived_model_name
 from inference.cli import main
 
 VLLM = "http://vllm.test:8100/v1"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import respx
 
-from inference._http import (
+from inference._servers.http import (
     RetryPolicy,
     ServerAnswer,
     ServerClient,

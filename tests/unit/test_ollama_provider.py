@@ -32,7 +32,7 @@ import pytest
 import respx
 
 from inference import get_provider, get_provider_for_step
-from inference._ollama_models import (
+from inference._servers.ollama_models import (
     DERIVED_NAMESPACE,
     base_model_digest,
     derived_model_name,
@@ -281,7 +281,7 @@ async def adapters(tmp_path: Path) -> AsyncIterator[OllamaProvider]:
 @pytest.fixture(scope="module")
 def qwen_lora(tiny_models: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A GGUF LoRA for the tiny Qwen2 (adapter a0, converted with the SDK's converter)."""
-    from inference.gguf_conversion import convert_peft_to_gguf
+    from inference.adapters.gguf import convert_peft_to_gguf
 
     model = tiny_models["qwen2"]
     return convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path_factory.mktemp("lora") / "a0.gguf")
@@ -736,7 +736,7 @@ async def test_a_peft_directory_on_a_llama_base_is_sent_as_safetensors(
 async def test_a_peft_directory_on_a_qwen2_base_is_converted_to_a_working_gguf_lora(
     adapters: OllamaProvider, server: FakeOllama, tiny_models: dict[str, Any], tmp_path: Path
 ) -> None:
-    from inference.gguf_conversion import convert_peft_to_gguf
+    from inference.adapters.gguf import convert_peft_to_gguf
 
     model = tiny_models["qwen2"]
     await adapters.load_adapter("a2", model.adapter_dirs["a2"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inference._paths import directory_problem, normalise_path, path_identity, path_text_problem
+from inference._core.paths import directory_problem, normalise_path, path_identity, path_text_problem
 from inference.exceptions import AdapterAlreadyLoadedError, InvalidRequestError
 from inference.fake_provider import FakeProvider
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from inference.adapters.peft import PeftAdapter, read_peft_adapter
 from inference.exceptions import InvalidAdapterError
-from inference.peft_adapter import PeftAdapter, read_peft_adapter
 
 VALID_CONFIG: dict[str, Any] = {
     "peft_type": "LORA",

@@ -543,7 +543,7 @@ def _add_convert_adapter(subcommands: _Subcommands[argparse.ArgumentParser]) -> 
 
 
 def _convert_adapter(args: argparse.Namespace) -> int:
-    from inference.gguf_conversion import convert_peft_to_gguf
+    from inference.adapters.gguf import convert_peft_to_gguf
 
     output = convert_peft_to_gguf(args.peft_dir, args.base, args.output)
     print(output)

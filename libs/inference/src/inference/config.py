@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from inference._paths import directory_problem, expand_path, path_text_problem
+from inference._core.paths import directory_problem, expand_path, path_text_problem
 from inference.exceptions import ConfigurationError, UnknownProviderError
 from inference.registry import PROVIDER_REGISTRY
 

@@ -12,16 +12,16 @@ from typing import Any
 
 import httpx
 
-from inference._http import ErrorHandlers, ServerAnswer, ServerClient, server_root
-from inference._ollama_models import (
+from inference._core.paths import directory_problem, expand_path
+from inference._core.validation import GenerationRequest, validate_adapter_id
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, server_root
+from inference._servers.ollama_models import (
     OllamaModels,
     base_model_digest,
     default_cache_dir,
     derived_model_name,
     parse_derived_model_name,
 )
-from inference._paths import directory_problem, expand_path
-from inference._validation import GenerationRequest, validate_adapter_id
 from inference.config import resolve_settings
 from inference.exceptions import (
     AdapterAlreadyLoadedError,

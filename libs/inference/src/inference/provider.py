@@ -1,7 +1,7 @@
 """The provider contract: :class:`InferenceProvider` and :class:`GenerationResult`.
 
 Every backend implements the same four async operations. The public methods here check their arguments
-once, for every provider, and hand a validated :class:`~inference._validation.GenerationRequest` to the
+once, for every provider, and hand a validated :class:`~inference._core.validation.GenerationRequest` to the
 backend's hook (``_generate``, ``_load_adapter``...), so a bad input gets the same typed error everywhere
 and never reaches a server or a model.
 """
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
-from inference._lifecycle import AdapterRegistry
-from inference._paths import normalise_path, path_text_problem
-from inference._validation import GenerationRequest, validate_adapter_id
+from inference._core.lifecycle import AdapterRegistry
+from inference._core.paths import normalise_path, path_text_problem
+from inference._core.validation import GenerationRequest, validate_adapter_id
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 
 logger = logging.getLogger("inference")

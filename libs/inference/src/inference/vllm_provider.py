@@ -18,9 +18,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inference._dependencies import import_optional
-from inference._http import ServerAnswer, ServerClient, is_connect_failure, server_root
-from inference._validation import GenerationRequest
+from inference._core.dependencies import import_optional
+from inference._core.validation import GenerationRequest
+from inference._servers.http import ServerAnswer, ServerClient, is_connect_failure, server_root
+from inference.adapters.peft import read_peft_adapter
 from inference.config import resolve_settings
 from inference.exceptions import (
     InferenceError,
@@ -33,7 +34,6 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.peft_adapter import read_peft_adapter
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 if TYPE_CHECKING:

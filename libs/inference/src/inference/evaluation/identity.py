@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from inference._validation import ADAPTER_ID_PATTERN
+from inference._core.validation import ADAPTER_ID_PATTERN
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, adapter_id_for
 from inference.exceptions import InvalidRequestError
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._validation import ADAPTER_ID_PATTERN
+from inference._core.validation import ADAPTER_ID_PATTERN
 from inference.exceptions import InvalidRequestError
 
 __all__ = ["AdapterSpec", "EvalPrompt", "adapter_id_for", "discover_adapters", "load_prompts", "parse_prompts"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference._validation import GenerationRequest, validate_adapter_id
+from inference._core.validation import GenerationRequest, validate_adapter_id
 from inference.evaluation.identity import Reconciled, adapter_hash, prompt_hash, reconcile, run_settings
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, discover_adapters, load_prompts
 from inference.evaluation.progress import Progress

@@ -2,7 +2,7 @@
 
 Only numpy and safetensors are needed (no torch): the shapes come from the base GGUF header (quantised
 tensors included), the names are the Hugging Face ones PEFT writes, so the directory converts with
-:func:`inference.gguf_conversion.convert_peft_to_gguf` and loads with PEFT on the matching Transformers model.
+:func:`inference.adapters.gguf.convert_peft_to_gguf` and loads with PEFT on the matching Transformers model.
 
 Example:
     >>> from inference.testing.random_lora import write_random_peft_lora
@@ -17,8 +17,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from inference.adapters.gguf import read_base_layout
 from inference.exceptions import InvalidAdapterError
-from inference.gguf_conversion import read_base_layout
 
 __all__ = ["MODULE_PATHS", "write_random_peft_lora"]
 

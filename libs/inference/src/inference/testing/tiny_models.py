@@ -376,7 +376,7 @@ def _write_gguf(spec: _ArchSpec, tokenizer: Any, model: Any, path: Path) -> None
     import gguf
     import numpy as np
 
-    from inference.gguf_conversion import permute_llama_rows
+    from inference.adapters.gguf import permute_llama_rows
 
     config = model.config
     writer = gguf.GGUFWriter(path, spec.arch)

@@ -4,7 +4,7 @@ The registry is the single place that decides:
 
 - concurrent ``load_adapter`` calls for one id and path load it once (a failed load fails every caller);
 - an id loaded with another path is refused unless the caller asks to replace it; paths are compared by
-  what they name (:func:`~inference._paths.path_identity`), so ``a/x/`` and ``./a/x`` are one path;
+  what they name (:func:`~inference._core.paths.path_identity`), so ``a/x/`` and ``./a/x`` are one path;
 - ``unload_adapter`` waits for the adapter's requests in flight, and refuses new ones meanwhile;
 - with a capacity (``max_adapters``), the least recently used adapter that is neither pinned nor in use is
   evicted from the backend, stays listed, and is loaded again transparently when a request needs it.
@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from inference._paths import path_identity
+from inference._core.paths import path_identity
 from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError
 
 logger = logging.getLogger("inference.adapters")

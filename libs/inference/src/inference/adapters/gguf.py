@@ -13,7 +13,7 @@ PEFT's ``alpha / r``. PEFT scales llama.cpp cannot express (rsLoRA, per-module r
 ``lora_B``.
 
 Example:
-    >>> from inference.gguf_conversion import convert_peft_to_gguf
+    >>> from inference.adapters.gguf import convert_peft_to_gguf
     >>> convert_peft_to_gguf("adapters/support", "models/base.gguf", "adapters/support.gguf")  # doctest: +SKIP
     PosixPath('adapters/support.gguf')
 
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._paths import directory_problem, expand_path
+from inference._core.paths import directory_problem, expand_path
+from inference.adapters.peft import PeftAdapter, check_base_model, read_peft_adapter
 from inference.exceptions import AdapterConversionError, ConfigurationError, InvalidAdapterError
-from inference.peft_adapter import PeftAdapter, check_base_model, read_peft_adapter
 
 __all__ = [
     "CONVERTER_VERSION",
@@ -376,7 +376,7 @@ def convert_peft_to_gguf(
     Raises:
         InvalidAdapterError: The directory is missing, not a plain LoRA (DoRA, trained biases,
             ``modules_to_save``), its weights are unreadable, or its ``adapter_config.json`` names a base
-            model of another architecture (see :func:`~inference.peft_adapter.check_base_model`).
+            model of another architecture (see :func:`~inference.adapters.peft.check_base_model`).
         AdapterConversionError: The adapter does not fit the base model (unknown architecture, modules
             the base lacks, shapes of another model), or the file could not be written (disk full...).
         ConfigurationError: The output's directory is not a directory, or cannot be created or written
@@ -769,6 +769,6 @@ def _single_int(value: Any) -> int | None:
 
 
 def _import_gguf() -> Any:
-    from inference._dependencies import import_optional
+    from inference._core.dependencies import import_optional
 
     return import_optional("gguf", extra="llamacpp", provider="llamacpp")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._paths import expand_path, path_identity
+from inference._core.paths import expand_path, path_identity
 from inference.exceptions import InvalidAdapterError
 
 __all__ = ["PeftAdapter", "base_model_type", "check_base_model", "read_peft_adapter"]
@@ -153,7 +153,7 @@ def base_model_type(adapter: PeftAdapter) -> str | None:
         if local.is_dir():
             config_file = local / "config.json"
         elif local.is_file() and local.suffix.lower() == ".gguf":
-            from inference.gguf_conversion import _read_gguf_architecture
+            from inference.adapters.gguf import _read_gguf_architecture
 
             return _read_gguf_architecture(local)
         else:

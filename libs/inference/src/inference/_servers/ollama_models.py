@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from inference._http import ErrorHandlers, ServerAnswer, ServerClient, is_route_missing
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_route_missing
 from inference.exceptions import (
     AdapterConversionError,
     InferenceError,
@@ -174,7 +174,7 @@ def _sha256_file(path: Path) -> str:
 
 
 class OllamaModels:
-    """The Ollama routes behind the adapter lifecycle, on the provider's :class:`~inference._http.ServerClient`.
+    """The Ollama routes behind the adapter lifecycle, on the provider's :class:`~inference._servers.http.ServerClient`.
 
     Args:
         http: The provider's HTTP client (pooling, retries, error mapping).
@@ -361,7 +361,7 @@ class OllamaModels:
             InvalidAdapterError: Nothing usable at the path, or a GGUF LoRA for another architecture.
             AdapterConversionError: The PEFT adapter does not fit the base model.
         """
-        from inference.peft_adapter import read_peft_adapter
+        from inference.adapters.peft import read_peft_adapter
 
         path = Path(adapter_path)
         if path.is_file():
@@ -383,7 +383,7 @@ class OllamaModels:
         return [AdapterFile(converted.name, converted)]
 
     async def _gguf_file(self, path: Path, base: BaseModelInfo) -> AdapterFile:
-        from inference.gguf_conversion import read_lora_gguf_architecture
+        from inference.adapters.gguf import read_lora_gguf_architecture
 
         architecture = await asyncio.to_thread(read_lora_gguf_architecture, path, provider=self._provider)
         if architecture != base.architecture:
@@ -398,7 +398,7 @@ class OllamaModels:
 
     def _convert(self, peft_dir: Path, base: BaseModelInfo) -> Path:
         """Convert a PEFT directory to a GGUF LoRA for ``base`` (blocking; run it in a thread)."""
-        from inference.gguf_conversion import convert_peft_to_gguf_for_layout_cached, layout_from_metadata
+        from inference.adapters.gguf import convert_peft_to_gguf_for_layout_cached, layout_from_metadata
 
         if not base.tensors:
             raise AdapterConversionError(

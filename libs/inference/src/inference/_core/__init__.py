@@ -1,0 +1,1 @@
+"""Machinery of the provider contract: request validation, the adapter lifecycle, optional imports, paths."""
