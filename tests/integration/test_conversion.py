@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from inference import gguf_conversion
+from inference.adapters import gguf as gguf_conversion
 from inference.adapters.gguf import convert_peft_to_gguf, convert_peft_to_gguf_cached, read_base_layout
 from inference.exceptions import AdapterConversionError, InvalidAdapterError
 from inference.testing.random_lora import write_random_peft_lora

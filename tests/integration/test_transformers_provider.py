@@ -315,9 +315,10 @@ async def test_unload_frees_the_adapter_and_the_last_unload_restores_the_plain_m
         await fresh.load_adapter("y", qwen2.adapter_dirs["a1"])
         y_text = (await fresh.generate(PROMPTS[0], model="", adapter_id="y", max_tokens=8, temperature=0)).text
         assert await fresh.list_adapters() == ["x", "y"]
+        x_name = fresh.peft_adapter_names["x"]
         await fresh.unload_adapter("x")
-        assert set(fresh.model.peft_config) == {"y"}
-        assert not any(".x" in name for name, _ in fresh.model.named_parameters())
+        assert set(fresh.model.peft_config) == {fresh.peft_adapter_names["y"]}
+        assert not any(f".{x_name}." in name for name, _ in fresh.model.named_parameters())
         assert (await fresh.generate(PROMPTS[0], model="", adapter_id="y", max_tokens=8, temperature=0)).text == y_text
         await fresh.unload_adapter("y")
         assert await fresh.list_adapters() == []
@@ -384,7 +385,8 @@ async def test_bad_adapters_are_refused_with_typed_errors_and_the_provider_keeps
             await provider.load_adapter("bad", path)
         assert caught.value.provider == "transformers", case
         assert await provider.list_adapters() == list(ADAPTERS), case
-        assert "bad" not in provider.model.peft_config, case
+        assert "bad" not in provider.peft_adapter_names, case
+        assert set(provider.model.peft_config) == set(provider.peft_adapter_names.values()), case  # no half-load
         got = await provider.generate(PROMPTS[0], model="", adapter_id="a0", max_tokens=6, temperature=0)
         assert got.text == expected, case
 
@@ -663,7 +665,8 @@ async def test_capacity_evicts_the_least_recently_used_adapter_and_reloads_it_on
         for adapter_id in ADAPTERS:
             await fresh.load_adapter(adapter_id, qwen2.adapter_dirs[adapter_id])
         assert calls.unloads == ["a0"]
-        assert fresh.resident_adapters == ["a1", "a2"] and set(fresh.model.peft_config) == {"a1", "a2"}
+        assert fresh.resident_adapters == ["a1", "a2"] == sorted(fresh.peft_adapter_names)
+        assert set(fresh.model.peft_config) == set(fresh.peft_adapter_names.values())
         assert await fresh.list_adapters() == list(ADAPTERS)
 
         assert await ask(fresh, "a0") == adapter_texts["a0"]  # transparently loaded again

@@ -12,7 +12,15 @@ The helpers below turn a batch into one left-padded input (:func:`left_pad`), st
 ``max_tokens`` (:class:`RowLimits`) and cut each row's output back into a result (:func:`cut_row`).
 Streaming: :class:`PieceAssembler` turns the text decoded so far into pieces that are safe to hand out
 (never a partial stop string), and :func:`stream_from_worker` runs a generation on the model's worker
-thread while its pieces reach the event loop as they come, with a cancel flag the worker checks per token.
+thread while its pieces reach the event loop as they come.
+
+Cancellation, one mechanism for every call: each request travels to the worker thread with a cancel
+event (a :class:`PendingRequest`'s ``cancel``, or the one handed to a :data:`WorkerJob`), set the moment
+its caller gives up: a cancelled or timed out ``generate``, a ``generate_batch`` cancelled with its
+requests, a stream closed early. Generation loops check it after every token (:class:`RowsCancelled` is
+the check for a ``transformers`` batch, one row at a time), so the model is free for the next request
+within one token. :func:`run_on_worker` (a whole result) and :func:`stream_from_worker` (pieces, then the
+result) are the two ways to await a job, and both set the event in the same way.
 
 Nothing here imports torch: functions that build tensors take the torch module as an argument.
 """
@@ -27,7 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference._validation import GenerationRequest
+from inference._core.validation import GenerationRequest
 from inference._worker import ModelWorker
 from inference.provider import GenerationResult
 
@@ -38,32 +46,37 @@ __all__ = [
     "PieceAssembler",
     "PieceSink",
     "RowLimits",
-    "StreamingJob",
+    "RowsCancelled",
+    "WorkerJob",
     "cut_row",
     "left_pad",
+    "run_on_worker",
     "stream_from_worker",
 ]
 
 PieceSink = Callable[[str], None]
 """Receives each text piece of a streamed generation, on the worker thread."""
 
-StreamingJob = Callable[[GenerationRequest, PieceSink | None, threading.Event], GenerationResult]
-"""A blocking generation that hands pieces to the sink and stops soon after the event is set."""
+WorkerJob = Callable[[GenerationRequest, PieceSink | None, threading.Event], GenerationResult]
+"""A blocking generation: hands pieces to the sink (if one is given) and stops within a token of the event."""
 
 
 @dataclass(eq=False)
 class PendingRequest:
-    """A request waiting for its batch, with the future its caller awaits.
+    """One request on its way to the model's worker thread, with what the worker needs to serve it.
 
     Attributes:
         request: The validated request.
-        future: Resolved by the worker thread with the result or the error; cancelled if the caller gives up.
+        future: Resolved by the worker thread with the result or the error (batched requests); cancelled
+            if the caller gives up before its batch starts.
+        cancel: Set when the caller gives up; the worker checks it after every token and stops the request.
         enqueued_at: ``time.monotonic()`` when it was queued (its batch window starts here).
         key: Its batch key, computed once by the worker thread (requests share a batch only if keys are equal).
     """
 
     request: GenerationRequest
     future: Future[GenerationResult] = field(default_factory=Future)
+    cancel: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     key: Hashable | None = None
 
@@ -95,7 +108,11 @@ class BatchQueue:
         return entry
 
     def discard(self, entry: PendingRequest) -> None:
-        """Take ``entry`` out of the queue (if still there) and cancel its future."""
+        """The caller gave up: set ``entry``'s cancel event, take it out of the queue, cancel its future.
+
+        A request whose batch is already running stops at its next token (the worker sees the event).
+        """
+        entry.cancel.set()
         with self._condition:
             if entry in self._pending:
                 self._pending.remove(entry)
@@ -113,7 +130,9 @@ class BatchQueue:
         """
         with self._condition:
             while True:
-                self._pending = [entry for entry in self._pending if not entry.future.cancelled()]
+                self._pending = [
+                    entry for entry in self._pending if not (entry.future.cancelled() or entry.cancel.is_set())
+                ]
                 if not self._pending:
                     return []
                 for entry in self._pending:
@@ -171,6 +190,26 @@ class RowLimits:
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         return (input_ids.shape[1] - self.prompt_width) >= self.limits
+
+
+class RowsCancelled:
+    """A ``generate`` stopping criterion: a row is done once its request's cancel event is set.
+
+    ``generate`` pads the rows that are done and goes on with the others, so cancelling one request of a
+    batch changes nothing for the rest; when every row is done, ``generate`` returns.
+
+    Args:
+        torch: The torch module.
+        entries: The batch's requests, one per row, in row order.
+    """
+
+    def __init__(self, torch: Any, entries: list[PendingRequest]) -> None:
+        self.torch = torch
+        self.entries = entries
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        flags = [entry.cancel.is_set() for entry in self.entries]
+        return self.torch.tensor(flags, dtype=self.torch.bool, device=input_ids.device)
 
 
 def cut_row(
@@ -258,15 +297,30 @@ class PieceAssembler:
 _DONE = object()
 
 
+async def run_on_worker(worker: ModelWorker, job: WorkerJob, request: GenerationRequest) -> GenerationResult:
+    """Run ``job`` on ``worker`` for ``request`` and return its result.
+
+    The job is queued in this call (so a later ``aclose()`` runs after it). If the caller is cancelled
+    (``asyncio.wait_for``, a task group, ``generate_batch`` cancelled), the job is dropped when it has not
+    started, and a running job sees its cancel event and stops within one token.
+    """
+    cancel = threading.Event()
+    task = worker.submit(job, request, None, cancel)
+    try:
+        return await task
+    finally:
+        _let_go(task, cancel)
+
+
 async def stream_from_worker(
-    worker: ModelWorker, job: StreamingJob, request: GenerationRequest
+    worker: ModelWorker, job: WorkerJob, request: GenerationRequest
 ) -> AsyncIterator[str | GenerationResult]:
     """Run ``job`` on ``worker`` and yield its pieces as the worker produces them, then its result.
 
     Pieces cross from the worker thread with ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``, so
     the loop never blocks. Closing the generator (the consumer stopped or was cancelled) sets the job's
-    cancel event, which the job checks after every token: the worker is free again within one token. A
-    job still waiting in the worker's queue is dropped without running.
+    cancel event, as :func:`run_on_worker` does: the worker is free again within one token, and a job
+    still waiting in the worker's queue is dropped without running.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[object] = asyncio.Queue()
@@ -289,12 +343,17 @@ async def stream_from_worker(
             yield item
         yield task.result()
     finally:
-        cancel.set()
-        if task.done():
-            _retrieve(task)
-        else:
-            task.cancel()  # drops the job if it has not started; a running one sees the cancel event
-            task.add_done_callback(_retrieve)
+        _let_go(task, cancel)
+
+
+def _let_go(task: asyncio.Future[GenerationResult], cancel: threading.Event) -> None:
+    """The caller is done with ``task``: stop its job (within a token) if it still runs."""
+    cancel.set()
+    if task.done():
+        _retrieve(task)
+    else:
+        task.cancel()  # drops the job if it has not started; a running one sees the cancel event
+        task.add_done_callback(_retrieve)
 
 
 def _retrieve(task: asyncio.Future[GenerationResult]) -> None:

@@ -20,11 +20,17 @@ class ModelWorker:
     A model is never driven by two threads at once, calls run first come first served (the executor's
     queue is FIFO), and the event loop only awaits. Work that must happen once, such as loading the
     model, can simply check and set state inside a call: calls never overlap.
+
+    Args:
+        name: The provider's name (thread name, error messages).
+        initializer: Called once on the worker thread before its first call (e.g. to set thread-local state).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, initializer: Callable[[], object] | None = None) -> None:
         self._name = name
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"inference-{name}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"inference-{name}", initializer=initializer
+        )
 
     async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``function(*args, **kwargs)`` on the worker thread and return its result."""
@@ -32,6 +38,9 @@ class ModelWorker:
 
     def submit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[T]:
         """Queue ``function(*args, **kwargs)`` now (in this very call, so queue order is call order).
+
+        Cancelling the returned future drops the call if it has not started; a call already running goes
+        on (blocking code cannot be interrupted: long calls check a cancel event of their own).
 
         Raises:
             ProviderError: The worker was shut down (its provider is closed).
@@ -46,5 +55,5 @@ class ModelWorker:
             ) from error
 
     def shutdown(self) -> None:
-        """Stop accepting work; the call in progress finishes."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop accepting work. Calls already queued still run, in order; then the thread ends."""
+        self._executor.shutdown(wait=False)

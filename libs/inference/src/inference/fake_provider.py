@@ -7,7 +7,7 @@ import hashlib
 import re
 from collections.abc import AsyncIterator
 
-from inference._validation import GenerationRequest
+from inference._core.validation import GenerationRequest
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 __all__ = ["FakeProvider"]
@@ -106,5 +106,5 @@ def _words_for(request: GenerationRequest) -> list[str]:
     key = "\x00".join(
         [request.prompt, request.system_prompt or "", request.adapter_id or "", str(request.seed)]
     )
-    digest = hashlib.sha256(key.encode()).digest()
+    digest = hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).digest()  # never a UnicodeEncodeError
     return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]

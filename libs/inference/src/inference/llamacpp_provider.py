@@ -8,29 +8,34 @@ design: it rebuilds ``Llama(model_path, lora_path=...)`` whenever the adapter ch
 
 All model work (load, adapter init, generation) runs on one :class:`~inference._worker.ModelWorker` thread,
 so one context never runs two requests at once, requests run first come first served, and the event loop
-only awaits. Streaming hands each piece from that thread to the event loop as it is decoded; a consumer
-that stops sets a cancel flag the generation loop checks after every token.
+only awaits. Streaming hands each piece from that thread to the event loop as it is decoded. A caller that
+gives up (a cancelled ``generate``, a stream closed early) sets its request's cancel flag, which the
+generation loop checks after every token, so the next request never waits behind abandoned work.
 
 Which adapters the user loaded (ids, paths, pins, LRU order) is the base class's registry; this module only
-keeps llama.cpp's handles for the adapters resident in the backend now.
+keeps llama.cpp's handles for the adapters resident in the backend now, and only the worker thread changes
+that record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import ctypes
+import functools
 import importlib.util
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._batching import PieceAssembler, PieceSink, stream_from_worker
-from inference._dependencies import import_optional
-from inference._validation import GenerationRequest
+from inference._batching import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
+from inference._core.dependencies import import_optional
+from inference._core.validation import GenerationRequest
 from inference._worker import ModelWorker
 from inference.config import resolve_settings
 from inference.exceptions import (
@@ -62,6 +67,9 @@ DEFAULT_SAMPLING: dict[str, float] = {
 
 KV_CACHE_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
 """``kv_cache_type`` names and the GGML type ids llama.cpp takes as ``type_k``/``type_v``."""
+
+MAX_SEED = 2**32 - 2
+"""The largest seed llama.cpp takes: its samplers take a ``uint32_t`` and read ``0xFFFFFFFF`` as "random"."""
 
 
 @dataclass
@@ -111,7 +119,8 @@ class LlamaCppProvider(InferenceProvider):
             loaded again from its path (the converted file is cached) when a request needs it.
         kv_cache_type: KV cache precision, one of :data:`KV_CACHE_TYPES` (``"f32"`` makes results match
             other backends to 1e-5); ``None`` keeps llama.cpp's default (f16).
-        seed: Sampling seed for requests that give none; ``None`` draws a fresh one per request.
+        seed: Sampling seed for requests that give none, in ``[0, MAX_SEED]`` (:data:`MAX_SEED` is
+            ``2**32 - 2``); ``None`` draws a fresh one per request.
         n_threads: CPU threads for generation; ``None`` lets llama-cpp-python choose.
         n_batch: Prompt tokens evaluated per batch.
         hot_swap: ``False`` forces the reload-with-``lora_path`` fallback (rebuilds the model whenever the
@@ -175,6 +184,8 @@ class LlamaCppProvider(InferenceProvider):
                 f"kv_cache_type {kv_cache_type!r} is not known: use one of {', '.join(KV_CACHE_TYPES)}",
                 provider=_PROVIDER,
             )
+        if seed is not None and not _seed_fits(seed):
+            raise ConfigurationError(f"seed {_seed_rule(seed)}", provider=_PROVIDER)
         if importlib.util.find_spec("llama_cpp") is None:
             raise MissingDependencyError(
                 "the llamacpp provider needs the Python package 'llama_cpp', which is not installed: "
@@ -192,7 +203,7 @@ class LlamaCppProvider(InferenceProvider):
         self._n_batch = n_batch
         self._verbose = verbose
         self._hot_swap_requested = hot_swap
-        self._worker = ModelWorker(_PROVIDER)
+        self._worker = ModelWorker(_PROVIDER, initializer=functools.partial(_set_thread_log_mode, verbose))
         self._closed = False
         # Worker-thread state (touched only from inside self._worker.run calls).
         self._llama: Any = None
@@ -238,11 +249,11 @@ class LlamaCppProvider(InferenceProvider):
     # Public hooks ---------------------------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        self._check_open()
-        return await self._worker.run(self._generate_blocking, request, None, None)
+        self._check_request(request)
+        return await run_on_worker(self._worker, self._generate_blocking, request)
 
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        self._check_open()
+        self._check_request(request)
         return stream_from_worker(self._worker, self._generate_blocking, request)
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
@@ -260,31 +271,35 @@ class LlamaCppProvider(InferenceProvider):
                 path=str(path),
             )
         self._check_open()
-        stale = self._resident.pop(adapter_id, None)  # never expected: the registry unloads before loading
-        if stale is not None:
-            await self._worker.run(self._free_adapter_blocking, adapter_id, stale)
-        handle = await self._worker.run(self._init_adapter_blocking, gguf_path)
-        self._resident[adapter_id] = _Adapter(gguf_path=gguf_path, handle=handle)
+        await self._worker.run(self._add_adapter_blocking, adapter_id, gguf_path)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
         """Free the adapter's memory in llama.cpp (on unload, and on eviction)."""
         self._check_open()
-        adapter = self._resident.pop(adapter_id, None)
-        if adapter is not None:
-            await self._worker.run(self._free_adapter_blocking, adapter_id, adapter)
+        await self._worker.run(self._remove_adapter_blocking, adapter_id)
 
     async def aclose(self) -> None:
-        """Free the adapters, the model and the worker thread. Safe to call twice."""
+        """Let the requests already queued finish, then free the adapters, the model and the worker thread.
+
+        Every request that reached the model's queue before this call (``generate``, ``stream``, with or
+        without an adapter) runs to its end and returns its result, in order; then the adapters and the
+        model are freed. A call that had not reached the queue yet (one still waiting for its adapter to
+        load, for example) and every call made afterwards raise :class:`~inference.ProviderError` saying
+        the provider is closed. To stop queued work sooner, cancel those calls first: each stops within
+        one token. Cancelling ``aclose`` itself does not stop the freeing, which goes on in the worker.
+        Safe to call twice.
+        """
         if self._closed:
             return
         self._closed = True
-        adapters = list(self._resident.items())
-        self._resident.clear()
-        self._adapter_registry.clear()
         try:
-            await self._worker.run(self._close_blocking, adapters)
+            close = self._worker.submit(self._close_blocking)  # after every request queued so far
         finally:
-            self._worker.shutdown()
+            self._worker.shutdown()  # refuses new work; what is queued still runs
+        try:
+            await asyncio.shield(close)
+        finally:
+            self._adapter_registry.clear()
             await super().aclose()
 
     # Event-loop helpers ---------------------------------------------------------------------------------
@@ -297,6 +312,22 @@ class LlamaCppProvider(InferenceProvider):
                 path=str(self.model_path),
             )
 
+    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """As the base class, but a closed provider says so first, whether or not the request uses an adapter."""
+        self._check_open()
+        return super()._adapter_in_use(adapter_id)
+
+    async def _discover_adapter(self, adapter_id: str) -> str | None:
+        """Nothing is discovered; a closed provider (whose registry is cleared) says it is closed."""
+        self._check_open()
+        return None
+
+    def _check_request(self, request: GenerationRequest) -> None:
+        """Refuse what llama.cpp would misread, before the request is queued: a seed outside its range."""
+        self._check_open()
+        if request.seed is not None and not _seed_fits(request.seed):
+            raise InvalidRequestError(f"seed {_seed_rule(request.seed)}", provider=self.name)
+
     def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
         return AdapterNotFoundError(
             f"adapter {adapter_id!r} is not loaded in llama.cpp: call load_adapter first "
@@ -306,7 +337,7 @@ class LlamaCppProvider(InferenceProvider):
 
     def _convert_peft(self, directory: Path) -> Path:
         """Convert a PEFT directory to a GGUF LoRA for this base model (cached; runs in a helper thread)."""
-        from inference.gguf_conversion import convert_peft_to_gguf_cached
+        from inference.adapters.gguf import convert_peft_to_gguf_cached
 
         if not self.model_path.is_file():
             raise ModelLoadError(
@@ -315,12 +346,21 @@ class LlamaCppProvider(InferenceProvider):
                 provider=self.name,
                 path=str(self.model_path),
             )
-        return Path(convert_peft_to_gguf_cached(directory, self.model_path, self.adapter_cache_dir))
+        try:
+            return Path(convert_peft_to_gguf_cached(directory, self.model_path, self.adapter_cache_dir))
+        except UnicodeError as error:  # e.g. a directory name with undecodable bytes, written into the GGUF
+            raise InvalidAdapterError(
+                f"adapter at {os.fspath(directory)!r} could not be converted to GGUF ({error}): rename or move it to a "
+                "path that is valid UTF-8, or convert it yourself and load the GGUF file",
+                provider=self.name,
+                path=repr(os.fspath(directory)),
+            ) from error
 
     # Worker-thread code -----------------------------------------------------------------------------------
 
     def _llama_cpp(self) -> Any:
         llama_cpp = import_optional("llama_cpp", extra="llamacpp", provider=self.name)
+        _install_log_filter(llama_cpp)
         if self._hot_swap is None:
             has_api = all(
                 hasattr(llama_cpp, name)
@@ -348,6 +388,13 @@ class LlamaCppProvider(InferenceProvider):
                 "to a .gguf file",
                 provider=self.name,
                 path=str(self.model_path),
+            )
+        if not _is_utf8(self.model_path):
+            raise ModelLoadError(
+                f"GGUF model path {os.fspath(self.model_path)!r} is not valid UTF-8, which llama-cpp-python needs: "
+                "rename or move the file",
+                provider=self.name,
+                path=repr(os.fspath(self.model_path)),
             )
         kwargs: dict[str, Any] = {
             "n_ctx": self.n_ctx,
@@ -409,7 +456,12 @@ class LlamaCppProvider(InferenceProvider):
         return self._info
 
     def _init_adapter_blocking(self, gguf_path: Path) -> Any:
-        """Check a GGUF LoRA against the base model and, with hot-swap, load it into llama.cpp."""
+        """Check a GGUF LoRA against the base model and, with hot-swap, load it into llama.cpp.
+
+        In reload mode the adapter is loaded once and freed again, where llama.cpp has the adapter API:
+        a LoRA llama.cpp refuses then fails here, as with hot-swap, instead of when a request rebuilds the
+        model with it (llama-cpp-python does not check for that refusal and crashes).
+        """
         info = self._model_info()
         lora_architecture = _read_lora_architecture(gguf_path)
         if lora_architecture != info.architecture:
@@ -420,11 +472,19 @@ class LlamaCppProvider(InferenceProvider):
                 provider=self.name,
                 path=str(gguf_path),
             )
-        if not self._hot_swap:
-            return None
         llama_cpp = self._llama_cpp()
-        llama = self._ensure_model()
-        handle = llama_cpp.llama_adapter_lora_init(llama.model, str(gguf_path).encode("utf-8"))
+        if not self._hot_swap:
+            if not _is_utf8(gguf_path):
+                raise InvalidAdapterError(
+                    f"adapter path {os.fspath(gguf_path)!r} is not valid UTF-8, which llama-cpp-python needs to "
+                    "rebuild the model with it (hot_swap=False): rename or move the file",
+                    provider=self.name,
+                    path=repr(os.fspath(gguf_path)),
+                )
+            if not hasattr(llama_cpp, "llama_adapter_lora_init"):
+                return None
+        llama = self._llama if self._llama is not None else self._ensure_model()
+        handle = llama_cpp.llama_adapter_lora_init(llama.model, os.fsencode(gguf_path))  # the path's own bytes
         if not handle:  # a NULL pointer: llama.cpp refused it (tensor names or shapes the model lacks)
             raise InvalidAdapterError(
                 f"llama.cpp refused the LoRA adapter {gguf_path}: its tensors do not fit the base model "
@@ -432,7 +492,23 @@ class LlamaCppProvider(InferenceProvider):
                 provider=self.name,
                 path=str(gguf_path),
             )
+        if not self._hot_swap:  # checked; the model is rebuilt with lora_path when a request needs it
+            llama_cpp.llama_adapter_lora_free(handle)
+            return None
         return handle
+
+    def _add_adapter_blocking(self, adapter_id: str, gguf_path: Path) -> None:
+        """Load ``gguf_path`` into llama.cpp and record it as resident under ``adapter_id``."""
+        stale = self._resident.pop(adapter_id, None)  # never expected: the registry unloads before loading
+        if stale is not None:
+            self._free_adapter_blocking(adapter_id, stale)
+        handle = self._init_adapter_blocking(gguf_path)
+        self._resident[adapter_id] = _Adapter(gguf_path=gguf_path, handle=handle)
+
+    def _remove_adapter_blocking(self, adapter_id: str) -> None:
+        adapter = self._resident.pop(adapter_id, None)
+        if adapter is not None:
+            self._free_adapter_blocking(adapter_id, adapter)
 
     def _free_adapter_blocking(self, adapter_id: str, adapter: _Adapter) -> None:
         if self._active == adapter_id:
@@ -446,9 +522,10 @@ class LlamaCppProvider(InferenceProvider):
             self._llama_cpp().llama_adapter_lora_free(adapter.handle)
             adapter.handle = None
 
-    def _close_blocking(self, adapters: list[tuple[str, _Adapter]]) -> None:
-        for adapter_id, adapter in adapters:
-            self._free_adapter_blocking(adapter_id, adapter)
+    def _close_blocking(self) -> None:
+        """Free every resident adapter and the model (the last call the worker runs)."""
+        while self._resident:
+            self._remove_adapter_blocking(next(iter(self._resident)))
         if self._llama is not None:
             self._llama.close()
             self._llama = None
@@ -501,14 +578,17 @@ class LlamaCppProvider(InferenceProvider):
         return list(llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
     def _generate_blocking(
-        self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event | None
+        self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
     ) -> GenerationResult:
         """Generate on the worker thread; hand text pieces to ``sink`` as they are decoded, if given.
 
         Pieces are whole UTF-8 characters (a token that ends inside a multi-byte character waits for the
         next), never show a stop string or the start of one, and concatenate to the result's text. Setting
-        ``cancel`` stops the loop after the current token (the result is then of no use to anyone).
+        ``cancel`` stops the loop after the current token (the result is then of no use to anyone); a
+        request cancelled before it starts returns at once without touching the model.
         """
+        if cancel.is_set():
+            return self._cancelled(request)
         llama_cpp = self._llama_cpp()
         llama = self._activate(request.adapter_id)
         prompt = self._prompt_tokens(llama, request)
@@ -546,20 +626,23 @@ class LlamaCppProvider(InferenceProvider):
                 else request.repetition_penalty
             ),
         )
-        for token in tokens:
-            if cancel is not None and cancel.is_set():
-                break
-            completion.append(token)
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
-                finish_reason = "stop"
-                break
-            text += decoder.decode(bytes(llama.detokenize([token])))  # byte pieces concatenate to the text
-            cut = pieces.update(text)
-            if cut is not None:
-                text, finish_reason, stopped = text[:cut], "stop", True
-                break
-            if len(completion) >= limit:
-                break
+        try:
+            for token in tokens:
+                if cancel.is_set():
+                    break
+                completion.append(token)
+                if llama_cpp.llama_vocab_is_eog(vocab, token):
+                    finish_reason = "stop"
+                    break
+                text += decoder.decode(bytes(llama.detokenize([token])))  # byte pieces concatenate to the text
+                cut = pieces.update(text)
+                if cut is not None:
+                    text, finish_reason, stopped = text[:cut], "stop", True
+                    break
+                if len(completion) >= limit:
+                    break
+        finally:
+            tokens.close()  # released here, on the worker thread, not whenever it is collected
         if not stopped:
             text += decoder.decode(b"", final=True)
             pieces.finish(text)
@@ -572,6 +655,76 @@ class LlamaCppProvider(InferenceProvider):
             prompt_tokens=len(prompt),
             completion_tokens=len(completion),
         )
+
+    def _cancelled(self, request: GenerationRequest) -> GenerationResult:
+        """The (unread) result of a request whose caller gave up before it started."""
+        return GenerationResult(
+            text="", model=self.model_name, adapter_id=request.adapter_id, token_count=0, finish_reason="stop"
+        )
+
+
+_log_mode = threading.local()  # ``verbose`` of the provider whose worker this thread is; unset elsewhere
+_log_filter_lock = threading.Lock()
+_log_filter: Any = None  # the installed ctypes callback (kept referenced: llama.cpp calls it for ever)
+
+
+def _set_thread_log_mode(verbose: bool) -> None:
+    """Worker-thread initializer: llama.cpp's log lines from this thread print only if ``verbose``."""
+    _log_mode.verbose = verbose
+
+
+def _install_log_filter(llama_cpp: Any) -> None:
+    """Route llama.cpp's log lines by thread, once per process (``llama_log_set`` is process-wide).
+
+    On a provider's worker thread, a line goes to stderr only when that provider has ``verbose=True``;
+    with ``verbose=False`` nothing is printed. llama-cpp-python's own filter cannot be relied on: it
+    reads ggml's log levels with an older numbering, so with ``verbose=False`` it prints llama.cpp's
+    warnings (e.g. "n_ctx_seq (4096) > n_ctx_train (512)" when a context is created) and hides its
+    errors, and only the model load itself runs with stderr redirected. Lines logged on any other
+    thread (a ``Llama`` the application uses itself) still go to llama-cpp-python's callback.
+    """
+    global _log_filter
+    with _log_filter_lock:
+        if _log_filter is not None or not hasattr(llama_cpp, "llama_log_set"):
+            return
+        try:
+            from llama_cpp import _logger
+
+            fallback = getattr(_logger, "llama_log_callback", None)
+        except ImportError:  # another llama-cpp-python layout: lines off our threads are dropped
+            fallback = None
+
+        def route(level: int, text: bytes | None, user_data: Any) -> None:
+            verbose = getattr(_log_mode, "verbose", None)
+            if verbose is None:
+                if fallback is not None:
+                    fallback(level, text, user_data)
+            elif verbose and text:
+                sys.stderr.write(text.decode("utf-8", errors="replace"))
+                sys.stderr.flush()
+
+        _log_filter = llama_cpp.llama_log_callback(route)
+        llama_cpp.llama_log_set(_log_filter, ctypes.c_void_p(0))
+
+
+def _is_utf8(path: Path) -> bool:
+    """True when ``path`` encodes to UTF-8 (a name with undecodable bytes carries surrogates after fsdecode)."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _seed_fits(seed: int) -> bool:
+    return 0 <= seed <= MAX_SEED
+
+
+def _seed_rule(seed: int) -> str:
+    return (
+        f"{seed} is out of range for llama.cpp: use an integer in [0, {MAX_SEED}] "
+        "(llama.cpp seeds are 32-bit and 4294967295 means a random seed), or None for a fresh random seed"
+    )
 
 
 def _read_lora_architecture(path: Path) -> str:

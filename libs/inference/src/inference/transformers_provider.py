@@ -8,16 +8,24 @@ base model), left-padded. Everything that touches the model (load, adapters, bat
 thread, in order, so the event loop never blocks and adapters never change under a running batch.
 
 A streamed request is not batched: it runs as its own one-row ``generate`` whose stopping criterion hands
-each new token's text to the event loop and checks a cancel flag, so a consumer that stops frees the worker
-within one token. Which adapters the user loaded (ids, paths, pins, LRU order) is the base class's registry;
-this module only tracks the adapters resident in the PEFT model now.
+each new token's text to the event loop. Every request carries a cancel flag that is set when its caller
+gives up (a cancelled ``generate``, a stream closed early); a stopping criterion checks it per row after
+every token, so a cancelled row stops within one token while the other rows of its batch go on unchanged.
+
+Which adapters the user loaded (ids, paths, pins, LRU order) is the base class's registry; this module only
+tracks the adapters resident in the PEFT model now, each under an internal PEFT adapter name
+(``inference_0_adapter``, ``inference_1_adapter``...), because PEFT refuses names that adapter ids may be:
+with a ``.`` (``lr0.001``), or equal to an attribute of torch's ``ModuleDict`` (``train``, ``eval``, ``keys``).
 
 torch, transformers and peft are imported on first use only.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
+import itertools
 import re
 import threading
 from collections import deque
@@ -33,13 +41,15 @@ from inference._batching import (
     PieceAssembler,
     PieceSink,
     RowLimits,
+    RowsCancelled,
     cut_row,
     left_pad,
     stream_from_worker,
 )
-from inference._dependencies import import_optional
-from inference._validation import GenerationRequest
+from inference._core.dependencies import import_optional
+from inference._core.validation import GenerationRequest
 from inference._worker import ModelWorker
+from inference.adapters.peft import PeftAdapter, read_peft_adapter
 from inference.config import resolve_settings
 from inference.exceptions import (
     AdapterNotFoundError,
@@ -50,13 +60,16 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.peft_adapter import PeftAdapter, read_peft_adapter
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 __all__ = ["TransformersProvider"]
 
 BASE_ADAPTER_NAME = "__base__"
 """PEFT's name for "no adapter" in ``adapter_names``."""
+
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+"""The seeds ``torch.manual_seed`` takes (negative ones are mapped onto the unsigned range)."""
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -194,7 +207,10 @@ class TransformersProvider(InferenceProvider):
         self._queue = BatchQueue(size, self.batch_window_ms / 1000.0)
         self._worker = ModelWorker(self.name)
         self._loaded: _LoadedModel | None = None
-        self._resident: dict[str, str] = {}  # adapters in the PEFT model now (worker thread), id -> directory
+        # Adapters in the PEFT model now (worker thread): adapter id -> internal PEFT adapter name.
+        self._resident: dict[str, str] = {}
+        # Never reused, and none is part of another ("inference_1_adapter" is not in "inference_11_adapter").
+        self._peft_names = (f"inference_{number}_adapter" for number in itertools.count())
         self._batch_sizes: deque[int] = deque(maxlen=1000)
         self._closed = False
 
@@ -221,20 +237,29 @@ class TransformersProvider(InferenceProvider):
         """Ids of the adapters in the PEFT model now, sorted (``list_adapters`` also lists evicted ones)."""
         return sorted(self._resident)
 
+    @property
+    def peft_adapter_names(self) -> dict[str, str]:
+        """The PEFT adapter name of each resident adapter id (the keys of ``model.peft_config`` are these names).
+
+        PEFT refuses some adapter ids as names (``lr0.001``, ``train``), so the provider names each adapter
+        itself, ``inference_N_adapter``, with a number never reused.
+        """
+        return dict(self._resident)
+
     # Public hooks (event loop side) -------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        self._check_open()
+        self._check_request(request)
         entry = self._queue.put(request)
         try:
             await self._worker.run(self._serve, entry)
         except BaseException:
-            self._queue.discard(entry)
+            self._queue.discard(entry)  # sets its cancel flag: a running batch drops the row at its next token
             raise
         return entry.future.result()
 
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        self._check_open()
+        self._check_request(request)
         return stream_from_worker(self._worker, self._stream_now, request)
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
@@ -248,21 +273,53 @@ class TransformersProvider(InferenceProvider):
         await self._worker.run(self._unload_adapter_now, adapter_id)
 
     async def aclose(self) -> None:
-        """Finish queued requests, then free the model (and the CUDA cache on CUDA). Safe to call twice."""
+        """Let the requests already queued finish, then free the model (and the CUDA cache on CUDA).
+
+        Every request that reached the model's queue before this call (``generate``, ``stream``, with or
+        without an adapter) runs to its end and returns its result; then the adapters and the model are
+        freed. A call that had not reached the queue yet (one still waiting for its adapter to load, for
+        example) and every call made afterwards raise :class:`~inference.ProviderError` saying the
+        provider is closed. To stop queued work sooner, cancel those calls first: each stops within one
+        token. Cancelling ``aclose`` itself does not stop the freeing, which goes on in the worker.
+        Safe to call twice.
+        """
         if self._closed:
             return
         self._closed = True
-        self._adapter_registry.clear()
         try:
-            await self._worker.run(self._free)
+            free = self._worker.submit(self._free)  # after every request queued so far
         finally:
-            self._worker.shutdown()
+            self._worker.shutdown()  # refuses new work; what is queued still runs
+        try:
+            await asyncio.shield(free)
+        finally:
+            self._adapter_registry.clear()
             await super().aclose()
 
     def _check_open(self) -> None:
         if self._closed:
             raise ProviderError(
                 "this TransformersProvider is closed: create a new one (or use get_provider again)",
+                provider=self.name,
+            )
+
+    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """As the base class, but a closed provider says so first, whether or not the request uses an adapter."""
+        self._check_open()
+        return super()._adapter_in_use(adapter_id)
+
+    async def _discover_adapter(self, adapter_id: str) -> str | None:
+        """Nothing is discovered; a closed provider (whose registry is cleared) says it is closed."""
+        self._check_open()
+        return None
+
+    def _check_request(self, request: GenerationRequest) -> None:
+        """Refuse what torch would fail on, before the request is queued: a seed outside its range."""
+        self._check_open()
+        if request.seed is not None and not MIN_SEED <= request.seed <= MAX_SEED:
+            raise InvalidRequestError(
+                f"seed {request.seed} is out of range for transformers: use an integer in "
+                f"[{MIN_SEED}, {MAX_SEED}] (what torch.manual_seed takes), or None",
                 provider=self.name,
             )
 
@@ -383,42 +440,53 @@ class TransformersProvider(InferenceProvider):
 
     def _load_adapter_now(self, adapter_id: str, adapter_path: str) -> None:
         loaded = self._ensure_loaded()
+        try:
+            adapter_path.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes in a file name, kept as surrogates by os.fsdecode
+            raise InvalidAdapterError(
+                f"adapter path {adapter_path!r} is not valid UTF-8, which safetensors and PEFT need: "
+                "rename or move the adapter directory",
+                provider=self.name,
+                path=repr(adapter_path),
+            ) from None
         if adapter_id in self._resident:  # never expected: the registry unloads before it loads again
             self._unload_adapter_now(adapter_id)
         adapter = read_peft_adapter(adapter_path, provider=self.name)
         self._check_target_modules(loaded, adapter)
         self._check_weight_shapes(loaded, adapter)
         peft = _import("peft")
+        peft_name = next(self._peft_names)  # PEFT refuses some valid adapter ids (e.g. with a '.')
         try:
             if loaded.model is loaded.base_model:
                 loaded.model = peft.PeftModel.from_pretrained(
                     loaded.base_model,
                     str(adapter.path),
-                    adapter_name=adapter_id,
+                    adapter_name=peft_name,
                     is_trainable=False,
                     torch_device=str(loaded.device),
                 )
             else:
                 loaded.model.load_adapter(
-                    str(adapter.path), adapter_name=adapter_id, is_trainable=False, torch_device=str(loaded.device)
+                    str(adapter.path), adapter_name=peft_name, is_trainable=False, torch_device=str(loaded.device)
                 )
         except Exception as error:
-            self._discard_partial_adapter(loaded, adapter_id)
+            self._discard_partial_adapter(loaded, peft_name)
             raise self._invalid(
                 adapter, f"could not be loaded into {loaded.name} ({type(error).__name__}: {error})"
             ) from error
         loaded.model.eval()
-        self._resident[adapter_id] = str(adapter.path)
+        self._resident[adapter_id] = peft_name
 
     def _unload_adapter_now(self, adapter_id: str) -> None:
         loaded = self._loaded
         if loaded is None or adapter_id not in self._resident:
             return  # nothing of it is in the model (the model was never loaded, or it was freed)
-        others = [other for other in self._resident if other != adapter_id]
+        peft_name = self._resident[adapter_id]
+        others = [other for other in self._resident.values() if other != peft_name]
         if others:
-            if adapter_id in loaded.model.active_adapters:  # PEFT warns when the active one is deleted
+            if peft_name in loaded.model.active_adapters:  # PEFT warns when the active one is deleted
                 loaded.model.set_adapter(others[0], inference_mode=True)
-            loaded.model.delete_adapter(adapter_id)
+            loaded.model.delete_adapter(peft_name)
         else:
             loaded.model = loaded.model.unload()  # the last one: back to the plain model, no LoRA layers
             loaded.base_model = loaded.model
@@ -426,13 +494,13 @@ class TransformersProvider(InferenceProvider):
         if loaded.device.type == "cuda":
             _import("torch").cuda.empty_cache()
 
-    def _discard_partial_adapter(self, loaded: _LoadedModel, adapter_id: str) -> None:
-        """Remove what a failed load left behind, so the provider keeps working."""
+    def _discard_partial_adapter(self, loaded: _LoadedModel, peft_name: str) -> None:
+        """Remove what a failed load of PEFT adapter ``peft_name`` left behind, so the provider keeps working."""
         if loaded.model is not loaded.base_model:
-            if adapter_id in loaded.model.peft_config:
-                if self._resident and adapter_id in loaded.model.active_adapters:
-                    loaded.model.set_adapter(next(iter(self._resident)), inference_mode=True)
-                loaded.model.delete_adapter(adapter_id)
+            if peft_name in loaded.model.peft_config:
+                if self._resident and peft_name in loaded.model.active_adapters:
+                    loaded.model.set_adapter(next(iter(self._resident.values())), inference_mode=True)
+                loaded.model.delete_adapter(peft_name)
             return
         tuner_layer = _import("peft").tuners.tuners_utils.BaseTunerLayer
         for name, module in list(loaded.base_model.named_modules()):
@@ -530,6 +598,9 @@ class TransformersProvider(InferenceProvider):
     def _run_batch(self, loaded: _LoadedModel, batch: list[PendingRequest]) -> None:
         rows: list[BatchRow] = []
         for entry in batch:
+            if entry.cancel.is_set():  # its caller gave up after the batch was formed
+                _drop(entry)
+                continue
             try:
                 if entry.request.adapter_id is not None and entry.request.adapter_id not in self._resident:
                     raise self._not_loaded(entry.request.adapter_id)  # never expected: the registry holds it
@@ -548,6 +619,9 @@ class TransformersProvider(InferenceProvider):
                 self._run_batch(loaded, [row.entry])
             return
         for row, tokens in zip(rows, outputs, strict=True):
+            if row.entry.cancel.is_set():  # stopped early at its caller's request: nobody reads a result
+                _drop(row.entry)
+                continue
             try:
                 row.entry.future.set_result(self._result(loaded, row, tokens))
             except BaseException as error:
@@ -591,7 +665,7 @@ class TransformersProvider(InferenceProvider):
         loaded = self._ensure_loaded()
         if request.adapter_id is not None and request.adapter_id not in self._resident:
             raise self._not_loaded(request.adapter_id)
-        entry = PendingRequest(request)
+        entry = PendingRequest(request, cancel=cancel)
         entry.key = self._sampling(loaded, request)
         row = self._row(loaded, entry)
         pieces = PieceAssembler(request.stop, sink)
@@ -599,7 +673,7 @@ class TransformersProvider(InferenceProvider):
         def decode(ids: list[int]) -> str:
             return str(loaded.tokenizer.decode(ids, skip_special_tokens=True))
 
-        watch = _StreamWatch(_import("torch"), len(row.prompt_ids), loaded.eos_ids, decode, pieces, cancel)
+        watch = _StreamWatch(_import("torch"), len(row.prompt_ids), loaded.eos_ids, decode, pieces)
         try:
             [tokens] = self._generate_rows(loaded, [row], watch)
         except BaseException as error:
@@ -614,6 +688,7 @@ class TransformersProvider(InferenceProvider):
     ) -> list[list[int]]:
         """One left-padded ``generate`` over all rows, each with its own adapter; returns the new tokens.
 
+        A row stops at its own limit, or at its next token once its request's cancel flag is set.
         ``watch`` is one more stopping criterion (a streamed row's token watcher).
         """
         torch, transformers = _import("torch"), _import("transformers")
@@ -635,11 +710,17 @@ class TransformersProvider(InferenceProvider):
         )
         extra: dict[str, Any] = {}
         if loaded.model is not loaded.base_model:
-            extra["adapter_names"] = [row.entry.request.adapter_id or BASE_ADAPTER_NAME for row in rows]
+            adapter_ids = [row.entry.request.adapter_id for row in rows]
+            extra["adapter_names"] = [  # PEFT's names for the adapters, not the ids
+                BASE_ADAPTER_NAME if adapter_id is None else self._resident[adapter_id] for adapter_id in adapter_ids
+            ]
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         self._batch_sizes.append(len(rows))
-        criteria: list[Any] = [RowLimits(torch.tensor(limits, device=loaded.device), width)]
+        criteria: list[Any] = [
+            RowLimits(torch.tensor(limits, device=loaded.device), width),
+            RowsCancelled(torch, [row.entry for row in rows]),
+        ]
         if watch is not None:
             criteria.append(watch)
         with torch.inference_mode():
@@ -683,10 +764,11 @@ class TransformersProvider(InferenceProvider):
 
 
 class _StreamWatch:
-    """A ``generate`` stopping criterion for one streamed row: hands out text, stops on cancel or stop string.
+    """A ``generate`` stopping criterion for one streamed row: hands out its text, stops at a stop string.
 
     Called after every new token. Text is handed out only while it decodes cleanly: a trailing U+FFFD
-    (a character whose bytes are split over tokens) waits for the next token.
+    (a character whose bytes are split over tokens) waits for the next token. (Cancellation is
+    :class:`~inference._batching.RowsCancelled`'s job, as for every row.)
     """
 
     def __init__(
@@ -696,24 +778,27 @@ class _StreamWatch:
         eos_ids: frozenset[int],
         decode: Callable[[list[int]], str],
         pieces: PieceAssembler,
-        cancel: threading.Event,
     ) -> None:
         self.torch = torch
         self.prompt_width = prompt_width
         self.eos_ids = eos_ids
         self.decode = decode
         self.pieces = pieces
-        self.cancel = cancel
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        done = self.cancel.is_set()
-        if not done:
-            tokens = [int(token) for token in input_ids[0, self.prompt_width :].tolist()]
-            end = next((index for index, token in enumerate(tokens) if token in self.eos_ids), None)
-            if end is None:  # after an end-of-sequence token generate stops by itself; finish() hands out the rest
-                text = self.decode(tokens).rstrip("\ufffd")
-                done = self.pieces.update(text) is not None
+        done = False
+        tokens = [int(token) for token in input_ids[0, self.prompt_width :].tolist()]
+        end = next((index for index, token in enumerate(tokens) if token in self.eos_ids), None)
+        if end is None:  # after an end-of-sequence token generate stops by itself; finish() hands out the rest
+            text = self.decode(tokens).rstrip("\ufffd")
+            done = self.pieces.update(text) is not None
         return self.torch.full((input_ids.shape[0],), done, dtype=self.torch.bool, device=input_ids.device)
+
+
+def _drop(entry: PendingRequest) -> None:
+    """Settle the future of a request whose caller gave up (no result is computed for it)."""
+    if not entry.future.done():
+        entry.future.set_exception(ProviderError("the request was cancelled", provider="transformers"))
 
 
 def _as_ids(value: Any) -> list[int]:

@@ -635,7 +635,8 @@ def _write_lora_gguf(
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(adapter.alpha))
-        writer.add_name(adapter.path.resolve().name)
+        # A directory name with undecodable bytes (kept by surrogateescape) cannot be written as UTF-8 text.
+        writer.add_name(adapter.path.resolve().name.encode("utf-8", "replace").decode("utf-8"))
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
         for name in sorted(tensors):
             writer.add_tensor(name, tensors[name])

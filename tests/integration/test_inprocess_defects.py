@@ -1,0 +1,363 @@
+"""In-process providers (llama.cpp, Transformers, fake) on the tiny models: defects of issue 9.
+
+- item 6: ``aclose()`` with requests queued: every one of them finishes, with or without an adapter, and
+  everything after (or not yet queued) gets a typed "closed" ``ProviderError``;
+- item 4: adapter ids PEFT refuses as names (``lr0.001``, ``train``, the longest id) work on both backends;
+- item 5c: a lone surrogate in a prompt is an ``InvalidRequestError``, and file names with undecodable bytes
+  give typed errors (or work), never a raw ``UnicodeError``;
+- item 12b: llama.cpp prints nothing on stderr with ``verbose=False``;
+- item 13: a seed outside what the backend takes is an ``InvalidRequestError`` naming the range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference._core.validation import validate_adapter_id
+from inference.exceptions import ConfigurationError, InvalidAdapterError, InvalidRequestError, ProviderError
+from inference.fake_provider import FakeProvider
+from inference.provider import GenerationResult, InferenceProvider
+
+pytestmark = [
+    pytest.mark.integration,
+    # PEFT 0.21 calls a property that transformers 5 deprecated; not ours to fix.
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPT = "Once upon a time"
+SHORT = 8
+BACKENDS = ("llamacpp", "transformers")
+
+LONGEST_ID = "9" + "._-" * 42 + "x"  # 128 characters, every character the id rule allows but letters
+ODD_IDS = {"lr0.001": "a0", "a.b": "a1", "train": "a2", "v1.": "a0", LONGEST_ID: "a1"}
+"""Adapter ids PEFT refuses as adapter names, and the test adapter each one is loaded from."""
+
+
+def make_provider(backend: str, tiny_models: dict[str, Any], cache_dir: Path, **kwargs: Any) -> InferenceProvider:
+    model = tiny_models["qwen2"]
+    if backend == "llamacpp":
+        pytest.importorskip("llama_cpp")
+        from inference.llamacpp_provider import LlamaCppProvider
+
+        options: dict[str, Any] = {"n_ctx": 512, "adapter_cache_dir": cache_dir, "kv_cache_type": "f32", **kwargs}
+        return LlamaCppProvider(model.gguf_path, **options)
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from inference.transformers_provider import TransformersProvider
+
+    return TransformersProvider(model_name=str(model.hf_dir), device="cpu", batch_window_ms=20, **kwargs)
+
+
+async def text(provider: InferenceProvider, adapter_id: str | None, **kwargs: Any) -> str:
+    options: dict[str, Any] = {"max_tokens": SHORT, "temperature": 0, **kwargs}
+    return (await provider.generate(PROMPT, model="", adapter_id=adapter_id, **options)).text
+
+
+@pytest.fixture(params=BACKENDS)
+async def provider(request: pytest.FixtureRequest, tiny_models: dict[str, Any], tmp_path: Path) -> AsyncIterator[Any]:
+    """A provider of each in-process backend with adapters a0, a1, a2 loaded."""
+    opened = make_provider(request.param, tiny_models, tmp_path)
+    for adapter_id in ("a0", "a1", "a2"):
+        await opened.load_adapter(adapter_id, tiny_models["qwen2"].adapter_dirs[adapter_id])
+    yield opened
+    await opened.aclose()
+
+
+# Item 6: aclose with requests in flight -------------------------------------------------------------------
+
+
+async def test_aclose_lets_every_queued_request_finish_with_or_without_an_adapter(provider: Any) -> None:
+    expected = {adapter_id: await text(provider, adapter_id) for adapter_id in (None, "a0", "a1", "a2")}
+    order = [None, "a0", None, "a1", "a2", None, "a0"]
+    long_first = asyncio.create_task(provider.generate(PROMPT, model="", max_tokens=100, temperature=0))
+    tasks = [asyncio.create_task(text(provider, adapter_id)) for adapter_id in order]
+    await asyncio.sleep(0)  # every task reaches the model's queue in its first step
+
+    await provider.aclose()
+
+    results = await asyncio.gather(long_first, *tasks, return_exceptions=True)
+    assert isinstance(results[0], GenerationResult) and results[0].completion_tokens == 100
+    assert results[1:] == [expected[adapter_id] for adapter_id in order]  # before the fix: AdapterNotFoundError
+    assert provider.closed
+
+
+async def test_after_aclose_every_call_says_the_provider_is_closed(provider: Any, tiny_models: Any) -> None:
+    await provider.aclose()
+    for adapter_id in (None, "a0"):
+        with pytest.raises(ProviderError, match="closed"):
+            await text(provider, adapter_id)
+        with pytest.raises(ProviderError, match="closed"):
+            async for _ in provider.stream(PROMPT, model="", adapter_id=adapter_id, max_tokens=2):
+                pass
+    with pytest.raises(ProviderError, match="closed"):
+        await provider.load_adapter("a3", tiny_models["qwen2"].adapter_dirs["a0"])
+    with pytest.raises(ProviderError, match="closed"):
+        await provider.unload_adapter("a0")
+    assert await provider.list_adapters() == []
+
+
+async def test_a_request_waiting_for_its_adapter_at_aclose_gets_the_closed_error(
+    provider: Any, tiny_models: Any
+) -> None:
+    load = asyncio.create_task(provider.load_adapter("late", tiny_models["qwen2"].adapter_dirs["a2"]))
+    await asyncio.sleep(0)  # the load has started
+    waiting = asyncio.create_task(text(provider, "late"))  # waits for the load to finish
+    await asyncio.sleep(0)
+
+    await provider.aclose()
+
+    with pytest.raises(ProviderError, match="closed"):
+        await waiting
+    await asyncio.gather(load, return_exceptions=True)  # queued before the close (finished) or not (closed)
+
+
+# Item 4: adapter ids that PEFT refuses as names -----------------------------------------------------------
+
+
+def test_the_odd_ids_are_valid_adapter_ids() -> None:
+    assert len(LONGEST_ID) == 128
+    for adapter_id in ODD_IDS:
+        assert validate_adapter_id(adapter_id, provider="test") == adapter_id
+
+
+async def test_every_valid_adapter_id_works(provider: Any, tiny_models: Any) -> None:
+    expected = {adapter_id: await text(provider, adapter_id) for adapter_id in ("a0", "a1", "a2")}
+    for adapter_id, source in ODD_IDS.items():
+        # Before the fix the transformers provider raised InvalidAdapterError for each of these.
+        await provider.load_adapter(adapter_id, tiny_models["qwen2"].adapter_dirs[source])
+    assert await provider.list_adapters() == sorted({"a0", "a1", "a2", *ODD_IDS})
+
+    one_by_one = [await text(provider, adapter_id) for adapter_id in ODD_IDS]
+    together = await asyncio.gather(*(text(provider, adapter_id) for adapter_id in ODD_IDS))  # one batch
+    assert one_by_one == together == [expected[source] for source in ODD_IDS.values()]
+
+    for adapter_id in ODD_IDS:
+        await provider.unload_adapter(adapter_id)
+    assert await provider.list_adapters() == ["a0", "a1", "a2"]
+    assert await text(provider, "a1") == expected["a1"]
+
+
+async def test_transformers_names_peft_adapters_itself(tiny_models: Any, tmp_path: Path) -> None:
+    async with make_provider("transformers", tiny_models, tmp_path) as fresh:
+        await fresh.load_adapter("lr0.001", tiny_models["qwen2"].adapter_dirs["a0"])
+        await fresh.load_adapter("train", tiny_models["qwen2"].adapter_dirs["a1"])
+        names = fresh.peft_adapter_names  # type: ignore[attr-defined]
+        assert sorted(names) == ["lr0.001", "train"] and len(set(names.values())) == 2
+        assert set(fresh.model.peft_config) == set(names.values())  # type: ignore[attr-defined]
+        await fresh.unload_adapter("lr0.001")
+        await fresh.load_adapter("lr0.001", tiny_models["qwen2"].adapter_dirs["a0"])
+        assert fresh.peft_adapter_names["lr0.001"] not in names.values()  # type: ignore[attr-defined]
+
+
+# Item 5c: text and paths that are not valid UTF-8 ---------------------------------------------------------
+
+
+@pytest.fixture(params=[*BACKENDS, "fake"])
+async def any_in_process(request: pytest.FixtureRequest, tiny_models: Any, tmp_path: Path) -> AsyncIterator[Any]:
+    opened = FakeProvider() if request.param == "fake" else make_provider(request.param, tiny_models, tmp_path)
+    yield opened
+    await opened.aclose()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"prompt": "a\ud800b"}, {"system_prompt": "be \udc80 brief"}, {"stop": ["\ud800"]}],
+    ids=["prompt", "system_prompt", "stop"],
+)
+async def test_a_lone_surrogate_is_an_invalid_request_and_the_provider_goes_on(
+    any_in_process: Any, arguments: dict[str, Any]
+) -> None:
+    options: dict[str, Any] = {"prompt": PROMPT, "model": "", "max_tokens": SHORT, "temperature": 0, **arguments}
+    with pytest.raises(InvalidRequestError):
+        await any_in_process.generate(**options)
+    with pytest.raises(InvalidRequestError):
+        async for _ in any_in_process.stream(**options):
+            pass
+    result = await any_in_process.generate(PROMPT, model="", max_tokens=SHORT, temperature=0)
+    assert result.text
+
+
+def undecodable(directory: Path, stem: str) -> Path:
+    """A path in ``directory`` whose name holds the byte 0xFF (``os.fsdecode`` makes it a surrogate)."""
+    return directory / os.fsdecode(stem.encode() + b"-\xff")
+
+
+async def test_llamacpp_takes_a_gguf_lora_whose_file_name_is_not_utf8(tiny_models: Any, tmp_path: Path) -> None:
+    from inference.adapters.gguf import convert_peft_to_gguf
+
+    model = tiny_models["qwen2"]
+    lora = Path(convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path / "a0.gguf"))
+    odd = undecodable(tmp_path, "lora")
+    shutil.copy(lora, odd)
+    async with make_provider("llamacpp", tiny_models, tmp_path) as provider:
+        await provider.load_adapter("a0", lora)
+        await provider.load_adapter("odd", odd)  # before the fix: UnicodeEncodeError
+        assert await text(provider, "odd") == await text(provider, "a0")
+    async with make_provider("llamacpp", tiny_models, tmp_path, hot_swap=False) as reload:
+        with pytest.raises(InvalidAdapterError, match="UTF-8"):  # llama-cpp-python's lora_path must be UTF-8
+            await reload.load_adapter("odd", odd)
+        assert await text(reload, None)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        # The GGUF converter leaves its temporary file open when it fails; collected below, inside this test.
+        pytest.param("llamacpp", marks=pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")),
+        "transformers",
+    ],
+)
+async def test_a_peft_directory_whose_name_is_not_utf8_gives_a_typed_error(
+    backend: str, tiny_models: Any, tmp_path: Path
+) -> None:
+    odd = undecodable(tmp_path, "adapter")
+    shutil.copytree(tiny_models["qwen2"].adapter_dirs["a0"], odd)
+    async with make_provider(backend, tiny_models, tmp_path / "cache") as provider:
+        with pytest.raises(InvalidAdapterError, match="UTF-8"):
+            await provider.load_adapter("odd", odd)
+        assert await provider.list_adapters() == []
+        assert await text(provider, None)
+    gc.collect()
+
+
+MISFIT_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    import gguf
+    import numpy as np
+    from inference.exceptions import InvalidAdapterError
+    from inference.llamacpp_provider import LlamaCppProvider
+
+    def misfit(path):  # a qwen2 LoRA whose tensors no tiny model has: llama.cpp refuses it
+        writer = gguf.GGUFWriter(path, "qwen2")
+        writer.add_string("general.type", "adapter")
+        writer.add_string("adapter.type", "lora")
+        writer.add_float32("adapter.lora.alpha", 8.0)
+        writer.add_tensor("blk.99.attn_q.weight.lora_a", np.ones((2, 16), dtype=np.float32))
+        writer.add_tensor("blk.99.attn_q.weight.lora_b", np.ones((16, 2), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    async def main(model, directory):
+        async with LlamaCppProvider(model, n_ctx=256, adapter_cache_dir=directory, hot_swap=False) as provider:
+            try:
+                await provider.load_adapter("misfit", misfit(directory + "/misfit.gguf"))
+                await provider.generate("Hello", model="", adapter_id="misfit", max_tokens=2, temperature=0)
+                print("loaded")
+            except InvalidAdapterError as error:
+                print("refused" if "refused" in str(error) else error)
+            await provider.generate("Hello", model="", max_tokens=2, temperature=0)
+            print("still serving")
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    """
+)
+
+
+def test_llamacpp_reload_mode_refuses_a_lora_llama_cpp_refuses_instead_of_crashing(
+    tiny_models: Any, tmp_path: Path
+) -> None:
+    """Before the fix the load passed and the next request crashed the process (SIGSEGV): run it apart."""
+    pytest.importorskip("llama_cpp")
+    completed = subprocess.run(
+        [sys.executable, "-c", MISFIT_SCRIPT, str(tiny_models["qwen2"].gguf_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, f"exit status {completed.returncode}: {completed.stderr[-2000:]}"
+    assert completed.stdout.split() == ["refused", "still", "serving"]
+
+
+# Item 12b: llama.cpp's own log lines ----------------------------------------------------------------------
+
+LOG_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from inference.llamacpp_provider import LlamaCppProvider
+
+    async def main(model, adapter, cache, verbose):
+        # n_ctx above the model's 512 training tokens: llama.cpp warns when it creates the context.
+        async with LlamaCppProvider(model, n_ctx=1024, adapter_cache_dir=cache, verbose=verbose) as provider:
+            await provider.load_adapter("a0", adapter)
+            await provider.generate("Hello", model="", adapter_id="a0", max_tokens=4, temperature=0)
+            async for _ in provider.stream("Hello", model="", max_tokens=4, temperature=0):
+                pass
+        print("done")
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "verbose"))
+    """
+)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_llamacpp_prints_its_logs_only_when_verbose(verbose: bool, tiny_models: Any, tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    model = tiny_models["qwen2"]
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LOG_SCRIPT,
+            str(model.gguf_path),
+            str(model.adapter_dirs["a0"]),
+            str(tmp_path),
+            "verbose" if verbose else "quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "done"
+    if verbose:
+        assert "n_ctx_train" in completed.stderr and "llama_adapter_lora_init" in completed.stderr
+    else:
+        assert completed.stderr == ""  # before the fix: "llama_context: n_ctx_seq (1024) > n_ctx_train (512) ..."
+
+
+# Item 13: seeds out of a backend's range ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32 - 1, 2**32, 2**70])
+async def test_llamacpp_refuses_a_seed_it_cannot_take(seed: int, tiny_models: Any, tmp_path: Path) -> None:
+    async with make_provider("llamacpp", tiny_models, tmp_path) as provider:
+        with pytest.raises(InvalidRequestError, match=r"\[0, 4294967294\]"):
+            await text(provider, None, seed=seed, temperature=1.0)
+        with pytest.raises(InvalidRequestError, match=r"\[0, 4294967294\]"):
+            async for _ in provider.stream(PROMPT, model="", seed=seed, max_tokens=2):
+                pass
+        largest = [await text(provider, None, seed=2**32 - 2, temperature=1.0) for _ in range(2)]
+        assert largest[0] == largest[1]  # the largest seed is a real seed, not "random"
+    with pytest.raises(ConfigurationError, match=r"\[0, 4294967294\]"):
+        make_provider("llamacpp", tiny_models, tmp_path, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70, -(2**63) - 1])
+async def test_transformers_refuses_a_seed_torch_cannot_take(seed: int, tiny_models: Any, tmp_path: Path) -> None:
+    async with make_provider("transformers", tiny_models, tmp_path) as provider:
+        with pytest.raises(InvalidRequestError, match="seed") as refused:  # before the fix: ProviderError
+            await text(provider, None, seed=seed, temperature=1.0)
+        assert str(2**64 - 1) in str(refused.value)
+        with pytest.raises(InvalidRequestError, match="seed"):
+            async for _ in provider.stream(PROMPT, model="", seed=seed, max_tokens=2, temperature=1.0):
+                pass
+        sampled = [await text(provider, None, seed=2**32 - 2, temperature=1.0) for _ in range(2)]
+        assert sampled[0] == sampled[1]
