@@ -6,7 +6,7 @@ the KV cache is reset, because ``Llama.generate`` reuses a matching token prefix
 adapters. Where the adapter API is missing (or ``hot_swap=False``), the provider falls back to the seed's
 design: it rebuilds ``Llama(model_path, lora_path=...)`` whenever the adapter changes.
 
-All model work (load, adapter init, generation) runs on one :class:`~inference._worker.ModelWorker` thread,
+All model work (load, adapter init, generation) runs on one :class:`~inference._inprocess.worker.ModelWorker` thread,
 so one context never runs two requests at once, requests run first come first served, and the event loop
 only awaits. Streaming hands each piece from that thread to the event loop as it is decoded. A caller that
 gives up (a cancelled ``generate``, a stream closed early) sets its request's cancel flag, which the
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._batching import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
 from inference._core.dependencies import import_optional
 from inference._core.validation import GenerationRequest
-from inference._worker import ModelWorker
+from inference._inprocess.batching import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
+from inference._inprocess.worker import ModelWorker
 from inference.config import resolve_settings
 from inference.exceptions import (
     AdapterNotFoundError,

@@ -2,7 +2,7 @@
 
 ``set_adapter`` is global model state, so serving each request with its own ``set_adapter`` races as soon
 as two requests for different adapters overlap. This provider never switches the active adapter for a
-request: concurrent ``generate`` calls are collected into batches (see :mod:`inference._batching`) and
+request: concurrent ``generate`` calls are collected into batches (see :mod:`inference._inprocess.batching`) and
 each batch runs as ONE ``model.generate`` with PEFT's per-row ``adapter_names`` (``"__base__"`` for the
 base model), left-padded. Everything that touches the model (load, adapters, batches) runs on one worker
 thread, in order, so the event loop never blocks and adapters never change under a running batch.
@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._batching import (
+from inference._core.dependencies import import_optional
+from inference._core.validation import GenerationRequest
+from inference._inprocess.batching import (
     BatchQueue,
     BatchRow,
     PendingRequest,
@@ -46,9 +48,7 @@ from inference._batching import (
     left_pad,
     stream_from_worker,
 )
-from inference._core.dependencies import import_optional
-from inference._core.validation import GenerationRequest
-from inference._worker import ModelWorker
+from inference._inprocess.worker import ModelWorker
 from inference.adapters.peft import PeftAdapter, read_peft_adapter
 from inference.config import resolve_settings
 from inference.exceptions import (
@@ -768,7 +768,7 @@ class _StreamWatch:
 
     Called after every new token. Text is handed out only while it decodes cleanly: a trailing U+FFFD
     (a character whose bytes are split over tokens) waits for the next token. (Cancellation is
-    :class:`~inference._batching.RowsCancelled`'s job, as for every row.)
+    :class:`~inference._inprocess.batching.RowsCancelled`'s job, as for every row.)
     """
 
     def __init__(

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference._core.validation import GenerationRequest
-from inference._worker import ModelWorker
+from inference._inprocess.worker import ModelWorker
 from inference.provider import GenerationResult
 
 __all__ = [

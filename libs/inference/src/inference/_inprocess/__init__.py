@@ -1,0 +1,1 @@
+"""Plumbing of the in-process providers: the model worker thread, request batching, token streaming."""
