@@ -312,3 +312,34 @@ async def test_a_request_cancelled_while_evicting_leaves_capacity_consistent() -
     assert result.adapter_id == "a"
     assert sorted(provider._resident) == ["a"]
     assert (await provider.generate("p", model="m", adapter_id="b")).adapter_id == "b"
+
+
+async def test_an_adapter_walks_through_the_documented_states() -> None:
+    """loading -> resident -> evicting -> evicted -> loading -> resident -> unloading -> forgotten."""
+    from inference._core.lifecycle import AdapterState
+
+    provider = GatedProvider(max_adapters=1)
+    registry = provider._adapter_registry
+    provider.load_delay = 0.05
+    loading = asyncio.create_task(provider.load_adapter("a", "/adapters/a"))
+    await asyncio.sleep(0.01)
+    assert registry.state_of("a") is AdapterState.LOADING
+    await loading
+    assert registry.state_of("a") is AdapterState.RESIDENT
+    evicting = asyncio.create_task(provider.load_adapter("b", "/adapters/b"))  # capacity 1: "a" must go
+    await asyncio.sleep(0)
+    provider.load_delay = 0.0
+    assert registry.state_of("a") in (AdapterState.EVICTING, AdapterState.EVICTED)
+    await evicting
+    assert registry.state_of("a") is AdapterState.EVICTED and registry.state_of("b") is AdapterState.RESIDENT
+    await provider.generate("p", model="m", adapter_id="a")  # needed again: loaded, "b" evicted
+    assert registry.state_of("a") is AdapterState.RESIDENT and registry.state_of("b") is AdapterState.EVICTED
+    provider.gate.clear()
+    in_flight = asyncio.create_task(provider.generate("p", model="m", adapter_id="a"))
+    await asyncio.sleep(0.01)
+    unloading = asyncio.create_task(provider.unload_adapter("a"))
+    await asyncio.sleep(0.01)
+    assert registry.state_of("a") is AdapterState.UNLOADING
+    provider.gate.set()
+    await asyncio.gather(in_flight, unloading)
+    assert registry.state_of("a") is None and await provider.list_adapters() == ["b"]

@@ -16,6 +16,7 @@ registry never calls twice at once for the same id.
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,8 +33,32 @@ BackendUnload = Callable[[str], Awaitable[None]]
 BackendDiscover = Callable[[str], Awaitable[str | None]]
 
 
+class AdapterState(enum.Enum):
+    """Where one adapter is in its lifecycle (``docs/architecture.md`` draws the transitions).
+
+    ``LOADING`` -> ``RESIDENT``: the backend load finished (a failed load forgets the adapter).
+    ``RESIDENT`` -> ``EVICTING`` -> ``EVICTED``: capacity reached, nothing uses it, it is not pinned.
+    ``EVICTED`` -> ``LOADING``: a request needs it again (loaded from its remembered path).
+    ``RESIDENT``/``EVICTED`` -> ``UNLOADING``: ``unload_adapter``; requests in flight finish first, then the
+    backend unload runs and the adapter is forgotten.
+    """
+
+    LOADING = "loading"
+    RESIDENT = "resident"
+    EVICTING = "evicting"
+    EVICTED = "evicted"
+    UNLOADING = "unloading"
+
+
 @dataclass
 class _Entry:
+    """The record of one adapter id.
+
+    The state is derived from three flags and the transition in progress (see :attr:`state`); the three
+    waitables let callers wait for a transition (``transition``), for requests in flight to finish
+    (``drained``) and for an unload to complete (``unloaded``).
+    """
+
     path: str
     identity: str = ""
     pinned: bool = False
@@ -46,6 +71,16 @@ class _Entry:
     unloaded: asyncio.Future[None] | None = None
     evicting: bool = False
     loads: int = 0
+
+    @property
+    def state(self) -> AdapterState:
+        if self.unloading:
+            return AdapterState.UNLOADING
+        if self.evicting:
+            return AdapterState.EVICTING
+        if self.resident:
+            return AdapterState.RESIDENT
+        return AdapterState.LOADING if self.transition is not None else AdapterState.EVICTED
 
 
 class AdapterRegistry:
@@ -84,6 +119,11 @@ class AdapterRegistry:
         """The path ``adapter_id`` was loaded from, or ``None``."""
         entry = self._entries.get(adapter_id)
         return entry.path if entry is not None else None
+
+    def state_of(self, adapter_id: str) -> AdapterState | None:
+        """The lifecycle state of ``adapter_id``, or ``None`` when it is not recorded."""
+        entry = self._entries.get(adapter_id)
+        return entry.state if entry is not None else None
 
     def is_resident(self, adapter_id: str) -> bool:
         """True when the adapter is loaded in the backend now (not evicted)."""
