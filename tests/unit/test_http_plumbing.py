@@ -8,6 +8,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +25,8 @@ from inference._servers.http import (
 )
 from inference.exceptions import (
     ConfigurationError,
+    InferenceError,
+    InvalidRequestError,
     ProtocolError,
     ProviderTimeoutError,
     ProviderUnavailableError,
@@ -356,28 +359,32 @@ async def test_stream_json_lines_yields_each_ndjson_line() -> None:
     body = LineStream([b'{"status": "pulling"}\n{"status": ', b'"verifying"}\n\n', b'{"status": "success"}\n'])
     with respx.mock:
         route = respx.post(f"{BASE}/create").mock(return_value=httpx.Response(200, stream=body))
-        items = [
-            item
-            async for item in client.stream_json_lines(
-                "POST", f"{BASE}/create", operation="create", json_body={"model": "m"}
-            )
-        ]
+        async with client.stream_json_lines(
+            "POST", f"{BASE}/create", operation="create", json_body={"model": "m"}
+        ) as lines:
+            items = [item async for item in lines]
     assert items == [{"status": "pulling"}, {"status": "verifying"}, {"status": "success"}]
     assert json.loads(route.calls.last.request.content) == {"model": "m"}
     assert body.closed
     await client.aclose()
 
 
-async def test_stream_json_lines_closing_early_closes_the_response() -> None:
+async def test_stream_json_lines_leaving_early_closes_the_response() -> None:
     client = make_client()
     body = LineStream([b'{"n": 1}\n', b'{"n": 2}\n', b'{"n": 3}\n'])
     with respx.mock:
         respx.post(f"{BASE}/chat").mock(return_value=httpx.Response(200, stream=body))
-        lines = client.stream_json_lines("POST", f"{BASE}/chat", operation="chat")
-        assert await lines.__anext__() == {"n": 1}
-        await lines.aclose()  # type: ignore[attr-defined]
-    assert body.closed
+        async with client.stream_json_lines("POST", f"{BASE}/chat", operation="chat") as lines:
+            async for item in lines:
+                assert item == {"n": 1}
+                break
+        assert body.closed
     await client.aclose()
+
+
+async def read_all(client: ServerClient, url: str, **options: Any) -> list[Any]:
+    async with client.stream_json_lines("POST", url, operation="chat", **options) as lines:
+        return [item async for item in lines]
 
 
 async def test_stream_json_lines_maps_errors() -> None:
@@ -385,6 +392,9 @@ async def test_stream_json_lines_maps_errors() -> None:
 
     def not_found(answer: ServerAnswer) -> ServerResponseError | None:
         return answer.error(ServerModelNotFoundError, f"pull it: {answer.message}")
+
+    def refused(message: str, response: httpx.Response) -> InferenceError:
+        return InvalidRequestError(f"refused: {message} ({response.status_code})")
 
     with respx.mock:
         respx.post(f"{BASE}/missing").mock(return_value=httpx.Response(404, json={"error": "model 'x' not found"}))
@@ -394,17 +404,20 @@ async def test_stream_json_lines_maps_errors() -> None:
                 200, stream=LineStream([b'{"ok": 1}\n'], then_fail=httpx.RemoteProtocolError("peer closed"))
             )
         )
+        respx.post(f"{BASE}/failed").mock(
+            return_value=httpx.Response(200, stream=LineStream([b'{"ok": 1}\n', b'{"error": "runner died"}\n']))
+        )
         with pytest.raises(ServerModelNotFoundError, match="pull it: model 'x' not found"):
-            async for _item in client.stream_json_lines(
-                "POST", f"{BASE}/missing", operation="chat", handlers={404: not_found}
-            ):
-                pass
+            await read_all(client, f"{BASE}/missing", handlers={404: not_found})
         with pytest.raises(ProtocolError, match="a line that is not JSON"):
-            async for _item in client.stream_json_lines("POST", f"{BASE}/bad", operation="chat"):
-                pass
+            await read_all(client, f"{BASE}/bad")
         with pytest.raises(ProviderUnavailableError, match="dropped the connection during chat"):
-            async for _item in client.stream_json_lines("POST", f"{BASE}/cut", operation="chat"):
-                pass
+            await read_all(client, f"{BASE}/cut")
+        with pytest.raises(ServerResponseError, match=r"failed during chat: runner died\. The server failed") as caught:
+            await read_all(client, f"{BASE}/failed")
+        assert caught.value.response.status_code == 200
+        with pytest.raises(InvalidRequestError, match=r"refused: runner died \(200\)"):
+            await read_all(client, f"{BASE}/failed", error_line=refused)
     await client.aclose()
 
 

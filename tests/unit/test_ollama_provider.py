@@ -1004,6 +1004,42 @@ async def test_the_same_adapter_on_another_base_needs_replace(
     assert await adapters.list_adapters() == ["a0"]
 
 
+async def test_concurrent_loads_each_create_on_the_base_they_asked_for(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.bases["tiny-qwen2-copy"] = server.bases[BASE_MODEL]
+    await asyncio.gather(
+        adapters.load_adapter("a0", qwen_lora, base_model=BASE_MODEL),
+        adapters.load_adapter("a1", qwen_lora, base_model="tiny-qwen2-copy"),
+    )
+    assert sorted((create["model"], create["from"]) for create in server.creates) == sorted(
+        [
+            (derived_model_name("a0", BASE_MODEL), BASE_MODEL),
+            (derived_model_name("a1", "tiny-qwen2-copy"), "tiny-qwen2-copy"),
+        ]
+    )
+
+
+async def test_concurrent_loads_of_one_id_on_two_bases_do_not_mix_them(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
+) -> None:
+    server.bases["tiny-qwen2-copy"] = server.bases[BASE_MODEL]
+    first, second = await asyncio.gather(
+        adapters.load_adapter("a0", qwen_lora, base_model=BASE_MODEL),
+        adapters.load_adapter("a0", qwen_lora, base_model="tiny-qwen2-copy"),
+        return_exceptions=True,
+    )
+    assert first is None and isinstance(second, AdapterAlreadyLoadedError)
+    assert [create["from"] for create in server.creates] == [BASE_MODEL]
+    await asyncio.gather(
+        adapters.load_adapter("a0", qwen_lora, base_model=BASE_MODEL),
+        adapters.load_adapter("a0", qwen_lora, base_model="tiny-qwen2-copy", replace=True),
+    )
+    assert [create["from"] for create in server.creates] == [BASE_MODEL, "tiny-qwen2-copy"]
+    assert adapters.derived_model("a0") == derived_model_name("a0", "tiny-qwen2-copy")
+    assert derived_model_name("a0", BASE_MODEL) not in server.models
+
+
 # Listing from a new process, missing routes, URLs, malformed answers, cancellation -----------------------------
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import httpx
 
@@ -27,7 +28,6 @@ from inference.exceptions import (
     AdapterAlreadyLoadedError,
     AdapterNotFoundError,
     ConfigurationError,
-    InferenceError,
     InvalidRequestError,
     ServerModelNotFoundError,
     ServerResponseError,
@@ -38,11 +38,28 @@ __all__ = ["OllamaProvider"]
 
 logger = logging.getLogger("inference.ollama")
 
-_DISCOVERED = "ollama-model:"
-"""Prefix of the path recorded for an adapter found on the server rather than loaded by this object."""
+_T = TypeVar("_T")
 
-_LOAD_BASE: contextvars.ContextVar[str | None] = contextvars.ContextVar("inference_ollama_load_base", default=None)
-"""The base model a ``load_adapter(..., base_model=...)`` call asked for, read by ``_load_adapter``."""
+
+@dataclass(frozen=True)
+class _AdapterModel:
+    """The derived model that holds one adapter on the server.
+
+    Attributes:
+        name: The derived model's name (``inference-lora/<id>:<base digest>``), also the registry's path for
+            an adapter discovered on the server.
+        base: The base model it was created from; ``None`` when discovered (the name holds only a digest).
+        path: The adapter files it was created from; ``None`` when discovered.
+    """
+
+    name: str
+    base: str | None = None
+    path: str | None = None
+
+    @property
+    def discovered(self) -> bool:
+        """Found in ``/api/tags`` (an earlier provider created it), so it cannot be created again from files."""
+        return self.path is None
 
 
 class OllamaProvider(InferenceProvider):
@@ -126,9 +143,9 @@ class OllamaProvider(InferenceProvider):
                 provider=self.name,
             )
         self._models = OllamaModels(self._http, self.native_url, self.adapter_cache_dir)
-        self._derived: dict[str, str] = {}  # adapter id -> derived model name on the server
-        self._bases: dict[str, str] = {}  # adapter id -> base model it was created from
-        self._creations: dict[str, int] = {}  # adapter id -> times this object created its model
+        self._adapter_models: dict[str, _AdapterModel] = {}  # adapter id -> its derived model
+        self._requested_bases: dict[str, str] = {}  # adapter id -> base of the load_adapter call under way
+        self._load_locks: dict[str, asyncio.Lock] = {}  # adapter id -> serialises its load_adapter calls
         self._heal_lock = asyncio.Lock()
 
     def __repr__(self) -> str:
@@ -155,8 +172,9 @@ class OllamaProvider(InferenceProvider):
         Raises:
             ConfigurationError: The adapter is not loaded and no base model is known.
         """
-        if adapter_id in self._derived:
-            return self._derived[adapter_id]
+        record = self._adapter_models.get(adapter_id)
+        if record is not None:
+            return record.name
         return derived_model_name(adapter_id, self._base_for(adapter_id, base_model), provider=self.name)
 
     # Adapters ---------------------------------------------------------------------------------------------
@@ -172,6 +190,9 @@ class OllamaProvider(InferenceProvider):
     ) -> None:
         """Create the Ollama model ``inference-lora/<adapter_id>:<base digest>`` from a base model and the adapter.
 
+        Calls for one id run one after another, so a call that names another base model than a concurrent
+        one sees that call's model (and needs ``replace=True``); a call that failed is not shared with the next.
+
         Args:
             adapter_id: The name to use it by (letters, digits, ``.``, ``_``, ``-``).
             adapter_path: A GGUF LoRA file, or a PEFT LoRA directory, on this machine (it is uploaded).
@@ -182,7 +203,8 @@ class OllamaProvider(InferenceProvider):
 
         Raises:
             ConfigurationError: No base model is given or configured.
-            AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false.
+            AdapterAlreadyLoadedError: The id is loaded from another path or on another base model, and
+                ``replace`` is false.
             InvalidAdapterError: Nothing usable at the path, a GGUF LoRA for another architecture, or Ollama
                 refused to create the model (``ServerInvalidAdapterError``, with Ollama's sentence).
             AdapterConversionError: A PEFT adapter that must be converted does not fit the base model.
@@ -191,39 +213,44 @@ class OllamaProvider(InferenceProvider):
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
         base = self._base_for(adapter_id, base_model, loading=True)
         derived_model_name(adapter_id, base, provider=self.name)  # refuse an id too long for Ollama now
-        registry = self._adapter_registry
-        known = registry.path_of(adapter_id)
-        if (
-            known is not None
-            and known.startswith(_DISCOVERED)
-            and isinstance(adapter_path, (str, os.PathLike))
-            and os.fspath(adapter_path) != known
-            and registry.in_flight(adapter_id) == 0
-        ):
-            registry.forget(adapter_id)  # found on the server: recreate it from the files the caller names
-        current_base = self._bases.get(adapter_id)
-        if known is not None and current_base is not None and _untagged(current_base) != _untagged(base):
-            # The registry compares paths only; another base model is another derived model.
-            if not replace:
-                raise AdapterAlreadyLoadedError(
-                    f"adapter {adapter_id!r} is already applied to base model {current_base!r}: unload it "
-                    f"first, choose another id, or pass replace=True to apply it to {base!r} instead",
-                    provider=self.name,
-                    url=self.base_url,
-                )
-            await registry.unload(adapter_id)
-        token = _LOAD_BASE.set(base)
-        try:
-            await super().load_adapter(adapter_id, adapter_path, replace=replace, pin=pin)
-        finally:
-            _LOAD_BASE.reset(token)
+        # One load_adapter call per id at a time: the base it asks for is what _load_adapter creates on.
+        async with self._load_locks.setdefault(adapter_id, asyncio.Lock()):
+            registry = self._adapter_registry
+            known = registry.path_of(adapter_id)
+            record = self._adapter_models.get(adapter_id)
+            if (
+                known is not None
+                and record is not None
+                and record.discovered
+                and isinstance(adapter_path, (str, os.PathLike))
+                and os.fspath(adapter_path) != known
+                and registry.in_flight(adapter_id) == 0
+            ):
+                registry.forget(adapter_id)  # found on the server: create it again from the files the caller names
+            current_base = record.base if record is not None else None
+            if known is not None and current_base is not None and _untagged(current_base) != _untagged(base):
+                # The registry compares paths only; another base model is another derived model.
+                if not replace:
+                    raise AdapterAlreadyLoadedError(
+                        f"adapter {adapter_id!r} is already applied to base model {current_base!r}: unload it "
+                        f"first, choose another id, or pass replace=True to apply it to {base!r} instead",
+                        provider=self.name,
+                        url=self.base_url,
+                    )
+                await registry.unload(adapter_id)
+            self._requested_bases[adapter_id] = base
+            try:
+                await super().load_adapter(adapter_id, adapter_path, replace=replace, pin=pin)
+            finally:
+                del self._requested_bases[adapter_id]
 
     def _base_for(self, adapter_id: str, base_model: str | None, *, loading: bool = False) -> str:
         if base_model is not None and (not isinstance(base_model, str) or not base_model.strip()):
             raise InvalidRequestError(
                 f"base_model must be an Ollama model name such as 'llama3.2', got {base_model!r}", provider=self.name
             )
-        base = base_model or (None if loading else self._bases.get(adapter_id)) or self.base_model
+        record = None if loading else self._adapter_models.get(adapter_id)
+        base = base_model or (record.base if record is not None else None) or self.base_model
         if not base:
             raise ConfigurationError(
                 f"Ollama needs a base model to apply adapter {adapter_id!r} to: pass base_model= to load_adapter, "
@@ -235,37 +262,46 @@ class OllamaProvider(InferenceProvider):
         return base
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        if adapter_path.startswith(_DISCOVERED):
+        record = self._adapter_models.get(adapter_id)
+        if record is not None and record.discovered and adapter_path == record.name:
             raise AdapterNotFoundError(
                 f"adapter {adapter_id!r} was created on the server by another process and its model "
-                f"{adapter_path[len(_DISCOVERED) :]!r} is gone: load it again with load_adapter and its files",
+                f"{record.name!r} is gone: load it again with load_adapter and its files",
                 provider=self.name,
             )
-        base = _LOAD_BASE.get() or self._base_for(adapter_id, None)
+        base = self._requested_bases.get(adapter_id) or self._base_for(adapter_id, None)
+        await self._create(adapter_id, adapter_path, base)
+
+    async def _create(self, adapter_id: str, adapter_path: str, base: str) -> None:
+        """Upload the adapter's files and create its derived model on ``base``; delete one on another base."""
         name = derived_model_name(adapter_id, base, provider=self.name)
         info = await self._models.show(base)
         files = await self._models.adapter_files(adapter_path, info)
         digests = {file.name: await self._models.upload_blob(file) for file in files}
         await self._models.create(name, base, digests, adapter_id=adapter_id)
-        previous = self._derived.get(adapter_id)
-        self._derived[adapter_id], self._bases[adapter_id] = name, base
-        self._creations[adapter_id] = self._creations.get(adapter_id, 0) + 1
+        previous = self._adapter_models.get(adapter_id)
+        self._adapter_models[adapter_id] = _AdapterModel(name, base=base, path=adapter_path)
         logger.info("created Ollama model %r for adapter %r (%s on %s)", name, adapter_id, adapter_path, base)
-        if previous is not None and previous != name:  # made earlier on another base: do not leave it behind
+        if previous is not None and previous.name != name:  # made earlier on another base: do not leave it behind
             try:
-                await self._models.delete(previous)
+                await self._models.delete(previous.name)
             except ServerResponseError as error:
-                logger.warning("could not delete the previous model %r of adapter %r: %s", previous, adapter_id, error)
+                logger.warning(
+                    "could not delete the previous model %r of adapter %r: %s", previous.name, adapter_id, error
+                )
 
     async def _unload_adapter(self, adapter_id: str) -> None:
         name = self.derived_model(adapter_id)
         if not await self._models.delete(name):
             logger.info("Ollama model %r of adapter %r was already gone", name, adapter_id)
-        self._derived.pop(adapter_id, None)
-        self._bases.pop(adapter_id, None)
+        self._adapter_models.pop(adapter_id, None)
 
     async def _discover_adapter(self, adapter_id: str) -> str | None:
-        """Find a derived model made by an earlier provider (``/api/tags``); prefer the one on our base."""
+        """Find a derived model made by an earlier provider (``/api/tags``); prefer the one on our base.
+
+        Returns:
+            The derived model's name, which the registry records as the adapter's path.
+        """
         candidates = [
             (parsed[1], name)
             for name in await self._models.tags()
@@ -275,28 +311,35 @@ class OllamaProvider(InferenceProvider):
             return None
         preferred = base_model_digest(self.base_model) if self.base_model else None
         name = next((name for tag, name in candidates if tag == preferred), candidates[0][1])
-        self._derived[adapter_id] = name
-        return f"{_DISCOVERED}{name}"
+        self._adapter_models[adapter_id] = _AdapterModel(name)
+        return name
 
     async def _list_adapters(self) -> list[str]:
-        registry = self._adapter_registry
-        loaded = set(registry.ids())
-        being_unloaded = {adapter_id for adapter_id in self._derived if adapter_id not in loaded}
+        loaded = set(self._adapter_registry.ids())
+        being_unloaded = {adapter_id for adapter_id in self._adapter_models if adapter_id not in loaded}
         on_server = {parsed[0] for name in await self._models.tags() if (parsed := parse_derived_model_name(name))}
         return sorted(loaded | (on_server - being_unloaded))
 
-    async def _recreate(self, adapter_id: str | None, creations_seen: int) -> bool:
-        """Create a vanished derived model again from its path, once; ``False`` when that is impossible."""
-        if adapter_id is None:
-            return False
-        path = self._adapter_path(adapter_id)
-        if path is None or path.startswith(_DISCOVERED):
-            return False
+    async def _recreating(self, request: GenerationRequest, send: Callable[[str], Awaitable[_T]]) -> tuple[str, _T]:
+        """``(model, await send(model))``; if the server lost the adapter's model, create it again and retry once.
+
+        The model is created from the files it was loaded from, unless another request did that meanwhile; a
+        model discovered on the server has no files here, so its loss is raised.
+        """
+        adapter_id = request.adapter_id
+        seen = self._adapter_models.get(adapter_id) if adapter_id is not None else None
+        model = self._model_for(request)
+        try:
+            return model, await send(model)
+        except ServerModelNotFoundError:
+            if adapter_id is None or seen is None or seen.path is None or seen.base is None:
+                raise
         async with self._heal_lock:
-            if self._creations.get(adapter_id, 0) == creations_seen:  # nobody recreated it meanwhile
-                logger.warning("Ollama lost the model of adapter %r; creating it again from %s", adapter_id, path)
-                await self._load_adapter(adapter_id, path)
-        return True
+            if self._adapter_models.get(adapter_id) is seen:
+                logger.warning("Ollama lost the model of adapter %r; creating it again from %s", adapter_id, seen.path)
+                await self._create(adapter_id, seen.path, seen.base)
+        model = self._model_for(request)
+        return model, await send(model)
 
     # Generation -------------------------------------------------------------------------------------------
 
@@ -311,83 +354,59 @@ class OllamaProvider(InferenceProvider):
         return request.model
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        for attempt in range(2):
-            creations = self._creations.get(request.adapter_id or "", 0)
-            model = self._model_for(request)
-            operation = f"generate with model {model!r}"
-            try:
-                response = await self._http.request(
-                    "POST",
-                    self._chat_url,
-                    operation=operation,
-                    json_body=_chat_body(request, model, stream=False),
-                    handlers=self._handlers(model),
-                )
-            except ServerModelNotFoundError:
-                if attempt or not await self._recreate(request.adapter_id, creations):
-                    raise
-                continue
-            body = self._http.parse_json(response, operation=operation)
-            try:
-                text = body["message"]["content"]
-                if not isinstance(text, str):
-                    raise TypeError("message.content is not a string")
-            except (KeyError, TypeError) as error:
-                problem = f"an answer that is not an Ollama chat reply ({error})"
-                raise self._http.protocol_error(operation, problem) from error
-            return self._result(body, request, model, text, operation)
-        raise AssertionError("unreachable")  # pragma: no cover
+        def send(model: str) -> Awaitable[httpx.Response]:
+            return self._http.request(
+                "POST",
+                self._chat_url,
+                operation=f"generate with model {model!r}",
+                json_body=_chat_body(request, model, stream=False),
+                handlers=self._handlers(model),
+            )
+
+        model, response = await self._recreating(request, send)
+        operation = f"generate with model {model!r}"
+        body = self._http.parse_json(response, operation=operation)
+        try:
+            text = body["message"]["content"]
+            if not isinstance(text, str):
+                raise TypeError("message.content is not a string")
+        except (KeyError, TypeError) as error:
+            problem = f"an answer that is not an Ollama chat reply ({error})"
+            raise self._http.protocol_error(operation, problem) from error
+        return self._result(body, request, model, text, operation)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        for attempt in range(2):
-            creations = self._creations.get(request.adapter_id or "", 0)
-            model = self._model_for(request)
-            operation = f"stream from model {model!r}"
-            body = _chat_body(request, model, stream=True)
-            try:
-                async with self._http.client().stream("POST", self._chat_url, json=body) as response:
-                    if response.is_error:
-                        await response.aread()
-                        raise self._http.error_from_response(
-                            response, operation=operation, handlers=self._handlers(model)
-                        )
-                    pieces: list[str] = []
-                    async for line in response.aiter_lines():
-                        if not line.strip():
-                            continue
-                        event = self._stream_event(line, response, operation)
-                        piece = event["message"]["content"]
-                        if piece:
-                            pieces.append(piece)
-                            yield piece
-                        if event.get("done"):
-                            yield self._result(event, request, model, "".join(pieces), operation)
-                            return
-                    raise self._http.protocol_error(operation, "a stream that ended before its done line")
-            except ServerModelNotFoundError:
-                if attempt or not await self._recreate(request.adapter_id, creations):
-                    raise
-            except InferenceError:
-                raise
-            except httpx.HTTPError as error:
-                raise self._http.error_from_exception(error, operation=operation) from error
+        async with contextlib.AsyncExitStack() as stack:
 
-    def _stream_event(self, line: str, response: httpx.Response, operation: str) -> dict[str, Any]:
-        try:
-            event = json.loads(line)
-        except ValueError as error:
-            raise self._http.protocol_error(operation, f"a stream line that is not JSON ({error})") from error
-        if isinstance(event, dict) and "error" in event:
-            raise ServerResponseError(
-                f"{self._http.where} failed during {operation}: {event['error']}. The server failed; its log says why",
-                request=response.request,
-                response=response,
-                provider=self.name,
-                url=self.base_url,
-            )
+            async def send(model: str) -> AsyncIterator[Any]:
+                lines = self._http.stream_json_lines(
+                    "POST",
+                    self._chat_url,
+                    operation=f"stream from model {model!r}",
+                    json_body=_chat_body(request, model, stream=True),
+                    handlers=self._handlers(model),
+                )
+                return await stack.enter_async_context(lines)
+
+            model, lines = await self._recreating(request, send)
+            operation = f"stream from model {model!r}"
+            pieces: list[str] = []
+            async for line in lines:
+                event = self._chat_chunk(line, operation)
+                piece = event["message"]["content"]
+                if piece:
+                    pieces.append(piece)
+                    yield piece
+                if event.get("done"):
+                    yield self._result(event, request, model, "".join(pieces), operation)
+                    return
+            raise self._http.protocol_error(operation, "a stream that ended before its done line")
+
+    def _chat_chunk(self, event: Any, operation: str) -> dict[str, Any]:
         message = event.get("message") if isinstance(event, dict) else None
         if not isinstance(message, dict) or not isinstance(message.get("content", ""), str):
-            raise self._http.protocol_error(operation, f"a stream line that is not an Ollama chat chunk: {line[:200]}")
+            shown = json.dumps(event)[:200]
+            raise self._http.protocol_error(operation, f"a stream line that is not an Ollama chat chunk: {shown}")
         message.setdefault("content", "")
         assert isinstance(event, dict)
         return event

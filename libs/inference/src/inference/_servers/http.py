@@ -20,6 +20,7 @@ Nothing here logs or formats request headers, so an API key never reaches a mess
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import email.utils
 import functools
@@ -32,7 +33,7 @@ import re
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -383,8 +384,22 @@ class ServerClient:
         operation: str,
         json_body: Any = None,
         handlers: ErrorHandlers | None = None,
+        content: bytes | AsyncIterable[bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+        ok_statuses: frozenset[int] = frozenset(),
     ) -> httpx.Response:
         """Send one request (with retries) and return its successful response.
+
+        Args:
+            method: The HTTP method.
+            url: The full URL.
+            operation: What is asked, for messages ("load adapter 'a1'").
+            json_body: A body sent as JSON.
+            handlers: Backend-specific error cases by status (see :meth:`error_from_response`).
+            content: A raw body (bytes, or an async iterable of bytes streamed as it is read).
+            headers: Headers for this request only.
+            ok_statuses: Error statuses returned as answers rather than raised (``404`` for "absent"),
+                unless the server has no such route (:func:`is_route_missing`).
 
         Raises:
             ProviderUnavailableError: Nothing answers at the URL.
@@ -393,10 +408,10 @@ class ServerClient:
                 by ``handlers``).
         """
         try:
-            response = await self.client().request(method, url, json=json_body)
+            response = await self.client().request(method, url, json=json_body, content=content, headers=headers)
         except httpx.HTTPError as error:
             raise self.error_from_exception(error, operation=operation) from error
-        if response.is_error:
+        if response.is_error and (response.status_code not in ok_statuses or is_route_missing(response)):
             raise self.error_from_response(response, operation=operation, handlers=handlers)
         return response
 
@@ -499,6 +514,7 @@ class ServerClient:
             url=self.base_url,
         )
 
+    @contextlib.asynccontextmanager
     async def stream_json_lines(
         self,
         method: str,
@@ -507,36 +523,63 @@ class ServerClient:
         operation: str,
         json_body: Any = None,
         handlers: ErrorHandlers | None = None,
-    ) -> AsyncIterator[Any]:
-        """Send one request and yield each line of its answer parsed as JSON (NDJSON), as it arrives.
+        error_line: Callable[[str, httpx.Response], InferenceError] | None = None,
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """Send one request and read its answer as JSON lines (NDJSON), each parsed as it arrives.
 
-        Error statuses are mapped like :meth:`request` (the error body is read first). Closing the
-        generator (``aclose()``, a ``break`` inside ``contextlib.aclosing``, cancelling the consumer)
-        closes the response, which tells the server to stop.
+        Entering the block sends the request and raises for an error status, mapped like :meth:`request`
+        (the error body is read first); the block receives an async iterator of the parsed lines. A line
+        that is an object with an ``"error"`` key is the server failing mid-answer: it is raised as
+        ``error_line(message, response)``, by default a :class:`ServerResponseError`. Leaving the block
+        (at the end, on ``break``, on an error, on cancellation) closes the response, which tells the
+        server to stop.
 
         Raises:
             ProviderUnavailableError: Nothing answers at the URL, or the connection broke mid-answer.
             ProviderTimeoutError: No answer (or no next line) within the timeout.
             ProtocolError: A line is not JSON.
-            ServerResponseError: The server answered with an error status.
+            ServerResponseError: The server answered with an error status, or sent an error line.
         """
         try:
             async with self.client().stream(method, url, json=json_body) as response:
                 if response.is_error:
                     await response.aread()
                     raise self.error_from_response(response, operation=operation, handlers=handlers)
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        item = json.loads(line)
-                    except ValueError as error:
-                        raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
-                    yield item
-        except InferenceError:
+                lines = self._json_lines(response, operation, error_line)
+                try:
+                    yield lines
+                finally:
+                    await lines.aclose()
+        except InferenceError:  # ServerResponseError is an httpx.HTTPStatusError too
             raise
         except httpx.HTTPError as error:
             raise self.error_from_exception(error, operation=operation) from error
+
+    async def _json_lines(
+        self,
+        response: httpx.Response,
+        operation: str,
+        error_line: Callable[[str, httpx.Response], InferenceError] | None,
+    ) -> AsyncGenerator[Any, None]:
+        async for line in response.aiter_lines():
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError as error:
+                raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
+            if isinstance(item, dict) and "error" in item:
+                message = str(item["error"])
+                if error_line is not None:
+                    raise error_line(message, response)
+                raise ServerResponseError(
+                    f"{self.where} failed during {operation}: {message}. The server failed; its log says why",
+                    request=response.request,
+                    response=response,
+                    provider=self.provider,
+                    url=self.base_url,
+                )
+            yield item
 
     def error_from_response(
         self, response: httpx.Response, *, operation: str, handlers: ErrorHandlers | None = None

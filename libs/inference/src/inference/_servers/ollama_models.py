@@ -28,10 +28,9 @@ from typing import Any
 
 import httpx
 
-from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_route_missing
+from inference._servers.http import ServerAnswer, ServerClient
 from inference.exceptions import (
     AdapterConversionError,
-    InferenceError,
     InvalidAdapterError,
     InvalidRequestError,
     ServerInvalidAdapterError,
@@ -190,32 +189,14 @@ class OllamaModels:
 
     # Requests ------------------------------------------------------------------------------------------
 
-    async def _send(
-        self,
-        method: str,
-        route: str,
-        *,
-        operation: str,
-        handlers: ErrorHandlers | None = None,
-        ok_statuses: frozenset[int] = frozenset(),
-        **kwargs: Any,
-    ) -> httpx.Response:
-        try:
-            response = await self._http.client().request(method, f"{self._native_url}{route}", **kwargs)
-        except httpx.HTTPError as error:
-            raise self._http.error_from_exception(error, operation=operation) from error
-        if response.is_error and (response.status_code not in ok_statuses or is_route_missing(response)):
-            raise self._http.error_from_response(response, operation=operation, handlers=handlers)
-        return response
-
     async def show(self, model: str) -> BaseModelInfo:
         """``POST /api/show`` for ``model`` (404: the model is not pulled)."""
         operation = f"show model {model!r}"
-        response = await self._send(
+        response = await self._http.request(
             "POST",
-            "/api/show",
+            f"{self._native_url}/api/show",
             operation=operation,
-            json={"model": model},
+            json_body={"model": model},
             handlers={404: lambda answer: self._base_missing(answer, model)},
         )
         body = self._http.parse_json(response, operation=operation)
@@ -245,7 +226,7 @@ class OllamaModels:
     async def tags(self) -> list[str]:
         """Names of every model on the server (``GET /api/tags``)."""
         operation = "list models"
-        response = await self._send("GET", "/api/tags", operation=operation)
+        response = await self._http.request("GET", f"{self._native_url}/api/tags", operation=operation)
         body = self._http.parse_json(response, operation=operation)
         models = body.get("models") if isinstance(body, dict) else None
         if not isinstance(models, list):
@@ -270,14 +251,14 @@ class OllamaModels:
             raise InvalidAdapterError(
                 f"adapter file {file.path} cannot be read ({error})", provider=self._provider, path=str(file.path)
             ) from error
-        route = f"/api/blobs/{digest}"
+        url = f"{self._native_url}/api/blobs/{digest}"
         operation = f"check for blob {digest} ({file.name})"
-        head = await self._send("HEAD", route, operation=operation, ok_statuses=frozenset({404}))
+        head = await self._http.request("HEAD", url, operation=operation, ok_statuses=frozenset({404}))
         if head.status_code == 200:
             return digest
-        await self._send(
+        await self._http.request(
             "POST",
-            route,
+            url,
             operation=f"upload {file.path} as blob {digest}",
             content=_FileBody(file.path),
             headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
@@ -308,41 +289,29 @@ class OllamaModels:
         def on_error_status(answer: ServerAnswer) -> ServerResponseError | None:
             return None if answer.route_missing else refused(answer.message, answer.response)
 
-        try:
-            async with self._http.client().stream("POST", f"{self._native_url}/api/create", json=body) as response:
-                if response.is_error:
-                    await response.aread()
-                    raise self._http.error_from_response(
-                        response, operation=operation, handlers={400: on_error_status, 404: on_error_status}
-                    )
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        status = json.loads(line)
-                    except ValueError as error:
-                        raise self._http.protocol_error(
-                            operation, f"a status line that is not JSON ({error})"
-                        ) from error
-                    if not isinstance(status, dict):
-                        raise self._http.protocol_error(operation, f"a status line that is not an object: {line[:200]}")
-                    if "error" in status:
-                        raise refused(str(status["error"]), response)
-                    if status.get("status") == "success":
-                        return
-        except InferenceError:
-            raise
-        except httpx.HTTPError as error:
-            raise self._http.error_from_exception(error, operation=operation) from error
+        async with self._http.stream_json_lines(
+            "POST",
+            f"{self._native_url}/api/create",
+            operation=operation,
+            json_body=body,
+            handlers={400: on_error_status, 404: on_error_status},
+            error_line=refused,
+        ) as statuses:
+            async for status in statuses:
+                if not isinstance(status, dict):
+                    problem = f"a status line that is not an object: {json.dumps(status)[:200]}"
+                    raise self._http.protocol_error(operation, problem)
+                if status.get("status") == "success":
+                    return
         raise self._http.protocol_error(operation, 'status lines that ended without {"status": "success"}')
 
     async def delete(self, name: str) -> bool:
         """``DELETE /api/delete`` the model; ``False`` when the server did not have it (404)."""
-        response = await self._send(
+        response = await self._http.request(
             "DELETE",
-            "/api/delete",
+            f"{self._native_url}/api/delete",
             operation=f"delete model {name!r}",
-            json={"model": name},
+            json_body={"model": name},
             ok_statuses=frozenset({404}),
         )
         return response.status_code != 404
