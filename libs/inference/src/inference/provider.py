@@ -3,7 +3,8 @@
 Every backend implements the same four async operations. The public methods here check their arguments
 once, for every provider, and hand a validated :class:`~inference._core.validation.GenerationRequest` to the
 backend's hook (``_generate``, ``_load_adapter``...), so a bad input gets the same typed error everywhere
-and never reaches a server or a model.
+and never reaches a server or a model. The generation options, their rules and their help are defined once,
+in :class:`~inference.options.GenerationOptions`; the signatures here list them as the public API.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from inference._core.lifecycle import AdapterRegistry
 from inference._core.paths import normalise_path, path_text_problem
 from inference._core.validation import GenerationRequest, validate_adapter_id
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.options import GenerationOptions
 
 logger = logging.getLogger("inference")
 
@@ -128,10 +130,7 @@ class InferenceProvider(ABC):
             AdapterNotFoundError: ``adapter_id`` is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status).
         """
-        request = self._request(
-            prompt, model, adapter_id, max_tokens, system_prompt, temperature, top_p, repetition_penalty,
-            stop, seed, top_k,
-        )
+        request = self._request(locals())
         async with self._adapter_in_use(request.adapter_id):
             return await self._generate(request)
 
@@ -178,10 +177,7 @@ class InferenceProvider(ABC):
             AdapterNotFoundError: ``adapter_id`` is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
-        request = self._request(
-            prompt, model, adapter_id, max_tokens, system_prompt, temperature, top_p, repetition_penalty,
-            stop, seed, top_k,
-        )
+        request = self._request(locals())
         async with self._adapter_in_use(request.adapter_id):
             events = self._stream(request)
             try:
@@ -232,17 +228,13 @@ class InferenceProvider(ABC):
             )
         semaphore = asyncio.Semaphore(max_concurrency)
         results: list[BatchItem | None] = [None] * len(prompts)
-        settings: dict[str, Any] = {
-            "adapter_id": adapter_id, "max_tokens": max_tokens, "system_prompt": system_prompt,
-            "temperature": temperature, "top_p": top_p, "repetition_penalty": repetition_penalty,
-            "stop": stop, "seed": seed, "top_k": top_k,
-        }
+        options = GenerationOptions.taken_from(locals())
 
         async def run(index: int, prompt: str) -> None:
             item: BatchItem
             async with semaphore:
                 try:
-                    item = await self.generate(prompt, model, **settings)
+                    item = await self.generate(prompt, model, adapter_id, **options)
                 except Exception as error:  # the error is the item's answer
                     item = error
             results[index] = item
@@ -291,7 +283,7 @@ class InferenceProvider(ABC):
         """Unload the adapter ``adapter_id`` and free what it holds.
 
         Requests already using it finish first; new requests for it are refused from now on. Every provider
-        raises for an unknown id (the seed's vLLM provider did too, through the server's 404).
+        raises for an unknown id.
 
         Raises:
             UnsupportedOperationError: The provider has no adapter support.
@@ -328,26 +320,9 @@ class InferenceProvider(ABC):
     ) -> None:
         await self.aclose()
 
-    def _request(
-        self,
-        prompt: object,
-        model: object,
-        adapter_id: object,
-        max_tokens: object,
-        system_prompt: object,
-        temperature: object,
-        top_p: object,
-        repetition_penalty: object,
-        stop: object,
-        seed: object,
-        top_k: object,
-    ) -> GenerationRequest:
-        """The validated request for the arguments of :meth:`generate` / :meth:`stream`, in their order."""
-        return GenerationRequest.from_arguments(
-            provider=self.name, prompt=prompt, model=model, adapter_id=adapter_id, max_tokens=max_tokens,
-            system_prompt=system_prompt, temperature=temperature, top_p=top_p,
-            repetition_penalty=repetition_penalty, stop=stop, seed=seed, top_k=top_k,
-        )
+    def _request(self, arguments: dict[str, Any]) -> GenerationRequest:
+        """The validated request for the arguments of :meth:`generate` or :meth:`stream` (their ``locals()``)."""
+        return GenerationRequest.from_arguments(provider=self.name, **GenerationRequest.taken_from(arguments))
 
     def _adapter_path_argument(self, adapter_path: object) -> str:
         """``adapter_path`` as the backend receives it: checked, ``~`` expanded, written canonically."""

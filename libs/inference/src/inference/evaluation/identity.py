@@ -111,8 +111,9 @@ def run_settings(provider: Any, generation: Mapping[str, Any], scorer: object) -
     The base model is what the provider object says it serves (``model_path`` for llama.cpp,
     ``model_name`` and ``torch_dtype`` for Transformers, ``base_model`` for Ollama; the server model name
     is the ``model`` generation setting). Connection settings (URL, timeouts) are left out: the same model
-    behind another address gives the same rows. Values are as JSON stores them, so they compare equal to
-    what a results file holds.
+    behind another address gives the same rows. ``generation`` is as
+    :func:`~inference.evaluation.runner.generation_settings` returns it (checked and normalised, ``stop`` a
+    tuple). Values are as JSON stores them, so they compare equal to what a results file holds.
     """
     base: dict[str, Any] = {}
     for attribute in _BASE_MODEL_ATTRIBUTES:
@@ -124,8 +125,6 @@ def run_settings(provider: Any, generation: Mapping[str, Any], scorer: object) -
         base[attribute] = value
     settings: dict[str, Any] = {"provider": str(getattr(provider, "name", type(provider).__name__)), "base_model": base}
     settings.update(generation)
-    if isinstance(settings.get("stop"), str):
-        settings["stop"] = [settings["stop"]]
     settings["scorer"] = _scorer_name(scorer)
     normalised: dict[str, Any] = json.loads(json.dumps(settings, default=str))
     return normalised

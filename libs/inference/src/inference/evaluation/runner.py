@@ -32,14 +32,16 @@ from inference.exceptions import (
     UnsupportedOperationError,
 )
 from inference.factory import get_provider_for_step
+from inference.options import GenerationOptions
 from inference.provider import GenerationResult, InferenceProvider
 
 __all__ = ["DEFAULT_MAX_TOKENS", "GENERATION_KEYS", "evaluate_adapters", "generation_settings"]
 
 logger = logging.getLogger("inference.evaluation")
 
-GENERATION_KEYS = ("model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop")
-"""Keys of the provider config that are generation settings (the rest configure the provider)."""
+GENERATION_KEYS = ("model", *GenerationOptions.names())
+"""Keys of the provider config that are generation settings: ``model`` and every
+:class:`~inference.options.GenerationOptions` field (the rest configure the provider)."""
 
 DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` when the provider config gives none."""
@@ -49,16 +51,17 @@ def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "
     """The generation settings of a provider config, checked as ``generate`` would check them.
 
     ``model`` defaults to ``""`` (in-process providers use their loaded model) and ``max_tokens`` to
-    :data:`DEFAULT_MAX_TOKENS`; the other settings default to the backend's own.
+    :data:`DEFAULT_MAX_TOKENS`; the other settings default to the backend's own and are left out. Values
+    are as the checks return them (``stop`` a tuple, numbers of sampling as floats).
 
     Raises:
         InvalidRequestError: A setting is out of range or of the wrong type.
     """
-    settings = {key: provider_config[key] for key in GENERATION_KEYS if provider_config.get(key) is not None}
-    settings.setdefault("model", "")
-    settings.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
-    GenerationRequest.from_arguments(provider=provider, prompt="", **settings)
-    return settings
+    given = {key: provider_config[key] for key in GENERATION_KEYS if provider_config.get(key) is not None}
+    given.setdefault("model", "")
+    given.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    request = GenerationRequest.from_arguments(provider=provider, prompt="", **given)
+    return {key: getattr(request, key) for key in given}
 
 
 @dataclass
@@ -136,7 +139,8 @@ async def evaluate_adapters(
             prompts themselves.
         provider_config: A step config as :func:`~inference.get_provider_for_step` takes it (``provider``,
             ``base_url``, provider settings), plus generation settings: ``model``, ``max_tokens`` (default
-            256), ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``seed``, ``stop``.
+            256) and the :class:`~inference.options.GenerationOptions` fields (``temperature``, ``stop``...);
+            a ``system_prompt`` here is used for the prompts that have none.
         output: The JSONL results file (created, or resumed if it exists). The CSV summary is written next to
             it (``results.jsonl`` -> ``results.summary.csv``).
         provider: Use this provider instead of the one ``provider_config`` names (its generation settings
@@ -279,6 +283,13 @@ async def _warm_up(provider: InferenceProvider, prompt: EvalPrompt, settings: di
         logger.info("warm-up request failed (%s); going on", error)
 
 
+def _settings_for(settings: dict[str, Any], prompt: EvalPrompt) -> dict[str, Any]:
+    """The run's settings for one prompt: its own system prompt, where it has one, replaces the run's."""
+    if prompt.system_prompt is None:
+        return settings
+    return {**settings, "system_prompt": prompt.system_prompt}
+
+
 async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt]) -> AdapterTimings:
     provider = run.provider
     start = time.perf_counter()
@@ -314,7 +325,7 @@ async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt])
             start = time.perf_counter()
             try:
                 result: GenerationResult | Exception = await run.provider.generate(
-                    prompt.prompt, adapter_id=spec.id, system_prompt=prompt.system_prompt, **run.settings
+                    prompt.prompt, adapter_id=spec.id, **_settings_for(run.settings, prompt)
                 )
             except Exception as error:  # this row's answer
                 result = error

@@ -1,0 +1,188 @@
+"""Generation options are defined once (``inference.options``) and reach every place that takes them."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import inference
+from inference._core.validation import GenerationRequest
+from inference.cli import build_parser, main
+from inference.evaluation import GENERATION_KEYS, EvalPrompt, evaluate_adapters, generation_settings
+from inference.exceptions import InvalidRequestError
+from inference.fake_provider import FakeProvider
+from inference.options import OPTIONS, GenerationOptions
+from inference.provider import GenerationResult, InferenceProvider, StreamEvent
+
+EVERY_OPTION_SET: dict[str, Any] = {
+    "max_tokens": 7,
+    "system_prompt": "Be brief.",
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "repetition_penalty": 1.1,
+    "stop": ["END", "STOP"],
+    "seed": 11,
+    "top_k": 5,
+}
+
+
+class RecordingProvider(FakeProvider):
+    """A fake provider that keeps every request it receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[GenerationRequest] = []
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        self.requests.append(request)
+        return await super()._generate(request)
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        self.requests.append(request)
+        async for event in super()._stream(request):
+            yield event
+
+
+def test_the_test_sets_every_option() -> None:
+    assert list(EVERY_OPTION_SET) == list(GenerationOptions.names()) == list(OPTIONS)
+
+
+@pytest.mark.parametrize("method", ["generate", "stream", "generate_batch"])
+def test_public_signatures_list_exactly_the_options_with_their_defaults(method: str) -> None:
+    parameters = inspect.signature(getattr(InferenceProvider, method)).parameters
+    taken = [name for name in parameters if name in GenerationOptions.names()]
+    assert taken == list(GenerationOptions.names())
+    defaults = {name: parameters[name].default for name in taken}
+    assert GenerationOptions.from_arguments(provider="test", **defaults) == GenerationOptions()
+
+
+def test_from_arguments_normalises_what_backends_read() -> None:
+    options = GenerationOptions.from_arguments(provider="test", temperature=0, stop="END", top_p=1)
+    assert (options.temperature, options.top_p, options.stop, options.is_greedy) == (0.0, 1.0, ("END",), True)
+    assert isinstance(options.temperature, float)
+    assert GenerationOptions.from_arguments(provider="test") == GenerationOptions()
+    assert GenerationOptions().max_tokens == 4096
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.seed = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("max_tokens", 0, "max_tokens must be a positive integer, got 0"),
+        ("max_tokens", True, "max_tokens must be a positive integer, got True"),
+        ("system_prompt", 3, "system_prompt must be a string or None, got int"),
+        ("temperature", -1, "temperature must be a number in [0, 100] or None, got -1"),
+        ("temperature", float("nan"), "temperature must be a number in [0, 100]"),
+        ("top_p", 0, "top_p must be a number in (0, 1] or None, got 0"),
+        ("repetition_penalty", 0, "repetition_penalty must be a number in (0, 100] or None"),
+        ("stop", ["a", ""], "stop must be a non-empty string or a list of non-empty strings"),
+        ("stop", ["a", "\ud800"], "stop[1] holds"),
+        ("seed", 1.5, "seed must be an integer or None, got 1.5"),
+        ("top_k", -1, "top_k must be a non-negative integer or None, got -1"),
+    ],
+)
+def test_each_rule_names_the_option_and_the_provider(name: str, value: object, message: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        GenerationOptions.from_arguments(provider="test", **{name: value})
+    assert message in str(caught.value)
+    assert caught.value.provider == "test"
+
+
+def test_an_unknown_option_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match="logprobs"):
+        GenerationOptions.from_arguments(provider="test", logprobs=3)
+
+
+def test_the_request_is_the_options_plus_prompt_model_and_adapter() -> None:
+    request = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, **EVERY_OPTION_SET)
+    assert isinstance(request, GenerationOptions)
+    assert (request.prompt, request.model, request.adapter_id) == ("Hi", "", None)
+    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": ("END", "STOP")}
+    assert GenerationRequest("Hi", "m").max_tokens == 4096  # prompt and model stay positional
+    with pytest.raises(InvalidRequestError, match="prompt must be a string"):
+        GenerationRequest.from_arguments(provider="test", prompt=3, model="m", temperature=-1)
+
+
+def test_generation_options_is_exported() -> None:
+    assert inference.GenerationOptions is GenerationOptions
+    assert "GenerationOptions" in inference.__all__
+
+
+async def test_generate_stream_and_generate_batch_pass_every_option_to_the_backend() -> None:
+    provider = RecordingProvider()
+    expected = GenerationRequest.from_arguments(provider="fake", prompt="Hi", model="m", **EVERY_OPTION_SET)
+    await provider.generate("Hi", "m", **EVERY_OPTION_SET)
+    async for _ in provider.stream("Hi", "m", **EVERY_OPTION_SET):
+        pass
+    await provider.generate_batch(["Hi", "Hi"], "m", **EVERY_OPTION_SET)
+    assert provider.requests == [expected] * 4
+    positional = [EVERY_OPTION_SET[name] for name in ("max_tokens", "system_prompt", "temperature", "top_p")]
+    await provider.generate("Hi", "m", None, *positional, 1.1, stop=["END", "STOP"], seed=11, top_k=5)
+    assert provider.requests[-1] == expected
+
+
+EVAL_ARGUMENTS = ["eval", "--adapters", "a", "--prompts", "p", "--output", "o"]
+
+
+@pytest.mark.parametrize("command", [["generate", "Hi"], EVAL_ARGUMENTS])
+def test_the_command_line_has_a_flag_for_every_option(command: list[str]) -> None:
+    flags = [OPTIONS[name].flag or f"--{name.replace('_', '-')}" for name in OPTIONS]
+    argv = [*command]
+    for name, flag in zip(OPTIONS, flags, strict=True):
+        values = EVERY_OPTION_SET[name]
+        for value in values if isinstance(values, list) else [values]:
+            argv += [flag, str(value)]
+    args = build_parser().parse_args(argv)
+    assert {name: getattr(args, name) for name in OPTIONS} == EVERY_OPTION_SET
+
+
+def test_eval_takes_every_option_from_flags_or_set_into_the_results(tmp_path: Path) -> None:
+    adapter = tmp_path / "style"
+    adapter.mkdir()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "q1", "prompt": "Hi"}) + "\n"
+        + json.dumps({"id": "q2", "prompt": "Hi", "system_prompt": "Own."}) + "\n"
+    )
+    output = tmp_path / "out.jsonl"
+    argv = ["eval", "--adapters", str(adapter), "--prompts", str(prompts), "--output", str(output)]
+    settings = [f"--set={name}={value}" for name, value in EVERY_OPTION_SET.items() if name != "stop"]
+    settings += ["--set=stop=END", "--set=stop=STOP"]
+    assert main([*argv, "--provider", "fake", "--no-progress", *settings]) == 0
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    recorded = {name: rows[0]["settings"][name] for name in OPTIONS}
+    assert recorded == EVERY_OPTION_SET
+    with_run_system, with_own_system = sorted(rows, key=lambda row: row["prompt_id"])
+    assert with_run_system["output"] != with_own_system["output"]
+
+
+async def test_the_runner_uses_its_system_prompt_only_for_prompts_without_one(tmp_path: Path) -> None:
+    (tmp_path / "style").mkdir()
+    prompts = [EvalPrompt("q1", "Hi"), EvalPrompt("q2", "Hi", system_prompt="Own.")]
+    provider = RecordingProvider()
+    config = {"provider": "fake", "system_prompt": "Run.", "max_tokens": 3}
+    await evaluate_adapters([tmp_path / "style"], prompts, config, tmp_path / "out.jsonl", provider=provider)
+    systems = sorted((request.prompt, request.system_prompt) for request in provider.requests if request.adapter_id)
+    assert systems == [("Hi", "Own."), ("Hi", "Run.")]
+
+
+def test_runner_settings_are_model_and_every_option_checked() -> None:
+    assert GENERATION_KEYS[0] == "model"
+    assert GENERATION_KEYS[1:] == GenerationOptions.names()
+    settings = generation_settings({"provider": "fake", "temperature": 0, "stop": "END", "n_ctx": 5})
+    assert settings == {"model": "", "max_tokens": 256, "temperature": 0.0, "stop": ("END",)}
+    with pytest.raises(InvalidRequestError, match="top_k must be"):
+        generation_settings({"top_k": -2})
+
+
+async def test_fake_provider_answers_with_every_option() -> None:
+    async with FakeProvider() as fake:
+        result = await fake.generate("Hi", "m", **EVERY_OPTION_SET)
+    assert result.completion_tokens <= EVERY_OPTION_SET["max_tokens"]
