@@ -1,4 +1,4 @@
-"""Rewrite .env.example and the table in docs/configuration.md from the settings table in inference/config.py."""
+"""Rewrite .env.example and the table in docs/configuration.md from the settings in inference/registry.py."""
 
 from __future__ import annotations
 

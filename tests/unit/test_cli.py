@@ -299,7 +299,7 @@ def test_providers_json_lists_every_provider(capsys: pytest.CaptureFixture[str])
         status, out, _ = run(["providers", "--vllm-url", VLLM, "--ollama-url", DEAD, "--json"], capsys)
     assert status == 0
     reports = {report["name"]: report for report in json.loads(out)["providers"]}
-    assert set(reports) == {"vllm", "ollama", "llamacpp", "transformers", "fake"}
+    assert set(reports) == {"vllm", "openai", "ollama", "llamacpp", "transformers", "fake"}
     assert reports["fake"]["installed"] is True and reports["fake"]["missing"] == []
     assert reports["vllm"]["reachable"] is True and reports["vllm"]["base_url"] == VLLM
     assert reports["ollama"]["reachable"] is False and "127.0.0.1:9" in reports["ollama"]["detail"]

@@ -40,24 +40,24 @@ from inference.exceptions import (
     UnsupportedOperationError,
 )
 from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
+from inference.options import GenerationOptions
 from inference.provider import GenerationResult, InferenceProvider
+from inference.registry import PROVIDERS
 
 if TYPE_CHECKING:
+    # For type checkers and editors only; at run time the provider classes come from __getattr__ below.
+    # Keep in step with inference.registry.PROVIDERS (tests/unit/test_registry.py checks).
     from inference.fake_provider import FakeProvider
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.ollama_provider import OllamaProvider
+    from inference.openai_provider import OpenAIProvider
     from inference.transformers_provider import TransformersProvider
     from inference.vllm_provider import VLLMProvider
 
 __version__ = "0.1.0"
 
-_LAZY_CLASSES = {
-    "FakeProvider": "inference.fake_provider",
-    "LlamaCppProvider": "inference.llamacpp_provider",
-    "OllamaProvider": "inference.ollama_provider",
-    "TransformersProvider": "inference.transformers_provider",
-    "VLLMProvider": "inference.vllm_provider",
-}
+_LAZY_CLASSES = {spec.class_name: spec.module for spec in PROVIDERS.values()}
+"""Provider class name -> its module, imported on first access (from :data:`inference.registry.PROVIDERS`)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -74,6 +74,7 @@ __all__ = [
     "AdapterNotFoundError",
     "ConfigurationError",
     "FakeProvider",
+    "GenerationOptions",
     "GenerationResult",
     "InferenceError",
     "InferenceProvider",
@@ -85,6 +86,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFoundError",
     "OllamaProvider",
+    "OpenAIProvider",
     "ProtocolError",
     "ProviderError",
     "ProviderTimeoutError",

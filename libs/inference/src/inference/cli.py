@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 from inference import __version__
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
 from inference.exceptions import AdapterNotFoundError, ConfigurationError, InferenceError
-from inference.registry import PROVIDER_EXTRAS, PROVIDER_REGISTRY
+from inference.options import OPTIONS
+from inference.registry import PROVIDER_EXTRAS, PROVIDER_REGISTRY, PROVIDERS
 
 __all__ = ["PROVIDER_PACKAGES", "build_parser", "main"]
 
@@ -39,28 +40,19 @@ Handler = Callable[[argparse.Namespace], int]
 _T = TypeVar("_T")
 _Subcommands = argparse._SubParsersAction  # argparse gives the type no public name
 
-SERVER_PROVIDERS = ("vllm", "ollama")
-"""Providers that talk to a server, whose adapters outlive the process."""
+SERVER_PROVIDERS = tuple(name for name, spec in PROVIDERS.items() if spec.server)
+"""Providers that talk to a server, whose adapters outlive the process (from the registry)."""
 
-PROVIDER_PACKAGES: dict[str, tuple[str, ...]] = {
-    "vllm": ("openai", "httpx"),
-    "ollama": ("openai", "httpx"),
-    "llamacpp": ("llama_cpp", "gguf", "numpy", "safetensors"),
-    "transformers": ("torch", "transformers", "peft", "accelerate", "gguf", "safetensors"),
-    "fake": (),
-}
-"""The import names each provider needs (what its pip extra installs)."""
+PROVIDER_PACKAGES: dict[str, tuple[str, ...]] = {name: spec.packages for name, spec in PROVIDERS.items()}
+"""The import names each provider needs (what its pip extra installs; from the registry)."""
 
-_GENERATION_TYPES: dict[str, Callable[[str], Any]] = {
-    "model": str,
-    "max_tokens": int,
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "repetition_penalty": float,
-    "seed": int,
-    "stop": str,
+_MODEL_SETTINGS = {name: spec.model_setting for name, spec in PROVIDERS.items() if spec.model_setting}
+"""In-process provider -> the setting ``--model-path`` sets (``model_path``, ``model_name``)."""
+
+_GENERATION_TYPES: dict[str, Callable[[str], Any]] = {"model": str} | {
+    name: spec.parse for name, spec in OPTIONS.items()
 }
+"""Generation keys of ``--set`` (``model`` and every generation option) -> how the text is read."""
 
 
 class _UsageError(Exception):
@@ -191,12 +183,16 @@ def _add_provider_options(command: argparse.ArgumentParser, *, in_process: bool 
         metavar="NAME",
         help=f"provider type: {', '.join(sorted(PROVIDER_REGISTRY))} (default: $INFERENCE_PROVIDER, else vllm)",
     )
-    group.add_argument("--base-url", metavar="URL", help="server URL for vllm/ollama (default: $VLLM_BASE_URL...)")
+    group.add_argument(
+        "--base-url", metavar="URL", help=f"server URL for {'/'.join(SERVER_PROVIDERS)} (default: $VLLM_BASE_URL...)"
+    )
     if in_process:
         group.add_argument(
             "--model-path",
             metavar="PATH",
-            help="in-process model: the GGUF file (llamacpp model_path) or model directory (transformers model_name)",
+            help="in-process model: "
+            + ", ".join(f"{key} of {name}" for name, key in _MODEL_SETTINGS.items())
+            + " (the GGUF file, the model directory)",
         )
         group.add_argument("--device", metavar="DEVICE", help="transformers device: cpu, cuda, cuda:1...")
     group.add_argument(
@@ -210,17 +206,23 @@ def _add_provider_options(command: argparse.ArgumentParser, *, in_process: bool 
     )
 
 
-def _add_generation_options(command: argparse.ArgumentParser, *, max_tokens_default: int | None) -> None:
+def _add_generation_options(command: argparse.ArgumentParser, *, notes: dict[str, str]) -> None:
+    """``--model`` and one flag per generation option (its help from :data:`inference.options.OPTIONS`).
+
+    ``notes`` adds to an option's help, by option name (the command's default, how it applies).
+    """
     group = command.add_argument_group("generation")
     group.add_argument("--model", metavar="NAME", help="model name on the server (in-process providers ignore it)")
-    default = f" (default: {max_tokens_default})" if max_tokens_default else ""
-    group.add_argument("--max-tokens", type=int, metavar="N", help=f"most tokens to generate{default}")
-    group.add_argument("--temperature", type=float, metavar="T", help="sampling temperature; 0 is greedy")
-    group.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling mass in (0, 1]")
-    group.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
-    group.add_argument("--repetition-penalty", type=float, metavar="R", help="above 1 discourages repeats")
-    group.add_argument("--seed", type=int, metavar="N", help="sampling seed, for reproducible output")
-    group.add_argument("--stop", action="append", metavar="TEXT", help="a string that ends the generation; repeatable")
+    for name, spec in OPTIONS.items():
+        note = f" ({notes[name]})" if name in notes else ""
+        group.add_argument(
+            spec.flag or f"--{name.replace('_', '-')}",
+            dest=name,
+            type=spec.parse,
+            action="append" if spec.repeatable else "store",
+            metavar=spec.metavar,
+            help=spec.help + ("; repeatable" if spec.repeatable else "") + note,
+        )
 
 
 def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> dict[str, Any]:
@@ -231,10 +233,10 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
     if args.base_url is not None:
         config["base_url"] = args.base_url
     if getattr(args, "model_path", None) is not None:
-        key = {"llamacpp": "model_path", "transformers": "model_name"}.get(provider_type)
+        key = _MODEL_SETTINGS.get(provider_type)
         if key is None:
             raise _UsageError(
-                f"--model-path is for the in-process providers (llamacpp, transformers), not {provider_type}"
+                f"--model-path is for the in-process providers ({', '.join(_MODEL_SETTINGS)}), not {provider_type}"
             )
         config[key] = args.model_path
     if getattr(args, "device", None) is not None:
@@ -252,7 +254,8 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
                 value = _GENERATION_TYPES[key](text)
             except ValueError:
                 raise _UsageError(f"--set {key}={text!r} is not a valid {key}") from None
-            config[key] = [*config.get(key, []), value] if key == "stop" else value
+            repeatable = key in OPTIONS and OPTIONS[key].repeatable
+            config[key] = [*config.get(key, []), value] if repeatable else value
         else:
             valid = sorted(settings) + (sorted(_GENERATION_TYPES) if generation_keys else [])
             raise _UsageError(
@@ -266,7 +269,8 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
 
 
 def _sampling(config: dict[str, Any]) -> dict[str, Any]:
-    return {key: config[key] for key in _GENERATION_TYPES if key != "model" and config.get(key) is not None}
+    """The generation options the step config sets, as ``generate``'s keyword arguments."""
+    return {key: config[key] for key in OPTIONS if config.get(key) is not None}
 
 
 def _run_async(work: Callable[[], Awaitable[_T]]) -> _T:
@@ -312,11 +316,10 @@ def _add_generate(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
         ),
     )
     command.add_argument("prompt", metavar="PROMPT", help="the user's text")
-    command.add_argument("--system", metavar="TEXT", help="a system prompt")
     command.add_argument("--adapter", metavar="ID_OR_PATH", help="a loaded adapter id, or an adapter path to load")
     command.add_argument("--stream", action="store_true", help="print the text as it is generated")
     command.add_argument("--json", action="store_true", help="print JSON for scripts")
-    _add_generation_options(command, max_tokens_default=256)
+    _add_generation_options(command, notes={"max_tokens": "default: 256"})
     _add_provider_options(command)
     command.set_defaults(handler=_generate)
 
@@ -332,7 +335,7 @@ def _generate(args: argparse.Namespace) -> int:
         adapter_id, loaded_here = await _use_adapter(provider, args.adapter)
         start = time.perf_counter()
         try:
-            call = {"model": config.get("model") or "", "adapter_id": adapter_id, "system_prompt": args.system}
+            call: dict[str, Any] = {"model": config.get("model") or "", "adapter_id": adapter_id}
             if args.stream:
                 result = await _print_stream(provider, args.prompt, call | sampling, as_json=args.json)
             else:
@@ -604,7 +607,9 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
     )
     command.add_argument("--json", action="store_true", help="print the summary as JSON for scripts")
     command.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
-    _add_generation_options(command, max_tokens_default=256)
+    _add_generation_options(
+        command, notes={"max_tokens": "default: 256", "system_prompt": "for the prompts that have none"}
+    )
     _add_provider_options(command)
     command.set_defaults(handler=_eval)
 
@@ -663,25 +668,27 @@ def _add_providers(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
         help="show which providers are installed and whether their servers answer",
         description=(
             "For each provider: whether the Python packages of its extra are installed (checked without importing "
-            "them), and for the servers (vllm, ollama) whether the configured URL answers; for the in-process "
-            "providers, the configured model. Always exits 0 when it could check; read the table or --json."
+            f"them), and for the servers ({', '.join(SERVER_PROVIDERS)}) whether the configured URL answers; for the "
+            "in-process providers, the configured model. A server URL that is neither given nor set in the "
+            "environment is checked only when it is on this machine (no remote host is contacted unasked). "
+            "Always exits 0 when it could check; read the table or --json."
         ),
         epilog=(
             "examples:\n"
             "  inference providers\n"
             "  inference providers --vllm-url http://gpu:8100/v1 --timeout 5 --json\n"
-            "URLs come from --vllm-url / --ollama-url, else VLLM_BASE_URL / OLLAMA_BASE_URL, else the defaults."
+            "URLs come from --vllm-url / --ollama-url..., else VLLM_BASE_URL / OLLAMA_BASE_URL..., else the defaults."
         ),
     )
-    command.add_argument("--vllm-url", metavar="URL", help="vLLM base URL to check")
-    command.add_argument("--ollama-url", metavar="URL", help="Ollama base URL to check")
+    for name in SERVER_PROVIDERS:
+        command.add_argument(f"--{name}-url", metavar="URL", help=f"{name} base URL to check")
     command.add_argument("--timeout", type=float, default=2.0, metavar="S", help="seconds per URL check (default: 2)")
     command.add_argument("--json", action="store_true", help="print JSON for scripts")
     command.set_defaults(handler=_providers)
 
 
 def _providers(args: argparse.Namespace) -> int:
-    urls = {"vllm": args.vllm_url, "ollama": args.ollama_url}
+    urls = {name: getattr(args, f"{name}_url") for name in SERVER_PROVIDERS}
     reports = [_provider_report(name, urls.get(name)) for name in PROVIDER_REGISTRY]
     checks = {report["name"]: report["base_url"] for report in reports if report["base_url"]}
     reachability = asyncio.run(_check_urls(checks, args.timeout)) if checks else {}
@@ -721,13 +728,29 @@ def _provider_report(name: str, url: str | None) -> dict[str, Any]:
     except ConfigurationError as error:
         report["detail"] = str(error)
         return report
-    if name in SERVER_PROVIDERS:
+    spec = PROVIDERS.get(name)
+    if spec is None:
+        return report
+    if spec.server:
         report["base_url"] = settings["base_url"]
-    elif name == "llamacpp":
-        report["detail"] = _model_detail(settings.get("model_path"), "LLAMACPP_MODEL_PATH")
-    elif name == "transformers":
-        report["detail"] = _model_detail(settings.get("model_name"), "TRANSFORMERS_MODEL_NAME")
+        base_url_setting = next(setting for setting in spec.settings if setting.key == "base_url")
+        if not url and not os.environ.get(base_url_setting.env_var) and not _on_this_machine(settings["base_url"]):
+            report["base_url"] = None  # a remote default (https://api.openai.com/v1): not contacted unasked
+            report["detail"] = (
+                f"not checked: the default {settings['base_url']} is remote; give --{name}-url or set "
+                f"{base_url_setting.env_var}"
+            )
+    elif spec.model_setting:
+        variable = next(setting.env_var for setting in spec.settings if setting.key == spec.model_setting)
+        report["detail"] = _model_detail(settings.get(spec.model_setting), variable)
     return report
+
+
+def _on_this_machine(base_url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    hosts = {urlsplit(url).hostname for url in base_url.split(",") if url}
+    return hosts <= {"localhost", "127.0.0.1", "::1"}
 
 
 def _installed(package: str) -> bool:

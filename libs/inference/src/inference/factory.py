@@ -27,11 +27,12 @@ def get_provider(provider_type: str | None = None, base_url: str | None = None) 
     """Return the cached provider for these settings, creating it on first use.
 
     Args:
-        provider_type: ``vllm``, ``ollama``, ``llamacpp``, ``transformers`` or ``fake``; else the
-            ``INFERENCE_PROVIDER`` environment variable; else ``vllm``.
-        base_url: Server URL for ``vllm``/``ollama``; else ``VLLM_BASE_URL`` / ``OLLAMA_BASE_URL``;
-            else ``http://localhost:8100/v1`` / ``http://localhost:11434/v1``. In-process providers
-            read their settings from their environment variables (see ``.env.example``).
+        provider_type: A type of :data:`inference.registry.PROVIDERS` (``vllm``, ``openai``, ``ollama``,
+            ``llamacpp``, ``transformers``, ``fake``); else the ``INFERENCE_PROVIDER`` environment variable;
+            else ``vllm``.
+        base_url: Server URL for the server providers; else their variable (``VLLM_BASE_URL``,
+            ``OPENAI_BASE_URL``, ``OLLAMA_BASE_URL``); else their default. In-process providers read their
+            settings from their environment variables (see ``.env.example``).
 
     Returns:
         The same object for the same resolved settings.

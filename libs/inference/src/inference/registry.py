@@ -1,30 +1,187 @@
-"""Where each provider class lives, as import paths: nothing here imports a backend."""
+"""Every provider type in one table: where its class lives, what it needs, how it is configured.
+
+Adding a backend is adding one :class:`ProviderSpec` to :data:`PROVIDERS`; the factory, the settings table
+(:data:`inference.config.SETTINGS`), ``.env.example``, the ``inference`` command and ``inference``'s lazy
+class attributes all read it. Classes are named by import path and imported only when used, so nothing here
+imports a backend.
+"""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from inference.exceptions import MissingDependencyError, UnknownProviderError
+from inference._core.dependencies import import_optional
+from inference._core.settings import Setting
+from inference.exceptions import UnknownProviderError
 
-__all__ = ["PROVIDER_EXTRAS", "PROVIDER_REGISTRY", "load_provider_class"]
+__all__ = ["PROVIDERS", "PROVIDER_EXTRAS", "PROVIDER_REGISTRY", "ProviderSpec", "load_provider_class"]
 
-PROVIDER_REGISTRY: dict[str, str] = {
-    "vllm": "inference.vllm_provider:VLLMProvider",
-    "ollama": "inference.ollama_provider:OllamaProvider",
-    "llamacpp": "inference.llamacpp_provider:LlamaCppProvider",
-    "transformers": "inference.transformers_provider:TransformersProvider",
-    "fake": "inference.fake_provider:FakeProvider",
-}
-"""Provider type -> ``module:ClassName``."""
+_RETRIES = "Retries of transient failures (connect errors, 429, 502, 503, 504)"
 
-PROVIDER_EXTRAS: dict[str, str | None] = {
-    "vllm": "vllm",
-    "ollama": "ollama",
-    "llamacpp": "llamacpp",
-    "transformers": "transformers",
-    "fake": None,
-}
-"""Provider type -> the pip extra of ``inference-adapters`` that installs its dependencies."""
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """One provider type.
+
+    Attributes:
+        name: The provider type: ``get_provider(name)``, ``INFERENCE_PROVIDER``, a step config's ``provider``.
+        target: Where the class is, as ``"module:ClassName"``.
+        summary: One line saying what the provider runs on.
+        extra: The ``inference-adapters`` pip extra that installs its dependencies (``None``: it needs none).
+        packages: The import names that extra provides (``inference providers`` looks for them without
+            importing them).
+        settings: Its settings (constructor arguments, environment variables, defaults), in constructor order.
+        server: It talks to a server at ``base_url`` (adapters it loads live on the server).
+        model_setting: The setting that names the model to load in process (what ``--model-path`` sets).
+    """
+
+    name: str
+    target: str
+    summary: str
+    extra: str | None = None
+    packages: tuple[str, ...] = ()
+    settings: tuple[Setting, ...] = ()
+    server: bool = False
+    model_setting: str | None = None
+
+    @property
+    def module(self) -> str:
+        """The module that defines the class."""
+        return self.target.partition(":")[0]
+
+    @property
+    def class_name(self) -> str:
+        """The class's name, as ``inference`` exports it."""
+        return self.target.partition(":")[2]
+
+
+def _server_settings(prefix: str, base_url: str, what: str) -> tuple[Setting, ...]:
+    """``base_url``, ``timeout`` and ``max_retries``, read from ``<prefix>_BASE_URL`` and so on."""
+    return (
+        Setting("base_url", f"{prefix}_BASE_URL", base_url, "url", what),
+        Setting("timeout", f"{prefix}_TIMEOUT", 120.0, "float", "Seconds to wait for one answer",
+                minimum=0, exclusive_minimum=True),
+        Setting("max_retries", f"{prefix}_MAX_RETRIES", 2, "int", _RETRIES, minimum=0, maximum=100),
+    )
+
+
+def _max_adapters(prefix: str) -> Setting:
+    """``max_adapters``, read from ``<prefix>_MAX_ADAPTERS``: the in-process providers' adapter capacity."""
+    return Setting("max_adapters", f"{prefix}_MAX_ADAPTERS", None, "int",
+                   "Most adapters kept loaded; least recently used ones are evicted and reloaded on use",
+                   minimum=1, none_means="no limit")
+
+
+def _with_api_key(settings: tuple[Setting, ...], api_key: Setting) -> tuple[Setting, ...]:
+    """``settings`` with ``api_key`` second, after ``base_url``."""
+    return (settings[0], api_key, *settings[1:])
+
+
+_SPECS = (
+    ProviderSpec(
+        name="vllm",
+        target="inference.vllm_provider:VLLMProvider",
+        summary="vLLM servers: OpenAI-compatible generation, LoRA adapters loaded at run time, replicas",
+        extra="vllm",
+        packages=("openai", "httpx"),
+        server=True,
+        settings=(
+            *_with_api_key(
+                _server_settings("VLLM", "http://localhost:8100/v1", "OpenAI-compatible base URL of the vLLM server"),
+                Setting("api_key", "VLLM_API_KEY", None, "str",
+                        "API key sent as a bearer token (vLLM --api-key); never logged", none_means="no key"),
+            ),
+            Setting("max_lora_rank", "VLLM_MAX_LORA_RANK", 16, "int",
+                    "Largest adapter rank accepted before sending (match the server's --max-lora-rank)", minimum=1),
+        ),
+    ),
+    ProviderSpec(
+        name="openai",
+        target="inference.openai_provider:OpenAIProvider",
+        summary="any OpenAI-compatible endpoint (OpenAI, SGLang, LM Studio, a gateway); no adapters",
+        extra="openai",
+        packages=("openai", "httpx"),
+        server=True,
+        settings=_with_api_key(
+            _server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API"),
+            Setting("api_key", "OPENAI_API_KEY", None, "str",
+                    "API key sent as a bearer token; never logged", none_means="no key"),
+        ),
+    ),
+    ProviderSpec(
+        name="ollama",
+        target="inference.ollama_provider:OllamaProvider",
+        summary="an Ollama server: adapters baked into derived models (PEFT adapters converted to GGUF here)",
+        extra="ollama",
+        packages=("httpx", "gguf", "numpy"),
+        server=True,
+        settings=(
+            *_server_settings(
+                "OLLAMA", "http://localhost:11434/v1", "Ollama base URL; the native API is used at the same host "
+                "without /v1"
+            ),
+            Setting("base_model", "OLLAMA_BASE_MODEL", None, "str",
+                    "Ollama model that adapters are applied to (load_adapter creates a model derived from it)",
+                    none_means="no base model (give load_adapter a base_model)"),
+        ),
+    ),
+    ProviderSpec(
+        name="llamacpp",
+        target="inference.llamacpp_provider:LlamaCppProvider",
+        summary="llama.cpp in this process (llama-cpp-python): GGUF models, GGUF LoRA adapters hot-swapped",
+        extra="llamacpp",
+        packages=("llama_cpp", "gguf", "numpy"),
+        model_setting="model_path",
+        settings=(
+            Setting("model_path", "LLAMACPP_MODEL_PATH", None, "path", "Path of the GGUF base model",
+                    none_means="no model"),
+            Setting("n_ctx", "LLAMACPP_N_CTX", 4096, "int", "Context size in tokens", minimum=1),
+            Setting("n_gpu_layers", "LLAMACPP_N_GPU_LAYERS", -1, "int",
+                    "Layers offloaded to the GPU (-1 = all; ignored on CPU-only builds)", minimum=-1),
+            Setting("adapter_cache_dir", "LLAMACPP_ADAPTER_CACHE_DIR", None, "directory",
+                    "Where PEFT adapters converted to GGUF are cached",
+                    none_means="~/.cache/inference-adapters"),
+            _max_adapters("LLAMACPP"),
+        ),
+    ),
+    ProviderSpec(
+        name="transformers",
+        target="inference.transformers_provider:TransformersProvider",
+        summary="Transformers + PEFT in this process: batches that mix adapters",
+        extra="transformers",
+        packages=("torch", "transformers", "peft", "accelerate", "gguf", "safetensors"),
+        model_setting="model_name",
+        settings=(
+            Setting("model_name", "TRANSFORMERS_MODEL_NAME", "", "path",
+                    "Local model directory (or a .gguf file) to load with transformers"),
+            Setting("device", "TRANSFORMERS_DEVICE", "cpu", "str", "Torch device: cpu, cuda, cuda:1, ...",
+                    pattern=r"cpu|mps|cuda(:\d+)?", hint="'cpu', 'cuda', 'cuda:N' or 'mps'"),
+            Setting("torch_dtype", "TRANSFORMERS_TORCH_DTYPE", "auto", "str",
+                    "Weights dtype: auto, float32, float16, bfloat16",
+                    choices=("auto", "float32", "float16", "bfloat16")),
+            Setting("max_batch_size", "TRANSFORMERS_MAX_BATCH_SIZE", 32, "int",
+                    "Most concurrent requests run together in one batch", minimum=1),
+            Setting("batch_window_ms", "TRANSFORMERS_BATCH_WINDOW_MS", 5.0, "float",
+                    "Milliseconds to wait for more requests before a batch starts", minimum=0, maximum=60_000),
+            _max_adapters("TRANSFORMERS"),
+        ),
+    ),
+    ProviderSpec(
+        name="fake",
+        target="inference.fake_provider:FakeProvider",
+        summary="deterministic answers with no dependencies, for your own tests",
+    ),
+)
+
+PROVIDERS: Mapping[str, ProviderSpec] = {spec.name: spec for spec in _SPECS}
+"""Provider type -> :class:`ProviderSpec`: the one place a provider is registered."""
+
+PROVIDER_REGISTRY: dict[str, str] = {spec.name: spec.target for spec in _SPECS}
+"""Provider type -> ``module:ClassName`` (from :data:`PROVIDERS`; what :func:`load_provider_class` imports)."""
+
+PROVIDER_EXTRAS: dict[str, str | None] = {spec.name: spec.extra for spec in _SPECS}
+"""Provider type -> the pip extra of ``inference-adapters`` that installs its dependencies (from :data:`PROVIDERS`)."""
 
 
 def load_provider_class(provider_type: str) -> type:
@@ -41,15 +198,6 @@ def load_provider_class(provider_type: str) -> type:
             f"unknown provider type {provider_type!r}: valid names are {', '.join(sorted(PROVIDER_REGISTRY))}"
         ) from None
     module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except MissingDependencyError:
-        raise
-    except ImportError as error:
-        raise MissingDependencyError(
-            f"the {provider_type} provider cannot be imported ({error}): "
-            f"run pip install 'inference-adapters[{PROVIDER_EXTRAS[provider_type]}]'",
-            provider=provider_type,
-        ) from error
+    module = import_optional(module_name, provider=provider_type)
     cls: type = getattr(module, class_name)
     return cls

@@ -499,7 +499,7 @@ def _check_trained_base(adapter: PeftAdapter, layout: BaseModelLayout, *, provid
     the converted file would carry the base's architecture, so llama.cpp would load it without complaint.
     An architecture the gguf package cannot map is left to the conversion, which names that problem.
     """
-    if layout.architecture in _import_gguf().MODEL_ARCH_NAMES.values():
+    if layout.architecture in _import_gguf(provider).MODEL_ARCH_NAMES.values():
         check_base_model(adapter, model_name=None, model_type=layout.architecture, provider=provider)
 
 
@@ -507,7 +507,7 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
     """Map the adapter's PEFT tensors onto the base's GGUF tensors; return ``{gguf name: array}``."""
     import numpy as np
 
-    gguf = _import_gguf()
+    gguf = _import_gguf(provider)
 
     def refuse(reason: str) -> AdapterConversionError:
         return AdapterConversionError(
@@ -608,7 +608,7 @@ def _permute_for_llama_cpp(lora_b: Any, base_name: str, layout: BaseModelLayout,
 def _write_lora_gguf(
     destination: Path, architecture: str, adapter: PeftAdapter, tensors: dict[str, Any], *, provider: str
 ) -> None:
-    gguf = _import_gguf()
+    gguf = _import_gguf(provider)
     if destination.is_dir():
         raise AdapterConversionError(
             f"output {destination} is a directory: give the path of the .gguf file to write",
@@ -769,7 +769,8 @@ def _single_int(value: Any) -> int | None:
     return None
 
 
-def _import_gguf() -> Any:
+def _import_gguf(provider: str) -> Any:
+    """The gguf package; a missing one names the extra of the provider that converts (llamacpp, ollama...)."""
     from inference._core.dependencies import import_optional
 
-    return import_optional("gguf", extra="llamacpp", provider="llamacpp")
+    return import_optional("gguf", provider=provider)

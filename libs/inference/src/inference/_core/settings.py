@@ -1,0 +1,255 @@
+"""What a provider setting is: its key, environment variable, default, and the rule its values follow.
+
+:class:`Setting` is the unit of the settings table; the providers' entries in :mod:`inference.registry`
+list theirs, and :mod:`inference.config` resolves them. This module imports nothing of the SDK but the
+error tree and path helpers, so both can import it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from inference._core.paths import directory_problem, expand_path, path_text_problem
+from inference.exceptions import ConfigurationError
+
+__all__ = ["Setting", "SettingKind", "validate_base_url"]
+
+
+def validate_base_url(url: str, *, source: str) -> str:
+    """Return ``url`` without surrounding blanks and trailing slash if it is an http(s) URL with a host, else raise.
+
+    A comma-separated list of URLs (replicas) is checked item by item and returned joined by commas.
+
+    Raises:
+        ConfigurationError: A URL has no ``http://``/``https://`` scheme or no host, a port that is not a
+            number, whitespace, or text that cannot be encoded as UTF-8.
+    """
+    if not isinstance(url, str):
+        if isinstance(url, (list, tuple)) and url:
+            return ",".join(validate_base_url(item, source=source) for item in url)
+        raise ConfigurationError(f"{source} must be a URL string or a list of URLs, got {url!r}")
+    if "," in url:
+        return ",".join(validate_base_url(item.strip(), source=source) for item in url.split(",") if item.strip())
+    url = url.strip()
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:  # e.g. "Invalid IPv6 URL" for 'http://[::1/v1'
+        raise ConfigurationError(
+            f"{source} {url!r} is not a valid base URL ({error}): write it like 'http://localhost:8100/v1'",
+            url=url,
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(
+            f"{source} {url!r} is not a valid base URL: write it with a scheme and host, "
+            "for example 'http://localhost:8100/v1'",
+            url=url,
+        )
+    problem = _url_problem(url)
+    if problem is None:
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in [0, 65535]
+        except ValueError:
+            problem = "its port is not a number from 0 to 65535"
+    if problem is not None:
+        raise ConfigurationError(
+            f"{source} {url!r} is not a valid base URL: {problem}; write it like 'http://localhost:8100/v1'",
+            url=url,
+        )
+    return url.rstrip("/")
+
+
+def _url_problem(url: str) -> str | None:
+    """Why no HTTP client can send to ``url`` (whitespace, text that is not UTF-8), or ``None``."""
+    blank = next((index for index, char in enumerate(url) if char.isspace()), None)
+    if blank is not None:
+        return f"it holds whitespace at position {blank}"
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"it holds {url[error.start]!r} at position {error.start}, which cannot be encoded as UTF-8"
+    return None
+
+
+SettingKind = Literal["str", "int", "float", "url", "path", "directory"]
+"""What a setting's values are: text, an integer, a finite number, base URL(s), a file path, or a directory
+that files are written into (checked to be creatable and writable, nothing created)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configurable value of a provider, and the rule its values follow.
+
+    The rule is checked wherever the value comes from (constructor argument, step-config key, environment
+    variable), when the provider is built, so a bad value fails at once with a sentence naming the argument
+    or the variable instead of failing each request later.
+
+    Attributes:
+        key: The constructor argument and step-config key.
+        env_var: The environment variable that sets it.
+        default: The value when neither an argument nor the variable gives one.
+        kind: What the values are (:data:`SettingKind`). Numbers are never booleans; ``float`` values are
+            finite; ``path`` and ``directory`` values have ``~`` expanded.
+        description: What it means, for ``.env.example`` and the docs.
+        minimum: The smallest number allowed, if any.
+        maximum: The largest number allowed, if any.
+        exclusive_minimum: ``minimum`` itself is not allowed (a timeout must be above 0).
+        none_means: When set, ``None`` (or an empty string) is a valid value meaning this ("no limit").
+        choices: The allowed texts, compared stripped and lower-cased (the value is returned that way).
+        pattern: A regular expression the whole text must match, stripped and lower-cased.
+        hint: How the allowed texts read in messages, where ``pattern`` alone would not say it.
+    """
+
+    key: str
+    env_var: str
+    default: Any
+    kind: SettingKind
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    none_means: str | None = None
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None
+    hint: str = ""
+
+    @property
+    def rule(self) -> str:
+        """The values allowed, as words: ``"a finite number above 0"``, ``"an integer of at least 1"``..."""
+        if self.kind in ("int", "float"):
+            noun = "an integer" if self.kind == "int" else "a finite number"
+            if self.kind == "int" and self.maximum is None and self.minimum in (0, 1) and not self.exclusive_minimum:
+                noun = "a positive integer" if self.minimum == 1 else "a non-negative integer"
+            elif self.minimum is not None and self.maximum is not None:
+                bound = "(" if self.exclusive_minimum else "["
+                noun += f" in {bound}{self.minimum:g}, {self.maximum:g}]"
+            elif self.minimum is not None:
+                noun += f" above {self.minimum:g}" if self.exclusive_minimum else f" of at least {self.minimum:g}"
+            elif self.maximum is not None:
+                noun += f" of at most {self.maximum:g}"
+        elif self.kind == "url":
+            noun = "an http(s) base URL, or several separated by commas"
+        elif self.kind == "path":
+            noun = "a file path"
+        elif self.kind == "directory":
+            noun = "a directory this process can create or write into"
+        elif self.choices:
+            noun = "one of " + ", ".join(repr(choice) for choice in self.choices)
+        else:
+            noun = self.hint or "a string"
+        if self.none_means is not None:
+            noun += f", or empty for {self.none_means}"
+        return noun
+
+    def parse(self, text: str) -> Any:
+        """Turn an environment variable's text into a checked value of this setting.
+
+        Raises:
+            ConfigurationError: The text is not a valid value; the message names the variable.
+        """
+        return self.check(text, origin="environment")
+
+    def check(self, value: Any, *, origin: str = "argument", provider: str | None = None) -> Any:
+        """Return ``value`` in its canonical form if it follows the rule, else raise.
+
+        A string given for a number is parsed as the environment variable's text would be, so step configs
+        read from text files work. Numbers of ``float`` settings are returned as ``float``; texts with
+        ``choices`` or a ``pattern`` stripped and lower-cased; paths with ``~`` expanded; ``""`` as ``None``
+        where ``None`` is allowed.
+
+        Args:
+            value: The value to check.
+            origin: Where it came from, for the message: ``"argument"`` (constructor argument or step-config
+                key), ``"environment"`` (the variable's text) or ``"default"``.
+            provider: The provider type, carried by the error.
+
+        Raises:
+            ConfigurationError: The value breaks the rule; the sentence names the argument or the variable,
+                the rule, and what to do.
+        """
+        if self.none_means is not None and (value is None or (isinstance(value, str) and not value.strip())):
+            return None
+        if self.kind == "url":
+            source = f"environment variable {self.env_var}" if origin == "environment" else f"argument {self.key}"
+            return validate_base_url(value, source=source)
+        if self.kind in ("int", "float"):
+            return self._number(value, origin, provider)
+        if self.kind in ("path", "directory"):
+            return self._path(value, origin, provider)
+        if not isinstance(value, str):
+            raise self._invalid(value, origin, provider)
+        if not self.choices and self.pattern is None:
+            return value
+        text = value.strip().lower()
+        allowed = text in self.choices if self.choices else re.fullmatch(self.pattern or "", text) is not None
+        if not allowed:
+            raise self._invalid(value, origin, provider)
+        return text
+
+    def _number(self, value: Any, origin: str, provider: str | None) -> int | float:
+        number: Any = value
+        if isinstance(value, str):
+            try:
+                number = int(value.strip()) if self.kind == "int" else float(value.strip())
+            except ValueError:
+                raise self._invalid(value, origin, provider) from None
+        wanted = (int,) if self.kind == "int" else (int, float)
+        if isinstance(number, bool) or not isinstance(number, wanted):
+            raise self._invalid(value, origin, provider)
+        if self.kind == "float" and not math.isfinite(number):
+            raise self._invalid(value, origin, provider)
+        too_low = self.minimum is not None and (
+            number <= self.minimum if self.exclusive_minimum else number < self.minimum
+        )
+        if too_low or (self.maximum is not None and number > self.maximum):
+            raise self._invalid(value, origin, provider)
+        return float(number) if self.kind == "float" else int(number)
+
+    def _path(self, value: Any, origin: str, provider: str | None) -> str:
+        text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+        if not isinstance(text, str):
+            raise self._invalid(value, origin, provider)
+        if not text:  # allowed only where the default is "" ("not set"); an optional path became None above
+            if self.default != "":
+                raise self._invalid(value, origin, provider)
+            return text
+        problem = path_text_problem(text)
+        if problem is not None:
+            raise self._invalid(value, origin, provider, reason=f"the path {problem}")
+        expanded = expand_path(text)
+        if self.kind == "directory":
+            problem = directory_problem(expanded)
+            if problem is not None:
+                raise self._invalid(value, origin, provider, reason=f"directory {expanded} {problem}", path=expanded)
+        return str(expanded)
+
+    def _invalid(
+        self,
+        value: Any,
+        origin: str,
+        provider: str | None,
+        *,
+        reason: str | None = None,
+        path: Path | None = None,
+    ) -> ConfigurationError:
+        why = reason or f"{self.key} must be {self.rule}"
+        if not isinstance(value, (str, int, float, os.PathLike)):  # a list, a dict... from a step config
+            why = f"settings take plain values (strings, numbers), not a {type(value).__name__}: {why}"
+        default = repr(self.default) if self.default not in (None, "") else self.none_means or "none"
+        owner = f"{provider} " if provider else ""
+        if origin == "environment":
+            message = (
+                f"environment variable {self.env_var}={value!r} is not valid for the {owner}setting {self.key}: "
+                f"{why}; set it to a valid value, or unset it to use the default ({default})"
+            )
+        else:
+            message = (
+                f"{owner}setting {self.key}={value!r} (argument or step-config key) is not valid: {why}; pass a "
+                f"valid value, or leave it out to use {self.env_var} or the default ({default})"
+            )
+        return ConfigurationError(message, provider=provider, path=None if path is None else str(path))

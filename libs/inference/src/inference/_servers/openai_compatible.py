@@ -1,0 +1,407 @@
+"""Generation over the OpenAI chat completions API, shared by the providers that talk to such servers.
+
+:class:`OpenAICompatibleProvider` sends ``/v1/chat/completions`` requests (whole and streamed) through the
+``openai`` client over the pooled :class:`~inference._servers.http.ServerClient`, spreads them over one or more
+servers (replicas), skips a replica that refuses connections, and maps every failure into the error tree.
+A subclass gives its name, its settings (in :mod:`inference.registry`) and what its backend adds: the vLLM
+provider adds runtime LoRA routes and self-healing, the OpenAI provider nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from inference._core.dependencies import import_optional
+from inference._core.validation import GenerationRequest
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure, server_root
+from inference.config import resolve_settings
+from inference.exceptions import (
+    InferenceError,
+    ProviderUnavailableError,
+    ServerModelNotFoundError,
+    ServerResponseError,
+)
+from inference.provider import GenerationResult, InferenceProvider, StreamEvent
+
+if TYPE_CHECKING:
+    import httpx
+    from openai import AsyncOpenAI
+
+__all__ = ["DOWN_SECONDS", "OpenAICompatibleProvider", "Replica", "ReplicaDown"]
+
+NO_API_KEY = "EMPTY"
+"""What the openai client sends when no key is configured (servers started without a key ignore it)."""
+
+DOWN_SECONDS = 5.0
+"""A replica that refused a connection is tried last for this long (it is still tried if all are down)."""
+
+_QUOTED_MODEL = re.compile(r"`([^`]*)`")
+
+
+class Replica:
+    """One server: its pooled HTTP client, the openai client over it, and how busy and reachable it is."""
+
+    def __init__(self, provider: OpenAICompatibleProvider, base_url: str, settings: Mapping[str, Any]) -> None:
+        self.base_url = base_url
+        self.root = server_root(base_url)
+        self.http = ServerClient(
+            provider=provider.name,
+            server=provider.server_label,
+            base_url=base_url,
+            timeout=settings["timeout"],
+            max_retries=settings["max_retries"],
+            env_prefix=provider.env_prefix,
+            headers={"Authorization": f"Bearer {provider._api_key}"} if provider._api_key else None,
+        )
+        self.in_flight = 0
+        self.down_until = 0.0
+        self._api_key = provider._api_key
+        self._openai_module = provider._openai_module
+        self._openai: AsyncOpenAI | None = None
+        self._openai_http: httpx.AsyncClient | None = None
+
+    def openai(self) -> AsyncOpenAI:
+        """The openai client over the pooled HTTP client (made again when the pooled client changes)."""
+        http_client = self.http.client()
+        if self._openai is None or self._openai_http is not http_client:
+            self._openai = self._openai_module.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key or NO_API_KEY,  # never None: the client would read OPENAI_API_KEY
+                http_client=http_client,
+                timeout=self.http.httpx_timeout,
+                max_retries=0,  # retries live in the pooled client's transport
+            )
+            self._openai_http = http_client
+        return self._openai
+
+    async def aclose(self) -> None:
+        self._openai = None
+        self._openai_http = None
+        await self.http.aclose()
+
+
+class ReplicaDown(Exception):
+    """A request could not reach a replica (connect failure): another replica may take it."""
+
+    def __init__(self, error: InferenceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class OpenAICompatibleProvider(InferenceProvider):
+    """Generates through ``/v1/chat/completions`` on one or more OpenAI-compatible servers.
+
+    Subclasses set :attr:`name` (a provider type in :mod:`inference.registry`, whose settings must include
+    ``base_url``, ``api_key``, ``timeout`` and ``max_retries``), :attr:`server_label` and :attr:`env_prefix`,
+    and call ``super().__init__(**arguments)`` with their constructor's arguments.
+
+    Sampling options the OpenAI API lacks (``top_k``, ``repetition_penalty``) are sent as extra body fields,
+    only when set. Streams ask for a final usage chunk (``stream_options.include_usage``).
+
+    Attributes:
+        server_label: What the server is called in messages (``"vLLM"``).
+        env_prefix: Prefix of the provider's environment variables (``"VLLM"``), for hints.
+        model_hint: What to do when the server does not serve the model asked for.
+    """
+
+    server_label: ClassVar[str] = "OpenAI-compatible server"
+    env_prefix: ClassVar[str] = "OPENAI"
+    model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
+
+    def __init__(self, **arguments: Any) -> None:
+        settings = resolve_settings(self.name, {key: value for key, value in arguments.items() if value is not None})
+        # Imported with the provider (never by ``import inference``), not at first request: importing openai
+        # takes about half a second, which must not stall a running event loop.
+        self._openai_module = import_optional("openai", provider=self.name)
+        self.base_url: str = settings["base_url"]
+        self._api_key: str | None = settings["api_key"]
+        self._settings = {key: value for key, value in settings.items() if key != "api_key"}  # the key: once
+        self._replicas = tuple(Replica(self, url, settings) for url in self.base_url.split(",") if url)
+        self._cursor = itertools.count()
+        self._logger = logging.getLogger(f"inference.{self.name}")
+
+    def __repr__(self) -> str:
+        key = "***" if self._api_key else "None"
+        return f"{type(self).__name__}(base_url={self.base_url!r}, api_key={key})"
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """The base URLs of the servers this provider uses, in configuration order."""
+        return tuple(replica.base_url for replica in self._replicas)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds to wait for one answer."""
+        return self._replicas[0].http.timeout
+
+    @property
+    def max_retries(self) -> int:
+        """Retries of transient failures."""
+        return self._replicas[0].http.max_retries
+
+    async def aclose(self) -> None:
+        """Close the pooled connections. The provider makes new ones if it is used again."""
+        for replica in self._replicas:
+            await replica.aclose()
+
+    # Generation -----------------------------------------------------------------------------------------
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        async with self._chat(request, stream=False) as (replica, completion):
+            try:
+                choice = completion.choices[0]
+                text = choice.message.content or ""
+                if not isinstance(text, str):
+                    raise TypeError(f"message.content is {type(text).__name__}, not text")
+                usage = completion.usage
+                prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (0, 0)
+                answered_model = _model_name(completion.model, request)
+                finish_reason = choice.finish_reason
+            except (AttributeError, IndexError, TypeError) as error:
+                raise replica.http.protocol_error(
+                    operation_of(request), f"an answer that is not a chat completion ({error})"
+                ) from error
+        return GenerationResult(
+            text=text,
+            model=answered_model,
+            adapter_id=request.adapter_id,
+            token_count=prompt_tokens + completion_tokens,
+            finish_reason="length" if finish_reason == "length" else "stop",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """Stream the chat completion, asking for a final usage chunk (``stream_options.include_usage``).
+
+        A server that sends that chunk (vLLM, OpenAI) gives the counts :meth:`generate` gives. A server that
+        ignores the option (llama_cpp.server) sends one chunk per generated token: the completion tokens are
+        counted from those chunks, and the prompt tokens, which such a server does not report, are ``None``
+        (so is ``token_count``).
+        """
+        operation = operation_of(request)
+        async with self._chat(request, stream=True) as (replica, events):
+            pieces: list[str] = []
+            finish_reason: str | None = None
+            counts: tuple[int, int] | None = None
+            answered_model = request.adapter_id or request.model
+            token_chunks = 0
+            iterator = events.__aiter__()
+            while True:
+                try:
+                    chunk = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                except InferenceError:
+                    raise
+                except Exception as error:
+                    raise replica.http.error_from_exception(error, operation=operation) from error
+                try:
+                    answered_model = _model_name(chunk.model, request, answered_model)
+                    if chunk.usage is not None:
+                        counts = _token_counts(chunk.usage)
+                    choices = chunk.choices or []
+                    delta = choices[0].delta if choices else None
+                    content = delta.content if delta is not None else None
+                    if content is not None and not isinstance(content, str):
+                        raise TypeError(f"delta.content is {type(content).__name__}, not text")
+                    finished = choices[0].finish_reason if choices else None
+                    announces_role = delta is not None and bool(getattr(delta, "role", None))
+                except (AttributeError, IndexError, TypeError) as error:
+                    raise replica.http.protocol_error(
+                        operation, f"a stream chunk that is not a chat chunk ({error})"
+                    ) from error
+                if finished:
+                    finish_reason = str(finished)
+                # One chunk per token, even an empty piece (part of a multi-byte character); not the chunk
+                # that only announces the role, nor an empty closing chunk.
+                if content is not None and not ((announces_role or finished) and content == ""):
+                    token_chunks += 1
+                if content:
+                    pieces.append(content)
+                    yield content
+            if finish_reason is None:
+                raise replica.http.protocol_error(
+                    operation,
+                    "a stream that ended without a finish_reason (it was cut short, or is not an OpenAI "
+                    "chat completion stream)",
+                )
+        prompt_tokens: int | None
+        prompt_tokens, completion_tokens = counts if counts is not None else (None, token_chunks)
+        yield GenerationResult(
+            text="".join(pieces),
+            model=answered_model,
+            adapter_id=request.adapter_id,
+            token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
+            finish_reason="length" if finish_reason == "length" else "stop",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+    @asynccontextmanager
+    async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, Any]]:
+        """Send the chat request to a replica and hold it there until the caller is done with the answer.
+
+        Replicas are tried least-busy first (round-robin among equals); one that cannot be reached is
+        skipped. A stream is closed on exit, which makes the server abort the generation.
+        """
+        arguments = chat_arguments(request, stream=stream)
+        failures: list[tuple[Replica, InferenceError]] = []
+        for replica in self._replicas_in_order():
+            replica.in_flight += 1
+            try:
+                try:
+                    answer = await self._create(replica, request, arguments)
+                except ReplicaDown as down:
+                    replica.down_until = time.monotonic() + DOWN_SECONDS
+                    failures.append((replica, down.error))
+                    if len(self._replicas) > 1:
+                        self._logger.warning(
+                            "%s replica %s is unreachable; trying another", self.server_label, replica.base_url
+                        )
+                    continue
+                replica.down_until = 0.0
+                try:
+                    yield replica, answer
+                finally:
+                    if stream:
+                        await answer.close()
+                return
+            finally:
+                replica.in_flight -= 1
+        raise self._all_down(failures)
+
+    def _replicas_in_order(self) -> list[Replica]:
+        count = len(self._replicas)
+        start = next(self._cursor) % count
+        rotated = self._replicas[start:] + self._replicas[:start]
+        now = time.monotonic()
+        up = sorted((replica for replica in rotated if replica.down_until <= now), key=lambda r: r.in_flight)
+        return up + [replica for replica in rotated if replica.down_until > now]
+
+    def _all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
+        if len(failures) == 1:
+            return failures[0][1]
+        said = "; ".join(f"{replica.base_url}: {error}" for replica, error in failures)
+        return ProviderUnavailableError(
+            f"none of the {len(failures)} {self.server_label} replicas accepts connections ({said}): start them, "
+            f"or remove the URLs of stopped servers from {self.env_prefix}_BASE_URL (or base_url)",
+            provider=self.name,
+            url=self.base_url,
+        )
+
+    async def _create(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
+        """One chat request on ``replica``.
+
+        Raises:
+            ReplicaDown: The replica did not accept the connection (another may take the request).
+            InferenceError: Any other failure, mapped by :meth:`_generation_error`.
+        """
+        try:
+            return await replica.openai().chat.completions.create(**arguments)
+        except Exception as error:
+            if is_connect_failure(error):
+                raise ReplicaDown(replica.http.error_from_exception(error, operation=operation_of(request))) from error
+            raise self._generation_error(replica, error, request) from error
+
+    def _generation_error(
+        self, replica: Replica, error: Exception, request: GenerationRequest, *, reloaded_from: str | None = None
+    ) -> InferenceError:
+        """Map a failed chat request: status code first, with :meth:`_generation_handlers` for the cases."""
+        handlers = self._generation_handlers(request, reloaded_from)
+        return replica.http.error_from_exception(error, operation=operation_of(request), handlers=handlers)
+
+    def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
+        def not_found(answer: ServerAnswer) -> ServerResponseError | None:
+            return self._generation_not_found(answer, request, reloaded_from)
+
+        return {404: not_found}
+
+    def _generation_not_found(
+        self, answer: ServerAnswer, request: GenerationRequest, reloaded_from: str | None
+    ) -> ServerResponseError | None:
+        """A 404 to a chat request: a missing route (wrong base URL) or a model the server does not serve."""
+        if answer.route_missing:
+            return answer.error(
+                ServerResponseError,
+                f"{answer.where} has no route {answer.response.request.url.path}: set {self.env_prefix}_BASE_URL "
+                "(or base_url) to the server's OpenAI-compatible base URL, which ends with /v1",
+            )
+        return answer.error(
+            ServerModelNotFoundError,
+            f"{answer.where} does not serve model {quoted_model(answer) or request.model!r} ({answer.message}): "
+            f"{self.model_hint}",
+        )
+
+
+def quoted_model(answer: ServerAnswer) -> str | None:
+    """The model name an error message quotes in backticks (vLLM, OpenAI: "The model `x` does not exist")."""
+    quoted = _QUOTED_MODEL.search(answer.message)
+    return quoted.group(1) if quoted else None
+
+
+def operation_of(request: GenerationRequest) -> str:
+    """What the request does, for messages: ``generate with model 'x'`` or ``... with adapter 'a'``."""
+    if request.adapter_id:
+        return f"generate with adapter {request.adapter_id!r}"
+    return f"generate with model {request.model!r}"
+
+
+def _token_counts(usage: Any) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` of an OpenAI ``usage`` object.
+
+    Raises:
+        TypeError: A count is missing or not a non-negative integer.
+    """
+    counts = (usage.prompt_tokens, usage.completion_tokens)
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise TypeError(f"usage has token counts {counts!r}, not non-negative integers")
+    return counts
+
+
+def _model_name(answered: Any, request: GenerationRequest, default: str | None = None) -> str:
+    """The model the server says answered, else ``default`` (else the adapter or model asked for).
+
+    Raises:
+        TypeError: The server's ``model`` is not a string.
+    """
+    if answered is not None and not isinstance(answered, str):
+        raise TypeError(f"model is {type(answered).__name__}, not a name")
+    return answered or default or request.adapter_id or request.model
+
+
+def chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+    """The ``chat.completions.create`` arguments: only what the caller set; ``top_k`` and
+    ``repetition_penalty``, which the OpenAI API lacks, in ``extra_body``."""
+    messages = []
+    if request.system_prompt is not None:
+        messages.append({"role": "system", "content": request.system_prompt})
+    messages.append({"role": "user", "content": request.prompt})
+    model = request.adapter_id or request.model
+    arguments: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": request.max_tokens}
+    if request.temperature is not None:
+        arguments["temperature"] = request.temperature
+    if request.top_p is not None:
+        arguments["top_p"] = request.top_p
+    if request.stop:
+        arguments["stop"] = list(request.stop)
+    if request.seed is not None:
+        arguments["seed"] = request.seed
+    extra_body: dict[str, Any] = {}
+    if request.repetition_penalty is not None:
+        extra_body["repetition_penalty"] = request.repetition_penalty
+    if request.top_k is not None:
+        extra_body["top_k"] = request.top_k
+    if extra_body:
+        arguments["extra_body"] = extra_body
+    if stream:
+        arguments["stream"] = True
+        arguments["stream_options"] = {"include_usage": True}
+    return arguments

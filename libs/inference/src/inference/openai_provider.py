@@ -1,0 +1,48 @@
+"""The OpenAI provider: generation through any OpenAI-compatible chat completions endpoint, without adapters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from inference._servers.openai_compatible import OpenAICompatibleProvider
+
+__all__ = ["OpenAIProvider"]
+
+
+class OpenAIProvider(OpenAICompatibleProvider):
+    """Generates through an OpenAI-compatible API: OpenAI itself, SGLang, LM Studio, a gateway.
+
+    Requests go to ``/v1/chat/completions`` through the ``openai`` client, whole or streamed. Settings are
+    read from the variables the ``openai`` client itself reads (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``).
+    Adapters are not supported (:attr:`supports_adapters` is false): ``load_adapter`` raises
+    :class:`~inference.exceptions.UnsupportedOperationError`. Several base URLs (a list, or comma-separated)
+    spread requests over several servers serving the same model.
+
+    ``top_k`` and ``repetition_penalty``, which the OpenAI API lacks, are sent as extra body fields when set:
+    servers that know them use them; OpenAI's own API refuses them (a 400 naming the field).
+
+    Args:
+        base_url: The API's base URL (ending with ``/v1`` for most servers), or several; else
+            ``OPENAI_BASE_URL``; else ``https://api.openai.com/v1``.
+        api_key: Sent as a bearer token; else ``OPENAI_API_KEY``; else none. Never shown.
+        timeout: Seconds to wait for one answer; else ``OPENAI_TIMEOUT``; else 120.
+        max_retries: Retries of connect errors and 429/502/503/504; else ``OPENAI_MAX_RETRIES``; else 2.
+
+    Example:
+        >>> OpenAIProvider(base_url="http://127.0.0.1:30000/v1", api_key="sk-secret")
+        OpenAIProvider(base_url='http://127.0.0.1:30000/v1', api_key=***)
+    """
+
+    name = "openai"
+    server_label = "OpenAI-compatible server"
+    env_prefix = "OPENAI"
+    supports_adapters = False
+
+    def __init__(
+        self,
+        base_url: str | Sequence[str] | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        max_retries: int | None = None,
+    ) -> None:
+        super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)

@@ -1,0 +1,263 @@
+"""OpenAIProvider at the wire: the exact request bodies, the key in the Authorization header, errors mapped.
+
+Answers are shaped as OpenAI's API sends them (``{"error": {"message", "type", "param", "code"}}``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+import respx
+
+from inference import OpenAIProvider, get_provider, get_provider_for_step
+from inference.config import SETTINGS
+from inference.exceptions import (
+    InferenceError,
+    ProviderUnavailableError,
+    ServerModelNotFoundError,
+    ServerResponseError,
+    UnsupportedOperationError,
+)
+from inference.factory import clear_provider_cache
+from inference.provider import GenerationResult
+
+BASE = "http://gateway.test:4000/v1"
+CHAT = f"{BASE}/chat/completions"
+SECRET = "sk-openai-secret-1234"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    for settings in SETTINGS.values():
+        for setting in settings:
+            monkeypatch.delenv(setting.env_var, raising=False)
+    monkeypatch.delenv("INFERENCE_PROVIDER", raising=False)
+    clear_provider_cache()
+    yield monkeypatch
+    clear_provider_cache()
+
+
+@pytest.fixture
+def mock() -> Iterator[respx.MockRouter]:
+    with respx.mock(assert_all_called=False) as router:
+        yield router
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[OpenAIProvider]:
+    async with OpenAIProvider(base_url=BASE, api_key=SECRET, max_retries=1) as openai:
+        yield openai
+
+
+def openai_error(status: int, message: str, error_type: str, code: str | None = None) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"message": message, "type": error_type, "param": None, "code": code}})
+
+
+MODEL = "gpt-4o-mini-2024-07-18"
+
+
+def completion(text: str = "Hi!", *, model: str = MODEL, finish_reason: str = "stop") -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={
+            "id": "chatcmpl-abc",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11},
+        },
+    )
+
+
+def stream_body(pieces: list[str], *, model: str = "gpt-4o-mini-2024-07-18") -> str:
+    def chunk(delta: dict[str, object], finish: str | None = None, usage: object = None) -> str:
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}] if delta or finish else []
+        body = {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1, "model": model,
+                "choices": choices, "usage": usage}
+        return f"data: {json.dumps(body)}\n\n"
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in pieces]
+    events.append(chunk({}, finish="stop"))
+    count = len(pieces)
+    events.append(chunk({}, usage={"prompt_tokens": 9, "completion_tokens": count, "total_tokens": 9 + count}))
+    return "".join(events) + "data: [DONE]\n\n"
+
+
+def sent(route: respx.Route, index: int = -1) -> dict[str, object]:
+    body: dict[str, object] = json.loads(route.calls[index].request.content)
+    return body
+
+
+async def test_generate_sends_the_exact_body_and_the_key(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
+    route = mock.post(CHAT).mock(return_value=completion())
+    result = await provider.generate(
+        "Hello", model="gpt-4o-mini", max_tokens=16, system_prompt="Be brief.", temperature=0.2, top_p=0.9,
+        stop=["\n"], seed=7,
+    )
+    assert sent(route) == {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+        "max_tokens": 16,
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "stop": ["\n"],
+        "seed": 7,
+    }
+    assert route.calls[-1].request.headers["authorization"] == f"Bearer {SECRET}"
+    assert result == GenerationResult(
+        text="Hi!", model="gpt-4o-mini-2024-07-18", adapter_id=None, token_count=11, finish_reason="stop",
+        prompt_tokens=9, completion_tokens=2,
+    )
+
+
+async def test_only_what_the_caller_set_is_sent_and_extras_go_in_the_body(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    route = mock.post(CHAT).mock(return_value=completion())
+    await provider.generate("Hello", model="m", max_tokens=4)
+    assert sent(route) == {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    await provider.generate("Hello", model="m", max_tokens=4, top_k=40, repetition_penalty=1.1)
+    assert sent(route) == {
+        "model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4,
+        "top_k": 40, "repetition_penalty": 1.1,
+    }
+
+
+async def test_stream_yields_pieces_then_the_result(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
+    route = mock.post(CHAT).mock(
+        return_value=httpx.Response(200, text=stream_body(["Hel", "lo"]), headers={"content-type": "text/event-stream"})
+    )
+    events = [event async for event in provider.stream("Hi", model="gpt-4o-mini", max_tokens=8)]
+    assert events[:2] == ["Hel", "lo"]
+    assert events[2] == GenerationResult(
+        text="Hello", model="gpt-4o-mini-2024-07-18", adapter_id=None, token_count=11, finish_reason="stop",
+        prompt_tokens=9, completion_tokens=2,
+    )
+    assert sent(route) == {
+        "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+
+
+async def test_the_key_comes_from_openai_api_key_and_base_url_from_openai_base_url(
+    clean_env: pytest.MonkeyPatch, mock: respx.MockRouter
+) -> None:
+    clean_env.setenv("OPENAI_API_KEY", SECRET)
+    clean_env.setenv("OPENAI_BASE_URL", BASE)
+    route = mock.post(CHAT).mock(return_value=completion())
+    provider = get_provider("openai")
+    assert provider.base_url == BASE  # type: ignore[attr-defined]
+    await provider.generate("Hello", model="m", max_tokens=2)
+    assert route.calls[-1].request.headers["authorization"] == f"Bearer {SECRET}"
+    assert SECRET not in repr(provider) and "api_key=***" in repr(provider)
+
+
+def test_the_default_base_url_is_openais() -> None:
+    assert OpenAIProvider().base_url == "https://api.openai.com/v1"
+    assert repr(OpenAIProvider()) == "OpenAIProvider(base_url='https://api.openai.com/v1', api_key=None)"
+
+
+def test_step_config_and_settings(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("OPENAI_TIMEOUT", "30")
+    provider = get_provider_for_step({"provider": "openai", "base_url": BASE, "max_retries": 0, "model": "m"})
+    assert isinstance(provider, OpenAIProvider)
+    assert (provider.base_url, provider.timeout, provider.max_retries) == (BASE, 30.0, 0)
+    assert get_provider("openai", BASE) is not provider  # other settings (max_retries), another object
+
+
+async def test_the_vllm_provider_never_reads_openai_api_key(clean_env: pytest.MonkeyPatch) -> None:
+    from inference.vllm_provider import VLLMProvider
+
+    clean_env.setenv("OPENAI_API_KEY", SECRET)
+    vllm = VLLMProvider(base_url=BASE)
+    assert "api_key=None" in repr(vllm)
+    assert vllm._replicas[0].openai().api_key == "EMPTY"
+    await vllm.aclose()
+
+
+async def test_adapters_are_unsupported(provider: OpenAIProvider) -> None:
+    assert OpenAIProvider.supports_adapters is False
+    with pytest.raises(UnsupportedOperationError, match="OpenAIProvider does not support load_adapter"):
+        await provider.load_adapter("style", "/adapters/style")
+    with pytest.raises(UnsupportedOperationError, match="OpenAIProvider"):
+        await provider.generate("Hello", model="m", adapter_id="style")
+    assert await provider.list_adapters() == []
+
+
+async def test_a_refused_key_is_a_server_response_error_without_the_key(
+    mock: respx.MockRouter, provider: OpenAIProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    mock.post(CHAT).mock(
+        return_value=openai_error(401, "Incorrect API key provided: sk-op***1234.", "invalid_request_error",
+                                  "invalid_api_key")
+    )
+    with pytest.raises(ServerResponseError) as caught:
+        await provider.generate("Hello", model="m", max_tokens=2)
+    assert caught.value.status_code == 401 and isinstance(caught.value, httpx.HTTPStatusError)
+    assert "refused the credentials" in str(caught.value)
+    texts = [str(caught.value), repr(caught.value), *(record.getMessage() for record in caplog.records)]
+    assert not [text for text in texts if SECRET in text]
+
+
+async def test_an_unknown_model_is_model_not_found(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
+    mock.post(CHAT).mock(
+        return_value=openai_error(404, "The model `gpt-9` does not exist or you do not have access to it.",
+                                  "invalid_request_error", "model_not_found")
+    )
+    with pytest.raises(ServerModelNotFoundError, match=r"does not serve model 'gpt-9'.*GET /v1/models"):
+        await provider.generate("Hello", model="gpt-9", max_tokens=2)
+
+
+async def test_a_missing_route_names_openai_base_url(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
+    mock.post(CHAT).mock(return_value=httpx.Response(404, text="404 page not found"))
+    with pytest.raises(ServerResponseError, match="OPENAI_BASE_URL") as caught:
+        await provider.generate("Hello", model="m", max_tokens=2)
+    assert not isinstance(caught.value, ServerModelNotFoundError)
+
+
+async def test_an_unknown_field_is_a_400_with_the_servers_message(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    mock.post(CHAT).mock(
+        return_value=openai_error(400, "Unrecognized request argument supplied: top_k", "invalid_request_error")
+    )
+    with pytest.raises(ServerResponseError, match="Unrecognized request argument supplied: top_k") as caught:
+        await provider.generate("Hello", model="m", max_tokens=2, top_k=5)
+    assert caught.value.status_code == 400
+
+
+async def test_rate_limits_are_retried_then_reported(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
+    route = mock.post(CHAT).mock(
+        side_effect=[
+            openai_error(429, "Rate limit reached", "requests", "rate_limit_exceeded"),
+            completion("after retry"),
+        ]
+    )
+    result = await provider.generate("Hello", model="m", max_tokens=2)
+    assert result.text == "after retry" and route.call_count == 2
+
+
+async def test_a_server_that_refuses_connections_is_unavailable() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with OpenAIProvider(base_url=f"http://127.0.0.1:{port}/v1", api_key=SECRET, max_retries=0) as provider:
+        with pytest.raises(ProviderUnavailableError, match="OPENAI_BASE_URL") as caught:
+            await provider.generate("Hello", model="m", max_tokens=2)
+    assert SECRET not in str(caught.value) and isinstance(caught.value, InferenceError)

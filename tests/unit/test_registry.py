@@ -1,0 +1,115 @@
+"""One registry entry per provider; everything that lists providers reads it."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import inference
+from inference import cli
+from inference.config import SETTINGS, Setting
+from inference.exceptions import MissingDependencyError, UnknownProviderError
+from inference.registry import PROVIDER_EXTRAS, PROVIDER_REGISTRY, PROVIDERS, load_provider_class
+
+INIT = Path(inference.__file__)
+
+
+def test_every_list_of_providers_is_the_registry() -> None:
+    names = list(PROVIDERS)
+    assert list(PROVIDER_REGISTRY) == list(PROVIDER_EXTRAS) == list(SETTINGS) == names
+    assert {name: spec.target for name, spec in PROVIDERS.items()} == PROVIDER_REGISTRY
+    assert set(cli.SERVER_PROVIDERS) == {"vllm", "openai", "ollama"}
+    assert {name: spec.packages for name, spec in PROVIDERS.items()} == cli.PROVIDER_PACKAGES
+    for spec in PROVIDERS.values():
+        assert all(isinstance(setting, Setting) for setting in spec.settings)
+        assert spec.server == any(setting.key == "base_url" for setting in spec.settings), spec.name
+        if spec.model_setting is not None:
+            assert spec.model_setting in {setting.key for setting in spec.settings}
+
+
+@pytest.mark.parametrize("name", list(PROVIDERS))
+def test_each_target_is_a_provider_class_named_like_its_entry(name: str) -> None:
+    spec = PROVIDERS[name]
+    cls = load_provider_class(name)
+    assert cls.__name__ == spec.class_name and cls.__module__ == spec.module
+    assert cls.name == name  # type: ignore[attr-defined]
+    assert getattr(inference, spec.class_name) is cls  # the lazy attribute of ``inference``
+
+
+def test_init_names_every_provider_class_for_type_checkers() -> None:
+    """``inference/__init__.py`` imports each class under TYPE_CHECKING and lists it in ``__all__``."""
+    tree = ast.parse(INIT.read_text(encoding="utf-8"))
+    checked = next(
+        node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    imports = [node for node in checked.body if isinstance(node, ast.ImportFrom)]
+    imported = {f"{node.module}:{alias.name}" for node in imports for alias in node.names}
+    assert imported == set(PROVIDER_REGISTRY.values()), "add the class to inference/__init__.py's TYPE_CHECKING block"
+    assert {spec.class_name for spec in PROVIDERS.values()} <= set(inference.__all__)
+
+
+def test_unknown_provider_lists_the_registered_names() -> None:
+    with pytest.raises(UnknownProviderError, match="valid names are " + ", ".join(sorted(PROVIDERS))):
+        load_provider_class("tgi")
+
+
+def test_a_provider_whose_module_cannot_be_imported_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PROVIDER_REGISTRY, "openai", "inference._no_such_module:OpenAIProvider")
+    with pytest.raises(MissingDependencyError) as caught:
+        load_provider_class("openai")
+    assert str(caught.value) == (
+        "the openai provider needs the Python package 'inference._no_such_module', which cannot be imported "
+        "(No module named 'inference._no_such_module'): run pip install 'inference-adapters[openai]'"
+    )
+    assert caught.value.provider == "openai"
+
+
+def test_a_missing_backend_package_is_named_with_the_extra_of_the_provider() -> None:
+    """openai hidden: building a provider names the package and the extra that installs it, in one format."""
+    code = (
+        "import sys; sys.modules['openai'] = None\n"
+        "from inference import get_provider\n"
+        "for name in ('vllm', 'openai'):\n"
+        "    try: get_provider(name, 'http://127.0.0.1:1/v1')\n"
+        "    except ImportError as error: print(type(error).__name__, error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    lines = result.stdout.splitlines()
+    assert lines == [
+        f"MissingDependencyError the {name} provider needs the Python package 'openai', which cannot be imported "
+        f"(import of openai halted; None in sys.modules): run pip install 'inference-adapters[{name}]'"
+        for name in ("vllm", "openai")
+    ]
+
+
+def test_import_optional_takes_the_extra_from_the_registry_or_the_argument() -> None:
+    from inference._core.dependencies import import_optional
+
+    assert import_optional("json", provider="vllm").__name__ == "json"
+    with pytest.raises(MissingDependencyError, match=r"\[transformers\]"):
+        import_optional("surely_not_installed_pkg", provider="transformers")
+    with pytest.raises(MissingDependencyError, match=r"\[llamacpp\]"):
+        import_optional("surely_not_installed_pkg", provider="ollama", extra="llamacpp")
+
+
+def test_inference_providers_never_contacts_a_remote_default_unasked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("VLLM_BASE_URL", raising=False)
+    report = cli._provider_report("openai", None)
+    assert report["server"] is True and report["base_url"] is None
+    assert "not checked" in report["detail"] and "--openai-url" in report["detail"]
+    assert cli._provider_report("openai", "http://127.0.0.1:30000/v1")["base_url"] == "http://127.0.0.1:30000/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://gateway.example/v1")
+    assert cli._provider_report("openai", None)["base_url"] == "https://gateway.example/v1"
+    assert cli._provider_report("vllm", None)["base_url"] == "http://localhost:8100/v1"  # local default: checked
+
+
+def test_model_path_sets_the_model_setting_of_the_in_process_provider() -> None:
+    parser = cli.build_parser()
+    for name in ("llamacpp", "transformers"):
+        args = parser.parse_args(["generate", "Hi", "--provider", name, "--model-path", "/m"])
+        assert cli._step_config(args)[PROVIDERS[name].model_setting or ""] == "/m"
