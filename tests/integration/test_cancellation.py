@@ -120,8 +120,13 @@ async def test_llamacpp_a_cancelled_generate_batch_stops_every_request_in_flight
 
     # Before the fix the request running at the cancel went on to its max_tokens (the queued two were dropped).
     assert after_s < full_s / 2, f"the next request took {after_s:.2f} s; one cancelled request takes {full_s:.2f} s"
-    assert len(jobs) == 2  # the running request stopped; the two still queued never ran; then the short one
-    assert jobs[0].completion_tokens < LLAMA_LONG / 2
+    *cancelled, short = jobs  # the cancelled requests that reached the worker, then the short one
+    assert short.completion_tokens <= SHORT
+    assert 1 <= len(cancelled) <= 3
+    assert cancelled[0].completion_tokens < LLAMA_LONG / 2  # the running request stopped
+    # A queued request is dropped, or, when the worker takes it up before the cancel reaches the executor, it
+    # returns before its first token.
+    assert all(job.completion_tokens <= 1 for job in cancelled[1:])
 
 
 async def test_llamacpp_a_stream_and_a_generate_cancel_the_same_way(llamacpp: Any) -> None:

@@ -3,14 +3,15 @@
 Each adapter is loaded once with llama.cpp's adapter API (``llama_adapter_lora_init``) and made active per
 request with ``llama_set_adapters_lora``; the base model is never reloaded. When the active adapter changes,
 the KV cache is reset, because ``Llama.generate`` reuses a matching token prefix and knows nothing about
-adapters. Where the adapter API is missing (or ``hot_swap=False``), the provider falls back to the seed's
-design: it rebuilds ``Llama(model_path, lora_path=...)`` whenever the adapter changes.
+adapters. Where the adapter API is missing (or ``hot_swap=False``), the provider runs in reload mode: it
+rebuilds ``Llama(model_path, lora_path=...)`` whenever the adapter changes.
 
-All model work (load, adapter init, generation) runs on one :class:`~inference._inprocess.worker.ModelWorker` thread,
-so one context never runs two requests at once, requests run first come first served, and the event loop
-only awaits. Streaming hands each piece from that thread to the event loop as it is decoded. A caller that
-gives up (a cancelled ``generate``, a stream closed early) sets its request's cancel flag, which the
-generation loop checks after every token, so the next request never waits behind abandoned work.
+All model work (load, adapter init, generation) runs on the worker thread of
+:class:`~inference._inprocess.base.InProcessProvider`, so one context never runs two requests at once,
+requests run first come first served, and the event loop only awaits. Streaming hands each piece from
+that thread to the event loop as it is decoded. A caller that gives up (a cancelled ``generate``, a stream
+closed early) sets its request's cancel flag, which the generation loop checks after every token, so the
+next request never waits behind abandoned work.
 
 Which adapters the user loaded (ids, paths, pins, LRU order) is the base class's registry; this module only
 keeps llama.cpp's handles for the adapters resident in the backend now, and only the worker thread changes
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import ctypes
 import functools
 import importlib.util
@@ -33,21 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._core.dependencies import import_optional
+from inference._core.dependencies import import_optional, missing_dependency
 from inference._core.validation import GenerationRequest
-from inference._inprocess.batching import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
-from inference._inprocess.worker import ModelWorker
+from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
+from inference._inprocess.streaming import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
 from inference.config import resolve_settings
-from inference.exceptions import (
-    AdapterNotFoundError,
-    ConfigurationError,
-    InvalidAdapterError,
-    InvalidRequestError,
-    MissingDependencyError,
-    ModelLoadError,
-    ProviderError,
-)
-from inference.provider import GenerationResult, InferenceProvider, StreamEvent
+from inference.exceptions import ConfigurationError, InvalidAdapterError, InvalidRequestError, ModelLoadError
+from inference.provider import GenerationResult, StreamEvent
 
 __all__ = ["DEFAULT_ADAPTER_CACHE_DIR", "DEFAULT_SAMPLING", "KV_CACHE_TYPES", "LlamaCppProvider"]
 
@@ -90,7 +82,7 @@ class _ModelInfo:
     eos_token: str
 
 
-class LlamaCppProvider(InferenceProvider):
+class LlamaCppProvider(InProcessProvider[_Adapter]):
     """Runs a GGUF model in process with llama.cpp, switching LoRA adapters per request.
 
     The model loads lazily on the first call, on the provider's worker thread, exactly once even when
@@ -133,10 +125,8 @@ class LlamaCppProvider(InferenceProvider):
     """
 
     name = _PROVIDER
-    supports_adapters = True
-    hot_swaps_adapters = True
     batches_mixed_adapters = False
-    runs_in_process = True
+    _backend_label = "llama.cpp"
 
     def __init__(
         self,
@@ -172,13 +162,10 @@ class LlamaCppProvider(InferenceProvider):
                 f"got {settings['n_ctx']!r}",
                 provider=_PROVIDER,
             )
-        capacity = settings["max_adapters"]
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-            raise ConfigurationError(
-                "max_adapters must be a positive integer or None for no limit (argument max_adapters or "
-                f"LLAMACPP_MAX_ADAPTERS), got {capacity!r}",
-                provider=_PROVIDER,
-            )
+        super().__init__(  # checks max_adapters; the worker thread starts on first use
+            max_adapters=settings["max_adapters"],
+            worker_initializer=functools.partial(_set_thread_log_mode, verbose),
+        )
         if kv_cache_type is not None and kv_cache_type not in KV_CACHE_TYPES:
             raise ConfigurationError(
                 f"kv_cache_type {kv_cache_type!r} is not known: use one of {', '.join(KV_CACHE_TYPES)}",
@@ -186,25 +173,18 @@ class LlamaCppProvider(InferenceProvider):
             )
         if seed is not None and not _seed_fits(seed):
             raise ConfigurationError(f"seed {_seed_rule(seed)}", provider=_PROVIDER)
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise MissingDependencyError(
-                "the llamacpp provider needs the Python package 'llama_cpp', which is not installed: "
-                "run pip install 'inference-adapters[llamacpp]'",
-                provider=_PROVIDER,
-            )
+        if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: the first call imports it
+            raise missing_dependency("llama_cpp", provider=_PROVIDER, extra="llamacpp")
         self.model_path = Path(settings["model_path"])
         self.n_ctx: int = settings["n_ctx"]
         self.n_gpu_layers: int = settings["n_gpu_layers"]
         self.adapter_cache_dir = Path(settings["adapter_cache_dir"] or DEFAULT_ADAPTER_CACHE_DIR)
-        self.max_adapters: int | None = capacity
         self.kv_cache_type = kv_cache_type
         self.seed = seed
         self._n_threads = n_threads
         self._n_batch = n_batch
         self._verbose = verbose
         self._hot_swap_requested = hot_swap
-        self._worker = ModelWorker(_PROVIDER, initializer=functools.partial(_set_thread_log_mode, verbose))
-        self._closed = False
         # Worker-thread state (touched only from inside self._worker.run calls).
         self._llama: Any = None
         self._info: _ModelInfo | None = None
@@ -213,8 +193,6 @@ class LlamaCppProvider(InferenceProvider):
         self._active: str | None = None  # adapter set on the context (hot-swap) or baked in (reload)
         self._model_lora_path: Path | None = None  # reload mode: the adapter the model was built with
         self._loads = 0
-        # Adapters resident in llama.cpp, by id (the registry decides when; the worker uses the handles).
-        self._resident: dict[str, _Adapter] = {}
 
     def __repr__(self) -> str:
         return (
@@ -240,11 +218,6 @@ class LlamaCppProvider(InferenceProvider):
         ``None`` until the first call has imported llama.cpp.
         """
         return self._hot_swap
-
-    @property
-    def resident_adapters(self) -> list[str]:
-        """Ids of the adapters in llama.cpp's memory now, sorted (``list_adapters`` also lists evicted ones)."""
-        return sorted(self._resident)
 
     # Public hooks ---------------------------------------------------------------------------------------
 
@@ -278,62 +251,16 @@ class LlamaCppProvider(InferenceProvider):
         self._check_open()
         await self._worker.run(self._remove_adapter_blocking, adapter_id)
 
-    async def aclose(self) -> None:
-        """Let the requests already queued finish, then free the adapters, the model and the worker thread.
-
-        Every request that reached the model's queue before this call (``generate``, ``stream``, with or
-        without an adapter) runs to its end and returns its result, in order; then the adapters and the
-        model are freed. A call that had not reached the queue yet (one still waiting for its adapter to
-        load, for example) and every call made afterwards raise :class:`~inference.ProviderError` saying
-        the provider is closed. To stop queued work sooner, cancel those calls first: each stops within
-        one token. Cancelling ``aclose`` itself does not stop the freeing, which goes on in the worker.
-        Safe to call twice.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            close = self._worker.submit(self._close_blocking)  # after every request queued so far
-        finally:
-            self._worker.shutdown()  # refuses new work; what is queued still runs
-        try:
-            await asyncio.shield(close)
-        finally:
-            self._adapter_registry.clear()
-            await super().aclose()
-
     # Event-loop helpers ---------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ProviderError(
-                "this LlamaCppProvider is closed: create a new one (or call get_provider again)",
-                provider=self.name,
-                path=str(self.model_path),
-            )
-
-    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
-        """As the base class, but a closed provider says so first, whether or not the request uses an adapter."""
-        self._check_open()
-        return super()._adapter_in_use(adapter_id)
-
-    async def _discover_adapter(self, adapter_id: str) -> str | None:
-        """Nothing is discovered; a closed provider (whose registry is cleared) says it is closed."""
-        self._check_open()
-        return None
+    def _closed_path(self) -> str | None:
+        return str(self.model_path)
 
     def _check_request(self, request: GenerationRequest) -> None:
         """Refuse what llama.cpp would misread, before the request is queued: a seed outside its range."""
-        self._check_open()
+        super()._check_request(request)
         if request.seed is not None and not _seed_fits(request.seed):
             raise InvalidRequestError(f"seed {_seed_rule(request.seed)}", provider=self.name)
-
-    def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
-        return AdapterNotFoundError(
-            f"adapter {adapter_id!r} is not loaded in llama.cpp: call load_adapter first "
-            f"(resident: {', '.join(sorted(self._resident)) or 'none'})",
-            provider=self.name,
-        )
 
     def _convert_peft(self, directory: Path) -> Path:
         """Convert a PEFT directory to a GGUF LoRA for this base model (cached; runs in a helper thread)."""
@@ -378,7 +305,7 @@ class LlamaCppProvider(InferenceProvider):
         llama_cpp = self._llama_cpp()
         if self._llama is not None and (self._hot_swap or lora_path == self._model_lora_path):
             return self._llama
-        if self._llama is not None:  # reload mode, another adapter: the seed's design
+        if self._llama is not None:  # reload mode, another adapter: rebuild the model with it
             self._llama.close()
             self._llama = None
             self._active = None
@@ -548,7 +475,7 @@ class LlamaCppProvider(InferenceProvider):
         if adapter_id is not None and adapter is None:
             raise self._not_loaded(adapter_id)
         self._llama_cpp()
-        if not self._hot_swap:  # the seed's design: rebuild the model with lora_path when the adapter changes
+        if not self._hot_swap:  # reload mode: rebuild the model with lora_path when the adapter changes
             llama = self._ensure_model(adapter.gguf_path if adapter is not None else None)
             self._active = adapter_id
             return llama
@@ -559,21 +486,17 @@ class LlamaCppProvider(InferenceProvider):
         return llama
 
     def _prompt_tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
-        """Token ids per the in-process prompt rule (shared with the Transformers provider)."""
+        """Token ids per the in-process prompt rule (:mod:`inference._inprocess.base`)."""
         if self._formatter is not None:
-            messages: list[dict[str, str]] = []
-            if request.system_prompt:
-                messages.append({"role": "system", "content": request.system_prompt})
-            messages.append({"role": "user", "content": request.prompt})
             try:
-                rendered: str = self._formatter(messages=messages).prompt
+                rendered: str = self._formatter(messages=chat_messages(request)).prompt
             except Exception as error:  # jinja2 errors, raise_exception() in the template
                 raise InvalidRequestError(
                     f"the chat template of {self.model_path.name} cannot render this request ({error})",
                     provider=self.name,
                 ) from error
             return list(llama.tokenize(rendered.encode("utf-8"), add_bos=False, special=True))
-        text = f"{request.system_prompt}\n\n{request.prompt}" if request.system_prompt else request.prompt
+        text = plain_prompt(request)
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
         return list(llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
@@ -592,10 +515,7 @@ class LlamaCppProvider(InferenceProvider):
         llama_cpp = self._llama_cpp()
         llama = self._activate(request.adapter_id)
         prompt = self._prompt_tokens(llama, request)
-        if not prompt:
-            raise InvalidRequestError(
-                "the prompt is empty after tokenisation: give a non-empty prompt", provider=self.name
-            )
+        self._require_prompt(prompt)
         room = self.n_ctx - len(prompt)
         if room < 1:
             raise InvalidRequestError(

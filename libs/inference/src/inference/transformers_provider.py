@@ -2,10 +2,11 @@
 
 ``set_adapter`` is global model state, so serving each request with its own ``set_adapter`` races as soon
 as two requests for different adapters overlap. This provider never switches the active adapter for a
-request: concurrent ``generate`` calls are collected into batches (see :mod:`inference._inprocess.batching`) and
-each batch runs as ONE ``model.generate`` with PEFT's per-row ``adapter_names`` (``"__base__"`` for the
-base model), left-padded. Everything that touches the model (load, adapters, batches) runs on one worker
-thread, in order, so the event loop never blocks and adapters never change under a running batch.
+request: concurrent ``generate`` calls are collected into batches (see :mod:`inference._inprocess.batching`)
+and each batch runs as ONE ``model.generate`` with PEFT's per-row ``adapter_names`` (``"__base__"`` for the
+base model), left-padded. Everything that touches the model (load, adapters, batches) runs on the worker
+thread of :class:`~inference._inprocess.base.InProcessProvider`, in order, so the event loop never blocks
+and adapters never change under a running batch.
 
 A streamed request is not batched: it runs as its own one-row ``generate`` whose stopping criterion hands
 each new token's text to the event loop. Every request carries a cancel flag that is set when its caller
@@ -22,8 +23,6 @@ torch, transformers and peft are imported on first use only.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gc
 import itertools
 import re
@@ -36,23 +35,20 @@ from typing import Any
 
 from inference._core.dependencies import import_optional
 from inference._core.validation import GenerationRequest
+from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
 from inference._inprocess.batching import (
     BatchQueue,
     BatchRow,
     PendingRequest,
-    PieceAssembler,
-    PieceSink,
     RowLimits,
     RowsCancelled,
     cut_row,
     left_pad,
-    stream_from_worker,
 )
-from inference._inprocess.worker import ModelWorker
+from inference._inprocess.streaming import PieceAssembler, PieceSink, stream_from_worker
 from inference.adapters.peft import PeftAdapter, read_peft_adapter
 from inference.config import resolve_settings
 from inference.exceptions import (
-    AdapterNotFoundError,
     ConfigurationError,
     InferenceError,
     InvalidAdapterError,
@@ -60,7 +56,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.provider import GenerationResult, InferenceProvider, StreamEvent
+from inference.provider import GenerationResult, StreamEvent
 
 __all__ = ["TransformersProvider"]
 
@@ -74,10 +70,6 @@ MAX_SEED = 2**64 - 1
 _DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[^.]+)?\.weight$")
-
-
-def _import(module: str) -> Any:
-    return import_optional(module, extra="transformers", provider="transformers")
 
 
 @dataclass
@@ -109,7 +101,7 @@ class _Sampling:
     alone: object | None = None  # a fresh object for seeded sampling: it runs alone, so it reproduces
 
 
-class TransformersProvider(InferenceProvider):
+class TransformersProvider(InProcessProvider[str]):
     """A local Hugging Face model (directory or GGUF file) with PEFT LoRA adapters and mixed-adapter batching.
 
     Args:
@@ -143,10 +135,7 @@ class TransformersProvider(InferenceProvider):
     """
 
     name = "transformers"
-    supports_adapters = True
-    hot_swaps_adapters = True
     batches_mixed_adapters = True
-    runs_in_process = True
 
     def __init__(
         self,
@@ -194,25 +183,15 @@ class TransformersProvider(InferenceProvider):
                 "(argument batch_window_ms or TRANSFORMERS_BATCH_WINDOW_MS)",
                 provider=self.name,
             )
-        capacity = settings["max_adapters"]
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-            raise ConfigurationError(
-                "max_adapters must be a positive integer or None for no limit (argument max_adapters or "
-                f"TRANSFORMERS_MAX_ADAPTERS), got {capacity!r}",
-                provider=self.name,
-            )
-        self.max_adapters: int | None = capacity
+        super().__init__(max_adapters=settings["max_adapters"])
         self.max_batch_size: int = size
         self.batch_window_ms: float = float(window)
         self._queue = BatchQueue(size, self.batch_window_ms / 1000.0)
-        self._worker = ModelWorker(self.name)
         self._loaded: _LoadedModel | None = None
-        # Adapters in the PEFT model now (worker thread): adapter id -> internal PEFT adapter name.
-        self._resident: dict[str, str] = {}
+        # self._resident maps each adapter id in the PEFT model to its internal PEFT adapter name.
         # Never reused, and none is part of another ("inference_1_adapter" is not in "inference_11_adapter").
         self._peft_names = (f"inference_{number}_adapter" for number in itertools.count())
         self._batch_sizes: deque[int] = deque(maxlen=1000)
-        self._closed = False
 
     def __repr__(self) -> str:
         return (
@@ -231,11 +210,6 @@ class TransformersProvider(InferenceProvider):
     def recent_batch_sizes(self) -> tuple[int, ...]:
         """Rows in each of the last (up to 1000) batches run, oldest first: one ``generate`` call per entry."""
         return tuple(self._batch_sizes)
-
-    @property
-    def resident_adapters(self) -> list[str]:
-        """Ids of the adapters in the PEFT model now, sorted (``list_adapters`` also lists evicted ones)."""
-        return sorted(self._resident)
 
     @property
     def peft_adapter_names(self) -> dict[str, str]:
@@ -272,63 +246,15 @@ class TransformersProvider(InferenceProvider):
         self._check_open()
         await self._worker.run(self._unload_adapter_now, adapter_id)
 
-    async def aclose(self) -> None:
-        """Let the requests already queued finish, then free the model (and the CUDA cache on CUDA).
-
-        Every request that reached the model's queue before this call (``generate``, ``stream``, with or
-        without an adapter) runs to its end and returns its result; then the adapters and the model are
-        freed. A call that had not reached the queue yet (one still waiting for its adapter to load, for
-        example) and every call made afterwards raise :class:`~inference.ProviderError` saying the
-        provider is closed. To stop queued work sooner, cancel those calls first: each stops within one
-        token. Cancelling ``aclose`` itself does not stop the freeing, which goes on in the worker.
-        Safe to call twice.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            free = self._worker.submit(self._free)  # after every request queued so far
-        finally:
-            self._worker.shutdown()  # refuses new work; what is queued still runs
-        try:
-            await asyncio.shield(free)
-        finally:
-            self._adapter_registry.clear()
-            await super().aclose()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ProviderError(
-                "this TransformersProvider is closed: create a new one (or use get_provider again)",
-                provider=self.name,
-            )
-
-    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
-        """As the base class, but a closed provider says so first, whether or not the request uses an adapter."""
-        self._check_open()
-        return super()._adapter_in_use(adapter_id)
-
-    async def _discover_adapter(self, adapter_id: str) -> str | None:
-        """Nothing is discovered; a closed provider (whose registry is cleared) says it is closed."""
-        self._check_open()
-        return None
-
     def _check_request(self, request: GenerationRequest) -> None:
         """Refuse what torch would fail on, before the request is queued: a seed outside its range."""
-        self._check_open()
+        super()._check_request(request)
         if request.seed is not None and not MIN_SEED <= request.seed <= MAX_SEED:
             raise InvalidRequestError(
                 f"seed {request.seed} is out of range for transformers: use an integer in "
                 f"[{MIN_SEED}, {MAX_SEED}] (what torch.manual_seed takes), or None",
                 provider=self.name,
             )
-
-    def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
-        return AdapterNotFoundError(
-            f"adapter {adapter_id!r} is not loaded in the model: call load_adapter first "
-            f"(resident: {', '.join(sorted(self._resident)) or 'none'})",
-            provider=self.name,
-        )
 
     # Model (worker thread) ----------------------------------------------------------------------------
 
@@ -338,7 +264,8 @@ class TransformersProvider(InferenceProvider):
         return self._loaded
 
     def _load_model(self) -> _LoadedModel:
-        torch, transformers = _import("torch"), _import("transformers")
+        torch = import_optional("torch", extra="transformers", provider=self.name)
+        transformers = import_optional("transformers", extra="transformers", provider=self.name)
         device = self._torch_device(torch)
         dtype = self._resolve_dtype(torch, device)
         if not self.model_name:
@@ -425,7 +352,7 @@ class TransformersProvider(InferenceProvider):
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
 
-    def _free(self) -> None:
+    def _close_blocking(self) -> None:
         loaded, self._loaded = self._loaded, None
         self._resident.clear()
         if loaded is None:
@@ -434,7 +361,7 @@ class TransformersProvider(InferenceProvider):
         del loaded
         gc.collect()
         if on_cuda:
-            _import("torch").cuda.empty_cache()
+            import_optional("torch", extra="transformers", provider=self.name).cuda.empty_cache()
 
     # Adapters (worker thread) -------------------------------------------------------------------------
 
@@ -454,7 +381,7 @@ class TransformersProvider(InferenceProvider):
         adapter = read_peft_adapter(adapter_path, provider=self.name)
         self._check_target_modules(loaded, adapter)
         self._check_weight_shapes(loaded, adapter)
-        peft = _import("peft")
+        peft = import_optional("peft", extra="transformers", provider=self.name)
         peft_name = next(self._peft_names)  # PEFT refuses some valid adapter ids (e.g. with a '.')
         try:
             if loaded.model is loaded.base_model:
@@ -492,7 +419,7 @@ class TransformersProvider(InferenceProvider):
             loaded.base_model = loaded.model
         del self._resident[adapter_id]
         if loaded.device.type == "cuda":
-            _import("torch").cuda.empty_cache()
+            import_optional("torch", extra="transformers", provider=self.name).cuda.empty_cache()
 
     def _discard_partial_adapter(self, loaded: _LoadedModel, peft_name: str) -> None:
         """Remove what a failed load of PEFT adapter ``peft_name`` left behind, so the provider keeps working."""
@@ -502,7 +429,8 @@ class TransformersProvider(InferenceProvider):
                     loaded.model.set_adapter(next(iter(self._resident.values())), inference_mode=True)
                 loaded.model.delete_adapter(peft_name)
             return
-        tuner_layer = _import("peft").tuners.tuners_utils.BaseTunerLayer
+        peft = import_optional("peft", extra="transformers", provider=self.name)
+        tuner_layer = peft.tuners.tuners_utils.BaseTunerLayer
         for name, module in list(loaded.base_model.named_modules()):
             if isinstance(module, tuner_layer):
                 parent_name, _, child = name.rpartition(".")
@@ -534,7 +462,7 @@ class TransformersProvider(InferenceProvider):
         """Read the safetensors header (no tensor data) and compare each LoRA matrix with its layer."""
         if adapter.weights_path.suffix != ".safetensors":
             return
-        safetensors = _import("safetensors")
+        safetensors = import_optional("safetensors", extra="transformers", provider=self.name)
         try:
             with safetensors.safe_open(str(adapter.weights_path), framework="pt") as weights:
                 shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
@@ -628,13 +556,11 @@ class TransformersProvider(InferenceProvider):
                 row.entry.future.set_exception(self._as_inference_error(error))
 
     def _row(self, loaded: _LoadedModel, entry: PendingRequest) -> BatchRow:
-        """Token ids by the in-process prompt rule shared with the llama.cpp provider."""
+        """Token ids per the in-process prompt rule (:mod:`inference._inprocess.base`)."""
         request, tokenizer = entry.request, loaded.tokenizer
         if loaded.has_chat_template:
-            messages = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
-            messages.append({"role": "user", "content": request.prompt})
             try:
-                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                text = tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True, tokenize=False)
             except Exception as error:  # jinja2's TemplateError, e.g. "System role not supported"
                 raise InvalidRequestError(
                     f"the model's chat template refused these messages ({error}): "
@@ -643,12 +569,8 @@ class TransformersProvider(InferenceProvider):
                 ) from error
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
-            text = (request.system_prompt + "\n\n" if request.system_prompt else "") + request.prompt
-            ids = tokenizer(text)["input_ids"]
-        if not ids:
-            raise InvalidRequestError(
-                "the prompt is empty after tokenisation: give a non-empty prompt", provider=self.name
-            )
+            ids = tokenizer(plain_prompt(request))["input_ids"]
+        self._require_prompt(ids)
         room = request.max_tokens if loaded.context is None else loaded.context - len(ids)
         if room < 1:
             raise InvalidRequestError(
@@ -673,7 +595,8 @@ class TransformersProvider(InferenceProvider):
         def decode(ids: list[int]) -> str:
             return str(loaded.tokenizer.decode(ids, skip_special_tokens=True))
 
-        watch = _StreamWatch(_import("torch"), len(row.prompt_ids), loaded.eos_ids, decode, pieces)
+        torch = import_optional("torch", extra="transformers", provider=self.name)
+        watch = _StreamWatch(torch, len(row.prompt_ids), loaded.eos_ids, decode, pieces)
         try:
             [tokens] = self._generate_rows(loaded, [row], watch)
         except BaseException as error:
@@ -691,7 +614,8 @@ class TransformersProvider(InferenceProvider):
         A row stops at its own limit, or at its next token once its request's cancel flag is set.
         ``watch`` is one more stopping criterion (a streamed row's token watcher).
         """
-        torch, transformers = _import("torch"), _import("transformers")
+        torch = import_optional("torch", extra="transformers", provider=self.name)
+        transformers = import_optional("transformers", extra="transformers", provider=self.name)
         sampling = rows[0].entry.key
         assert isinstance(sampling, _Sampling)
         input_ids, attention_mask = left_pad(torch, rows, loaded.pad_id)

@@ -198,24 +198,16 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     # Adapters -------------------------------------------------------------------------------------------
 
-    async def load_adapter(
-        self,
-        adapter_id: str,
-        adapter_path: str | os.PathLike[str],
-        *,
-        replace: bool = False,
-        pin: bool = False,
-    ) -> None:
-        """Load the adapter on every replica (see :meth:`InferenceProvider.load_adapter`).
+    def _adapter_path_argument(self, adapter_path: object) -> str:
+        """The path as the servers receive it: one that exists here is sent absolute.
 
-        A relative path that exists on this machine is sent as an absolute path: vLLM would resolve it
-        against its own working directory, or take it for a Hugging Face Hub repo id.
+        vLLM would resolve a relative path against its own working directory, or take it for a Hugging Face
+        Hub repo id.
         """
-        if isinstance(adapter_path, (str, os.PathLike)) and os.fspath(adapter_path):
-            local = os.fspath(adapter_path)
-            if not os.path.isabs(local) and os.path.exists(local):
-                adapter_path = os.path.abspath(local)
-        await super().load_adapter(adapter_id, adapter_path, replace=replace, pin=pin)
+        path = super()._adapter_path_argument(adapter_path)
+        if not os.path.isabs(path) and os.path.exists(path):
+            return os.path.abspath(path)
+        return path
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
         self._check_local_adapter(adapter_path)

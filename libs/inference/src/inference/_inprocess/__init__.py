@@ -1,1 +1,1 @@
-"""Plumbing of the in-process providers: the model worker thread, request batching, token streaming."""
+"""Plumbing of the in-process providers: their base class, the model worker thread, batching, streaming."""

@@ -1,6 +1,4 @@
-"""Batching and streaming for an in-process model.
-
-Batching: collect concurrent requests, pad them together, split the output.
+"""Batching for an in-process model: collect concurrent requests, pad them together, split the output.
 
 Requests are put in a :class:`BatchQueue` on the event loop's thread; the model's worker thread takes
 them out with :meth:`BatchQueue.next_batch`. A batch starts when the oldest waiting request has waited
@@ -9,56 +7,26 @@ whose batch keys differ (e.g. other sampling settings) never share a batch; the 
 goes first, so no request waits behind later ones forever.
 
 The helpers below turn a batch into one left-padded input (:func:`left_pad`), stop each row at its own
-``max_tokens`` (:class:`RowLimits`) and cut each row's output back into a result (:func:`cut_row`).
-Streaming: :class:`PieceAssembler` turns the text decoded so far into pieces that are safe to hand out
-(never a partial stop string), and :func:`stream_from_worker` runs a generation on the model's worker
-thread while its pieces reach the event loop as they come.
-
-Cancellation, one mechanism for every call: each request travels to the worker thread with a cancel
-event (a :class:`PendingRequest`'s ``cancel``, or the one handed to a :data:`WorkerJob`), set the moment
-its caller gives up: a cancelled or timed out ``generate``, a ``generate_batch`` cancelled with its
-requests, a stream closed early. Generation loops check it after every token (:class:`RowsCancelled` is
-the check for a ``transformers`` batch, one row at a time), so the model is free for the next request
-within one token. :func:`run_on_worker` (a whole result) and :func:`stream_from_worker` (pieces, then the
-result) are the two ways to await a job, and both set the event in the same way.
+``max_tokens`` (:class:`RowLimits`) or once its caller gave up (:class:`RowsCancelled`, the per-row form of
+the cancel event described in :mod:`inference._inprocess.streaming`), and cut each row's output back into
+a result (:func:`cut_row`).
 
 Nothing here imports torch: functions that build tensors take the torch module as an argument.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from inference._core.validation import GenerationRequest
-from inference._inprocess.worker import ModelWorker
 from inference.provider import GenerationResult
 
-__all__ = [
-    "BatchQueue",
-    "BatchRow",
-    "PendingRequest",
-    "PieceAssembler",
-    "PieceSink",
-    "RowLimits",
-    "RowsCancelled",
-    "WorkerJob",
-    "cut_row",
-    "left_pad",
-    "run_on_worker",
-    "stream_from_worker",
-]
-
-PieceSink = Callable[[str], None]
-"""Receives each text piece of a streamed generation, on the worker thread."""
-
-WorkerJob = Callable[[GenerationRequest, PieceSink | None, threading.Event], GenerationResult]
-"""A blocking generation: hands pieces to the sink (if one is given) and stops within a token of the event."""
+__all__ = ["BatchQueue", "BatchRow", "PendingRequest", "RowLimits", "RowsCancelled", "cut_row", "left_pad"]
 
 
 @dataclass(eq=False)
@@ -237,126 +205,3 @@ def cut_row(
         (n for n in range(1, len(tokens) + 1) if any(stop in decode(tokens[:n]) for stop in stops)), len(tokens)
     )
     return text[: min(cuts)], count, "stop"
-
-
-class PieceAssembler:
-    """Turns the growing text of one generation into pieces, holding back what may become a stop string.
-
-    The worker feeds it the text decoded so far after each token (:meth:`update`); a piece goes to the sink
-    only once no stop string can start inside it, so pieces never show a stop string or a part of one, and
-    their concatenation is exactly the final text.
-
-    Args:
-        stops: The request's stop strings.
-        sink: Receives each piece; ``None`` when nobody streams (then it only finds stop strings).
-    """
-
-    def __init__(self, stops: tuple[str, ...], sink: PieceSink | None) -> None:
-        self.stops = stops
-        self.sink = sink
-        self.emitted = 0  # characters of the text handed to the sink
-        self._searched = 0  # characters already searched for stop strings
-        self._longest = max((len(stop) for stop in stops), default=0)
-
-    def update(self, text: str) -> int | None:
-        """Take the text so far (it only ever grows); return where a stop string starts, or ``None``.
-
-        When a stop string is found, the text before it is handed out and nothing more should be fed.
-        """
-        cut: int | None = None
-        if self.stops:
-            start = max(0, self._searched - self._longest + 1)
-            found = [index for index in (text.find(stop, start) for stop in self.stops) if index >= 0]
-            cut = min(found) if found else None
-        self._searched = len(text)
-        if cut is not None:
-            self._hand_out(text, cut)
-            return cut
-        self._hand_out(text, len(text) - self._held_back(text))
-        return None
-
-    def finish(self, text: str) -> None:
-        """Hand out the rest of the final text."""
-        self._hand_out(text, len(text))
-
-    def _held_back(self, text: str) -> int:
-        """Length of the longest end of ``text`` that is the beginning of a stop string."""
-        for size in range(min(self._longest - 1, len(text)), 0, -1):
-            tail = text[-size:]
-            if any(stop.startswith(tail) for stop in self.stops):
-                return size
-        return 0
-
-    def _hand_out(self, text: str, end: int) -> None:
-        if end > self.emitted:
-            if self.sink is not None:
-                self.sink(text[self.emitted : end])
-            self.emitted = end
-
-
-_DONE = object()
-
-
-async def run_on_worker(worker: ModelWorker, job: WorkerJob, request: GenerationRequest) -> GenerationResult:
-    """Run ``job`` on ``worker`` for ``request`` and return its result.
-
-    The job is queued in this call (so a later ``aclose()`` runs after it). If the caller is cancelled
-    (``asyncio.wait_for``, a task group, ``generate_batch`` cancelled), the job is dropped when it has not
-    started, and a running job sees its cancel event and stops within one token.
-    """
-    cancel = threading.Event()
-    task = worker.submit(job, request, None, cancel)
-    try:
-        return await task
-    finally:
-        _let_go(task, cancel)
-
-
-async def stream_from_worker(
-    worker: ModelWorker, job: WorkerJob, request: GenerationRequest
-) -> AsyncIterator[str | GenerationResult]:
-    """Run ``job`` on ``worker`` and yield its pieces as the worker produces them, then its result.
-
-    Pieces cross from the worker thread with ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``, so
-    the loop never blocks. Closing the generator (the consumer stopped or was cancelled) sets the job's
-    cancel event, as :func:`run_on_worker` does: the worker is free again within one token, and a job
-    still waiting in the worker's queue is dropped without running.
-    """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[object] = asyncio.Queue()
-    cancel = threading.Event()
-
-    def sink(piece: str) -> None:  # worker thread
-        if cancel.is_set():
-            return
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, piece)
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            cancel.set()
-
-    task = worker.submit(job, request, sink, cancel)  # queued now: a later aclose() runs after it, not before
-    # Runs after the result is set, which the worker schedules after its last piece: the sentinel comes last.
-    task.add_done_callback(lambda _: queue.put_nowait(_DONE))
-    try:
-        while (item := await queue.get()) is not _DONE:
-            assert isinstance(item, str)
-            yield item
-        yield task.result()
-    finally:
-        _let_go(task, cancel)
-
-
-def _let_go(task: asyncio.Future[GenerationResult], cancel: threading.Event) -> None:
-    """The caller is done with ``task``: stop its job (within a token) if it still runs."""
-    cancel.set()
-    if task.done():
-        _retrieve(task)
-    else:
-        task.cancel()  # drops the job if it has not started; a running one sees the cancel event
-        task.add_done_callback(_retrieve)
-
-
-def _retrieve(task: asyncio.Future[GenerationResult]) -> None:
-    """Mark a finished, abandoned job's error as seen (nobody waits for it any more)."""
-    if not task.cancelled():
-        task.exception()

@@ -1,0 +1,152 @@
+"""What every in-process provider shares: the model's worker thread, the closed state, the prompt rule.
+
+:class:`InProcessProvider` runs all model work (load, adapters, generation) on one
+:class:`~inference._inprocess.worker.ModelWorker`, closes in one order (queued work first, then the
+backend's :meth:`~InProcessProvider._close_blocking`, then the adapter registry), and refuses every call
+once closed with one :class:`~inference.ProviderError`. A subclass keeps only what its backend does
+differently: how it loads a model and an adapter, and how it generates.
+
+The prompt rule, the same for every in-process backend so they produce the same tokens for a request:
+a model with a chat template gets the messages of :func:`chat_messages` rendered with the generation
+prompt and no further special tokens; a model without one gets :func:`plain_prompt` with the special
+tokens its tokenizer adds (BOS where the vocabulary says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from inference._core.validation import GenerationRequest
+from inference._inprocess.worker import ModelWorker
+from inference.exceptions import AdapterNotFoundError, ConfigurationError, InvalidRequestError, ProviderError
+from inference.provider import InferenceProvider
+
+__all__ = ["InProcessProvider", "chat_messages", "plain_prompt"]
+
+ResidentT = TypeVar("ResidentT")
+"""What a provider keeps per adapter resident in its backend (a llama.cpp handle, a PEFT adapter name)."""
+
+
+def chat_messages(request: GenerationRequest) -> list[dict[str, str]]:
+    """The chat messages of a request: its system prompt (if any), then its prompt as the user's turn."""
+    messages = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+    messages.append({"role": "user", "content": request.prompt})
+    return messages
+
+
+def plain_prompt(request: GenerationRequest) -> str:
+    """The text of a request for a model without a chat template: system prompt, blank line, prompt."""
+    return f"{request.system_prompt}\n\n{request.prompt}" if request.system_prompt else request.prompt
+
+
+class InProcessProvider(InferenceProvider, Generic[ResidentT]):
+    """Base of the providers that run the model in this process, on one worker thread.
+
+    Subclasses implement the generation hooks, ``_load_adapter``/``_unload_adapter`` (on the worker) and
+    :meth:`_close_blocking`; they record the adapters resident in the backend in ``_resident`` (changed
+    only on the worker thread).
+
+    Args:
+        max_adapters: Most adapters kept in the backend at once (``None``: unlimited), already resolved.
+        worker_initializer: Called once on the worker thread before its first call.
+
+    Raises:
+        ConfigurationError: ``max_adapters`` is not a positive integer or ``None``.
+    """
+
+    supports_adapters = True
+    hot_swaps_adapters = True
+    runs_in_process = True
+    _backend_label = "the model"
+    """Where adapters are resident, as error messages name it."""
+
+    def __init__(self, *, max_adapters: Any, worker_initializer: Callable[[], object] | None = None) -> None:
+        if max_adapters is not None and (
+            isinstance(max_adapters, bool) or not isinstance(max_adapters, int) or max_adapters < 1
+        ):
+            raise ConfigurationError(
+                "max_adapters must be a positive integer or None for no limit (argument max_adapters or "
+                f"{self.name.upper()}_MAX_ADAPTERS), got {max_adapters!r}",
+                provider=self.name,
+            )
+        self.max_adapters: int | None = max_adapters
+        self._worker = ModelWorker(self.name, initializer=worker_initializer)
+        self._closed = False
+        # Adapters resident in the backend now, by id (the registry decides when; the worker changes it).
+        self._resident: dict[str, ResidentT] = {}
+
+    @property
+    def resident_adapters(self) -> list[str]:
+        """Ids of the adapters in the backend's memory now, sorted (``list_adapters`` also lists evicted ones)."""
+        return sorted(self._resident)
+
+    async def aclose(self) -> None:
+        """Let the requests already queued finish, then free the adapters, the model and the worker thread.
+
+        Every request that reached the model's queue before this call (``generate``, ``stream``, with or
+        without an adapter) runs to its end and returns its result, in order; then the adapters and the
+        model are freed. A call that had not reached the queue yet (one still waiting for its adapter to
+        load, for example) and every call made afterwards raise :class:`~inference.ProviderError` saying
+        the provider is closed. To stop queued work sooner, cancel those calls first: each stops within
+        one token. Cancelling ``aclose`` itself does not stop the freeing, which goes on in the worker.
+        Safe to call twice.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            close = self._worker.submit(self._close_blocking)  # after every request queued so far
+        finally:
+            self._worker.shutdown()  # refuses new work; what is queued still runs
+        try:
+            await asyncio.shield(close)
+        finally:
+            self._adapter_registry.clear()
+            await super().aclose()
+
+    @abstractmethod
+    def _close_blocking(self) -> None:
+        """Free every resident adapter and the model (worker thread; the last call the worker runs)."""
+
+    def _closed_path(self) -> str | None:
+        """The model path the closed error names, where the provider has one."""
+        return None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProviderError(
+                f"this {type(self).__name__} is closed: create a new one (or call get_provider again)",
+                provider=self.name,
+                path=self._closed_path(),
+            )
+
+    def _check_request(self, request: GenerationRequest) -> None:
+        """Refuse a request to a closed provider before it is queued (subclasses add their own checks)."""
+        self._check_open()
+
+    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """As the base class, but a closed provider says so first, whether or not the request uses an adapter."""
+        self._check_open()
+        return super()._adapter_in_use(adapter_id)
+
+    async def _discover_adapter(self, adapter_id: str) -> str | None:
+        """Nothing is discovered; a closed provider (whose registry is cleared) says it is closed."""
+        self._check_open()
+        return None
+
+    def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
+        return AdapterNotFoundError(
+            f"adapter {adapter_id!r} is not loaded in {self._backend_label}: call load_adapter first "
+            f"(resident: {', '.join(sorted(self._resident)) or 'none'})",
+            provider=self.name,
+        )
+
+    def _require_prompt(self, ids: Sequence[int]) -> None:
+        if not ids:
+            raise InvalidRequestError(
+                "the prompt is empty after tokenisation: give a non-empty prompt", provider=self.name
+            )
