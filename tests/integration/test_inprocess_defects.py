@@ -361,3 +361,27 @@ async def test_transformers_refuses_a_seed_torch_cannot_take(seed: int, tiny_mod
                 pass
         sampled = [await text(provider, None, seed=2**32 - 2, temperature=1.0) for _ in range(2)]
         assert sampled[0] == sampled[1]
+
+
+async def test_a_failure_inside_llama_cpp_is_a_provider_error_and_the_provider_keeps_serving(
+    tiny_models: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-cpp-python raises plain exceptions (``RuntimeError: llama_decode returned -3``): they arrive typed."""
+    from inference.exceptions import ProviderError
+
+    async with make_provider("llamacpp", tiny_models, tmp_path) as provider:
+        expected = await text(provider, None)
+        llama = provider._llama
+        real_eval = llama.eval
+        failures = iter([RuntimeError("llama_decode returned -3")])
+
+        def failing_eval(tokens: Any) -> Any:
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+            return real_eval(tokens)
+
+        monkeypatch.setattr(llama, "eval", failing_eval)
+        with pytest.raises(ProviderError, match=r"llama.cpp failed to generate \(RuntimeError: llama_decode"):
+            await text(provider, None)
+        assert await text(provider, None) == expected

@@ -454,3 +454,4 @@ def test_a_closed_stdout_stops_the_command_quietly(command: list[str], eval_file
         err = process.stderr.read().decode()
     assert process.wait(timeout=60) == 141, err  # 128 + SIGPIPE, as a shell reports for `yes | head`
     assert err == ""
+

@@ -261,3 +261,23 @@ async def test_a_server_that_refuses_connections_is_unavailable() -> None:
         with pytest.raises(ProviderUnavailableError, match="OPENAI_BASE_URL") as caught:
             await provider.generate("Hello", model="m", max_tokens=2)
     assert SECRET not in str(caught.value) and isinstance(caught.value, InferenceError)
+
+
+async def test_an_answer_without_usage_reports_unknown_prompt_tokens(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """A server that sends no usage: the prompt's tokens are None (as in a stream without usage), not 0."""
+    answer = json.loads(completion("Hi!").content)
+    del answer["usage"]
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json=answer))
+    result = await provider.generate("Hello", model=MODEL, max_tokens=8)
+    assert result.text == "Hi!"
+    assert (result.prompt_tokens, result.token_count) == (None, None)
+
+
+@pytest.mark.parametrize("base_url", [",", " , ", ",,"])
+def test_a_base_url_that_holds_no_url_is_a_configuration_error(base_url: str) -> None:
+    from inference.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="holds no URL"):
+        OpenAIProvider(base_url=base_url)

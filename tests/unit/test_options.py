@@ -186,3 +186,15 @@ async def test_fake_provider_answers_with_every_option() -> None:
     async with FakeProvider() as fake:
         result = await fake.generate("Hi", "m", **EVERY_OPTION_SET)
     assert result.completion_tokens <= EVERY_OPTION_SET["max_tokens"]
+
+
+def test_eval_stop_flags_add_to_the_stop_strings_given_with_set(tmp_path: Path) -> None:
+    adapter = tmp_path / "style"
+    adapter.mkdir()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "q1", "prompt": "Hi"}) + "\n")
+    output = tmp_path / "out.jsonl"
+    argv = ["eval", "--adapters", str(adapter), "--prompts", str(prompts), "--output", str(output)]
+    assert main([*argv, "--provider", "fake", "--no-progress", "--set=stop=END", "--stop", "STOP"]) == 0
+    row = json.loads(output.read_text().splitlines()[0])
+    assert row["settings"]["stop"] == ["END", "STOP"]  # --stop did not drop the --set one

@@ -263,8 +263,11 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
             )
     for key in _GENERATION_TYPES:
         value = getattr(args, key, None)
-        if value is not None:
-            config[key] = value
+        if value is None:
+            continue
+        previous = config.get(key)
+        # A repeatable option (--stop) adds to what --set gave; any other flag wins over --set.
+        config[key] = [*previous, *value] if isinstance(previous, list) and isinstance(value, list) else value
     return config
 
 

@@ -38,7 +38,14 @@ from inference._core.validation import GenerationRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
 from inference._inprocess.streaming import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
 from inference.config import resolve_settings
-from inference.exceptions import ConfigurationError, InvalidAdapterError, InvalidRequestError, ModelLoadError
+from inference.exceptions import (
+    ConfigurationError,
+    InferenceError,
+    InvalidAdapterError,
+    InvalidRequestError,
+    ModelLoadError,
+    ProviderError,
+)
 from inference.provider import GenerationResult, StreamEvent
 
 __all__ = ["DEFAULT_ADAPTER_CACHE_DIR", "DEFAULT_SAMPLING", "KV_CACHE_TYPES", "LlamaCppProvider"]
@@ -501,6 +508,22 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         return list(llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
     def _generate_blocking(
+        self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
+    ) -> GenerationResult:
+        """Generate on the worker thread (see :meth:`_decode_blocking`); a failure of llama.cpp itself (a
+        ``llama_decode`` error, out of memory) is a :class:`ProviderError` naming it."""
+        try:
+            return self._decode_blocking(request, sink, cancel)
+        except InferenceError:
+            raise
+        except Exception as error:
+            raise ProviderError(
+                f"llama.cpp failed to generate ({type(error).__name__}: {error}); the provider is still usable, "
+                "try a shorter prompt or a smaller max_tokens if the context ran out",
+                provider=self.name,
+            ) from error
+
+    def _decode_blocking(
         self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
     ) -> GenerationResult:
         """Generate on the worker thread; hand text pieces to ``sink`` as they are decoded, if given.

@@ -35,7 +35,12 @@ def validate_base_url(url: str, *, source: str) -> str:
             return ",".join(validate_base_url(item, source=source) for item in url)
         raise ConfigurationError(f"{source} must be a URL string or a list of URLs, got {url!r}")
     if "," in url:
-        return ",".join(validate_base_url(item.strip(), source=source) for item in url.split(",") if item.strip())
+        items = [item.strip() for item in url.split(",") if item.strip()]
+        if not items:
+            raise ConfigurationError(
+                f"{source} {url!r} holds no URL: give one base URL, or several separated by commas", url=url
+            )
+        return ",".join(validate_base_url(item, source=source) for item in items)
     url = url.strip()
     try:
         parts = urlsplit(url)

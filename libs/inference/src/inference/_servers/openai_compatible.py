@@ -160,7 +160,10 @@ class OpenAICompatibleProvider(InferenceProvider):
                 if not isinstance(text, str):
                     raise TypeError(f"message.content is {type(text).__name__}, not text")
                 usage = completion.usage
-                prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (0, 0)
+                # A server that reports no usage: the completion tokens are unknown too, so 0 as before, and
+                # the prompt's tokens are None, as in a stream without usage.
+                prompt_tokens: int | None
+                prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (None, 0)
                 answered_model = _model_name(completion.model, request)
                 finish_reason = choice.finish_reason
             except (AttributeError, IndexError, TypeError) as error:
@@ -171,7 +174,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             text=text,
             model=answered_model,
             adapter_id=request.adapter_id,
-            token_count=prompt_tokens + completion_tokens,
+            token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
             finish_reason="length" if finish_reason == "length" else "stop",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
