@@ -58,9 +58,14 @@ def validate_base_url(url: str, *, source: str) -> str:
     problem = _url_problem(url)
     if problem is None:
         try:
-            parts.port  # noqa: B018 - raises ValueError for a port that is not a number in [0, 65535]
+            port = parts.port  # raises ValueError for a port that is not a number in [0, 65535]
         except ValueError:
-            problem = "its port is not a number from 0 to 65535"
+            problem = "its port is not a number from 1 to 65535"
+        else:
+            if port == 0:
+                problem = "port 0 is outside 1-65535"
+            elif not _host_is_valid(parts.hostname):
+                problem = f"{parts.hostname!r} is not a host name or address"
     if problem is not None:
         raise ConfigurationError(
             f"{source} {url!r} is not a valid base URL: {problem}; write it like 'http://localhost:8100/v1'",
@@ -69,11 +74,28 @@ def validate_base_url(url: str, *, source: str) -> str:
     return url.rstrip("/")
 
 
+_HOST = re.compile(r"[A-Za-z0-9._~\-:]+")
+"""A host as sent (IDNA-encoded): a name, an IPv4 address or an IPv6 one (without its brackets)."""
+
+
+def _host_is_valid(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        ascii_host = host.encode("idna").decode("ascii") if not host.isascii() else host
+    except UnicodeError:
+        return False
+    return _HOST.fullmatch(ascii_host) is not None
+
+
 def _url_problem(url: str) -> str | None:
-    """Why no HTTP client can send to ``url`` (whitespace, text that is not UTF-8), or ``None``."""
+    """Why no HTTP client can send to ``url`` (whitespace, control characters, text that is not UTF-8)."""
     blank = next((index for index, char in enumerate(url) if char.isspace()), None)
     if blank is not None:
         return f"it holds whitespace at position {blank}"
+    control = next((index for index, char in enumerate(url) if ord(char) < 32 or ord(char) == 127), None)
+    if control is not None:
+        return f"it holds the control character {url[control]!r} at position {control}"
     try:
         url.encode("utf-8")
     except UnicodeEncodeError as error:

@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from inference._core.settings import validate_base_url
 from inference.exceptions import (
     ConfigurationError,
     InferenceError,
@@ -106,8 +107,6 @@ _ROUTE_MISSING_TEXT = re.compile(r"(404\s+)?(page\s+)?not\s+found|(405\s+)?metho
 """Plain-text bodies of a missing route: Go's net/http and gin (Ollama) ``404 page not found``, Starlette
 without FastAPI ``Not Found``, proxies ``404 Not Found``."""
 
-_HOST = re.compile(r"[A-Za-z0-9._~\-:\[\]]+")
-"""A host as sent (IDNA-encoded): a name, an IPv4 address or an IPv6 one; ``%20`` (a space) is not."""
 
 
 def is_route_missing(response: httpx.Response) -> bool:
@@ -144,29 +143,17 @@ def is_route_missing(response: httpx.Response) -> bool:
 def check_base_url(base_url: str, *, provider: str, env_prefix: str) -> None:
     """Refuse a base URL that no request could be sent to, naming the setting to fix.
 
+    The rule is :func:`inference._core.settings.validate_base_url`'s (the one the settings table applies); this
+    names the provider's variable for a client built without going through the settings.
+
     Raises:
-        ConfigurationError: The URL does not parse (a port that is not a number, a control character), has
-            no ``http``/``https`` scheme, no host, or a port outside 1-65535.
+        ConfigurationError: The URL does not parse, has no ``http``/``https`` scheme, no valid host, a port
+            outside 1-65535, whitespace or a control character.
     """
-    problem: str | None = None
     try:
-        url = httpx.URL(base_url)
-    except (httpx.InvalidURL, ValueError, TypeError) as error:
-        problem = str(error) or type(error).__name__
-    else:
-        if url.scheme not in ("http", "https"):
-            problem = "the scheme must be http or https"
-        elif not url.raw_host or not _HOST.fullmatch(url.raw_host.decode("ascii", errors="replace")):
-            problem = "it has no valid host name"
-        elif url.port is not None and not 0 < url.port < 65536:
-            problem = f"port {url.port} is outside 1-65535"
-    if problem is not None:
-        raise ConfigurationError(
-            f"{env_prefix}_BASE_URL (or base_url) {base_url!r} is not a usable URL ({problem}): write it as "
-            "http://HOST:PORT/v1, for example 'http://localhost:8000/v1'",
-            provider=provider,
-            url=base_url,
-        )
+        validate_base_url(base_url, source=f"{env_prefix}_BASE_URL (or base_url)")
+    except ConfigurationError as error:
+        raise ConfigurationError(str(error), provider=provider, url=base_url) from None
 
 
 def server_root(base_url: str) -> str:
