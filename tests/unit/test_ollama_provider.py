@@ -162,7 +162,7 @@ class FakeOllama:
     """An Ollama server in respx: blobs, models, and the routes the adapter lifecycle uses."""
 
     def __init__(self, router: respx.MockRouter, bases: dict[str, dict[str, Any]]) -> None:
-        self.bases = bases
+        self.bases = dict(bases)  # a copy: tests change it, and the module-scoped answers must stay as built
         self.blobs: dict[str, bytes] = {}
         self.models: dict[str, dict[str, Any]] = {name: {} for name in USER_MODELS}
         self.uploads: list[str] = []
@@ -1146,3 +1146,20 @@ async def test_cancelling_generate_closes_the_response(provider: OllamaProvider,
         await task
     assert body.closed.is_set()
     await generates(provider, mock)
+
+
+def test_a_cached_provider_serves_concurrent_loads_from_a_second_event_loop(
+    server: FakeOllama, qwen_lora: Path, tmp_path: Path
+) -> None:
+    """A provider kept by get_provider outlives one asyncio.run; its locks must not stay bound to the first loop."""
+    provider = OllamaProvider(base_url=BASE, max_retries=1, base_model=BASE_MODEL, adapter_cache_dir=tmp_path / "c")
+
+    async def load_twice_at_once(unload_first: bool) -> list[str]:
+        if unload_first:
+            await provider.unload_adapter("a0")
+        await asyncio.gather(provider.load_adapter("a0", qwen_lora), provider.load_adapter("a0", qwen_lora))
+        return await provider.list_adapters()
+
+    assert asyncio.run(load_twice_at_once(False)) == ["a0"]
+    assert asyncio.run(load_twice_at_once(True)) == ["a0"]  # before: RuntimeError, bound to a different loop
+    assert [create["from"] for create in server.creates] == [BASE_MODEL, BASE_MODEL]

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -145,8 +146,11 @@ class OllamaProvider(InferenceProvider):
         self._models = OllamaModels(self._http, self.native_url, self.adapter_cache_dir)
         self._adapter_models: dict[str, _AdapterModel] = {}  # adapter id -> its derived model
         self._requested_bases: dict[str, str] = {}  # adapter id -> base of the load_adapter call under way
-        self._load_locks: dict[str, asyncio.Lock] = {}  # adapter id -> serialises its load_adapter calls
-        self._heal_lock = asyncio.Lock()
+        # Per event loop (a cached provider may serve several asyncio.run calls, and a lock is bound to the loop
+        # it was first awaited on): "load:<id>" serialises that id's load_adapter calls, "heal" the recreations.
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __repr__(self) -> str:
         base = f", base_model={self.base_model!r}" if self.base_model else ""
@@ -161,6 +165,11 @@ class OllamaProvider(InferenceProvider):
     def max_retries(self) -> int:
         """Retries of transient failures."""
         return self._http.max_retries
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        """The lock called ``name`` on the running event loop."""
+        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
+        return locks.setdefault(name, asyncio.Lock())
 
     def derived_model(self, adapter_id: str, base_model: str | None = None) -> str:
         """The name of the Ollama model that holds ``adapter_id`` (loaded, or as it would be named).
@@ -214,7 +223,7 @@ class OllamaProvider(InferenceProvider):
         base = self._base_for(adapter_id, base_model, loading=True)
         derived_model_name(adapter_id, base, provider=self.name)  # refuse an id too long for Ollama now
         # One load_adapter call per id at a time: the base it asks for is what _load_adapter creates on.
-        async with self._load_locks.setdefault(adapter_id, asyncio.Lock()):
+        async with self._lock(f"load:{adapter_id}"):
             registry = self._adapter_registry
             known = registry.path_of(adapter_id)
             record = self._adapter_models.get(adapter_id)
@@ -334,7 +343,7 @@ class OllamaProvider(InferenceProvider):
         except ServerModelNotFoundError:
             if adapter_id is None or seen is None or seen.path is None or seen.base is None:
                 raise
-        async with self._heal_lock:
+        async with self._lock("heal"):
             if self._adapter_models.get(adapter_id) is seen:
                 logger.warning("Ollama lost the model of adapter %r; creating it again from %s", adapter_id, seen.path)
                 await self._create(adapter_id, seen.path, seen.base)
