@@ -170,15 +170,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                 raise replica.http.protocol_error(
                     operation_of(request), f"an answer that is not a chat completion ({error})"
                 ) from error
-        return GenerationResult(
-            text=text,
-            model=answered_model,
-            adapter_id=request.adapter_id,
-            token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
-            finish_reason="length" if finish_reason == "length" else "stop",
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
+        return _result(request, text, answered_model, finish_reason, prompt_tokens, completion_tokens)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         """Stream the chat completion, asking for a final usage chunk (``stream_options.include_usage``).
@@ -237,15 +229,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                 )
         prompt_tokens: int | None
         prompt_tokens, completion_tokens = counts if counts is not None else (None, token_chunks)
-        yield GenerationResult(
-            text="".join(pieces),
-            model=answered_model,
-            adapter_id=request.adapter_id,
-            token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
-            finish_reason="length" if finish_reason == "length" else "stop",
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
+        yield _result(request, "".join(pieces), answered_model, finish_reason, prompt_tokens, completion_tokens)
 
     @asynccontextmanager
     async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, Any]]:
@@ -408,3 +392,23 @@ def chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, Any
         arguments["stream"] = True
         arguments["stream_options"] = {"include_usage": True}
     return arguments
+
+
+def _result(
+    request: GenerationRequest,
+    text: str,
+    model: str,
+    finish_reason: str | None,
+    prompt_tokens: int | None,
+    completion_tokens: int,
+) -> GenerationResult:
+    """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too."""
+    return GenerationResult(
+        text=text,
+        model=model,
+        adapter_id=request.adapter_id,
+        token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
+        finish_reason="length" if finish_reason == "length" else "stop",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
