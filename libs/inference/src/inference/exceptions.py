@@ -3,7 +3,7 @@
 Every error the SDK raises on purpose derives from :class:`InferenceError`. Errors carry the provider's
 name, the URL or path involved and, for server answers, the HTTP status; ``str(err)`` is a sentence that
 says what to do. Errors built from an HTTP answer also derive from ``httpx.HTTPStatusError`` (when httpx is
-installed), so code written against the seed, which raised that, keeps working::
+installed), so code that catches ``httpx.HTTPStatusError`` around a request keeps working::
 
     InferenceError
     ├── ConfigurationError (ValueError)          bad settings: unknown provider, URL without scheme, ...
