@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lora_files import write_misfit_lora
 
 from inference._core.validation import validate_adapter_id
 from inference.exceptions import ConfigurationError, InvalidAdapterError, InvalidRequestError, ProviderError
@@ -236,28 +237,13 @@ async def test_a_peft_directory_whose_name_is_not_utf8_gives_a_typed_error_on_tr
 MISFIT_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
-    import gguf
-    import numpy as np
     from inference.exceptions import InvalidAdapterError
     from inference.llamacpp_provider import LlamaCppProvider
 
-    def misfit(path):  # a qwen2 LoRA whose tensors no tiny model has: llama.cpp refuses it
-        writer = gguf.GGUFWriter(path, "qwen2")
-        writer.add_string("general.type", "adapter")
-        writer.add_string("adapter.type", "lora")
-        writer.add_float32("adapter.lora.alpha", 8.0)
-        writer.add_tensor("blk.99.attn_q.weight.lora_a", np.ones((2, 16), dtype=np.float32))
-        writer.add_tensor("blk.99.attn_q.weight.lora_b", np.ones((16, 2), dtype=np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return path
-
-    async def main(model, directory):
+    async def main(model, lora, directory):
         async with LlamaCppProvider(model, n_ctx=256, adapter_cache_dir=directory, hot_swap=False) as provider:
             try:
-                await provider.load_adapter("misfit", misfit(directory + "/misfit.gguf"))
+                await provider.load_adapter("misfit", lora)
                 await provider.generate("Hello", model="", adapter_id="misfit", max_tokens=2, temperature=0)
                 print("loaded")
             except InvalidAdapterError as error:
@@ -265,7 +251,7 @@ MISFIT_SCRIPT = textwrap.dedent(
             await provider.generate("Hello", model="", max_tokens=2, temperature=0)
             print("still serving")
 
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
     """
 )
 
@@ -275,8 +261,9 @@ def test_llamacpp_reload_mode_refuses_a_lora_llama_cpp_refuses_instead_of_crashi
 ) -> None:
     """Before the fix the load passed and the next request crashed the process (SIGSEGV): run it apart."""
     pytest.importorskip("llama_cpp")
+    lora = write_misfit_lora(tmp_path / "misfit.gguf", "qwen2")  # a qwen2 LoRA whose tensors no tiny model has
     completed = subprocess.run(
-        [sys.executable, "-c", MISFIT_SCRIPT, str(tiny_models["qwen2"].gguf_path), str(tmp_path)],
+        [sys.executable, "-c", MISFIT_SCRIPT, str(tiny_models["qwen2"].gguf_path), str(lora), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
