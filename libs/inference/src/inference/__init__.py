@@ -40,9 +40,11 @@ from inference.exceptions import (
     UnsupportedOperationError,
 )
 from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
+from inference.messages import Message
 from inference.options import GenerationOptions
-from inference.provider import GenerationResult, InferenceProvider
+from inference.provider import InferenceProvider
 from inference.registry import PROVIDERS
+from inference.results import GenerationResult, ScoreResult, TokenLogprob
 
 if TYPE_CHECKING:
     # For type checkers and editors only; at run time the provider classes come from __getattr__ below.
@@ -81,6 +83,7 @@ __all__ = [
     "InvalidAdapterError",
     "InvalidRequestError",
     "LlamaCppProvider",
+    "Message",
     "MissingDependencyError",
     "ModelError",
     "ModelLoadError",
@@ -92,7 +95,9 @@ __all__ = [
     "ProviderTimeoutError",
     "ProviderUnavailableError",
     "RuntimeLoRADisabledError",
+    "ScoreResult",
     "ServerResponseError",
+    "TokenLogprob",
     "TransformersProvider",
     "UnknownProviderError",
     "UnsupportedOperationError",

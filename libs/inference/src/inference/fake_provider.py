@@ -7,8 +7,9 @@ import hashlib
 import re
 from collections.abc import AsyncIterator
 
-from inference._core.validation import GenerationRequest
-from inference.provider import GenerationResult, InferenceProvider, StreamEvent
+from inference._core.validation import GenerationRequest, ScoreRequest
+from inference.provider import InferenceProvider
+from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 
 __all__ = ["FakeProvider"]
 
@@ -20,6 +21,10 @@ _WORDS = tuple(
 
 class FakeProvider(InferenceProvider):
     """Answers instantly with text that depends only on the prompt, system prompt, adapter and seed.
+
+    Scores (``score``, ``score_rolling``) and token ``logprobs`` are made-up numbers that depend only on the
+    text and the adapter: the same request always gets the same numbers, a word is one token. It does not
+    honour ``json_schema`` (``supports_json_schema`` is false).
 
     The same request always gives the same text; a different adapter gives a different text. Adapters
     live in memory: ``load_adapter`` records the path (nothing is read), and the lifecycle rules of every
@@ -48,6 +53,8 @@ class FakeProvider(InferenceProvider):
     supports_adapters = True
     hot_swaps_adapters = True
     batches_mixed_adapters = True
+    supports_scoring = True
+    supports_logprobs = True
 
     def __init__(self, max_adapters: int | None = None) -> None:
         self.max_adapters = max_adapters
@@ -89,7 +96,7 @@ class FakeProvider(InferenceProvider):
         for stop in request.stop:
             if stop in text:
                 text, finish_reason = text[: text.index(stop)], "stop"
-        prompt_tokens = len(request.prompt.split()) + len((request.system_prompt or "").split())
+        prompt_tokens = sum(len(message["content"].split()) for message in request.messages)
         return GenerationResult(
             text=text,
             model=request.model or "fake",
@@ -98,13 +105,64 @@ class FakeProvider(InferenceProvider):
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=len(words),
+            logprobs=None if request.logprobs is None else _logprobs(text, request),
+        )
+
+    async def _score(self, request: ScoreRequest) -> ScoreResult:
+        await asyncio.sleep(0)
+        return self._score_words(request, request.context)
+
+    async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
+        await asyncio.sleep(0)
+        return self._score_words(request, "")
+
+    def _score_words(self, request: ScoreRequest, context: str) -> ScoreResult:
+        if request.adapter_id is not None and request.adapter_id not in self._resident:
+            raise AssertionError(f"adapter {request.adapter_id!r} used while not resident: lifecycle bug")
+        words = request.continuation.split() or [request.continuation]
+        adapter = request.adapter_id or ""
+        logprobs = [_word_logprob(context, adapter, str(index), word) for index, word in enumerate(words)]
+        return ScoreResult(
+            logprob=sum(logprobs),
+            num_tokens=len(words),
+            is_greedy=all(value > -1.0 for value in logprobs),
+            model=request.model or "fake",
+            adapter_id=request.adapter_id,
         )
 
 
+def _logprobs(text: str, request: GenerationRequest) -> tuple[TokenLogprob, ...]:
+    """One entry per word of ``text``: its log-probability, and ``logprobs`` alternatives, each less likely."""
+    entries = []
+    for index, piece in enumerate(re.findall(r"\s*\S+", text)):
+        value = _word_logprob(request.adapter_id or "", str(index), piece) / 4
+        alternatives = [(piece, value)]
+        for rank, word in enumerate(_WORDS):
+            if len(alternatives) >= (request.logprobs or 0):
+                break
+            if f" {word}" != piece:
+                alternatives.append((f" {word}", value - 1.0 - rank))
+        entries.append(TokenLogprob(piece, value, tuple(alternatives[: request.logprobs])))
+    return tuple(entries)
+
 def _words_for(request: GenerationRequest) -> list[str]:
-    """Between 8 and 23 words chosen by a hash of what the request asks."""
-    key = "\x00".join(
-        [request.prompt, request.system_prompt or "", request.adapter_id or "", str(request.seed)]
-    )
-    digest = hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).digest()  # never a UnicodeEncodeError
+    """Between 8 and 23 words chosen by a hash of what the request asks.
+
+    A message list hashes as its system messages' and its other messages' contents, so ``[system S, user U]``
+    answers as ``U`` with ``system_prompt=S``.
+    """
+    messages = request.messages
+    system = "\n\n".join(message["content"] for message in messages if message["role"] == "system")
+    turns = "\n\n".join(message["content"] for message in messages if message["role"] != "system")
+    digest = _digest(turns, system, request.adapter_id or "", str(request.seed))
     return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
+
+
+def _digest(*parts: str) -> bytes:
+    key = "\x00".join(parts)
+    return hashlib.sha256(key.encode("utf-8", errors="surrogatepass")).digest()  # never a UnicodeEncodeError
+
+
+def _word_logprob(*parts: str) -> float:
+    """A log-probability in (-8, 0) that depends only on ``parts``."""
+    return -8.0 * (int.from_bytes(_digest(*parts)[:4], "big") / 2**32)

@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -38,7 +39,7 @@ from typing import Any, TypeVar
 
 from inference.exceptions import InvalidRequestError
 
-__all__ = ["OPTIONS", "GenerationOptions", "OptionSpec"]
+__all__ = ["MAX_TOP_LOGPROBS", "OPTIONS", "GenerationOptions", "OptionSpec"]
 
 Fail = Callable[[str], InvalidRequestError]
 """Builds the error for a message (it carries the provider's name)."""
@@ -47,6 +48,8 @@ Check = Callable[[object, str, Fail], Any]
 """A rule: ``check(value, name, fail)`` returns the value as the backends receive it, or raises ``fail(...)``."""
 
 _SPEC = "inference.option"
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token ``logprobs`` can ask for (OpenAI's and vLLM's limit)."""
 _OptionsT = TypeVar("_OptionsT", bound="GenerationOptions")
 
 
@@ -138,6 +141,47 @@ def _number_or_none(minimum: float, maximum: float, *, exclusive_minimum: bool =
     return check
 
 
+def _logprobs(value: object, name: str, fail: Fail) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise fail(
+            f"{name} must be an integer in 0..{MAX_TOP_LOGPROBS} (how many alternatives to report per token) "
+            f"or None, got {value!r}"
+        )
+    return value
+
+
+def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
+    """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``)."""
+    if value is None:
+        return None
+    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):
+        value = value.model_json_schema()  # type: ignore[attr-defined]
+    if not isinstance(value, Mapping):
+        raise fail(f"{name} must be a JSON-schema dict or a pydantic model class, got {type(value).__name__}")
+    try:
+        schema: dict[str, Any] = json.loads(json.dumps(value))
+    except (TypeError, ValueError) as error:
+        raise fail(f"{name} must be JSON (dicts, lists, strings, numbers, booleans, None): {error}") from None
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as error:
+        where = "/".join(str(part) for part in error.path) or "the top level"
+        raise fail(f"{name} is not a valid JSON schema: {error.message} (at {where})") from None
+    return schema
+
+
+def json_schema_file(path: str) -> dict[str, Any]:
+    """Read the command line's ``--json-schema FILE``: the file's JSON (checked as a schema afterwards)."""
+    with open(path, encoding="utf-8") as file:
+        loaded: dict[str, Any] = json.load(file)
+    return loaded
+
+
 def _stop_sequences(value: object, name: str, fail: Fail) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -185,6 +229,14 @@ class GenerationOptions:
     )
     top_k: int | None = spec_field(
         None, check=_int_or_none(0), help="sample among the K most likely tokens", metavar="K", parse=int
+    )
+    logprobs: int | None = spec_field(
+        None, check=_logprobs, metavar="K", parse=int,
+        help=f"report each generated token's log-probability and its K (0-{MAX_TOP_LOGPROBS}) likeliest rivals",
+    )
+    json_schema: Mapping[str, Any] | None = spec_field(
+        None, check=_json_schema, metavar="FILE", parse=json_schema_file,
+        help="constrain the output to JSON valid against this schema (a dict or a pydantic model class)",
     )
 
     @property

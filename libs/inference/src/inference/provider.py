@@ -14,53 +14,34 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry
 from inference._core.paths import normalise_path, path_text_problem
-from inference._core.validation import GenerationRequest, validate_adapter_id
+from inference._core.validation import GenerationRequest, ScoreRequest, validate_adapter_id
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.messages import Prompt
 from inference.options import GenerationOptions
+from inference.results import BatchItem, GenerationResult, ScoreItem, ScoreResult, StreamEvent, TokenLogprob
 
 logger = logging.getLogger("inference")
 
-__all__ = ["BatchItem", "GenerationRequest", "GenerationResult", "InferenceProvider", "StreamEvent"]
+__all__ = [
+    "BatchItem",
+    "GenerationRequest",
+    "GenerationResult",
+    "InferenceProvider",
+    "ScoreItem",
+    "ScoreResult",
+    "StreamEvent",
+    "TokenLogprob",
+]
 
 _ProviderT = TypeVar("_ProviderT", bound="InferenceProvider")
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """What one generation produced.
-
-    Attributes:
-        text: The generated text (without the prompt).
-        model: The model that answered (for servers, the name the server reports).
-        adapter_id: The adapter used, or ``None`` for the base model.
-        token_count: Prompt tokens plus completion tokens; ``None`` when the backend did not report the prompt's
-            tokens (a server that sends no usage in a stream).
-        finish_reason: ``"stop"`` (end of sequence or a stop string) or ``"length"`` (``max_tokens`` reached).
-        prompt_tokens: Tokens in the prompt as the backend counted them; ``None`` when it did not say.
-        completion_tokens: Tokens generated.
-    """
-
-    text: str
-    model: str
-    adapter_id: str | None
-    token_count: int | None
-    finish_reason: str
-    prompt_tokens: int | None = 0
-    completion_tokens: int = 0
-
-
-StreamEvent = str | GenerationResult
-"""What :meth:`InferenceProvider.stream` yields: text pieces (``str``), then one :class:`GenerationResult`."""
-
-BatchItem = GenerationResult | Exception
-"""One place of :meth:`InferenceProvider.generate_batch`'s answer: the result, or the error of that item."""
+_ItemT = TypeVar("_ItemT")
+_ResultT = TypeVar("_ResultT")
 
 
 class InferenceProvider(ABC):
@@ -83,6 +64,9 @@ class InferenceProvider(ABC):
         max_adapters: Most adapters kept loaded in the backend (``None`` = unlimited). Beyond it, the least
             recently used adapter that is neither pinned nor in use is evicted; it stays listed and is loaded
             again, from its path, when a request needs it.
+        supports_scoring: ``score``, ``score_rolling`` and ``score_batch`` work (log-likelihoods of given text).
+        supports_logprobs: ``generate(..., logprobs=k)`` reports token log-probabilities.
+        supports_json_schema: ``generate(..., json_schema=...)`` constrains the output.
     """
 
     name: ClassVar[str] = "base"
@@ -90,11 +74,14 @@ class InferenceProvider(ABC):
     hot_swaps_adapters: ClassVar[bool] = False
     batches_mixed_adapters: ClassVar[bool] = False
     runs_in_process: ClassVar[bool] = False
+    supports_scoring: ClassVar[bool] = False
+    supports_logprobs: ClassVar[bool] = False
+    supports_json_schema: ClassVar[bool] = False
     max_adapters: int | None = None
 
     async def generate(
         self,
-        prompt: str,
+        prompt: Prompt,
         model: str,
         adapter_id: str | None = None,
         max_tokens: int = 4096,
@@ -106,11 +93,14 @@ class InferenceProvider(ABC):
         stop: str | list[str] | None = None,
         seed: int | None = None,
         top_k: int | None = None,
+        logprobs: int | None = None,
+        json_schema: dict[str, Any] | type | None = None,
     ) -> GenerationResult:
         """Generate a completion for ``prompt``.
 
         Args:
-            prompt: The user's text.
+            prompt: The user's text, or a conversation: a list of ``{"role": "system"|"user"|"assistant",
+                "content": str}`` messages (see :mod:`inference.messages`).
             model: The base model name (servers) or a label (in-process providers use their loaded model).
             adapter_id: A loaded adapter to apply, or ``None`` for the base model.
             max_tokens: The most tokens to generate.
@@ -121,12 +111,18 @@ class InferenceProvider(ABC):
             stop: A string or strings that end the generation (not included in the text).
             seed: Seed for sampling, for reproducible output.
             top_k: Sample only among the ``top_k`` most likely tokens; ``None`` keeps the default.
+            logprobs: Report each generated token's log-probability and its ``logprobs`` (0-20) most likely
+                alternatives in :attr:`GenerationResult.logprobs`; ``None`` reports nothing.
+            json_schema: Constrain the text to JSON valid against this schema (a JSON-schema dict, or a pydantic
+                model class). The text then always parses, unless ``finish_reason`` is ``"length"``.
 
         Returns:
             The generated text with token counts and finish reason.
 
         Raises:
-            InvalidRequestError: An argument is invalid.
+            InvalidRequestError: An argument is invalid (the message names it), a message list is combined with
+                ``system_prompt``, or the backend cannot compile ``json_schema``.
+            UnsupportedOperationError: The provider cannot give ``logprobs`` or honour ``json_schema``.
             AdapterNotFoundError: ``adapter_id`` is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status).
         """
@@ -136,7 +132,7 @@ class InferenceProvider(ABC):
 
     async def stream(
         self,
-        prompt: str,
+        prompt: Prompt,
         model: str,
         adapter_id: str | None = None,
         max_tokens: int = 4096,
@@ -148,6 +144,8 @@ class InferenceProvider(ABC):
         stop: str | list[str] | None = None,
         seed: int | None = None,
         top_k: int | None = None,
+        logprobs: int | None = None,
+        json_schema: dict[str, Any] | type | None = None,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Generate like :meth:`generate`, yielding text pieces as they are produced.
 
@@ -188,7 +186,7 @@ class InferenceProvider(ABC):
 
     async def generate_batch(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         model: str,
         adapter_id: str | None = None,
         max_tokens: int = 4096,
@@ -200,6 +198,8 @@ class InferenceProvider(ABC):
         stop: str | list[str] | None = None,
         seed: int | None = None,
         top_k: int | None = None,
+        logprobs: int | None = None,
+        json_schema: dict[str, Any] | type | None = None,
         max_concurrency: int = 8,
         on_result: Callable[[int, BatchItem], object] | None = None,
     ) -> list[BatchItem]:
@@ -220,32 +220,138 @@ class InferenceProvider(ABC):
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InvalidRequestError(
-                f"prompts must be a list of strings, got {type(prompts).__name__}", provider=self.name
+                f"prompts must be a list of prompts (strings or message lists), got {type(prompts).__name__}",
+                provider=self.name,
             )
+        if prompts and all(isinstance(prompt, dict) for prompt in prompts):
+            raise InvalidRequestError(
+                "prompts is one conversation (a list of messages): pass a list of prompts, [messages]",
+                provider=self.name,
+            )
+        options = GenerationOptions.taken_from(locals())
+
+        def generate_one(prompt: Prompt) -> Awaitable[GenerationResult]:
+            return self.generate(prompt, model, adapter_id, **options)
+
+        return await self._run_all("generate_batch", prompts, generate_one, max_concurrency, on_result)
+
+    async def score(
+        self, context: str, continuation: str, model: str, adapter_id: str | None = None
+    ) -> ScoreResult:
+        """The log-likelihood of ``continuation`` after ``context``, as lm-eval-harness's ``loglikelihood``.
+
+        The continuation's tokens are found as lm-eval finds them (the rule is in
+        :mod:`inference._core.scoring`: trailing whitespace of the context moves to the continuation, a BOS
+        token starts the sequence when the model's tokenizer adds one), the same on every backend.
+
+        Args:
+            context: The text before (may be empty).
+            continuation: The text to score; not empty.
+            model: As in :meth:`generate`.
+            adapter_id: A loaded adapter, or ``None`` for the base model.
+
+        Returns:
+            The summed log-probability of the continuation's tokens, their number, and whether each was the
+            model's most likely token.
+
+        Raises:
+            UnsupportedOperationError: The provider cannot score (``supports_scoring`` is false).
+            InvalidRequestError: The continuation is empty, or context and continuation do not fit the model's
+                context window.
+            AdapterNotFoundError: ``adapter_id`` is not loaded.
+        """
+        request = ScoreRequest.checked(
+            provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
+        )
+        self._require_scoring("score")
+        async with self._adapter_in_use(request.adapter_id):
+            return await self._score(request)
+
+    async def score_rolling(self, text: str, model: str, adapter_id: str | None = None) -> ScoreResult:
+        """The log-likelihood of all of ``text`` (lm-eval's ``loglikelihood_rolling``), for perplexity.
+
+        A text longer than the model's context is scored in disjoint windows, each conditioned on the tokens
+        before it in that window (:func:`inference._core.scoring.rolling_windows`). ``is_greedy`` is true when
+        every token was the most likely one.
+
+        Raises:
+            UnsupportedOperationError: The provider cannot score.
+            InvalidRequestError: ``text`` is empty.
+            AdapterNotFoundError: ``adapter_id`` is not loaded.
+        """
+        request = ScoreRequest.checked(
+            provider=self.name, context="", continuation=text, model=model, adapter_id=adapter_id
+        )
+        self._require_scoring("score_rolling")
+        async with self._adapter_in_use(request.adapter_id):
+            return await self._score_rolling(request)
+
+    async def score_batch(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        model: str,
+        adapter_id: str | None = None,
+        *,
+        max_concurrency: int = 8,
+        on_result: Callable[[int, ScoreItem], object] | None = None,
+    ) -> list[ScoreItem]:
+        """Score every ``(context, continuation)`` pair, like :meth:`generate_batch` does generations.
+
+        Returns:
+            One entry per pair, in input order: its :class:`ScoreResult`, or the exception it raised.
+
+        Raises:
+            InvalidRequestError: ``pairs`` is not a sequence, or ``max_concurrency`` is not a positive integer.
+            UnsupportedOperationError: The provider cannot score.
+        """
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
+            raise InvalidRequestError(
+                f"pairs must be a list of (context, continuation) pairs, got {type(pairs).__name__}",
+                provider=self.name,
+            )
+        self._require_scoring("score_batch")
+
+        def score_one(pair: tuple[str, str]) -> Awaitable[ScoreResult]:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise InvalidRequestError(
+                    f"each item of pairs must be a (context, continuation) pair, got {pair!r}", provider=self.name
+                )
+            return self.score(pair[0], pair[1], model, adapter_id)
+
+        return await self._run_all("score_batch", pairs, score_one, max_concurrency, on_result)
+
+    async def _run_all(
+        self,
+        operation: str,
+        items: Sequence[_ItemT],
+        call: Callable[[_ItemT], Awaitable[_ResultT]],
+        max_concurrency: int,
+        on_result: Callable[[int, _ResultT | Exception], object] | None,
+    ) -> list[_ResultT | Exception]:
+        """Run ``call`` on every item, at most ``max_concurrency`` at once; an item's error is its answer."""
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise InvalidRequestError(
                 f"max_concurrency must be a positive integer, got {max_concurrency!r}", provider=self.name
             )
         semaphore = asyncio.Semaphore(max_concurrency)
-        results: list[BatchItem | None] = [None] * len(prompts)
-        options = GenerationOptions.taken_from(locals())
+        results: list[_ResultT | Exception | None] = [None] * len(items)
 
-        async def run(index: int, prompt: str) -> None:
-            item: BatchItem
+        async def run(index: int, item: _ItemT) -> None:
+            answer: _ResultT | Exception
             async with semaphore:
                 try:
-                    item = await self.generate(prompt, model, adapter_id, **options)
+                    answer = await call(item)
                 except Exception as error:  # the error is the item's answer
-                    item = error
-            results[index] = item
+                    answer = error
+            results[index] = answer
             if on_result is not None:
                 try:
-                    on_result(index, item)
+                    on_result(index, answer)
                 except Exception:
-                    logger.exception("generate_batch: on_result raised for item %d; ignored", index)
+                    logger.exception("%s: on_result raised for item %d; ignored", operation, index)
 
-        await asyncio.gather(*(run(index, prompt) for index, prompt in enumerate(prompts)))
-        return [item for item in results if item is not None]
+        await asyncio.gather(*(run(index, item) for index, item in enumerate(items)))
+        return [answer for answer in results if answer is not None]
 
     async def load_adapter(
         self,
@@ -322,7 +428,27 @@ class InferenceProvider(ABC):
 
     def _request(self, arguments: dict[str, Any]) -> GenerationRequest:
         """The validated request for the arguments of :meth:`generate` or :meth:`stream` (their ``locals()``)."""
-        return GenerationRequest.from_arguments(provider=self.name, **GenerationRequest.taken_from(arguments))
+        request = GenerationRequest.from_arguments(provider=self.name, **GenerationRequest.taken_from(arguments))
+        if request.logprobs is not None and not self.supports_logprobs:
+            raise self._cannot("report token logprobs", "supports_logprobs")
+        if request.json_schema is not None and not self.supports_json_schema:
+            raise self._cannot("constrain output to a json_schema", "supports_json_schema")
+        return request
+
+    def _require_scoring(self, operation: str) -> None:
+        if not self.supports_scoring:
+            raise self._cannot(f"{operation} (log-likelihoods need the model's logits over the prompt)",
+                               "supports_scoring")
+
+    def _cannot(self, what: str, capability: str) -> UnsupportedOperationError:
+        from inference.registry import providers_with  # the registry imports provider classes lazily
+
+        able = ", ".join(providers_with(capability)) or "none"
+        return UnsupportedOperationError(
+            f"{type(self).__name__} cannot {what}; providers that can: {able} "
+            f"(check the provider's {capability} attribute before calling)",
+            provider=self.name,
+        )
 
     def _adapter_path_argument(self, adapter_path: object) -> str:
         """``adapter_path`` as the backend receives it: checked, ``~`` expanded, written canonically."""
@@ -352,6 +478,14 @@ class InferenceProvider(ABC):
         if result.text:
             yield result.text
         yield result
+
+    async def _score(self, request: ScoreRequest) -> ScoreResult:
+        """Score one validated request (providers with ``supports_scoring``)."""
+        raise self._cannot("score", "supports_scoring")
+
+    async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
+        """Score the whole ``request.continuation`` in windows (providers with ``supports_scoring``)."""
+        raise self._cannot("score_rolling", "supports_scoring")
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
         """Load the adapter into the backend. The registry never calls it twice at once for one id."""

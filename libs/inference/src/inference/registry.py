@@ -13,9 +13,16 @@ from dataclasses import dataclass
 
 from inference._core.dependencies import import_optional
 from inference._core.settings import Setting
-from inference.exceptions import UnknownProviderError
+from inference.exceptions import MissingDependencyError, UnknownProviderError
 
-__all__ = ["PROVIDERS", "PROVIDER_EXTRAS", "PROVIDER_REGISTRY", "ProviderSpec", "load_provider_class"]
+__all__ = [
+    "PROVIDERS",
+    "PROVIDER_EXTRAS",
+    "PROVIDER_REGISTRY",
+    "ProviderSpec",
+    "load_provider_class",
+    "providers_with",
+]
 
 _RETRIES = "Retries of transient failures (connect errors, 429, 502, 503, 504)"
 
@@ -201,3 +208,20 @@ def load_provider_class(provider_type: str) -> type:
     module = import_optional(module_name, provider=provider_type)
     cls: type = getattr(module, class_name)
     return cls
+
+
+def providers_with(capability: str) -> list[str]:
+    """The provider types whose class has the capability attribute ``capability`` true (``supports_scoring``).
+
+    It imports every provider module whose dependencies are installed (providers without them are left out), so
+    it is for error messages and tools, not for hot paths.
+    """
+    able: list[str] = []
+    for name in PROVIDER_REGISTRY:
+        try:
+            cls = load_provider_class(name)
+        except MissingDependencyError:
+            continue
+        if getattr(cls, capability, False):
+            able.append(name)
+    return able

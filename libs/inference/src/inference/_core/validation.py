@@ -7,10 +7,15 @@ request's own fields (prompt, model, adapter id) and the adapter id rule the lif
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from inference.exceptions import InvalidRequestError
+from inference.messages import Message, check_messages, plain_text
 from inference.options import Fail, GenerationOptions, require_utf8, spec_field
+
+_RequestT = TypeVar("_RequestT", bound="GenerationRequest")
 
 ADAPTER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """Adapter ids: letters, digits, ``.``, ``_`` and ``-``; no path separators, spaces or shell characters."""
@@ -41,6 +46,23 @@ def _text(value: object, name: str, fail: Fail) -> str:
     return value
 
 
+def _prompt(value: object, name: str, fail: Fail) -> str | tuple[Message, ...]:
+    """A string, or a list of chat messages (checked, as a tuple of fresh dicts)."""
+    if isinstance(value, str):
+        return _text(value, name, fail)
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        return check_messages(value, name, fail)
+    raise fail(f"{name} must be a string or a list of messages ({{'role': ..., 'content': ...}}), "
+               f"got {type(value).__name__}")
+
+
+def _non_empty_text(value: object, name: str, fail: Fail) -> str:
+    text = _text(value, name, fail)
+    if not text:
+        raise fail(f"{name} is empty: there is nothing to score; give at least one character")
+    return text
+
+
 def _model_name(value: object, name: str, fail: Fail) -> str:
     """The model name; ``None`` is ``""`` (in-process providers use their loaded model)."""
     return "" if value is None else _text(value, name, fail)
@@ -56,6 +78,78 @@ class GenerationRequest(GenerationOptions):
     :class:`InvalidRequestError` with a sentence naming the argument and the allowed range.
     """
 
-    prompt: str = spec_field(check=_text, help="the user's text")
+    prompt: str | tuple[Message, ...] = spec_field(check=_prompt, help="the user's text, or chat messages")
     model: str = spec_field(check=_model_name, help="the base model name (servers) or a label")
     adapter_id: str | None = spec_field(None, check=_adapter_id_or_none, help="a loaded adapter, or None")
+
+    @classmethod
+    def from_arguments(cls: type[_RequestT], *, provider: str, **values: object) -> _RequestT:
+        """Check every field (see :meth:`GenerationOptions.from_arguments`) and how the prompt and the system
+        prompt go together.
+
+        Raises:
+            InvalidRequestError: A field is invalid, or ``system_prompt`` is given with a message list.
+        """
+        request = super().from_arguments(provider=provider, **values)
+        if isinstance(request.prompt, tuple) and request.system_prompt is not None:
+            raise InvalidRequestError(
+                "system_prompt cannot be combined with a list of messages: put the system prompt in the list as "
+                "its first message, {'role': 'system', 'content': ...}",
+                provider=provider,
+            )
+        return request
+
+    @property
+    def messages(self) -> list[Message]:
+        """The request as chat messages: the message list, or the system prompt (if any) and the prompt."""
+        if isinstance(self.prompt, tuple):
+            return [dict(message) for message in self.prompt]  # type: ignore[misc]
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": self.prompt})
+        return messages
+
+    @property
+    def plain_prompt(self) -> str:
+        """The request as text for a model without a chat template (:func:`inference.messages.plain_text`)."""
+        return plain_text(self.messages)
+
+    @property
+    def prompt_text(self) -> str:
+        """The prompt as one string, for counting or hashing: the text, or every message's content."""
+        return self.prompt if isinstance(self.prompt, str) else plain_text(self.prompt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreRequest:
+    """One validated log-likelihood request: the continuation's tokens scored after the context's.
+
+    For ``score_rolling`` the context is ``""`` and the continuation is the whole text.
+    """
+
+    context: str
+    continuation: str
+    model: str
+    adapter_id: str | None = None
+
+    @classmethod
+    def checked(cls, *, provider: str, context: object, continuation: object, model: object,
+                adapter_id: object = None) -> ScoreRequest:
+        """Check each argument.
+
+        Raises:
+            InvalidRequestError: The context is not a string, the continuation is empty or not a string, the
+                model is not a string, or the adapter id is not valid.
+        """
+
+        def fail(message: str) -> InvalidRequestError:
+            return InvalidRequestError(message, provider=provider)
+
+        values: dict[str, Any] = {
+            "context": _text(context, "context", fail),
+            "continuation": _non_empty_text(continuation, "continuation", fail),
+            "model": _model_name(model, "model", fail),
+            "adapter_id": _adapter_id_or_none(adapter_id, "adapter_id", fail),
+        }
+        return cls(**values)

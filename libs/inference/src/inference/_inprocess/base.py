@@ -32,15 +32,14 @@ ResidentT = TypeVar("ResidentT")
 
 
 def chat_messages(request: GenerationRequest) -> list[dict[str, str]]:
-    """The chat messages of a request: its system prompt (if any), then its prompt as the user's turn."""
-    messages = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
-    messages.append({"role": "user", "content": request.prompt})
-    return messages
+    """The chat messages of a request: its message list, or its system prompt (if any) then its prompt."""
+    return [{"role": message["role"], "content": message["content"]} for message in request.messages]
 
 
 def plain_prompt(request: GenerationRequest) -> str:
-    """The text of a request for a model without a chat template: system prompt, blank line, prompt."""
-    return f"{request.system_prompt}\n\n{request.prompt}" if request.system_prompt else request.prompt
+    """The text of a request for a model without a chat template: the messages' contents, blank-line separated
+    (for a string prompt: system prompt, blank line, prompt)."""
+    return request.plain_prompt
 
 
 class InProcessProvider(InferenceProvider, Generic[ResidentT]):
