@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from inference._core.validation import GenerationRequest, ScoreRequest
+from inference.exceptions import InvalidRequestError
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 
@@ -23,8 +26,10 @@ class FakeProvider(InferenceProvider):
     """Answers instantly with text that depends only on the prompt, system prompt, adapter and seed.
 
     Scores (``score``, ``score_rolling``) and token ``logprobs`` are made-up numbers that depend only on the
-    text and the adapter: the same request always gets the same numbers, a word is one token. It does not
-    honour ``json_schema`` (``supports_json_schema`` is false).
+    text and the adapter: the same request always gets the same numbers, a word is one token. With
+    ``json_schema`` it answers a small JSON value valid against the schema (the usual keywords: type,
+    properties, items, enum, const, anyOf, ``$ref``, minimum/maximum), or raises
+    :class:`~inference.exceptions.InvalidRequestError` for a schema it cannot satisfy.
 
     The same request always gives the same text; a different adapter gives a different text. Adapters
     live in memory: ``load_adapter`` records the path (nothing is read), and the lifecycle rules of every
@@ -55,6 +60,7 @@ class FakeProvider(InferenceProvider):
     batches_mixed_adapters = True
     supports_scoring = True
     supports_logprobs = True
+    supports_json_schema = True
 
     def __init__(self, max_adapters: int | None = None) -> None:
         self.max_adapters = max_adapters
@@ -93,6 +99,9 @@ class FakeProvider(InferenceProvider):
         finish_reason = "length" if len(words) > request.max_tokens else "stop"
         words = words[: request.max_tokens]
         text = f"[{request.adapter_id or 'base'}] " + " ".join(words)
+        if request.json_schema is not None:
+            text, finish_reason = json.dumps(_instance(request.json_schema, words, request.json_schema)), "stop"
+            _check_instance(text, request.json_schema, self.name)
         for stop in request.stop:
             if stop in text:
                 text, finish_reason = text[: text.index(stop)], "stop"
@@ -156,6 +165,56 @@ def _words_for(request: GenerationRequest) -> list[str]:
     turns = "\n\n".join(message["content"] for message in messages if message["role"] != "system")
     digest = _digest(turns, system, request.adapter_id or "", str(request.seed))
     return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
+
+
+def _instance(schema: Any, words: list[str], root: Mapping[str, Any], depth: int = 0) -> Any:
+    """A small JSON value for ``schema``, its strings taken from ``words`` (the keywords a typical tool or
+    pydantic schema uses: type, properties, required, items, enum, const, anyOf/oneOf, $ref, minimum, minItems)."""
+    if not isinstance(schema, Mapping) or depth > 8:
+        return None
+    if "$ref" in schema and str(schema["$ref"]).startswith("#/"):
+        target: Any = root
+        for part in str(schema["$ref"])[2:].split("/"):
+            target = target.get(part, {}) if isinstance(target, Mapping) else {}
+        return _instance(target, words, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][len(words) % len(schema["enum"])]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return _instance(schema[key][0], words, root, depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
+    word = words[depth % len(words)] if words else "fake"
+    if kind == "object":
+        properties = schema.get("properties", {})
+        return {name: _instance(sub, words[1:] + words[:1], root, depth + 1) for name, sub in properties.items()}
+    if kind == "array":
+        count = max(int(schema.get("minItems", 1)), 0) if "maxItems" not in schema else min(1, schema["maxItems"])
+        return [_instance(schema.get("items", {}), words, root, depth + 1) for _ in range(count)]
+    if kind in ("integer", "number"):
+        low, high = schema.get("minimum", 0), schema.get("maximum", 100)
+        return low + len(word) % (int(high - low) + 1) if high >= low else low
+    if kind == "boolean":
+        return len(word) % 2 == 0
+    if kind == "null":
+        return None
+    return word
+
+
+def _check_instance(text: str, schema: Mapping[str, Any], provider: str) -> None:
+    """Refuse, with a sentence, a schema the fake's small generator could not satisfy (a ``pattern``, a
+    ``format``...): it never returns JSON that does not validate."""
+    from jsonschema.validators import validator_for
+
+    error = next(iter(validator_for(schema)(schema).iter_errors(json.loads(text))), None)
+    if error is not None:
+        raise InvalidRequestError(
+            f"the fake provider cannot produce JSON for this schema ({error.message}); it knows type, "
+            "properties, items, enum, const, anyOf and minimum/maximum: use a real provider for the rest",
+            provider=provider,
+        )
 
 
 def _digest(*parts: str) -> bytes:
