@@ -15,7 +15,7 @@ export NO_MKDOCS_2_WARNING := 1
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PIP) --editable ".[all,dev,demo]"
+	$(PIP) --editable ".[all,dev,demo,lm-eval]"
 	touch $@
 
 install: $(STAMP)

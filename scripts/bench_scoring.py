@@ -86,7 +86,8 @@ async def provider_scores(model_dir: Path, adapters: dict[str, Path], work: list
             *(provider.score_batch(work, model="m", adapter_id=a, max_concurrency=64) for a in adapters)
         )
         elapsed = time.perf_counter() - start
-    return {"seconds": elapsed, "scores": {a: [r.logprob for r in rows] for a, rows in zip(adapters, results, strict=True)}}
+    scores = {a: [r.logprob for r in rows] for a, rows in zip(adapters, results, strict=True)}
+    return {"seconds": elapsed, "scores": scores}
 
 
 def one_at_a_time(model_dir: Path, adapters: dict[str, Path], work: list[tuple[str, str]]) -> dict[str, Any]:

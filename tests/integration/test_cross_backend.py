@@ -71,3 +71,63 @@ async def test_system_prompt_renders_the_same_on_both(
     actual = await llamacpp_provider.generate("the quick brown fox", adapter_id="a1", **arguments)
     assert actual.text == expected.text
     assert actual.prompt_tokens == expected.prompt_tokens
+
+
+SCORE_PAIRS = [
+    ("the quick brown fox", " jumps over the lazy dog"),
+    ("Once upon a time there was ", "a king"),  # the trailing space moves to the continuation
+    ("", "numbers 1 2 3 and"),  # an empty context starts from the BOS token
+]
+
+
+@pytest.mark.parametrize("adapter_id", ADAPTERS)
+async def test_scores_match_across_backends(
+    both_backends: tuple[TransformersProvider, LlamaCppProvider], adapter_id: str | None
+) -> None:
+    # Same adapter, same numbers: within 1e-3 nats per token (they agree to about 1e-5 with an f32 KV cache).
+    transformers_provider, llamacpp_provider = both_backends
+    for context, continuation in SCORE_PAIRS:
+        expected = await transformers_provider.score(context, continuation, model="tiny", adapter_id=adapter_id)
+        actual = await llamacpp_provider.score(context, continuation, model="tiny", adapter_id=adapter_id)
+        assert actual.num_tokens == expected.num_tokens > 0
+        assert abs(actual.logprob - expected.logprob) / expected.num_tokens < 1e-3, (context, adapter_id)
+        assert actual.is_greedy == expected.is_greedy
+    text = " ".join(f"{first} {second}" for first, _ in SCORE_PAIRS for second in ("and", "then")) * 3
+    expected = await transformers_provider.score_rolling(text, model="tiny", adapter_id=adapter_id)
+    actual = await llamacpp_provider.score_rolling(text, model="tiny", adapter_id=adapter_id)
+    assert actual.num_tokens == expected.num_tokens
+    assert abs(actual.logprob - expected.logprob) / expected.num_tokens < 1e-3
+
+
+@pytest.mark.parametrize("adapter_id", [None, "a1"])
+async def test_greedy_token_logprobs_match_across_backends(
+    both_backends: tuple[TransformersProvider, LlamaCppProvider], adapter_id: str | None
+) -> None:
+    transformers_provider, llamacpp_provider = both_backends
+    arguments: dict[str, Any] = {"model": "tiny", "adapter_id": adapter_id, "max_tokens": 8, "temperature": 0.0}
+    expected = await transformers_provider.generate(PROMPTS[0], logprobs=3, **arguments)
+    actual = await llamacpp_provider.generate(PROMPTS[0], logprobs=3, **arguments)
+    assert expected.logprobs is not None and actual.logprobs is not None
+    assert [entry.token_id for entry in actual.logprobs] == [entry.token_id for entry in expected.logprobs]
+    for ours, theirs in zip(actual.logprobs, expected.logprobs, strict=True):
+        assert abs(ours.logprob - theirs.logprob) < 1e-3
+        assert [token for token, _ in ours.top_logprobs] == [token for token, _ in theirs.top_logprobs]
+        for (_, mine), (_, other) in zip(ours.top_logprobs, theirs.top_logprobs, strict=True):
+            assert abs(mine - other) < 1e-3
+
+
+async def test_a_conversation_renders_the_same_on_both(
+    both_backends: tuple[TransformersProvider, LlamaCppProvider],
+) -> None:
+    transformers_provider, llamacpp_provider = both_backends
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "the quick brown fox"},
+        {"role": "assistant", "content": "jumps"},
+        {"role": "user", "content": "and then?"},
+    ]
+    arguments: dict[str, Any] = {"model": "tiny", "max_tokens": 10, "temperature": 0.0, "adapter_id": "a2"}
+    expected = await transformers_provider.generate(conversation, **arguments)
+    actual = await llamacpp_provider.generate(conversation, **arguments)
+    assert actual.text == expected.text
+    assert actual.prompt_tokens == expected.prompt_tokens
