@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from inference.exceptions import (
     ServerResponseError,
 )
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
+from inference.results import TokenLogprob
 
 __all__ = ["OllamaProvider"]
 
@@ -73,6 +74,10 @@ class OllamaProvider(InferenceProvider):
     :meth:`stream` reads the same route with ``"stream": true`` (NDJSON); stopping the iteration closes the
     response, which makes Ollama stop generating.
 
+    A message list is sent as the chat ``messages``; ``json_schema`` as ``format`` (Ollama turns it into a
+    grammar); ``logprobs=k`` as ``logprobs: true, top_logprobs: k`` (Ollama 0.12.11 or later; an older server
+    sends none, which is reported). Ollama cannot score (no prompt logprobs).
+
     **Adapters.** Ollama cannot add a LoRA to a running model; it bakes adapters into a model created
     ``FROM`` a base. ``load_adapter(id, path)`` therefore uploads the adapter file(s) as blobs (skipped when
     the server already has them), then creates ``inference-lora/<id>:<base digest>`` from the base model
@@ -107,6 +112,8 @@ class OllamaProvider(InferenceProvider):
 
     name = "ollama"
     supports_adapters = True
+    supports_logprobs = True
+    supports_json_schema = True
     hot_swaps_adapters = False
 
     def __init__(
@@ -372,17 +379,19 @@ class OllamaProvider(InferenceProvider):
                 handlers=self._handlers(model),
             )
 
-        model, response = await self._recreating(request, send)
+        with self._schema_refusals(request):
+            model, response = await self._recreating(request, send)
         operation = f"generate with model {model!r}"
         body = self._http.parse_json(response, operation=operation)
         try:
             text = body["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError("message.content is not a string")
-        except (KeyError, TypeError) as error:
+            logprobs = _token_logprobs(body, request.logprobs) if request.logprobs is not None else None
+        except (KeyError, TypeError, AttributeError) as error:
             problem = f"an answer that is not an Ollama chat reply ({error})"
             raise self._http.protocol_error(operation, problem) from error
-        return self._result(body, request, model, text, operation)
+        return self._result(body, request, model, text, operation, logprobs)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         async with contextlib.AsyncExitStack() as stack:
@@ -397,19 +406,50 @@ class OllamaProvider(InferenceProvider):
                 )
                 return await stack.enter_async_context(lines)
 
-            model, lines = await self._recreating(request, send)
+            with self._schema_refusals(request):
+                model, lines = await self._recreating(request, send)
             operation = f"stream from model {model!r}"
             pieces: list[str] = []
+            logprobs: list[TokenLogprob] = []
             async for line in lines:
                 event = self._chat_chunk(line, operation)
+                if request.logprobs is not None:
+                    try:
+                        logprobs.extend(_token_logprobs(event, request.logprobs))
+                    except (TypeError, AttributeError) as error:
+                        problem = f"a stream line with malformed logprobs ({error})"
+                        raise self._http.protocol_error(operation, problem) from error
                 piece = event["message"]["content"]
                 if piece:
                     pieces.append(piece)
                     yield piece
                 if event.get("done"):
-                    yield self._result(event, request, model, "".join(pieces), operation)
+                    yield self._result(
+                        event,
+                        request,
+                        model,
+                        "".join(pieces),
+                        operation,
+                        logprobs if request.logprobs is not None else None,
+                    )
                     return
             raise self._http.protocol_error(operation, "a stream that ended before its done line")
+
+    @contextlib.contextmanager
+    def _schema_refusals(self, request: GenerationRequest) -> Iterator[None]:
+        """A 400 about ``format`` when the request has a ``json_schema``: the schema is an invalid request."""
+        try:
+            yield
+        except ServerResponseError as error:
+            message = str(error).lower()
+            about_schema = "format" in message or "schema" in message
+            if request.json_schema is None or error.status_code != 400 or not about_schema:
+                raise
+            raise InvalidRequestError(
+                f"Ollama at {self.native_url} could not use the json_schema ({error}): simplify the schema to what "
+                "Ollama's grammar supports",
+                provider=self.name,
+            ) from error
 
     def _chat_chunk(self, event: Any, operation: str) -> dict[str, Any]:
         message = event.get("message") if isinstance(event, dict) else None
@@ -421,13 +461,25 @@ class OllamaProvider(InferenceProvider):
         return event
 
     def _result(
-        self, body: dict[str, Any], request: GenerationRequest, model: str, text: str, operation: str
+        self,
+        body: dict[str, Any],
+        request: GenerationRequest,
+        model: str,
+        text: str,
+        operation: str,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> GenerationResult:
         counts = (body.get("prompt_eval_count") or 0, body.get("eval_count") or 0)
         if any(isinstance(count, bool) or not isinstance(count, int) or count < 0 for count in counts):
             problem = f"token counts that are not non-negative integers (prompt_eval_count, eval_count = {counts!r})"
             raise self._http.protocol_error(operation, problem)
         prompt_tokens, completion_tokens = counts
+        if request.logprobs is not None and not logprobs and completion_tokens > 0:
+            raise self._http.protocol_error(
+                operation,
+                "an answer without the token logprobs asked for: Ollama reports them from version 0.12.11 on; "
+                "upgrade the server, or ask without logprobs",
+            )
         return GenerationResult(
             text=text,
             model=str(body.get("model") or model),
@@ -436,6 +488,7 @@ class OllamaProvider(InferenceProvider):
             finish_reason="length" if body.get("done_reason") == "length" else "stop",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
         )
 
     def _handlers(self, model: str) -> ErrorHandlers:
@@ -464,10 +517,13 @@ class OllamaProvider(InferenceProvider):
 
 def _chat_body(request: GenerationRequest, model: str, *, stream: bool) -> dict[str, Any]:
     """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply."""
-    messages = []
-    if request.system_prompt is not None:
-        messages.append({"role": "system", "content": request.system_prompt})
-    messages.append({"role": "user", "content": request.prompt})
+    if isinstance(request.prompt, str):
+        messages = []
+        if request.system_prompt is not None:
+            messages.append({"role": "system", "content": request.system_prompt})
+        messages.append({"role": "user", "content": request.prompt})
+    else:
+        messages = [{"role": message["role"], "content": message["content"]} for message in request.messages]
     options: dict[str, Any] = {"num_predict": request.max_tokens}
     for key, value in (
         ("temperature", request.temperature),
@@ -480,7 +536,38 @@ def _chat_body(request: GenerationRequest, model: str, *, stream: bool) -> dict[
             options[key] = value
     if request.stop:
         options["stop"] = list(request.stop)
-    return {"model": model, "messages": messages, "stream": stream, "options": options}
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream, "options": options}
+    if request.json_schema is not None:
+        body["format"] = dict(request.json_schema)
+    if request.logprobs is not None:
+        body["logprobs"] = True
+        body["top_logprobs"] = request.logprobs
+    return body
+
+
+def _token_logprobs(body: dict[str, Any], k: int) -> list[TokenLogprob]:
+    """The ``logprobs`` of an ``/api/chat`` answer or stream line: ``[{token, logprob, bytes, top_logprobs}]``.
+
+    Raises:
+        TypeError: The field is not a list of entries with a text token and a numeric logprob.
+    """
+    entries = body.get("logprobs") or []
+    if not isinstance(entries, list):
+        raise TypeError(f"logprobs is {type(entries).__name__}, not a list")
+    result = []
+    for entry in entries:
+        token = entry.get("token", "") if isinstance(entry, dict) else None
+        logprob = entry.get("logprob", 0.0) if isinstance(entry, dict) else None  # Go omits zero values
+        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+            raise TypeError(f"a logprobs entry without a token and a logprob: {entry!r:.200}")
+        top = [
+            (alternative.get("token", ""), float(alternative.get("logprob", 0.0)))
+            for alternative in entry.get("top_logprobs") or []
+            if isinstance(alternative, dict) and isinstance(alternative.get("logprob", 0.0), (int, float))
+        ]
+        top.sort(key=lambda pair: pair[1], reverse=True)
+        result.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
+    return result
 
 
 def _untagged(model: str) -> str:

@@ -21,6 +21,11 @@ class OpenAIProvider(OpenAICompatibleProvider):
     ``top_k`` and ``repetition_penalty``, which the OpenAI API lacks, are sent as extra body fields when set:
     servers that know them use them; OpenAI's own API refuses them (a 400 naming the field).
 
+    ``logprobs`` are OpenAI's chat ``logprobs``/``top_logprobs``; ``json_schema`` is sent as a strict
+    ``response_format`` of type ``json_schema`` (OpenAI's strict mode needs ``additionalProperties: false`` and
+    every property required), or, for a server that refuses that type (llama_cpp.server), as
+    ``{"type": "json_object", "schema": ...}``. This provider does not score: OpenAI's API has no prompt logprobs.
+
     Args:
         base_url: The API's base URL (ending with ``/v1`` for most servers), or several; else
             ``OPENAI_BASE_URL``; else ``https://api.openai.com/v1``.
@@ -37,6 +42,8 @@ class OpenAIProvider(OpenAICompatibleProvider):
     server_label = "OpenAI-compatible server"
     env_prefix = "OPENAI"
     supports_adapters = False
+    supports_logprobs = True
+    supports_json_schema = True
 
     def __init__(
         self,

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inference._core.validation import GenerationRequest
+from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
+from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer
 from inference._servers.openai_compatible import OpenAICompatibleProvider, Replica, quoted_model
 from inference.adapters.peft import read_peft_adapter
@@ -27,8 +28,10 @@ from inference.exceptions import (
     ServerAdapterAlreadyLoadedError,
     ServerAdapterNotFoundError,
     ServerInvalidAdapterError,
+    ServerModelNotFoundError,
     ServerResponseError,
 )
+from inference.results import ScoreResult
 
 __all__ = ["ReconcileReport", "ReplicaReconciliation", "VLLMProvider"]
 
@@ -105,6 +108,17 @@ class VLLMProvider(OpenAICompatibleProvider):
     independent vLLM servers serving the same model. Adapter loads and unloads go to every replica; a
     load that fails on one is undone on the others.
 
+    Scores and structure: a message list is sent as the chat ``messages``; ``logprobs=k`` asks for OpenAI's
+    ``logprobs: true, top_logprobs: k`` (each generated token's logprob, before sampling settings); ``json_schema``
+    is sent as ``response_format: {"type": "json_schema", ...}`` (vLLM compiles it with its structured-output
+    backend; a schema it refuses is an :class:`~inference.exceptions.InvalidRequestError`). :meth:`score` and
+    :meth:`score_rolling` tokenize with the server's ``POST /tokenize`` (the rule of
+    :mod:`inference._core.scoring`) and read the scored tokens' ``prompt_logprobs`` (logprob and rank) from one
+    ``/v1/completions`` request of token ids per sequence. The EOS token that starts an empty context on a
+    model without BOS comes from ``GET /tokenizer_info``, which vLLM serves only with
+    ``--enable-tokenizer-info-endpoint``. Trap: vLLM computes prompt logprobs without a LoRA's ``lm_head``
+    delta (vllm#51594), so adapters that train ``lm_head`` score as if it were untrained.
+
     Adapters live on the servers, so they outlive this object: ``list_adapters`` reads ``GET /v1/models``
     (the LoRA entries, those with a ``parent``) on every replica and merges them with what this object
     loaded, and an adapter a server lists can be used and unloaded by id from any new provider.
@@ -133,6 +147,9 @@ class VLLMProvider(OpenAICompatibleProvider):
     supports_adapters = True
     hot_swaps_adapters = True
     batches_mixed_adapters = True
+    supports_scoring = True
+    supports_logprobs = True
+    supports_json_schema = True
 
     def __init__(
         self,
@@ -195,6 +212,188 @@ class VLLMProvider(OpenAICompatibleProvider):
                 f"--lora-modules {request.adapter_id}=<path>"
             )
         return answer.error(ServerAdapterNotFoundError, sentence)
+
+    # Scoring: /tokenize, then prompt logprobs from /v1/completions ------------------------------------------
+
+    async def _score(self, request: ScoreRequest) -> ScoreResult:
+        """Score the continuation with the prompt logprobs of one ``/v1/completions`` request.
+
+        The tokens follow :mod:`inference._core.scoring`'s rule, with the server's tokenizer (``/tokenize``);
+        the whole sequence is sent as token ids with ``prompt_logprobs``, and the scored positions' logprobs
+        and ranks are read back.
+        """
+        replica = self._scoring_replica()
+        info = await self._tokenizer_info(replica, request.model)
+        context = request.context
+        stripped = context.rstrip()
+        texts = {stripped, context + request.continuation} if stripped else {context + request.continuation}
+        encoded = {text: await self._tokenize(replica, request.model, text, special=False) for text in texts}
+        vocabulary = Vocabulary(
+            encode=lambda text: encoded[text], adds_bos=info.adds_bos, bos_id=info.bos_id, eos_id=info.eos_id
+        )
+        sequence = score_tokens(vocabulary, request.context, request.continuation, provider=self.name)
+        # vLLM reads every token sent (the last one's logprob comes from the one before) and generates one more.
+        if len(sequence.tokens) + 1 > info.max_length:
+            raise too_long(
+                len(sequence.tokens) - 1, info.max_length - 2, provider=self.name, setting="vLLM's --max-model-len"
+            )
+        logprob, greedy, model = await self._prompt_logprobs(replica, request, sequence)
+        return ScoreResult(
+            logprob=logprob,
+            num_tokens=len(sequence.scored),
+            is_greedy=greedy,
+            model=model,
+            adapter_id=request.adapter_id,
+        )
+
+    async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
+        """Score the whole text in windows that fit the server's context: each window is sent with one token
+        before its scored tokens, and vLLM generates one token more, so ``max_model_len - 2`` tokens are scored
+        per window."""
+        replica = self._scoring_replica()
+        info = await self._tokenizer_info(replica, request.model)
+        tokens = await self._tokenize(replica, request.model, request.continuation, special=False)
+        vocabulary = Vocabulary(
+            encode=lambda text: tokens, adds_bos=info.adds_bos, bos_id=info.bos_id, eos_id=info.eos_id
+        )
+        windows = rolling_windows(vocabulary, request.continuation, info.max_length - 2, provider=self.name)
+        total, greedy, model = 0.0, True, request.adapter_id or request.model
+        for window in windows:
+            logprob, window_greedy, model = await self._prompt_logprobs(replica, request, window)
+            total += logprob
+            greedy = greedy and window_greedy
+        return ScoreResult(
+            logprob=total, num_tokens=len(tokens), is_greedy=greedy, model=model, adapter_id=request.adapter_id
+        )
+
+    def _scoring_replica(self) -> Replica:
+        """The replica that scores: the least busy one that is up (all replicas serve the same model)."""
+        return self._replicas_in_order()[0]
+
+    async def _tokenize(self, replica: Replica, model: str, text: str, *, special: bool) -> list[int]:
+        """``POST /tokenize`` (vLLM's own route, at the server root): the token ids of ``text``."""
+        operation = "tokenize text for scoring"
+        response = await replica.http.request(
+            "POST",
+            f"{replica.root}/tokenize",
+            operation=operation,
+            json_body={"model": model, "prompt": text, "add_special_tokens": special},
+            handlers=self._scoring_handlers(model),
+        )
+        body = replica.http.parse_json(response, operation=operation)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise replica.http.protocol_error(operation, f"an answer that is not a token list: {body!r:.200}")
+        if isinstance(body.get("max_model_len"), int):
+            replica.max_model_len = body["max_model_len"]
+        return tokens
+
+    async def _tokenizer_info(self, replica: Replica, model: str) -> _TokenizerInfo:
+        """What the scoring rule needs of the server's tokenizer, found once per replica and model.
+
+        ``adds_bos``/``bos_id``: ``"x"`` tokenized with and without special tokens (the extra first token is
+        BOS). ``eos_id`` (and a BOS the tokenizer does not add): from ``GET /tokenizer_info``, which exists only
+        when vLLM runs with ``--enable-tokenizer-info-endpoint``; else ``None``.
+        """
+        cached: _TokenizerInfo | None = replica.tokenizers.get(model)
+        if cached is not None:
+            return cached
+        plain = await self._tokenize(replica, model, "x", special=False)
+        special = await self._tokenize(replica, model, "x", special=True)
+        adds_bos = len(special) == len(plain) + 1 and special[1:] == plain
+        bos_id = special[0] if adds_bos else None
+        eos_id = None
+        config = await self._tokenizer_config(replica)
+        for name in ("bos_token", "eos_token"):
+            value = config.get(name)
+            text = value.get("content") if isinstance(value, dict) else value
+            if isinstance(text, str) and text:
+                ids = await self._tokenize(replica, model, text, special=False)
+                if len(ids) == 1:
+                    if name == "eos_token":
+                        eos_id = ids[0]
+                    elif bos_id is None:
+                        bos_id = ids[0]
+        info = _TokenizerInfo(adds_bos, bos_id, eos_id, replica.max_model_len or 0)
+        if info.max_length < 3:
+            raise replica.http.protocol_error("tokenize text for scoring", "a /tokenize answer without max_model_len")
+        replica.tokenizers[model] = info
+        return info
+
+    async def _tokenizer_config(self, replica: Replica) -> dict[str, Any]:
+        """``GET /tokenizer_info`` (``--enable-tokenizer-info-endpoint``), or ``{}`` where the route is off."""
+        operation = "read the tokenizer's special tokens"
+        try:
+            response = await replica.http.request("GET", f"{replica.root}/tokenizer_info", operation=operation)
+        except ServerResponseError as error:
+            if error.status_code == 404:
+                return {}
+            raise
+        body = replica.http.parse_json(response, operation=operation)
+        return body if isinstance(body, dict) else {}
+
+    async def _prompt_logprobs(
+        self, replica: Replica, request: ScoreRequest, sequence: ScoreTokens
+    ) -> tuple[float, bool, str]:
+        """``(sum of logprobs, all greedy, model)`` of ``sequence.scored``, from vLLM's ``prompt_logprobs``.
+
+        ``prompt_logprobs[i]`` (``None`` for the first token) maps token ids (as strings) to ``{"logprob",
+        "rank", "decoded_token"}`` for the prompt's token ``i`` given the tokens before it; rank 1 is greedy.
+        """
+        model = request.adapter_id or request.model
+        operation = f"score with {'adapter' if request.adapter_id else 'model'} {model!r}"
+        response = await replica.http.request(
+            "POST",
+            f"{replica.root}/v1/completions",
+            operation=operation,
+            json_body={
+                "model": model,
+                "prompt": list(sequence.tokens),
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": 1,
+                "add_special_tokens": False,
+            },
+            handlers=self._scoring_handlers(model, request.adapter_id),
+        )
+        body = replica.http.parse_json(response, operation=operation)
+        try:
+            positions = body["choices"][0]["prompt_logprobs"]
+            total, greedy = 0.0, True
+            for index in range(sequence.start, len(sequence.tokens)):
+                entry = positions[index][str(sequence.tokens[index])]
+                logprob, rank = entry["logprob"], entry.get("rank")
+                if not isinstance(logprob, (int, float)) or isinstance(logprob, bool):
+                    raise TypeError(f"logprob {logprob!r} is not a number")
+                total += float(logprob)
+                greedy = greedy and rank == 1
+            answered = body.get("model") or model
+        except (KeyError, IndexError, TypeError) as error:
+            raise replica.http.protocol_error(
+                operation, f"an answer without the prompt_logprobs of every scored token ({error!r})"
+            ) from error
+        return total, greedy, str(answered)
+
+    def _scoring_handlers(self, model: str, adapter_id: str | None = None) -> ErrorHandlers:
+        def not_found(answer: ServerAnswer) -> ServerResponseError:
+            if answer.route_missing:
+                return answer.error(
+                    ServerResponseError,
+                    f"{answer.where} has no route {answer.response.request.url.path}: scoring needs a vLLM server "
+                    "(its /tokenize and /v1/completions routes); set VLLM_BASE_URL (or base_url) to it",
+                )
+            if adapter_id is not None:
+                return answer.error(
+                    ServerAdapterNotFoundError,
+                    f"{answer.where} has no adapter {adapter_id!r} ({answer.message}): load it with "
+                    f"load_adapter({adapter_id!r}, path) first",
+                )
+            return answer.error(
+                ServerModelNotFoundError,
+                f"{answer.where} does not serve model {model!r} ({answer.message}): {self.model_hint}",
+            )
+
+        return {404: not_found, 400: _resolver_could_not_load}
 
     # Adapters -------------------------------------------------------------------------------------------
 
@@ -478,6 +677,16 @@ class VLLMProvider(OpenAICompatibleProvider):
             failed=tuple(failed),
             unexpected=tuple(sorted(served - set(expected))),
         )
+
+
+@dataclass(frozen=True)
+class _TokenizerInfo:
+    """What scoring needs of a served model's tokenizer (see :meth:`VLLMProvider._tokenizer_info`)."""
+
+    adds_bos: bool
+    bos_id: int | None
+    eos_id: int | None
+    max_length: int  # max_model_len: the longest prompt plus generated tokens
 
 
 _RESOLVER_FAILED = re.compile(

@@ -23,11 +23,13 @@ from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, i
 from inference.config import resolve_settings
 from inference.exceptions import (
     InferenceError,
+    InvalidRequestError,
     ProviderUnavailableError,
     ServerModelNotFoundError,
     ServerResponseError,
 )
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
+from inference.results import TokenLogprob
 
 if TYPE_CHECKING:
     import httpx
@@ -61,6 +63,9 @@ class Replica:
         )
         self.in_flight = 0
         self.down_until = 0.0
+        self.max_model_len: int | None = None  # from vLLM's /tokenize answers (scoring)
+        self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
+        self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
         self._api_key = provider._api_key
         self._openai_module = provider._openai_module
         self._openai: AsyncOpenAI | None = None
@@ -166,11 +171,28 @@ class OpenAICompatibleProvider(InferenceProvider):
                 prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (None, 0)
                 answered_model = _model_name(completion.model, request)
                 finish_reason = choice.finish_reason
+                logprobs = (
+                    self._logprobs(replica, request, choice.logprobs, completion_tokens)
+                    if request.logprobs is not None
+                    else None
+                )
             except (AttributeError, IndexError, TypeError) as error:
                 raise replica.http.protocol_error(
                     operation_of(request), f"an answer that is not a chat completion ({error})"
                 ) from error
-        return _result(request, text, answered_model, finish_reason, prompt_tokens, completion_tokens)
+        return _result(request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs)
+
+    def _logprobs(self, replica: Replica, request: GenerationRequest, logprobs: Any, tokens: int) -> list[TokenLogprob]:
+        """The token logprobs of an answer; a server that sends none for generated tokens is refused."""
+        assert request.logprobs is not None
+        entries = token_logprobs(logprobs, request.logprobs)
+        if not entries and tokens > 0:
+            raise replica.http.protocol_error(
+                operation_of(request),
+                "an answer without the token logprobs asked for (logprobs/top_logprobs): the server does not "
+                "support them on chat completions; ask without logprobs, or use a server that has them (vLLM)",
+            )
+        return entries
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         """Stream the chat completion, asking for a final usage chunk (``stream_options.include_usage``).
@@ -187,6 +209,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             counts: tuple[int, int] | None = None
             answered_model = request.adapter_id or request.model
             token_chunks = 0
+            logprobs: list[TokenLogprob] = []
             iterator = events.__aiter__()
             while True:
                 try:
@@ -207,6 +230,8 @@ class OpenAICompatibleProvider(InferenceProvider):
                     if content is not None and not isinstance(content, str):
                         raise TypeError(f"delta.content is {type(content).__name__}, not text")
                     finished = choices[0].finish_reason if choices else None
+                    if request.logprobs is not None and choices:
+                        logprobs.extend(token_logprobs(getattr(choices[0], "logprobs", None), request.logprobs))
                     announces_role = delta is not None and bool(getattr(delta, "role", None))
                 except (AttributeError, IndexError, TypeError) as error:
                     raise replica.http.protocol_error(
@@ -229,7 +254,17 @@ class OpenAICompatibleProvider(InferenceProvider):
                 )
         prompt_tokens: int | None
         prompt_tokens, completion_tokens = counts if counts is not None else (None, token_chunks)
-        yield _result(request, "".join(pieces), answered_model, finish_reason, prompt_tokens, completion_tokens)
+        if request.logprobs is not None and not logprobs and completion_tokens > 0:
+            self._logprobs(replica, request, None, completion_tokens)  # raises: the server sent none
+        yield _result(
+            request,
+            "".join(pieces),
+            answered_model,
+            finish_reason,
+            prompt_tokens,
+            completion_tokens,
+            logprobs if request.logprobs is not None else None,
+        )
 
     @asynccontextmanager
     async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, Any]]:
@@ -238,10 +273,10 @@ class OpenAICompatibleProvider(InferenceProvider):
         Replicas are tried least-busy first (round-robin among equals); one that cannot be reached is
         skipped. A stream is closed on exit, which makes the server abort the generation.
         """
-        arguments = chat_arguments(request, stream=stream)
         failures: list[tuple[Replica, InferenceError]] = []
         for replica in self._replicas_in_order():
             replica.in_flight += 1
+            arguments = chat_arguments(request, stream=stream, schema_style=replica.schema_style)
             try:
                 try:
                     answer = await self._create(replica, request, arguments)
@@ -284,7 +319,44 @@ class OpenAICompatibleProvider(InferenceProvider):
         )
 
     async def _create(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
-        """One chat request on ``replica``.
+        """One chat request on ``replica``; a ``json_schema`` the server refuses is an invalid request.
+
+        A server that refuses OpenAI's ``response_format`` type ``json_schema`` itself (llama_cpp.server: a 422
+        or 500 naming the allowed types) is asked again with ``{"type": "json_object", "schema": ...}``, and the
+        replica remembers it.
+
+        Raises:
+            ReplicaDown: The replica did not accept the connection (another may take the request).
+            InvalidRequestError: The server could not use the ``json_schema`` (a 400 or 422 about it).
+            InferenceError: Any other failure, mapped by :meth:`_generation_error`.
+        """
+        try:
+            return await self._send(replica, request, arguments)
+        except ServerResponseError as error:
+            if request.json_schema is None or error.status_code not in (400, 422, 500):
+                raise
+            refused = error
+        # llama_cpp.server 0.3 answers 500 with pydantic's literal_error ("Input should be 'text' or 'json_object'")
+        if replica.schema_style == "json_schema" and _refuses_schema_type(str(refused)):
+            replica.schema_style = "json_object"
+            retry = {**arguments, "response_format": response_format(request.json_schema, "json_object")}
+            try:
+                return await self._send(replica, request, retry)
+            except ServerResponseError as error:
+                if error.status_code not in (400, 422):
+                    raise
+                refused = error
+        if refused.status_code not in (400, 422) or not _about_schema(str(refused)):
+            raise refused
+        raise InvalidRequestError(
+            f"{replica.http.where} could not use the json_schema ({refused}): simplify the schema to what the "
+            "server's structured-output backend supports (OpenAI's strict mode needs additionalProperties false "
+            "and every property required)",
+            provider=self.name,
+        ) from refused
+
+    async def _send(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
+        """One chat request on ``replica``, as it is.
 
         Raises:
             ReplicaDown: The replica did not accept the connection (another may take the request).
@@ -327,6 +399,17 @@ class OpenAICompatibleProvider(InferenceProvider):
         )
 
 
+def _refuses_schema_type(message: str) -> bool:
+    """A validation error refusing ``response_format.type`` ``json_schema`` (llama_cpp.server's 422)."""
+    return "json_schema" in message and "json_object" in message
+
+
+def _about_schema(message: str) -> bool:
+    """A 400/422 that names the schema, the grammar or the response format (not, say, ``max_tokens``)."""
+    lowered = message.lower()
+    return any(word in lowered for word in ("schema", "grammar", "response_format", "structured", "guided"))
+
+
 def quoted_model(answer: ServerAnswer) -> str | None:
     """The model name an error message quotes in backticks (vLLM, OpenAI: "The model `x` does not exist")."""
     quoted = _QUOTED_MODEL.search(answer.message)
@@ -364,15 +447,38 @@ def _model_name(answered: Any, request: GenerationRequest, default: str | None =
     return answered or default or request.adapter_id or request.model
 
 
-def chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+def chat_messages(request: GenerationRequest) -> list[dict[str, str]]:
+    """The request's chat messages: the message list as given, or the system prompt (when set) and the prompt."""
+    if isinstance(request.prompt, str):
+        messages = []
+        if request.system_prompt is not None:
+            messages.append({"role": "system", "content": request.system_prompt})
+        messages.append({"role": "user", "content": request.prompt})
+        return messages
+    return [{"role": message["role"], "content": message["content"]} for message in request.messages]
+
+
+SCHEMA_NAME = "output"
+"""The name sent with a JSON schema (OpenAI's ``response_format.json_schema.name`` is required)."""
+
+
+def response_format(schema: Mapping[str, Any], style: str) -> dict[str, Any]:
+    """The ``response_format`` that constrains the output to ``schema``.
+
+    ``"json_schema"`` is OpenAI's form, which vLLM and OpenAI accept; ``"json_object"`` is the form
+    llama_cpp.server accepts (``{"type": "json_object", "schema": ...}``, which it compiles to a grammar).
+    """
+    if style == "json_object":
+        return {"type": "json_object", "schema": dict(schema)}
+    return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": dict(schema), "strict": True}}
+
+
+def chat_arguments(request: GenerationRequest, *, stream: bool, schema_style: str = "json_schema") -> dict[str, Any]:
     """The ``chat.completions.create`` arguments: only what the caller set; ``top_k`` and
-    ``repetition_penalty``, which the OpenAI API lacks, in ``extra_body``."""
-    messages = []
-    if request.system_prompt is not None:
-        messages.append({"role": "system", "content": request.system_prompt})
-    messages.append({"role": "user", "content": request.prompt})
+    ``repetition_penalty``, which the OpenAI API lacks, in ``extra_body``; ``logprobs`` as OpenAI's
+    ``logprobs``/``top_logprobs``; ``json_schema`` as ``response_format`` (see :func:`response_format`)."""
     model = request.adapter_id or request.model
-    arguments: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": request.max_tokens}
+    arguments: dict[str, Any] = {"model": model, "messages": chat_messages(request), "max_tokens": request.max_tokens}
     if request.temperature is not None:
         arguments["temperature"] = request.temperature
     if request.top_p is not None:
@@ -381,6 +487,11 @@ def chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, Any
         arguments["stop"] = list(request.stop)
     if request.seed is not None:
         arguments["seed"] = request.seed
+    if request.logprobs is not None:
+        arguments["logprobs"] = True
+        arguments["top_logprobs"] = request.logprobs
+    if request.json_schema is not None:
+        arguments["response_format"] = response_format(request.json_schema, schema_style)
     extra_body: dict[str, Any] = {}
     if request.repetition_penalty is not None:
         extra_body["repetition_penalty"] = request.repetition_penalty
@@ -394,6 +505,37 @@ def chat_arguments(request: GenerationRequest, *, stream: bool) -> dict[str, Any
     return arguments
 
 
+def _field(value: Any, name: str) -> Any:
+    """``value.name`` or ``value[name]`` (the openai client leaves fields it does not model as dicts)."""
+    if isinstance(value, Mapping):
+        return value.get(name)
+    return getattr(value, name, None)
+
+
+def token_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
+    """The entries of an OpenAI ``choices[i].logprobs`` object: ``content[j].{token, logprob, top_logprobs}``.
+
+    The alternatives are sorted best first and cut to ``k`` (llama_cpp.server adds the chosen token to them).
+
+    Raises:
+        TypeError: An entry has no text token or no numeric logprob.
+    """
+    content = _field(logprobs, "content") if logprobs is not None else None
+    entries: list[TokenLogprob] = []
+    for entry in content or ():
+        token, logprob = _field(entry, "token"), _field(entry, "logprob")
+        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+            raise TypeError(f"a logprobs entry without a token and a logprob: {entry!r:.200}")
+        top: list[tuple[str, float]] = []
+        for alternative in _field(entry, "top_logprobs") or ():
+            text, value = _field(alternative, "token"), _field(alternative, "logprob")
+            if isinstance(text, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                top.append((text, float(value)))
+        top.sort(key=lambda pair: pair[1], reverse=True)
+        entries.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
+    return entries
+
+
 def _result(
     request: GenerationRequest,
     text: str,
@@ -401,6 +543,7 @@ def _result(
     finish_reason: str | None,
     prompt_tokens: int | None,
     completion_tokens: int,
+    logprobs: list[TokenLogprob] | None = None,
 ) -> GenerationResult:
     """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too."""
     return GenerationResult(
@@ -411,4 +554,5 @@ def _result(
         finish_reason="length" if finish_reason == "length" else "stop",
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
     )
