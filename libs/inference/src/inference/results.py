@@ -47,6 +47,8 @@ class GenerationResult:
         completion_tokens: Tokens generated.
         logprobs: One :class:`TokenLogprob` per generated token when the request asked for ``logprobs``,
             else ``None``. Tokens cut off by a stop string are not included.
+        reasoning: What a thinking model wrote before its answer, where the backend returns it separately
+            (Ollama's ``message.thinking``, vLLM's ``reasoning``); ``None`` otherwise. Not part of ``text``.
     """
 
     text: str
@@ -57,6 +59,7 @@ class GenerationResult:
     prompt_tokens: int | None = 0
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
