@@ -157,7 +157,7 @@ _SPECS = (
         target="inference.transformers_provider:TransformersProvider",
         summary="Transformers + PEFT in this process: batches that mix adapters",
         extra="transformers",
-        packages=("torch", "transformers", "peft", "accelerate", "gguf", "safetensors"),
+        packages=("torch", "transformers", "peft", "accelerate", "gguf", "safetensors", "llguidance"),
         model_setting="model_name",
         settings=(
             Setting("model_name", "TRANSFORMERS_MODEL_NAME", "", "path",

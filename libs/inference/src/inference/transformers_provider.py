@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inference._core.dependencies import import_optional
-from inference._core.validation import GenerationRequest
+from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
+from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
 from inference._inprocess.batching import (
     BatchQueue,
@@ -45,6 +49,7 @@ from inference._inprocess.batching import (
     cut_row,
     left_pad,
 )
+from inference._inprocess.constrained import GrammarRows, JsonGrammars, SchemaRefused
 from inference._inprocess.streaming import PieceAssembler, PieceSink, stream_from_worker
 from inference.adapters.peft import PeftAdapter, read_peft_adapter
 from inference.config import resolve_settings
@@ -57,6 +62,7 @@ from inference.exceptions import (
     ProviderError,
 )
 from inference.provider import GenerationResult, StreamEvent
+from inference.results import ScoreResult, TokenLogprob
 
 __all__ = ["TransformersProvider"]
 
@@ -86,6 +92,43 @@ class _LoadedModel:
     eos_ids: frozenset[int]
     pad_id: int
     context: int | None
+    vocabulary: Vocabulary
+    token_texts: dict[int, str] = field(default_factory=dict)
+    grammars: JsonGrammars | None = None
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as the tokenizer decodes it alone (special tokens by their names)."""
+        text = self.token_texts.get(token_id)
+        if text is None:
+            text = self.token_texts[token_id] = str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+        return text
+
+
+@dataclass(frozen=True)
+class _Row(BatchRow):
+    """A batch row with its JSON-schema matcher (``None`` for a free row)."""
+
+    matcher: Any = None
+
+
+@dataclass
+class _Outputs:
+    """What one ``generate`` over a batch left: each row's new tokens, and the per-row bookkeeping."""
+
+    tokens: list[list[int]]
+    logprobs: _LogprobRecorder | None
+    grammar: GrammarRows | None
+
+
+@dataclass(eq=False)
+class _ScoreJob:
+    """One ``score`` or ``score_rolling`` call on its way to the worker thread."""
+
+    request: ScoreRequest
+    rolling: bool
+    future: Future[ScoreResult] = field(default_factory=Future)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    enqueued_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -136,6 +179,9 @@ class TransformersProvider(InProcessProvider[str]):
 
     name = "transformers"
     batches_mixed_adapters = True
+    supports_scoring = True
+    supports_logprobs = True
+    supports_json_schema = True
 
     def __init__(
         self,
@@ -187,6 +233,7 @@ class TransformersProvider(InProcessProvider[str]):
         self.max_batch_size: int = size
         self.batch_window_ms: float = float(window)
         self._queue = BatchQueue(size, self.batch_window_ms / 1000.0)
+        self._score_queue = _ScoreQueue(size, self.batch_window_ms / 1000.0)
         self._loaded: _LoadedModel | None = None
         # self._resident maps each adapter id in the PEFT model to its internal PEFT adapter name.
         # Never reused, and none is part of another ("inference_1_adapter" is not in "inference_11_adapter").
@@ -235,6 +282,23 @@ class TransformersProvider(InProcessProvider[str]):
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         self._check_request(request)
         return stream_from_worker(self._worker, self._stream_now, request)
+
+    async def _score(self, request: ScoreRequest) -> ScoreResult:
+        return await self._score_job(_ScoreJob(request, rolling=False))
+
+    async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
+        return await self._score_job(_ScoreJob(request, rolling=True))
+
+    async def _score_job(self, job: _ScoreJob) -> ScoreResult:
+        """Queue ``job`` with the other score calls waiting: the worker scores them in batched forward passes."""
+        self._check_open()
+        self._score_queue.put(job)
+        try:
+            await self._worker.run(self._serve_scores, job)
+        except BaseException:
+            self._score_queue.discard(job)
+            raise
+        return job.future.result()
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
         """Load into the PEFT model (first load, or again after an eviction)."""
@@ -309,6 +373,18 @@ class TransformersProvider(InProcessProvider[str]):
         generation = model.generation_config
         eos = {*_as_ids(generation.eos_token_id), *_as_ids(tokenizer.eos_token_id)}
         pad_candidates = [tokenizer.pad_token_id, generation.pad_token_id, *sorted(eos), 0]
+        bos_id = tokenizer.bos_token_id
+
+        def encode(text: str) -> list[int]:
+            return [int(token) for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+        probe = tokenizer("probe")["input_ids"]
+        vocabulary = Vocabulary(
+            encode=encode,
+            adds_bos=bos_id is not None and len(probe) > 0 and int(probe[0]) == int(bos_id),
+            bos_id=None if bos_id is None else int(bos_id),
+            eos_id=None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id),
+        )
         return _LoadedModel(
             name=path.stem if path.is_file() else path.name,
             model=model,
@@ -320,6 +396,7 @@ class TransformersProvider(InProcessProvider[str]):
             eos_ids=frozenset(eos),
             pad_id=next(int(token) for token in pad_candidates if token is not None),
             context=getattr(model.config, "max_position_embeddings", None),
+            vocabulary=vocabulary,
         )
 
     def _torch_device(self, torch: Any) -> Any:
@@ -524,7 +601,7 @@ class TransformersProvider(InProcessProvider[str]):
         )
 
     def _run_batch(self, loaded: _LoadedModel, batch: list[PendingRequest]) -> None:
-        rows: list[BatchRow] = []
+        rows: list[_Row] = []
         for entry in batch:
             if entry.cancel.is_set():  # its caller gave up after the batch was formed
                 _drop(entry)
@@ -546,17 +623,17 @@ class TransformersProvider(InProcessProvider[str]):
             for row in rows:  # find the request that fails on its own; the others still get answers
                 self._run_batch(loaded, [row.entry])
             return
-        for row, tokens in zip(rows, outputs, strict=True):
+        for index, row in enumerate(rows):
             if row.entry.cancel.is_set():  # stopped early at its caller's request: nobody reads a result
                 _drop(row.entry)
                 continue
             try:
-                row.entry.future.set_result(self._result(loaded, row, tokens))
+                row.entry.future.set_result(self._result(loaded, row, outputs, index))
             except BaseException as error:
                 row.entry.future.set_exception(self._as_inference_error(error))
 
-    def _row(self, loaded: _LoadedModel, entry: PendingRequest) -> BatchRow:
-        """Token ids per the in-process prompt rule (:mod:`inference._inprocess.base`)."""
+    def _row(self, loaded: _LoadedModel, entry: PendingRequest) -> _Row:
+        """Token ids per the in-process prompt rule (:mod:`inference._inprocess.base`), and the row's matcher."""
         request, tokenizer = entry.request, loaded.tokenizer
         if loaded.has_chat_template:
             try:
@@ -578,7 +655,36 @@ class TransformersProvider(InProcessProvider[str]):
                 "tokens: shorten it",
                 provider=self.name,
             )
-        return BatchRow(entry, [int(token) for token in ids], min(request.max_tokens, room))
+        matcher = None if request.json_schema is None else self._matcher(loaded, request.json_schema)
+        return _Row(entry, [int(token) for token in ids], min(request.max_tokens, room), matcher)
+
+    def _matcher(self, loaded: _LoadedModel, schema: Any) -> Any:
+        """A fresh llguidance matcher for ``schema`` (worker thread; the grammar is compiled once per schema)."""
+        if loaded.grammars is None:
+            llguidance = import_optional("llguidance", extra="transformers", provider=self.name)
+            hf = import_optional("llguidance.hf", extra="transformers", provider=self.name)
+            width = int(loaded.base_model.get_output_embeddings().weight.shape[0])
+            try:
+                tokenizer = hf.from_tokenizer(
+                    loaded.tokenizer,
+                    n_vocab=max(width, len(loaded.tokenizer)),
+                    eos_token=sorted(loaded.eos_ids) or [loaded.pad_id],
+                )
+            except ValueError as error:
+                raise InvalidRequestError(
+                    f"json_schema needs a fast (Rust) tokenizer and {loaded.name} has none ({error}): "
+                    "save the model with its tokenizer.json",
+                    provider=self.name,
+                ) from error
+            loaded.grammars = JsonGrammars(llguidance, tokenizer)
+        try:
+            return loaded.grammars.matcher(schema)
+        except SchemaRefused as error:
+            raise InvalidRequestError(
+                f"json_schema cannot be compiled into a grammar ({error}): simplify the schema "
+                "(llguidance supports most of JSON schema, but not e.g. regex look-around)",
+                provider=self.name,
+            ) from error
 
     def _stream_now(
         self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
@@ -598,36 +704,55 @@ class TransformersProvider(InProcessProvider[str]):
         torch = import_optional("torch", extra="transformers", provider=self.name)
         watch = _StreamWatch(torch, len(row.prompt_ids), loaded.eos_ids, decode, pieces)
         try:
-            [tokens] = self._generate_rows(loaded, [row], watch)
+            outputs = self._generate_rows(loaded, [row], watch)
         except BaseException as error:
             raise self._as_inference_error(error) from None
-        result = self._result(loaded, row, tokens)
+        result = self._result(loaded, row, outputs, 0)
         if not cancel.is_set():
             pieces.finish(result.text)
         return result
 
     def _generate_rows(
-        self, loaded: _LoadedModel, rows: list[BatchRow], watch: Callable[..., Any] | None = None
-    ) -> list[list[int]]:
+        self, loaded: _LoadedModel, rows: list[_Row], watch: Callable[..., Any] | None = None
+    ) -> _Outputs:
         """One left-padded ``generate`` over all rows, each with its own adapter; returns the new tokens.
 
-        A row stops at its own limit, or at its next token once its request's cancel flag is set.
-        ``watch`` is one more stopping criterion (a streamed row's token watcher).
+        A row stops at its own limit, at its next token once its request's cancel flag is set, or once its
+        JSON is complete. ``watch`` is one more stopping criterion (a streamed row's token watcher).
+
+        Logits processors, in order: the logprob recorder (it sees the model's raw logits), the repetition
+        penalty, the JSON-schema masks; then ``generate``'s temperature, top-k and top-p.
         """
         torch = import_optional("torch", extra="transformers", provider=self.name)
         transformers = import_optional("transformers", extra="transformers", provider=self.name)
         sampling = rows[0].entry.key
         assert isinstance(sampling, _Sampling)
-        input_ids, attention_mask = left_pad(torch, rows, loaded.pad_id)
+        plain_rows: list[BatchRow] = list(rows)
+        input_ids, attention_mask = left_pad(torch, plain_rows, loaded.pad_id)
         width = input_ids.shape[1]
         limits = [row.limit for row in rows]
+        processors: list[Any] = []
+        penalty = sampling.repetition_penalty
+        wanted = [row.entry.request.logprobs for row in rows]
+        recorder = None
+        if any(k is not None for k in wanted):
+            recorder = _LogprobRecorder(torch, max(k or 0 for k in wanted))
+            processors.append(recorder)
+            if penalty != 1.0:  # after the recorder: generate would apply its own before every custom processor
+                padding = (attention_mask != 0).int().argmax(dim=1).to(loaded.device)
+                processors.append(transformers.RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=padding))
+                penalty = 1.0
+        grammar = None
+        if any(row.matcher is not None for row in rows):
+            grammar = GrammarRows(torch, [row.matcher for row in rows], width, limits)
+            processors.append(grammar)
         config = transformers.GenerationConfig(
             max_new_tokens=max(limits),
             do_sample=sampling.do_sample,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
-            repetition_penalty=sampling.repetition_penalty,
+            repetition_penalty=penalty,
             num_beams=1,
             pad_token_id=loaded.pad_id,
             eos_token_id=sorted(loaded.eos_ids) or None,
@@ -645,6 +770,8 @@ class TransformersProvider(InProcessProvider[str]):
             RowLimits(torch.tensor(limits, device=loaded.device), width),
             RowsCancelled(torch, [row.entry for row in rows]),
         ]
+        if grammar is not None:
+            criteria.append(grammar.stops)
         if watch is not None:
             criteria.append(watch)
         with torch.inference_mode():
@@ -653,12 +780,26 @@ class TransformersProvider(InProcessProvider[str]):
                 attention_mask=attention_mask.to(loaded.device),
                 generation_config=config,
                 stopping_criteria=transformers.StoppingCriteriaList(criteria),
+                logits_processor=transformers.LogitsProcessorList(processors),
                 **extra,
             )
-        return [[int(token) for token in row] for row in output[:, width:].tolist()]
+        new_tokens = output[:, width:]
+        if recorder is not None:
+            recorder.finish(new_tokens)
+        tokens = [[int(token) for token in row] for row in new_tokens.tolist()]
+        return _Outputs(tokens, recorder, grammar)
 
-    def _result(self, loaded: _LoadedModel, row: BatchRow, tokens: list[int]) -> GenerationResult:
+    def _result(self, loaded: _LoadedModel, row: _Row, outputs: _Outputs, index: int) -> GenerationResult:
         request = row.entry.request
+        tokens, grammar = outputs.tokens[index], outputs.grammar
+        ended = None
+        if grammar is not None and row.matcher is not None:
+            error = grammar.errors[index]
+            if error is not None:
+                raise ProviderError(f"the JSON-schema grammar stopped with an error: {error}", provider=self.name)
+            ended = grammar.ended[index]
+            if ended is not None:
+                tokens = tokens[:ended]  # the JSON is complete (and, maybe, the end-of-sequence token after it)
         text, completion_tokens, finish_reason = cut_row(
             tokens,
             row.limit,
@@ -666,6 +807,11 @@ class TransformersProvider(InProcessProvider[str]):
             request.stop,
             lambda ids: str(loaded.tokenizer.decode(ids, skip_special_tokens=True)),
         )
+        if ended is not None and ended <= row.limit:
+            finish_reason = "stop"
+        logprobs = None
+        if outputs.logprobs is not None and request.logprobs is not None:
+            logprobs = outputs.logprobs.row(loaded, index, tokens[:completion_tokens], request.logprobs)
         prompt_tokens = len(row.prompt_ids)
         return GenerationResult(
             text=text,
@@ -675,7 +821,127 @@ class TransformersProvider(InProcessProvider[str]):
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            logprobs=logprobs,
         )
+
+    # Scores (worker thread) --------------------------------------------------------------------------
+
+    def _serve_scores(self, job: _ScoreJob) -> None:
+        """Score batches of waiting score calls, oldest first, until ``job`` has its answer."""
+        loaded = self._ensure_loaded()
+        while not job.future.done():
+            batch = self._score_queue.next_batch()
+            if batch:
+                self._run_scores(loaded, batch)
+
+    def _windows(self, loaded: _LoadedModel, job: _ScoreJob) -> list[ScoreTokens]:
+        """The sequences that score ``job``: one for ``score``, the rolling windows for ``score_rolling``."""
+        request = job.request
+        if request.adapter_id is not None and request.adapter_id not in self._resident:
+            raise self._not_loaded(request.adapter_id)
+        if job.rolling:
+            if loaded.context is None:
+                return [score_tokens(loaded.vocabulary, "", request.continuation, provider=self.name)]
+            return rolling_windows(loaded.vocabulary, request.continuation, loaded.context, provider=self.name)
+        sequence = score_tokens(loaded.vocabulary, request.context, request.continuation, provider=self.name)
+        if loaded.context is not None and len(sequence.tokens) - 1 > loaded.context:
+            raise too_long(
+                len(sequence.tokens) - 1,
+                loaded.context,
+                provider=self.name,
+                setting=f"max_position_embeddings in {loaded.name}'s config.json (only if the model supports more)",
+            )
+        return [sequence]
+
+    def _run_scores(self, loaded: _LoadedModel, batch: list[_ScoreJob]) -> None:
+        """Score every sequence of ``batch`` in forward passes of up to ``max_batch_size`` rows, mixed adapters."""
+        rows: list[tuple[int, ScoreTokens]] = []
+        for index, job in enumerate(batch):
+            if job.cancel.is_set():
+                continue
+            try:
+                rows.extend((index, sequence) for sequence in self._windows(loaded, job))
+            except BaseException as error:
+                job.future.set_exception(self._as_inference_error(error))
+        totals: dict[int, tuple[float, int, bool]] = {}
+        failed: dict[int, BaseException] = {}
+        rows.sort(key=lambda item: len(item[1].tokens), reverse=True)  # similar lengths pad less
+        for begin in range(0, len(rows), self.max_batch_size):
+            chunk = rows[begin : begin + self.max_batch_size]
+            if any(batch[index].cancel.is_set() or index in failed for index, _ in chunk):
+                chunk = [item for item in chunk if not batch[item[0]].cancel.is_set() and item[0] not in failed]
+                if not chunk:
+                    continue
+            adapters = [batch[index].request.adapter_id for index, _ in chunk]
+            try:
+                scored = self._score_rows(loaded, [sequence for _, sequence in chunk], adapters)
+            except BaseException as error:
+                for index, _ in chunk:
+                    failed.setdefault(index, error)
+                continue
+            for (index, _), (logprob, count, greedy) in zip(chunk, scored, strict=True):
+                before = totals.get(index, (0.0, 0, True))
+                totals[index] = (before[0] + logprob, before[1] + count, before[2] and greedy)
+        for index, job in enumerate(batch):
+            if job.future.done():
+                continue
+            if job.cancel.is_set():
+                job.future.set_exception(ProviderError("the request was cancelled", provider=self.name))
+            elif index in failed:
+                job.future.set_exception(self._as_inference_error(failed[index]))
+            else:
+                logprob, count, greedy = totals[index]
+                job.future.set_result(
+                    ScoreResult(
+                        logprob=float(logprob),
+                        num_tokens=int(count),
+                        is_greedy=bool(greedy),
+                        model=loaded.name,
+                        adapter_id=job.request.adapter_id,
+                    )
+                )
+
+    def _score_rows(
+        self, loaded: _LoadedModel, sequences: list[ScoreTokens], adapter_ids: list[str | None]
+    ) -> list[tuple[float, int, bool]]:
+        """One left-padded forward pass: per sequence, (summed logprob, scored tokens, all greedy).
+
+        Only the logits of the scored positions are computed (``logits_to_keep``): left padding puts every
+        sequence's last token at the right edge, and the scored tokens are each sequence's last ones.
+        """
+        torch = import_optional("torch", extra="transformers", provider=self.name)
+        reads = [sequence.tokens[:-1] for sequence in sequences]
+        width = max(len(tokens) for tokens in reads)
+        keep = max(len(sequence.scored) for sequence in sequences)
+        input_ids = torch.full((len(reads), width), loaded.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(reads), width), dtype=torch.long)
+        for row, tokens in enumerate(reads):
+            input_ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+            attention_mask[row, width - len(tokens) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        extra: dict[str, Any] = {}
+        if loaded.model is not loaded.base_model:
+            extra["adapter_names"] = [
+                BASE_ADAPTER_NAME if adapter_id is None else self._resident[adapter_id] for adapter_id in adapter_ids
+            ]
+        self._batch_sizes.append(len(reads))
+        with torch.inference_mode():
+            logits = loaded.model(
+                input_ids=input_ids.to(loaded.device),
+                attention_mask=attention_mask.to(loaded.device),
+                position_ids=position_ids.to(loaded.device),
+                logits_to_keep=keep,
+                use_cache=False,
+                **extra,
+            ).logits[:, -keep:, :]
+            results = []
+            for row, sequence in enumerate(sequences):
+                targets = torch.tensor(sequence.scored, dtype=torch.long, device=logits.device)
+                row_logits = logits[row, keep - len(targets) :, :].float()
+                logprobs = torch.log_softmax(row_logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
+                greedy = bool((row_logits.argmax(dim=-1) == targets).all())
+                results.append((math.fsum(logprobs.double().tolist()), len(targets), greedy))
+        return results
 
     def _as_inference_error(self, error: BaseException) -> BaseException:
         if isinstance(error, InferenceError) or not isinstance(error, Exception):
@@ -717,6 +983,113 @@ class _StreamWatch:
             text = self.decode(tokens).rstrip("\ufffd")
             done = self.pieces.update(text) is not None
         return self.torch.full((input_ids.shape[0],), done, dtype=self.torch.bool, device=input_ids.device)
+
+
+class _LogprobRecorder:
+    """The first logits processor of a ``generate``: keeps each step's top tokens and the chosen token's logprob.
+
+    It sees the raw logits (after the adapter, before any penalty, mask or sampling setting). The chosen
+    token of a step is read from ``input_ids`` at the next step, and from the output after the last one,
+    so only one step's full distribution is kept at a time.
+
+    Args:
+        torch: The torch module.
+        top: The most alternatives any row asked for (0 to 20).
+    """
+
+    def __init__(self, torch: Any, top: int) -> None:
+        self.torch = torch
+        self.top = top
+        self.chosen: list[Any] = []
+        self.best: list[tuple[Any, Any]] = []
+        self._previous: Any = None
+        self._values: list[list[float]] | None = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        logprobs = self.torch.log_softmax(scores.float(), dim=-1)
+        if self._previous is not None:
+            self.chosen.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        if self.top > 0:
+            values, ids = logprobs.topk(self.top, dim=-1)
+            self.best.append((values, ids))
+        self._previous = logprobs
+        return scores
+
+    def finish(self, new_tokens: Any) -> None:
+        """Read the last step's chosen tokens from ``generate``'s output (``new_tokens``: rows x steps)."""
+        steps = new_tokens.shape[1]
+        if self._previous is not None and len(self.chosen) < steps:
+            last = new_tokens[:, len(self.chosen) : len(self.chosen) + 1].to(self._previous.device)
+            self.chosen.append(self._previous.gather(1, last).squeeze(1))
+        self._previous = None
+        self._chosen_rows = self.torch.stack(self.chosen, dim=1).tolist() if self.chosen else []
+        if self.best:
+            self._best_values = self.torch.stack([values for values, _ in self.best], dim=1).tolist()
+            self._best_ids = self.torch.stack([ids for _, ids in self.best], dim=1).tolist()
+        self.best = []
+        self.chosen = []
+
+    def row(self, loaded: _LoadedModel, index: int, tokens: list[int], top: int) -> tuple[TokenLogprob, ...]:
+        """The logprobs of row ``index``'s first ``len(tokens)`` tokens, each with its ``top`` alternatives."""
+        entries = []
+        for step, token in enumerate(tokens):
+            alternatives: tuple[tuple[str, float], ...] = ()
+            if top > 0:
+                ids, values = self._best_ids[index][step][:top], self._best_values[index][step][:top]
+                alternatives = tuple(
+                    (loaded.token_text(int(other)), float(value)) for other, value in zip(ids, values, strict=True)
+                )
+            entries.append(
+                TokenLogprob(
+                    token=loaded.token_text(token),
+                    logprob=float(self._chosen_rows[index][step]),
+                    top_logprobs=alternatives,
+                    token_id=token,
+                )
+            )
+        return tuple(entries)
+
+
+class _ScoreQueue:
+    """Score calls waiting for the worker: a batch starts when the oldest has waited the window, or is full.
+
+    Args:
+        max_batch_size: The most calls in one batch.
+        window_s: How long the oldest waiting call waits for others, in seconds.
+    """
+
+    def __init__(self, max_batch_size: int, window_s: float) -> None:
+        self.max_batch_size = max_batch_size
+        self.window_s = window_s
+        self._pending: list[_ScoreJob] = []
+        self._condition = threading.Condition()
+
+    def put(self, job: _ScoreJob) -> None:
+        with self._condition:
+            self._pending.append(job)
+            self._condition.notify_all()
+
+    def discard(self, job: _ScoreJob) -> None:
+        """The caller gave up: the job is dropped (or, if its batch runs, its result is not computed)."""
+        job.cancel.set()
+        with self._condition:
+            if job in self._pending:
+                self._pending.remove(job)
+        job.future.cancel()
+
+    def next_batch(self) -> list[_ScoreJob]:
+        """Wait for the oldest call's window, then return up to ``max_batch_size`` calls, oldest first."""
+        with self._condition:
+            while True:
+                self._pending = [job for job in self._pending if not (job.future.cancelled() or job.cancel.is_set())]
+                if not self._pending:
+                    return []
+                remaining = self._pending[0].enqueued_at + self.window_s - time.monotonic()
+                if len(self._pending) >= self.max_batch_size or remaining <= 0:
+                    break
+                self._condition.wait(remaining)
+            batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
+            return [job for job in batch if job.future.set_running_or_notify_cancel()]
 
 
 def _drop(entry: PendingRequest) -> None:
