@@ -34,8 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from inference._core.dependencies import import_optional, missing_dependency
-from inference._core.validation import GenerationRequest
+from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
+from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
+from inference._inprocess.constrained import JsonGrammars, SchemaRefused
+from inference._inprocess.llamacpp_logits import JsonMask, score_sequence, token_logprob
 from inference._inprocess.streaming import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
 from inference.config import resolve_settings
 from inference.exceptions import (
@@ -47,6 +50,7 @@ from inference.exceptions import (
     ProviderError,
 )
 from inference.provider import GenerationResult, StreamEvent
+from inference.results import ScoreResult, TokenLogprob
 
 __all__ = ["DEFAULT_ADAPTER_CACHE_DIR", "DEFAULT_SAMPLING", "KV_CACHE_TYPES", "LlamaCppProvider"]
 
@@ -133,6 +137,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
     name = _PROVIDER
     batches_mixed_adapters = False
+    supports_logprobs = True
+    supports_scoring = True
+    supports_json_schema = True
     _backend_label = "llama.cpp"
 
     def __init__(
@@ -200,6 +207,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._active: str | None = None  # adapter set on the context (hot-swap) or baked in (reload)
         self._model_lora_path: Path | None = None  # reload mode: the adapter the model was built with
         self._loads = 0
+        self._grammars: JsonGrammars | None = None  # built on the first json_schema request
 
     def __repr__(self) -> str:
         return (
@@ -235,6 +243,14 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         self._check_request(request)
         return stream_from_worker(self._worker, self._generate_blocking, request)
+
+    async def _score(self, request: ScoreRequest) -> ScoreResult:
+        self._check_open()
+        return await self._worker.run(self._score_blocking, request, False)
+
+    async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
+        self._check_open()
+        return await self._worker.run(self._score_blocking, request, True)
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
         """Load into llama.cpp (first load, or again after an eviction: the conversion is cached)."""
@@ -507,6 +523,57 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
         return list(llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
+    def _vocabulary(self, llama: Any) -> Vocabulary:
+        """The scoring rule's view of the model's tokenizer (:mod:`inference._core.scoring`)."""
+        llama_cpp = self._llama_cpp()
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        bos, eos = llama.token_bos(), llama.token_eos()
+        return Vocabulary(
+            encode=lambda text: llama.tokenize(text.encode("utf-8"), add_bos=False, special=False),
+            adds_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+            bos_id=bos if bos >= 0 else None,
+            eos_id=eos if eos >= 0 else None,
+        )
+
+    def _score_blocking(self, request: ScoreRequest, rolling: bool) -> ScoreResult:
+        """Score on the worker thread: each sequence evaluated once, with the request's adapter active."""
+        llama = self._activate(request.adapter_id)
+        vocabulary = self._vocabulary(llama)
+        sequences: list[ScoreTokens]
+        if rolling:
+            sequences = rolling_windows(vocabulary, request.continuation, self.n_ctx, provider=self.name)
+        else:
+            sequences = [score_tokens(vocabulary, request.context, request.continuation, provider=self.name)]
+        for sequence in sequences:
+            if len(sequence.tokens) - 1 > self.n_ctx:
+                length = len(sequence.tokens) - 1
+                raise too_long(length, self.n_ctx, provider=self.name, setting="n_ctx (LLAMACPP_N_CTX)")
+        numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
+        logprob, greedy, count = 0.0, True, 0
+        for sequence in sequences:
+            value, is_greedy = score_sequence(self._llama_cpp(), numpy, llama, sequence)
+            logprob, greedy, count = logprob + value, greedy and is_greedy, count + len(sequence.scored)
+        return ScoreResult(logprob, count, greedy, model=self.model_name, adapter_id=request.adapter_id)
+
+    def _json_mask(self, llama: Any, request: GenerationRequest) -> JsonMask | None:
+        """The request's JSON-schema mask, compiled before anything is generated (``None`` without a schema)."""
+        if request.json_schema is None:
+            return None
+        numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
+        if self._grammars is None:
+            llguidance = import_optional("llguidance", provider=self.name, extra="llamacpp")
+            from llguidance.llamacpp import lltokenizer_from_vocab
+
+            vocab = self._llama_cpp().llama_model_get_vocab(llama.model)
+            self._grammars = JsonGrammars(llguidance, lltokenizer_from_vocab(vocab))
+        try:
+            return JsonMask(numpy, self._grammars.matcher(request.json_schema))
+        except SchemaRefused as error:
+            raise InvalidRequestError(
+                f"json_schema cannot be compiled into a grammar ({error}): simplify the schema",
+                provider=self.name,
+            ) from error
+
     def _generate_blocking(
         self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
     ) -> GenerationResult:
@@ -546,9 +613,12 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 "shorten it or raise n_ctx (LLAMACPP_N_CTX)",
                 provider=self.name,
             )
+        mask = self._json_mask(llama, request)
         seed = request.seed if request.seed is not None else self.seed
         llama.set_seed(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
         limit = min(request.max_tokens, room)
+        logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
+        numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
         temperature = request.temperature
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         completion: list[int] = []
@@ -568,7 +638,12 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 if request.repetition_penalty is None
                 else request.repetition_penalty
             ),
+            logits_processor=None if mask is None else llama_cpp.LogitsProcessorList([mask]),
         )
+
+        def token_text(token: int) -> str:
+            return bytes(llama.detokenize([token], special=True)).decode("utf-8", errors="replace")
+
         try:
             for token in tokens:
                 if cancel.is_set():
@@ -577,10 +652,20 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 if llama_cpp.llama_vocab_is_eog(vocab, token):
                     finish_reason = "stop"
                     break
+                if logprobs is not None:  # the logits that chose this token: the last ones llama_decode made
+                    row = numpy.ctypeslib.as_array(
+                        llama_cpp.llama_get_logits_ith(llama.ctx, -1), shape=(llama.n_vocab(),)
+                    )
+                    logprobs.append(token_logprob(numpy, row, token, request.logprobs or 0, token_text))
                 text += decoder.decode(bytes(llama.detokenize([token])))  # byte pieces concatenate to the text
                 cut = pieces.update(text)
                 if cut is not None:
                     text, finish_reason, stopped = text[:cut], "stop", True
+                    if logprobs:
+                        logprobs.pop()  # the token that completed the stop string is not part of the text
+                    break
+                if mask is not None and mask.consume(token):
+                    finish_reason = "stop"  # the JSON is complete
                     break
                 if len(completion) >= limit:
                     break
@@ -597,6 +682,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             finish_reason=finish_reason,
             prompt_tokens=len(prompt),
             completion_tokens=len(completion),
+            logprobs=None if logprobs is None else tuple(logprobs),
         )
 
     def _cancelled(self, request: GenerationRequest) -> GenerationResult:

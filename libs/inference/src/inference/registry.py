@@ -138,7 +138,7 @@ _SPECS = (
         target="inference.llamacpp_provider:LlamaCppProvider",
         summary="llama.cpp in this process (llama-cpp-python): GGUF models, GGUF LoRA adapters hot-swapped",
         extra="llamacpp",
-        packages=("llama_cpp", "gguf", "numpy"),
+        packages=("llama_cpp", "gguf", "numpy", "llguidance"),
         model_setting="model_path",
         settings=(
             Setting("model_path", "LLAMACPP_MODEL_PATH", None, "path", "Path of the GGUF base model",

@@ -1,0 +1,103 @@
+"""What the llama.cpp provider reads from llama.cpp's logits: token logprobs, scores, a JSON-schema mask.
+
+Everything here runs on the provider's worker thread with the ``Llama`` object it owns, and takes the
+``llama_cpp`` and ``numpy`` modules as arguments (this module imports neither):
+
+- :func:`token_logprob`: the log-softmax of the logits that chose a generated token (the last logits
+  ``llama_decode`` produced, before any sampler), its ``k`` best alternatives;
+- :func:`score_sequence`: one evaluation of a sequence with logits requested only at the positions that
+  predict the scored tokens (a big vocabulary's output layer is the costly part), summed log-softmax;
+- :class:`JsonMask`: an llguidance matcher as a llama-cpp-python logits processor (first in the sampler
+  chain, so it sees the raw logits), fed each chosen token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from inference._core.scoring import ScoreTokens
+from inference.results import TokenLogprob
+
+__all__ = ["JsonMask", "log_softmax", "score_sequence", "token_logprob"]
+
+
+def log_softmax(numpy: Any, logits: Any) -> Any:
+    """Log-softmax of one row (float64, so sums over many tokens stay exact to 1e-9)."""
+    row = numpy.asarray(logits, dtype=numpy.float64)
+    shifted = row - row.max()
+    return shifted - numpy.log(numpy.exp(shifted).sum())
+
+
+def token_logprob(
+    numpy: Any, logits: Any, token: int, k: int, text_of: Callable[[int], str]
+) -> TokenLogprob:
+    """The entry of one generated token: its log-probability under ``logits`` and the ``k`` most likely tokens."""
+    logprobs = log_softmax(numpy, logits)
+    top: tuple[tuple[str, float], ...] = ()
+    if k > 0:
+        best = numpy.argpartition(-logprobs, k - 1)[:k]
+        best = best[numpy.argsort(-logprobs[best], kind="stable")]
+        top = tuple((text_of(int(index)), float(logprobs[index])) for index in best)
+    return TokenLogprob(text_of(token), float(logprobs[token]), top, token)
+
+
+def score_sequence(llama_cpp: Any, numpy: Any, llama: Any, sequence: ScoreTokens) -> tuple[float, bool]:
+    """Evaluate ``sequence.tokens[:-1]`` from an empty KV cache; return the scored tokens' summed logprob and
+    whether each was the argmax. The ``Llama`` object is left reset (its next ``generate`` starts afresh)."""
+    inputs = sequence.tokens[:-1]
+    n_vocab = llama.n_vocab()
+    total, greedy = 0.0, True
+    llama.reset()
+    llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+    try:
+        for begin in range(0, len(inputs), llama.n_batch):
+            chunk = inputs[begin : begin + llama.n_batch]
+            llama._batch.set_batch(batch=list(chunk), n_past=begin, logits_all=False)
+            wanted = [begin + row + 1 >= sequence.start for row in range(len(chunk))]
+            for row, flag in enumerate(wanted):
+                llama._batch.batch.logits[row] = flag
+            llama._ctx.decode(llama._batch)
+            rows = sum(wanted)
+            if not rows:
+                continue
+            logits = numpy.ctypeslib.as_array(llama._ctx.get_logits(), shape=(rows, n_vocab))
+            first = begin + wanted.index(True) + 1  # the token the first row predicts
+            for row in range(rows):
+                target = sequence.tokens[first + row]
+                logprobs = log_softmax(numpy, logits[row])
+                total += float(logprobs[target])
+                greedy = greedy and int(numpy.argmax(logits[row])) == target
+    finally:
+        llama.reset()
+        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+    return total, greedy
+
+
+class JsonMask:
+    """An llguidance matcher as a logits processor for ``Llama.generate``, and the stop rule it implies.
+
+    Args:
+        numpy: The numpy module.
+        matcher: A fresh ``llguidance.LLMatcher`` for this request's schema.
+    """
+
+    def __init__(self, numpy: Any, matcher: Any) -> None:
+        self.numpy = numpy
+        self.matcher = matcher
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        """Set every token the grammar does not allow now to ``-inf`` (the raw logits, by token id)."""
+        numpy = self.numpy
+        bits = numpy.frombuffer(bytes(self.matcher.compute_bitmask()), dtype=numpy.uint32)
+        allowed = numpy.unpackbits(bits.view(numpy.uint8), bitorder="little").astype(bool)
+        if len(allowed) < len(scores):  # logits beyond the grammar's vocabulary are never allowed
+            allowed = numpy.concatenate([allowed, numpy.zeros(len(scores) - len(allowed), dtype=bool)])
+        scores[~allowed[: len(scores)]] = -numpy.inf
+        return scores
+
+    def consume(self, token: int) -> bool:
+        """Feed the chosen token; ``True`` once the JSON is complete and only the end may follow."""
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+        return bool(self.matcher.is_stopped())
