@@ -28,6 +28,7 @@ import importlib.util
 import os
 import sys
 import threading
+import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -565,7 +566,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             from llguidance.llamacpp import lltokenizer_from_vocab
 
             vocab = self._llama_cpp().llama_model_get_vocab(llama.model)
-            self._grammars = JsonGrammars(llguidance, lltokenizer_from_vocab(vocab))
+            with warnings.catch_warnings():  # llguidance calls llama_token_get_attr, deprecated by llama-cpp-python
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._grammars = JsonGrammars(llguidance, lltokenizer_from_vocab(vocab))
         try:
             return JsonMask(numpy, self._grammars.matcher(request.json_schema))
         except SchemaRefused as error:
