@@ -29,7 +29,19 @@ EVERY_OPTION_SET: dict[str, Any] = {
     "stop": ["END", "STOP"],
     "seed": 11,
     "top_k": 5,
+    "logprobs": 2,
+    "json_schema": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
 }
+"""A value for every option; on the command line, ``json_schema`` is a file holding the schema."""
+
+
+def command_line_value(name: str, value: Any, directory: Path) -> str:
+    """``value`` as the command line gives it: a schema is the path of a file that holds it."""
+    if name != "json_schema":
+        return str(value)
+    path = directory / "schema.json"
+    path.write_text(json.dumps(value))
+    return str(path)
 
 
 class RecordingProvider(FakeProvider):
@@ -96,8 +108,8 @@ def test_each_rule_names_the_option_and_the_provider(name: str, value: object, m
 
 
 def test_an_unknown_option_is_a_type_error_naming_it() -> None:
-    with pytest.raises(TypeError, match="logprobs"):
-        GenerationOptions.from_arguments(provider="test", logprobs=3)
+    with pytest.raises(TypeError, match="top_n"):
+        GenerationOptions.from_arguments(provider="test", top_n=3)
 
 
 def test_the_request_is_the_options_plus_prompt_model_and_adapter() -> None:
@@ -124,7 +136,8 @@ async def test_generate_stream_and_generate_batch_pass_every_option_to_the_backe
     await provider.generate_batch(["Hi", "Hi"], "m", **EVERY_OPTION_SET)
     assert provider.requests == [expected] * 4
     positional = [EVERY_OPTION_SET[name] for name in ("max_tokens", "system_prompt", "temperature", "top_p")]
-    await provider.generate("Hi", "m", None, *positional, 1.1, stop=["END", "STOP"], seed=11, top_k=5)
+    keyword = {name: EVERY_OPTION_SET[name] for name in ("stop", "seed", "top_k", "logprobs", "json_schema")}
+    await provider.generate("Hi", "m", None, *positional, 1.1, **keyword)
     assert provider.requests[-1] == expected
 
 
@@ -132,13 +145,13 @@ EVAL_ARGUMENTS = ["eval", "--adapters", "a", "--prompts", "p", "--output", "o"]
 
 
 @pytest.mark.parametrize("command", [["generate", "Hi"], EVAL_ARGUMENTS])
-def test_the_command_line_has_a_flag_for_every_option(command: list[str]) -> None:
+def test_the_command_line_has_a_flag_for_every_option(command: list[str], tmp_path: Path) -> None:
     flags = [OPTIONS[name].flag or f"--{name.replace('_', '-')}" for name in OPTIONS]
     argv = [*command]
     for name, flag in zip(OPTIONS, flags, strict=True):
         values = EVERY_OPTION_SET[name]
         for value in values if isinstance(values, list) else [values]:
-            argv += [flag, str(value)]
+            argv += [flag, command_line_value(name, value, tmp_path)]
     args = build_parser().parse_args(argv)
     assert {name: getattr(args, name) for name in OPTIONS} == EVERY_OPTION_SET
 
@@ -153,7 +166,11 @@ def test_eval_takes_every_option_from_flags_or_set_into_the_results(tmp_path: Pa
     )
     output = tmp_path / "out.jsonl"
     argv = ["eval", "--adapters", str(adapter), "--prompts", str(prompts), "--output", str(output)]
-    settings = [f"--set={name}={value}" for name, value in EVERY_OPTION_SET.items() if name != "stop"]
+    settings = [
+        f"--set={name}={command_line_value(name, value, tmp_path)}"
+        for name, value in EVERY_OPTION_SET.items()
+        if name != "stop"
+    ]
     settings += ["--set=stop=END", "--set=stop=STOP"]
     assert main([*argv, "--provider", "fake", "--no-progress", *settings]) == 0
     rows = [json.loads(line) for line in output.read_text().splitlines()]
