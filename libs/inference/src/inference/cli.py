@@ -75,10 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subcommands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(subcommands)
+    _add_score(subcommands)
     _add_adapters(subcommands)
     _add_convert_adapter(subcommands)
     _add_eval(subcommands)
     _add_providers(subcommands)
+    _add_lm_eval(subcommands)
     return parser
 
 
@@ -102,8 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        if words[:1] == ["lm-eval"] and words[1:2] not in (["-h"], ["--help"]):
+            args = argparse.Namespace(handler=_lm_eval, lm_eval_args=words[1:])  # every argument is lm-eval's
+        else:
+            args = parser.parse_args(words)
     except SystemExit as exit_request:  # --help, --version, usage errors: argparse already printed
         code = exit_request.code
         return code if isinstance(code, int) else (0 if code is None else 2)
@@ -313,12 +319,19 @@ def _add_generate(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
             "  inference generate 'Hi' --provider vllm --base-url http://localhost:8100/v1 \\\n"
             "      --model Qwen/Qwen2.5-0.5B --adapter support --stream\n"
             "  inference generate 'Hi' --provider transformers --model-path models/tiny --device cpu --json\n"
-            "output: the text on stdout; with --json one object {text, model, adapter_id, finish_reason,\n"
-            "prompt_tokens, completion_tokens, token_count, latency_s}; with --stream --json one line\n"
+            "  inference generate --messages chat.json --json-schema answer.schema.json --logprobs 3 ...\n"
+            "output: the text on stdout (with --logprobs, then a table: token, logprob, alternatives); with\n"
+            "--json one object {text, model, adapter_id, finish_reason, prompt_tokens, completion_tokens,\n"
+            "token_count, latency_s, logprobs, reasoning}; with --stream --json one line\n"
             '{"type": "text", "text": ...} per piece, then {"type": "result", ...}.'
         ),
     )
-    command.add_argument("prompt", metavar="PROMPT", help="the user's text")
+    command.add_argument("prompt", metavar="PROMPT", nargs="?", help="the user's text (or give --messages)")
+    command.add_argument(
+        "--messages",
+        metavar="FILE",
+        help='a conversation as the prompt: a JSON list of {"role": "system"|"user"|"assistant", "content": ...}',
+    )
     command.add_argument("--adapter", metavar="ID_OR_PATH", help="a loaded adapter id, or an adapter path to load")
     command.add_argument("--stream", action="store_true", help="print the text as it is generated")
     command.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -332,6 +345,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     config = _step_config(args)
     sampling = {"max_tokens": 256, **_sampling(config)}
+    prompt = _prompt_argument(args)
 
     async def work() -> int:
         provider = get_provider_for_step(config)
@@ -340,9 +354,9 @@ def _generate(args: argparse.Namespace) -> int:
         try:
             call: dict[str, Any] = {"model": config.get("model") or "", "adapter_id": adapter_id}
             if args.stream:
-                result = await _print_stream(provider, args.prompt, call | sampling, as_json=args.json)
+                result = await _print_stream(provider, prompt, call | sampling, as_json=args.json)
             else:
-                result = await provider.generate(args.prompt, **call, **sampling)
+                result = await provider.generate(prompt, **call, **sampling)
         finally:
             if loaded_here and not provider.runs_in_process and adapter_id is not None:
                 await provider.unload_adapter(adapter_id)
@@ -350,11 +364,36 @@ def _generate(args: argparse.Namespace) -> int:
         if args.json:
             fields = _result_fields(result, latency)
             _print_json({"type": "result", **fields} if args.stream else fields)
-        elif not args.stream:
-            print(result.text)
+        else:
+            if not args.stream:
+                print(result.text)
+            if result.logprobs is not None:
+                _print_logprobs(result.logprobs)
         return 0
 
     return _run_async(work)
+
+
+def _prompt_argument(args: argparse.Namespace) -> Any:
+    """PROMPT, or the conversation of --messages FILE (one of the two)."""
+    if (args.prompt is None) == (args.messages is None):
+        raise _UsageError("give PROMPT or --messages FILE (one of them)")
+    if args.messages is None:
+        return args.prompt
+    try:
+        with open(args.messages, encoding="utf-8") as file:
+            return json.load(file)
+    except json.JSONDecodeError as error:
+        raise _UsageError(f"--messages {args.messages}: not JSON ({error})") from None
+
+
+def _print_logprobs(logprobs: Sequence[Any]) -> None:
+    """One line per generated token: its text, its logprob, and the alternatives asked for."""
+    print()
+    print(f"{'token':<20} {'logprob':>9}  alternatives")
+    for entry in logprobs:
+        alternatives = "  ".join(f"{token!r} {value:.3f}" for token, value in entry.top_logprobs)
+        print(f"{entry.token!r:<20} {entry.logprob:>9.4f}  {alternatives}")
 
 
 async def _use_adapter(provider: Any, adapter: str | None) -> tuple[str | None, bool]:
@@ -417,7 +456,78 @@ def _result_fields(result: Any, latency_s: float) -> dict[str, Any]:
         "completion_tokens": result.completion_tokens,
         "token_count": result.token_count,
         "latency_s": round(latency_s, 6),
+        "logprobs": None if result.logprobs is None else [
+            {"token": entry.token, "logprob": entry.logprob, "top_logprobs": [list(top) for top in entry.top_logprobs]}
+            for entry in result.logprobs
+        ],
+        "reasoning": result.reasoning,
     }
+
+
+# score -----------------------------------------------------------------------------------------------------
+
+
+def _add_score(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
+    command = _parser(
+        subcommands,
+        "score",
+        help="the log-likelihood of a continuation after a context",
+        description=(
+            "Score CONTINUATION after CONTEXT (lm-eval's loglikelihood) with a provider that can "
+            "(supports_scoring: transformers, llamacpp, vllm), optionally with an adapter. With --rolling, score "
+            "all of CONTEXT instead (loglikelihood_rolling, for perplexity)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  inference score 'Question: 2 + 2 =' ' 4' --provider llamacpp --model-path base.gguf\n"
+            "  inference score 'A long document...' --rolling --provider transformers --model-path models/tiny\n"
+            "output: logprob, num_tokens, nll_per_token, is_greedy; with --json one object with those keys."
+        ),
+    )
+    command.add_argument("context", metavar="CONTEXT", help="the text before (with --rolling: the text to score)")
+    command.add_argument("continuation", metavar="CONTINUATION", nargs="?", help="the text to score")
+    command.add_argument("--rolling", action="store_true", help="score all of CONTEXT (no CONTINUATION)")
+    command.add_argument("--adapter", metavar="ID_OR_PATH", help="a loaded adapter id, or an adapter path to load")
+    command.add_argument("--model", metavar="NAME", help="model name on the server (in-process providers ignore it)")
+    command.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _add_provider_options(command)
+    command.set_defaults(handler=_score)
+
+
+def _score(args: argparse.Namespace) -> int:
+    from inference.factory import get_provider_for_step
+
+    if args.rolling == (args.continuation is not None):
+        raise _UsageError("give CONTEXT and CONTINUATION, or CONTEXT alone with --rolling")
+    config = _step_config(args)
+
+    async def work() -> Any:
+        provider = get_provider_for_step(config)
+        adapter_id, loaded_here = await _use_adapter(provider, args.adapter)
+        model = args.model or ""
+        try:
+            if args.rolling:
+                return await provider.score_rolling(args.context, model, adapter_id)
+            return await provider.score(args.context, args.continuation, model, adapter_id)
+        finally:
+            if loaded_here and not provider.runs_in_process and adapter_id is not None:
+                await provider.unload_adapter(adapter_id)
+
+    result = _run_async(work)
+    fields = {
+        "logprob": result.logprob,
+        "num_tokens": result.num_tokens,
+        "nll_per_token": result.nll_per_token,
+        "is_greedy": result.is_greedy,
+        "model": result.model,
+        "adapter_id": result.adapter_id,
+    }
+    if args.json:
+        _print_json(fields)
+    else:
+        for key in ("logprob", "num_tokens", "nll_per_token", "is_greedy"):
+            print(f"{key:<14} {fields[key]}")
+    return 0
 
 
 # adapters load | unload | list ------------------------------------------------------------------------------
@@ -795,3 +905,34 @@ async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[b
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# lm-eval ---------------------------------------------------------------------------------------------------
+
+
+def _add_lm_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
+    command = _parser(
+        subcommands,
+        "lm-eval",
+        help="run lm-eval-harness with this SDK's model 'inference' registered",
+        description=(
+            "Run lm-eval-harness's command line with the model 'inference' registered: --model inference "
+            "--model_args provider=TYPE,SETTING=VALUE,...[,adapter=PATH]. Every argument after lm-eval is "
+            "lm-eval's own. Needs the lm-eval extra: pip install 'inference-adapters[lm-eval]'."
+        ),
+        epilog=(
+            "example:\n"
+            "  inference lm-eval --model inference \\\n"
+            "      --model_args provider=llamacpp,model_path=base.gguf,adapter=adapters/math --tasks arc_easy"
+        ),
+    )
+    command.add_argument("lm_eval_args", nargs=argparse.REMAINDER, metavar="ARGS", help="lm-eval's arguments")
+    command.set_defaults(handler=_lm_eval)
+
+
+def _lm_eval(args: argparse.Namespace) -> int:
+    from inference._core.dependencies import import_optional
+
+    integration = import_optional("inference.integrations.lm_eval", provider="lm-eval", extra="lm-eval")
+    status: int = integration.main(list(args.lm_eval_args))
+    return status
