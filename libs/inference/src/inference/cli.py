@@ -902,11 +902,6 @@ async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[b
         answers = await asyncio.gather(*(check(client, url) for url in urls.values()))
     return dict(zip(urls, answers, strict=True))
 
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # lm-eval ---------------------------------------------------------------------------------------------------
 
 
@@ -936,3 +931,7 @@ def _lm_eval(args: argparse.Namespace) -> int:
     integration = import_optional("inference.integrations.lm_eval", provider="lm-eval", extra="lm-eval")
     status: int = integration.main(list(args.lm_eval_args))
     return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

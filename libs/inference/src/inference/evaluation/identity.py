@@ -100,8 +100,11 @@ def _digest_file(digest: Any, path: Path) -> None:
 
 
 def prompt_hash(prompt: EvalPrompt) -> str:
-    """A hash of a prompt's text, system prompt and expected answer (not its id)."""
-    text = json.dumps([prompt.prompt, prompt.system_prompt, prompt.expected], ensure_ascii=False)
+    """A hash of a prompt's text, system prompt, expected answer, and choices with the answer (not its id)."""
+    parts: list[Any] = [prompt.prompt, prompt.system_prompt, prompt.expected]
+    if prompt.choices is not None:  # absent before multiple choice existed: older files keep their hashes
+        parts += [list(prompt.choices), prompt.answer]
+    text = json.dumps(parts, ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_LENGTH]
 
 

@@ -28,12 +28,17 @@ class EvalPrompt:
         prompt: The user's text.
         system_prompt: An optional system message.
         expected: The expected answer (exact match), a pattern (regex scoring), or anything a user scorer reads.
+            With a provider that can score, its negative log-likelihood per token after the prompt is recorded too.
+        choices: Answers of a multiple-choice question, each scored as a continuation of the prompt.
+        answer: The index of the right one in ``choices`` (given with ``choices``).
     """
 
     id: str
     prompt: str
     system_prompt: str | None = None
     expected: str | None = None
+    choices: tuple[str, ...] | None = None
+    answer: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,8 @@ class AdapterSpec:
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[EvalPrompt]:
-    """Read a prompt set: one JSON object per line with ``id``, ``prompt``, optional ``system_prompt``, ``expected``.
+    """Read a prompt set: one JSON object per line with ``id``, ``prompt``, optional ``system_prompt``, ``expected``,
+    and optional ``choices`` (a list of answers) with ``answer`` (the index of the right one).
 
     Blank lines are skipped. Ids may be strings or integers (kept as text) and must be unique.
 
@@ -111,7 +117,27 @@ def _prompt_from_record(record: Any, where: str, source: str) -> EvalPrompt:
         else:
             kind = "a string" if required else "a string or null"
             raise InvalidRequestError(f"{where}: {key!r} must be {kind}, got {value!r}", path=source)
-    return EvalPrompt(str(prompt_id), str(fields["prompt"]), fields["system_prompt"], fields["expected"])
+    choices, answer = _choices_from_record(record, where, source)
+    return EvalPrompt(
+        str(prompt_id), str(fields["prompt"]), fields["system_prompt"], fields["expected"], choices, answer
+    )
+
+
+def _choices_from_record(
+    record: Mapping[str, Any], where: str, source: str
+) -> tuple[tuple[str, ...] | None, int | None]:
+    """``choices`` (at least two non-empty strings) and ``answer`` (an index into them), both or neither."""
+    choices, answer = record.get("choices"), record.get("answer")
+    if choices is None and answer is None:
+        return None, None
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
+        raise InvalidRequestError(f"{where}: 'choices' must be a list of two or more non-empty strings", path=source)
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
+        raise InvalidRequestError(
+            f"{where}: 'answer' must be the index of the right choice, 0 to {len(choices) - 1}, got {answer!r}",
+            path=source,
+        )
+    return tuple(choices), answer
 
 
 def adapter_id_for(path: str | os.PathLike[str]) -> str:

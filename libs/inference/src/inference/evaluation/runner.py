@@ -21,7 +21,7 @@ from inference.evaluation.identity import Reconciled, adapter_hash, prompt_hash,
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, discover_adapters, load_prompts
 from inference.evaluation.progress import Progress
 from inference.evaluation.rows import ResultsWriter, open_results, read_rows, row_key
-from inference.evaluation.scoring import Scorer, resolve_scorer, score_value
+from inference.evaluation.scoring import Scorer, regex_match, resolve_scorer, score_value
 from inference.evaluation.summary import AdapterTimings, EvaluationSummary, summarise, summary_csv_path
 from inference.exceptions import (
     ConfigurationError,
@@ -192,6 +192,14 @@ async def evaluate_adapters(
             "use llamacpp, transformers, vllm or ollama",
             provider=provider.name,
         )
+    multiple_choice = [prompt.id for prompt in prompt_list if prompt.choices is not None]
+    if multiple_choice and not provider.supports_scoring:
+        raise UnsupportedOperationError(
+            f"prompts {', '.join(multiple_choice[:3])}{'...' if len(multiple_choice) > 3 else ''} have 'choices', "
+            f"which are scored by log-likelihood, and the {provider.name} provider cannot score: use "
+            "transformers, llamacpp or vllm, or drop the choices",
+            provider=provider.name,
+        )
     hashes = list(await asyncio.gather(*(asyncio.to_thread(adapter_hash, spec.path) for spec in specs)))
     fingerprint = run_settings(provider, settings, scorer)
     checked: list[Reconciled] = []
@@ -330,10 +338,15 @@ async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt])
             except Exception as error:  # this row's answer
                 result = error
             latency = time.perf_counter() - start
-        if isinstance(result, Exception):
-            run.write(_row(run, spec, prompt, latency_s=latency, error=_error("generate", result)))
-        else:
-            run.write(_scored(run.scorer, _row(run, spec, prompt, result=result, latency_s=latency), prompt))
+            if isinstance(result, Exception):
+                row = _row(run, spec, prompt, latency_s=latency, error=_error("generate", result))
+            else:
+                row = _scored(run.scorer, _row(run, spec, prompt, result=result, latency_s=latency), prompt)
+                try:
+                    row |= await likelihoods(run.provider, spec.id, prompt, settings=run.settings, scorer=run.scorer)
+                except Exception as error:  # the row keeps its generation; the error says scoring failed
+                    row["error"] = _error("score", error)
+        run.write(row)
 
     tasks = [asyncio.ensure_future(one(prompt)) for prompt in pending]
     try:
@@ -379,6 +392,46 @@ def _scored(scorer: Scorer | None, row: dict[str, Any], prompt: EvalPrompt) -> d
     except Exception as error:  # a scorer bug costs this row's score, not the run
         row["score_error"] = f"{type(error).__name__}: {error}"
     return row
+
+
+async def likelihoods(
+    provider: InferenceProvider,
+    adapter_id: str | None,
+    prompt: EvalPrompt,
+    *,
+    settings: Mapping[str, Any],
+    scorer: Scorer | None = None,
+) -> dict[str, Any]:
+    """The log-likelihood fields of a row, where the provider can score (``{}`` otherwise).
+
+    - ``nll_per_token``: of ``expected`` after the prompt, when the row has an expected answer (not a pattern:
+      nothing with the regex scorer).
+    - For a multiple-choice row: ``choice_logprobs`` (each choice scored after the prompt), ``predicted`` (the
+      highest: lm-eval's ``acc``), ``predicted_norm`` (the highest per character of the choice: lm-eval's
+      ``acc_norm``), ``correct`` and ``correct_norm``.
+
+    The context is the prompt's text as given (no chat template, no system prompt), as lm-eval scores.
+    """
+    if not provider.supports_scoring:
+        return {}
+    model = str(settings.get("model") or "")
+    fields: dict[str, Any] = {}
+    if prompt.expected and scorer is not regex_match:
+        score = await provider.score(prompt.prompt, prompt.expected, model, adapter_id)
+        fields["nll_per_token"] = score.nll_per_token
+    if prompt.choices is not None:
+        scores = [await provider.score(prompt.prompt, choice, model, adapter_id) for choice in prompt.choices]
+        sums = [score.logprob for score in scores]
+        normalised = [score.logprob / len(choice) for score, choice in zip(scores, prompt.choices, strict=True)]
+        predicted, predicted_norm = sums.index(max(sums)), normalised.index(max(normalised))
+        fields |= {
+            "choice_logprobs": sums,
+            "predicted": predicted,
+            "predicted_norm": predicted_norm,
+            "correct": predicted == prompt.answer,
+            "correct_norm": predicted_norm == prompt.answer,
+        }
+    return fields
 
 
 def _error(stage: str, error: BaseException) -> dict[str, str]:

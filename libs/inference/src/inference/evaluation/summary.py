@@ -50,6 +50,12 @@ class AdapterSummary:
         generate_s: Seconds of generation in this run (``None`` if an earlier run did it).
         unload_s: Seconds to unload it in this run (``None`` if an earlier run did it).
         adapter_hash: The content hash of its files (see :func:`~inference.evaluation.identity.adapter_hash`).
+        nll_per_token: Mean over the rows that have it of the expected answer's negative log-likelihood per
+            token (``None`` when no row has it: no ``expected``, or a provider that cannot score).
+        acc: Multiple-choice accuracy, the choice with the highest log-likelihood (lm-eval's ``acc``), over the
+            rows with ``choices``; ``None`` without such rows.
+        acc_norm: The same with each choice's log-likelihood divided by its length in characters (lm-eval's
+            ``acc_norm``).
     """
 
     adapter_id: str
@@ -66,6 +72,9 @@ class AdapterSummary:
     generate_s: float | None = None
     unload_s: float | None = None
     adapter_hash: str | None = None
+    nll_per_token: float | None = None
+    acc: float | None = None
+    acc_norm: float | None = None
 
 
 def summary_csv_path(output: str | os.PathLike[str]) -> Path:
@@ -113,7 +122,12 @@ class EvaluationSummary:
 
     def format_table(self) -> str:
         """A plain-text table: one line per adapter with score, latency, tokens/s and errors."""
-        header = ("adapter", "rows", "score", "latency_s", "tokens/s", "errors")
+        likelihood = [
+            (name, label)
+            for name, label in (("nll_per_token", "nll/token"), ("acc", "acc"), ("acc_norm", "acc_norm"))
+            if any(getattr(adapter, name) is not None for adapter in self.adapters)
+        ]  # columns only when some adapter has the figure
+        header = ("adapter", "rows", "score", *(label for _, label in likelihood), "latency_s", "tokens/s", "errors")
         lines = [header]
         for adapter in self.adapters:
             errors = str(adapter.errors) + (" (load failed)" if adapter.load_error else "")
@@ -122,6 +136,7 @@ class EvaluationSummary:
                     adapter.adapter_id,
                     str(adapter.rows),
                     _number(adapter.score, "{:.3f}"),
+                    *(_number(getattr(adapter, name), "{:.3f}") for name, _ in likelihood),
                     _number(adapter.mean_latency_s, "{:.3f}"),
                     _number(adapter.tokens_per_s, "{:.1f}"),
                     errors,
@@ -191,6 +206,8 @@ def _summarise_adapter(
     scores = [float(row["score"]) for row in ok if row.get("score") is not None]
     latency = sum(float(row.get("latency_s") or 0.0) for row in ok)
     completion = sum(int(row.get("completion_tokens") or 0) for row in ok)
+    nll = [float(row["nll_per_token"]) for row in ok if row.get("nll_per_token") is not None]
+    chosen = [row for row in ok if row.get("correct") is not None]
     return AdapterSummary(
         adapter_id=adapter.id,
         adapter_path=str(adapter.path),
@@ -206,6 +223,9 @@ def _summarise_adapter(
         generate_s=timing.generate_s if timing else None,
         unload_s=timing.unload_s if timing else None,
         adapter_hash=content_hash,
+        nll_per_token=sum(nll) / len(nll) if nll else None,
+        acc=sum(bool(row["correct"]) for row in chosen) / len(chosen) if chosen else None,
+        acc_norm=sum(bool(row["correct_norm"]) for row in chosen) / len(chosen) if chosen else None,
     )
 
 
