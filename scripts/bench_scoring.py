@@ -71,7 +71,11 @@ SCHEMA = {
 
 
 def pairs(count: int) -> list[tuple[str, str]]:
-    return [(CONTEXTS[i % len(CONTEXTS)], CONTINUATIONS[(i * 3 + i // 5) % len(CONTINUATIONS)]) for i in range(count)]
+    """``count`` distinct pairs (lm-eval computes a repeated request once: repeats would flatter it)."""
+    return [
+        (f"Story {i}. {CONTEXTS[i % len(CONTEXTS)]}", CONTINUATIONS[(i * 3 + i // 5) % len(CONTINUATIONS)])
+        for i in range(count)
+    ]
 
 
 async def provider_scores(model_dir: Path, adapters: dict[str, Path], work: list[tuple[str, str]]) -> dict[str, Any]:
@@ -145,17 +149,20 @@ def largest_gap(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
     return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
 
 
-def transformers_part(count: int, skip_lm_eval: bool) -> None:
+def transformers_part(count: int, skip_lm_eval: bool, size: str) -> None:
     tiny = build_tiny_models()["qwen2"]
     with tempfile.TemporaryDirectory() as directory:
-        model_dir, built = build_medium_model(tiny, Path(directory))
+        if size == "tiny":
+            model_dir, built = tiny.hf_dir, dict(tiny.adapter_dirs)
+        else:
+            model_dir, built = build_medium_model(tiny, Path(directory))
         adapters = adapter_paths(built)
         work = pairs(count)
         torch.set_num_threads(os.cpu_count() or 1)
         ours = asyncio.run(provider_scores(model_dir, adapters, work))
         seed = one_at_a_time(model_dir, adapters, work)
         total = count * len(adapters)
-        print(f"\n## Transformers: {count} pairs x {len(adapters)} adapters = {total} scores (medium Qwen2)")
+        print(f"\n## Transformers: {count} pairs x {len(adapters)} adapters = {total} scores ({size} Qwen2)")
         print("| way | seconds | scores/s | provider's speed-up |")
         print("| --- | ---: | ---: | ---: |")
         rows = [("provider (concurrent score_batch)", ours), ("one forward pass per pair, one at a time", seed)]
@@ -208,6 +215,7 @@ async def llamacpp_part(count: int) -> None:
 
 async def constrained(provider: Any, label: str) -> None:
     prompts = ["Give me a shopping list as JSON:"] * 4
+    await tokens_per_second(provider, prompts[:1], max_tokens=8, json_schema=SCHEMA)  # compile the schema once
     plain, _ = await tokens_per_second(provider, prompts, max_tokens=96)
     shaped, _ = await tokens_per_second(provider, prompts, max_tokens=96, json_schema=SCHEMA)
     print(f"| {label} | {plain:.0f} tokens/s | {shaped:.0f} tokens/s with json_schema | "
@@ -230,11 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--skip-lm-eval", action="store_true")
+    parser.add_argument("--model", choices=["tiny", "medium"], default="medium", help="the Transformers model")
     parser.add_argument("--part", choices=["all", "transformers", "llamacpp", "constrained"], default="all")
     args = parser.parse_args(argv)
     print(f"# bench_scoring: {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}")
     if args.part in ("all", "transformers"):
-        transformers_part(args.pairs, args.skip_lm_eval)
+        transformers_part(args.pairs, args.skip_lm_eval, args.model)
     if args.part in ("all", "llamacpp"):
         asyncio.run(llamacpp_part(args.pairs))
     if args.part in ("all", "constrained"):

@@ -904,21 +904,20 @@ class TransformersProvider(InProcessProvider[str]):
     def _score_rows(
         self, loaded: _LoadedModel, sequences: list[ScoreTokens], adapter_ids: list[str | None]
     ) -> list[tuple[float, int, bool]]:
-        """One left-padded forward pass: per sequence, (summed logprob, scored tokens, all greedy).
+        """One right-padded forward pass: per sequence, (summed logprob, scored tokens, all greedy).
 
-        Only the logits of the scored positions are computed (``logits_to_keep``): left padding puts every
-        sequence's last token at the right edge, and the scored tokens are each sequence's last ones.
+        Right padding needs no attention mask (a causal model never looks at the padding after a sequence), so
+        attention keeps its fastest kernel; logits are computed only at the positions some row scores
+        (``logits_to_keep`` as the sorted union of those positions).
         """
         torch = import_optional("torch", extra="transformers", provider=self.name)
         reads = [sequence.tokens[:-1] for sequence in sequences]
         width = max(len(tokens) for tokens in reads)
-        keep = max(len(sequence.scored) for sequence in sequences)
         input_ids = torch.full((len(reads), width), loaded.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(reads), width), dtype=torch.long)
         for row, tokens in enumerate(reads):
-            input_ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
-            attention_mask[row, width - len(tokens) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+            input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        wanted = sorted({position for s in sequences for position in range(s.start - 1, len(s.tokens) - 1)})
+        column = {position: index for index, position in enumerate(wanted)}
         extra: dict[str, Any] = {}
         if loaded.model is not loaded.base_model:
             extra["adapter_names"] = [
@@ -928,16 +927,15 @@ class TransformersProvider(InProcessProvider[str]):
         with torch.inference_mode():
             logits = loaded.model(
                 input_ids=input_ids.to(loaded.device),
-                attention_mask=attention_mask.to(loaded.device),
-                position_ids=position_ids.to(loaded.device),
-                logits_to_keep=keep,
+                logits_to_keep=torch.tensor(wanted, dtype=torch.long, device=loaded.device),
                 use_cache=False,
                 **extra,
-            ).logits[:, -keep:, :]
+            ).logits
             results = []
             for row, sequence in enumerate(sequences):
                 targets = torch.tensor(sequence.scored, dtype=torch.long, device=logits.device)
-                row_logits = logits[row, keep - len(targets) :, :].float()
+                columns = [column[position] for position in range(sequence.start - 1, len(sequence.tokens) - 1)]
+                row_logits = logits[row, columns, :].float()
                 logprobs = torch.log_softmax(row_logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
                 greedy = bool((row_logits.argmax(dim=-1) == targets).all())
                 results.append((math.fsum(logprobs.double().tolist()), len(targets), greedy))
@@ -1053,6 +1051,8 @@ class _LogprobRecorder:
 class _ScoreQueue:
     """Score calls waiting for the worker: a batch starts when the oldest has waited the window, or is full.
 
+    A batch takes the calls for the oldest call's adapter first, oldest first, then fills up with the others.
+
     Args:
         max_batch_size: The most calls in one batch.
         window_s: How long the oldest waiting call waits for others, in seconds.
@@ -1088,7 +1088,13 @@ class _ScoreQueue:
                 if len(self._pending) >= self.max_batch_size or remaining <= 0:
                     break
                 self._condition.wait(remaining)
-            batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
+            # The oldest call's adapter first, then the others: a forward pass of one adapter skips PEFT's
+            # mixed-adapter path (each LoRA layer run once per adapter in the batch).
+            adapter = self._pending[0].request.adapter_id
+            ordered = sorted(self._pending, key=lambda job: job.request.adapter_id != adapter)  # stable: oldest first
+            batch = ordered[: self.max_batch_size]
+            chosen = {id(job) for job in batch}
+            self._pending = [job for job in self._pending if id(job) not in chosen]
             return [job for job in batch if job.future.set_running_or_notify_cancel()]
 
 
