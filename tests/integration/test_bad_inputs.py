@@ -87,7 +87,7 @@ async def _same_id_other_path(provider: LlamaCppProvider, paths: dict[str, Any])
 
 
 CATALOGUE: list[tuple[str, Case, type[InferenceError], str]] = [
-    ("prompt is not a string", _generate(prompt=["hi"]), InvalidRequestError, "prompt must be a string"),
+    ("prompt is a list of strings", _generate(prompt=["hi"]), InvalidRequestError, "must be a dict with 'role'"),
     ("prompt is None", _generate(prompt=None), InvalidRequestError, "prompt must be a string"),
     ("negative max_tokens", _generate(max_tokens=-1), InvalidRequestError, "positive integer"),
     ("zero max_tokens", _generate(max_tokens=0), InvalidRequestError, "positive integer"),

@@ -173,9 +173,9 @@ def record_batch_steps(provider: Any, monkeypatch: pytest.MonkeyPatch) -> list[i
     steps: list[int] = []
     real = provider._generate_rows
 
-    def recording(*args: Any, **kwargs: Any) -> list[list[int]]:
-        outputs: list[list[int]] = real(*args, **kwargs)
-        steps.append(len(outputs[0]))
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        outputs = real(*args, **kwargs)
+        steps.append(len(outputs.tokens[0]))
         return outputs
 
     monkeypatch.setattr(provider, "_generate_rows", recording)
