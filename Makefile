@@ -46,7 +46,7 @@ docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: install vllm-venv models lint docs
-	$(VENV)/bin/pytest
+	INFERENCE_REQUIRE_VLLM=1 $(VENV)/bin/pytest
 
 unit: install
 	$(VENV)/bin/pytest tests/unit

@@ -7,6 +7,7 @@ a real server process without any download.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -142,3 +143,82 @@ def start_llama_server(tiny_qwen2_gguf: Path) -> Iterator[Callable[..., LlamaSer
     yield start
     for server in servers:
         server.stop()
+
+
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+"""vLLM's CPU build, in its own venv (``make vllm-venv``; it pins a transformers older than ``.venv``'s)."""
+
+VLLM_STARTUP_TIMEOUT_SECONDS = 600.0
+
+
+class VLLMServer:
+    """One real vLLM OpenAI-compatible server (CPU build) on 127.0.0.1, with runtime LoRA loading.
+
+    Attributes:
+        base_url: ``http://127.0.0.1:PORT/v1``.
+        model: The served model name.
+        log_path: Where its output goes (kept after the tests, for a failure's post-mortem).
+    """
+
+    def __init__(self, model_dir: Path, log_path: Path, *, model: str = "tiny") -> None:
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.model = model
+        self.log_path = log_path
+        self._log = open(log_path, "w+b")  # noqa: SIM115 - closed in stop(), after the process ends
+        command = [
+            str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--served-model-name", model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "float32", "--max-model-len", "512", "--enable-lora", "--max-lora-rank", "16",
+            "--max-loras", "4", "--enable-tokenizer-info-endpoint",
+        ]
+        environment = {
+            **os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+        }
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + VLLM_STARTUP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"vLLM exited with status {self.process.returncode}; its output:\n{_tail(self._log)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/models", timeout=2.0).status_code == 200:
+                    return
+            time.sleep(1.0)
+        pytest.fail(f"vLLM did not answer within {VLLM_STARTUP_TIMEOUT_SECONDS:g} s; its output:\n{_tail(self._log)}")
+
+    def stop(self) -> None:
+        """Terminate the server (kill it if it does not stop within 30 s) and close its log."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A real vLLM server serving :func:`inference.testing.vllm_model.build_vllm_model`'s model, started once.
+
+    Skipped when ``.venv-vllm`` is missing (``make test`` creates it), unless ``INFERENCE_REQUIRE_VLLM=1``.
+    """
+    if not VLLM_PYTHON.is_file():
+        message = f"vLLM's venv {VLLM_PYTHON.parent.parent} is missing: run `make vllm-venv`"
+        if os.environ.get("INFERENCE_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    from inference.testing.vllm_model import build_vllm_model
+
+    model = build_vllm_model()
+    server = VLLMServer(model.hf_dir, tmp_path_factory.mktemp("vllm") / "server.log")
+    yield server
+    server.stop()

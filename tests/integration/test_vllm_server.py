@@ -1,0 +1,151 @@
+"""A real vLLM server (CPU build, ``.venv-vllm``) against the VLLM provider, and against Transformers + PEFT.
+
+The server serves the head-64 tiny Qwen2 of :mod:`inference.testing.vllm_model` with runtime LoRA; the
+Transformers provider loads the same directory and the same PEFT adapters, so the two must agree: greedy token
+logprobs and scores within 1e-3 nats (they agree to about 1e-6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jsonschema
+import pytest
+import pytest_asyncio
+
+from inference.exceptions import AdapterNotFoundError
+from inference.transformers_provider import TransformersProvider
+from inference.vllm_provider import VLLMProvider
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and"]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def both(vllm_server: Any) -> AsyncIterator[tuple[VLLMProvider, TransformersProvider, Any]]:
+    from inference.testing.vllm_model import build_vllm_model
+
+    model = build_vllm_model()
+    server = VLLMProvider(base_url=vllm_server.base_url)
+    local = TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32")
+    for adapter_id in ("a0", "a1"):
+        await server.load_adapter(adapter_id, model.adapter_dirs[adapter_id])
+        await local.load_adapter(adapter_id, model.adapter_dirs[adapter_id])
+    yield server, local, model
+    await server.aclose()
+    await local.aclose()
+
+
+@pytest.mark.parametrize("adapter_id", [None, "a0", "a1"])
+async def test_greedy_logprobs_and_text_match_transformers(
+    both: tuple[VLLMProvider, TransformersProvider, Any], adapter_id: str | None
+) -> None:
+    server, local, _ = both
+    for prompt in PROMPTS:
+        arguments: dict[str, Any] = {"adapter_id": adapter_id, "max_tokens": 8, "temperature": 0, "logprobs": 2}
+        theirs = await server.generate(prompt, model="tiny", **arguments)
+        ours = await local.generate(prompt, model="tiny", **arguments)
+        assert theirs.logprobs is not None and ours.logprobs is not None
+        assert len(theirs.logprobs) == len(ours.logprobs) == 8
+        for remote, here in zip(theirs.logprobs, ours.logprobs, strict=True):
+            assert abs(remote.logprob - here.logprob) < 1e-3
+            assert [value for _, value in remote.top_logprobs] == pytest.approx(
+                [value for _, value in here.top_logprobs], abs=1e-3
+            )
+        # Text can differ only where a token ends inside a UTF-8 character (vLLM drops it, transformers shows U+FFFD).
+        assert theirs.text.replace("\ufffd", "") == ours.text.replace("\ufffd", "")
+
+
+@pytest.mark.parametrize("adapter_id", [None, "a1"])
+async def test_scores_match_transformers(
+    both: tuple[VLLMProvider, TransformersProvider, Any], adapter_id: str | None
+) -> None:
+    server, local, _ = both
+    for context, continuation in [("the quick brown fox", " jumps over the dog"), ("", "Hello, world")]:
+        remote = await server.score(context, continuation, model="tiny", adapter_id=adapter_id)
+        here = await local.score(context, continuation, model="tiny", adapter_id=adapter_id)
+        assert remote.num_tokens == here.num_tokens
+        assert abs(remote.logprob - here.logprob) / here.num_tokens < 1e-3
+        assert remote.is_greedy == here.is_greedy
+    text = "the quick brown fox jumps over the lazy dog. " * 10
+    remote = await server.score_rolling(text, model="tiny", adapter_id=adapter_id)
+    here = await local.score_rolling(text, model="tiny", adapter_id=adapter_id)
+    assert remote.num_tokens == here.num_tokens
+    assert abs(remote.logprob - here.logprob) / here.num_tokens < 1e-3
+
+
+async def test_concurrent_mixed_adapter_requests_equal_their_single_answers(
+    both: tuple[VLLMProvider, TransformersProvider, Any],
+) -> None:
+    # vLLM's batched CPU kernels round differently from a lone request, so greedy decoding may take the other
+    # branch where the two best tokens are within rounding of each other; anywhere else the answers are equal.
+    # It runs before the lifecycle test: after an adapter is unloaded and loaded again under the same name, this
+    # vLLM CPU build answered a third of such a batch wrongly, base-model rows included (see docs/providers/vllm.md).
+    server, _, _ = both
+    adapters = [None, "a0", "a1"]
+    options: dict[str, Any] = {"model": "tiny", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    single = {
+        (prompt, adapter_id): await server.generate(prompt, adapter_id=adapter_id, **options)
+        for prompt in PROMPTS
+        for adapter_id in adapters
+    }
+    work = [(PROMPTS[index % 3], adapters[(index // 3) % 3]) for index in range(100)]
+    results = await asyncio.gather(*(server.generate(prompt, adapter_id=a, **options) for prompt, a in work))
+    equal = 0
+    for item, result in zip(work, results, strict=True):
+        alone = single[item]
+        assert alone.logprobs is not None and result.logprobs is not None
+        mine = [entry.token for entry in result.logprobs]
+        theirs = [entry.token for entry in alone.logprobs]
+        if mine == theirs:
+            equal += 1
+            continue
+        first = next(index for index, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
+        (_, best), (_, second) = alone.logprobs[first].top_logprobs[:2]
+        assert best - second < 1e-2, (item, first, best - second)  # a near-tie, not a different model
+    assert equal >= 50
+
+
+async def test_the_adapter_lifecycle_on_the_real_server(both: tuple[VLLMProvider, TransformersProvider, Any]) -> None:
+    server, _, model = both
+    assert {"a0", "a1"} <= set(await server.list_adapters())
+    base = await server.generate(PROMPTS[0], model="tiny", max_tokens=8, temperature=0)
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "temperature": 0}
+    outputs = {name: await server.generate(PROMPTS[0], adapter_id=name, **greedy) for name in ("a0", "a1")}
+    assert len({base.text, outputs["a0"].text, outputs["a1"].text}) == 3  # each adapter changes the output
+    await server.load_adapter("a2", model.adapter_dirs["a2"])
+    await server.unload_adapter("a2")
+    assert "a2" not in await server.list_adapters()
+    with pytest.raises(AdapterNotFoundError):
+        await server.generate(PROMPTS[0], model="tiny", adapter_id="a2", max_tokens=2)
+    await server.load_adapter("a0", model.adapter_dirs["a2"], replace=True)  # a0 now serves a2's weights
+    replaced = await server.generate(PROMPTS[0], model="tiny", adapter_id="a0", max_tokens=8, temperature=0)
+    assert replaced.text != outputs["a0"].text
+    await server.load_adapter("a0", model.adapter_dirs["a0"], replace=True)
+    again = await server.generate(PROMPTS[0], model="tiny", adapter_id="a0", max_tokens=8, temperature=0)
+    assert again.text == outputs["a0"].text
+
+
+async def test_json_schema_output_validates(both: tuple[VLLMProvider, TransformersProvider, Any]) -> None:
+    server, _, _ = both
+    schema = {
+        "type": "object",
+        "properties": {"size": {"type": "integer", "minimum": 1, "maximum": 9}, "colour": {"enum": ["red", "blue"]}},
+        "required": ["size", "colour"],
+        "additionalProperties": False,
+    }
+    for seed in range(3):
+        result = await server.generate(
+            "Describe it as JSON.", model="tiny", adapter_id="a1", max_tokens=60, temperature=1.0, seed=seed,
+            json_schema=schema,
+        )
+        jsonschema.validate(json.loads(result.text), schema)
