@@ -16,7 +16,8 @@ import jsonschema
 import pytest
 import pytest_asyncio
 
-from inference.exceptions import AdapterNotFoundError
+from inference.exceptions import AdapterNotFoundError, InvalidRequestError
+from inference.results import GenerationResult
 from inference.transformers_provider import TransformersProvider
 from inference.vllm_provider import VLLMProvider
 
@@ -149,3 +150,29 @@ async def test_json_schema_output_validates(both: tuple[VLLMProvider, Transforme
             json_schema=schema,
         )
         jsonschema.validate(json.loads(result.text), schema)
+
+
+async def test_the_default_max_tokens_fits_the_server_s_context(
+    both: tuple[VLLMProvider, TransformersProvider, Any],
+) -> None:
+    # The server runs with --max-model-len 512; generate's default max_tokens is 4096, which vLLM refuses with a 400.
+    server, _, _ = both
+    result = await server.generate("hi", model="tiny", temperature=0)
+    assert result.finish_reason == "length" and 0 < result.completion_tokens <= 512
+    streamed = [event async for event in server.stream("hi", model="tiny", temperature=0)]
+    assert isinstance(streamed[-1], GenerationResult) and streamed[-1].text == result.text
+    with pytest.raises(InvalidRequestError, match=r"max_tokens=600 is more than .* context of 512 tokens"):
+        await server.generate("hi", model="tiny", max_tokens=600)
+    assert (await server.generate("hi", model="tiny", max_tokens=3)).completion_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"temperature": 2.5}, r"temperature must be in \[0, 2\] on vLLM"), ({"seed": 2**70}, "signed 64-bit")],
+)
+async def test_values_vllm_refuses_are_refused_before_sending(
+    both: tuple[VLLMProvider, TransformersProvider, Any], options: dict[str, Any], message: str
+) -> None:
+    server, _, _ = both
+    with pytest.raises(InvalidRequestError, match=message):
+        await server.generate("hi", model="tiny", max_tokens=3, **options)

@@ -23,6 +23,7 @@ from inference.adapters.peft import read_peft_adapter
 from inference.exceptions import (
     InferenceError,
     InvalidAdapterError,
+    InvalidRequestError,
     ProviderUnavailableError,
     RuntimeLoRADisabledError,
     ServerAdapterAlreadyLoadedError,
@@ -31,6 +32,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
+from inference.options import GenerationOptions
 from inference.results import ScoreResult
 
 __all__ = ["ReconcileReport", "ReplicaReconciliation", "VLLMProvider"]
@@ -38,6 +40,15 @@ __all__ = ["ReconcileReport", "ReplicaReconciliation", "VLLMProvider"]
 logger = logging.getLogger("inference.vllm")
 
 _RUNTIME_LORA_HINT = "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
+
+DEFAULT_MAX_TOKENS: int = GenerationOptions().max_tokens
+"""``generate``'s default ``max_tokens``; left at it, the server's context decides."""
+
+MAX_TEMPERATURE = 2.0
+"""vLLM's largest temperature (``temperature must be in [0, 2]``)."""
+
+_MAX_TOKENS_REFUSED = re.compile(r"cannot be greater than max_model_len=(\d+)")
+"""vLLM's 400 for a ``max_tokens`` beyond its context: ``max_tokens=4096 cannot be greater than max_model_len=512``."""
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM's ``--max-lora-rank`` accepts."""
@@ -172,6 +183,25 @@ class VLLMProvider(OpenAICompatibleProvider):
     # Generation: the shared OpenAI-compatible path, plus self-healing and vLLM's adapter errors ----------
 
     async def _create(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
+        """One chat request on ``replica``, within the server's limits (:meth:`_fit_max_tokens`).
+
+        The first refusal of ``max_tokens`` teaches the replica its ``max_model_len`` (from vLLM's sentence
+        ``max_tokens=N cannot be greater than max_model_len=M``); a default ``max_tokens`` is then sent again
+        without it, an explicit one is an :class:`InvalidRequestError`.
+        """
+        self._check_ranges(request)
+        self._fit_max_tokens(replica, request, arguments)
+        try:
+            return await self._create_healing(replica, request, arguments)
+        except ServerResponseError as error:
+            refused = _MAX_TOKENS_REFUSED.search(str(error)) if error.status_code == 400 else None
+            if refused is None:
+                raise
+            replica.max_model_len = int(refused.group(1))
+            self._fit_max_tokens(replica, request, arguments)
+            return await self._create_healing(replica, request, arguments)
+
+    async def _create_healing(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
         """One chat request on ``replica``; reloads a lost adapter and retries once (self-healing)."""
         try:
             return await super()._create(replica, request, arguments)
@@ -269,6 +299,37 @@ class VLLMProvider(OpenAICompatibleProvider):
     def _scoring_replica(self) -> Replica:
         """The replica that scores: the least busy one that is up (all replicas serve the same model)."""
         return self._replicas_in_order()[0]
+
+    def _fit_max_tokens(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> None:
+        """Keep ``max_tokens`` within the replica's context, once it is known (``replica.max_model_len``).
+
+        vLLM refuses a ``max_tokens`` above its ``max_model_len`` with a 400. Left at its default (4096; the same
+        value given explicitly counts as the default), ``max_tokens`` is not sent, and vLLM generates up to the
+        end of its context; asked for explicitly, it is an :class:`InvalidRequestError` naming the limit.
+        """
+        limit = replica.max_model_len
+        if limit is None or request.max_tokens <= limit:
+            return
+        if request.max_tokens == DEFAULT_MAX_TOKENS:
+            arguments.pop("max_tokens", None)
+            return
+        raise InvalidRequestError(
+            f"max_tokens={request.max_tokens} is more than {replica.http.where}'s context of {limit} tokens "
+            f"(its max_model_len): ask for at most {limit}",
+            provider=self.name,
+        )
+
+    def _check_ranges(self, request: GenerationRequest) -> None:
+        """What vLLM refuses with a 400, refused before sending: temperature outside [0, 2], a seed beyond int64."""
+        if request.temperature is not None and request.temperature > MAX_TEMPERATURE:
+            raise InvalidRequestError(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}] on vLLM, got {request.temperature:g}",
+                provider=self.name,
+            )
+        if request.seed is not None and not -(2**63) <= request.seed < 2**63:
+            raise InvalidRequestError(
+                f"seed must fit in a signed 64-bit integer on vLLM, got {request.seed}", provider=self.name
+            )
 
     async def _tokenize(self, replica: Replica, model: str, text: str, *, special: bool) -> list[int]:
         """``POST /tokenize`` (vLLM's own route, at the server root): the token ids of ``text``."""

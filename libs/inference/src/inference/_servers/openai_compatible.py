@@ -63,7 +63,7 @@ class Replica:
         )
         self.in_flight = 0
         self.down_until = 0.0
-        self.max_model_len: int | None = None  # from vLLM's /tokenize answers (scoring)
+        self.max_model_len: int | None = None  # vLLM's context size (from /tokenize, or a refused max_tokens)
         self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
         self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
         self._api_key = provider._api_key
