@@ -1163,3 +1163,47 @@ def test_a_cached_provider_serves_concurrent_loads_from_a_second_event_loop(
     assert asyncio.run(load_twice_at_once(False)) == ["a0"]
     assert asyncio.run(load_twice_at_once(True)) == ["a0"]  # before: RuntimeError, bound to a different loop
     assert [create["from"] for create in server.creates] == [BASE_MODEL, BASE_MODEL]
+
+
+# Thinking models (message.thinking, the think field) --------------------------------------------------------
+
+
+def thinking_line(thinking: str, content: str = "", *, done: bool = False) -> dict[str, Any]:
+    """A line of Ollama's /api/chat answer for a thinking model: api.Message has Thinking beside Content."""
+    line: dict[str, Any] = {
+        "model": "qwen3:0.6b",
+        "created_at": "2026-01-01T00:00:00Z",
+        "message": {"role": "assistant", "content": content, **({"thinking": thinking} if thinking else {})},
+        "done": done,
+    }
+    if done:
+        line |= {"done_reason": "stop", "prompt_eval_count": 12, "eval_count": 9}
+    return line
+
+
+async def test_a_thinking_model_s_reasoning_is_kept_apart_from_the_text(
+    provider: OllamaProvider, mock: respx.MockRouter
+) -> None:
+    reply = thinking_line("The user says hi. I should greet back.", "Hello!", done=True)
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json=reply))
+    result = await provider.generate("Hi", model="qwen3:0.6b")
+    assert (result.text, result.reasoning) == ("Hello!", "The user says hi. I should greet back.")
+
+
+async def test_a_stream_gathers_the_reasoning_and_yields_only_the_answer(
+    provider: OllamaProvider, mock: respx.MockRouter
+) -> None:
+    lines = [thinking_line("The user"), thinking_line(" greets."), thinking_line("", "Hel"), thinking_line("", "lo")]
+    mock.post(CHAT).mock(return_value=ndjson(*lines, thinking_line("", "", done=True)))
+    pieces, result = await collect(provider.stream("Hi", model="qwen3:0.6b"))
+    assert pieces == ["Hel", "lo"]
+    assert (result.text, result.reasoning) == ("Hello", "The user greets.")
+
+
+@pytest.mark.parametrize(("think", "sent_value"), [("auto", None), ("false", False), ("true", True), ("high", "high")])
+async def test_thinking_can_be_turned_off(mock: respx.MockRouter, think: str, sent_value: Any) -> None:
+    route = mock.post(CHAT).mock(return_value=chat_reply("Hello!"))
+    async with OllamaProvider(base_url=BASE, think=think) as ollama:
+        assert (await ollama.generate("Hi", model="qwen3:0.6b")).reasoning is None
+    assert sent(route).get("think") == sent_value
+    assert ("think" in sent(route)) == (think != "auto")

@@ -101,6 +101,10 @@ class OllamaProvider(InferenceProvider):
             ``OLLAMA_BASE_URL``; else ``http://localhost:11434/v1``.
         timeout: Seconds to wait for one answer; else ``OLLAMA_TIMEOUT``; else 120.
         max_retries: Retries of connect errors and 429/502/503/504; else ``OLLAMA_MAX_RETRIES``; else 2.
+        think: Thinking models: ``"auto"`` (not sent: the model's default), ``"true"``, ``"false"`` (no thinking:
+            all of ``max_tokens`` goes to the answer), or ``"low"``/``"medium"``/``"high"`` (gpt-oss); else
+            ``OLLAMA_THINK``; else ``"auto"``. What the model thinks is in ``GenerationResult.reasoning``, never in
+            ``text``.
         base_model: The Ollama model adapters are applied to (``"llama3.2"``); else ``OLLAMA_BASE_MODEL``.
             ``load_adapter(..., base_model=...)`` overrides it per adapter.
         adapter_cache_dir: Where PEFT adapters converted to GGUF are cached; else ``~/.cache/inference-adapters``.
@@ -124,13 +128,21 @@ class OllamaProvider(InferenceProvider):
         base_model: str | None = None,
         *,
         adapter_cache_dir: str | os.PathLike[str] | None = None,
+        think: str | None = None,
     ) -> None:
         settings = resolve_settings(
             "ollama",
-            {"base_url": base_url, "timeout": timeout, "max_retries": max_retries, "base_model": base_model},
+            {
+                "base_url": base_url,
+                "timeout": timeout,
+                "max_retries": max_retries,
+                "base_model": base_model,
+                "think": think,
+            },
         )
         self.base_url: str = settings["base_url"]
         self.base_model: str | None = settings["base_model"]
+        self.think: str = settings["think"]
         self._http = ServerClient(
             provider=self.name,
             server="Ollama",
@@ -375,7 +387,7 @@ class OllamaProvider(InferenceProvider):
                 "POST",
                 self._chat_url,
                 operation=f"generate with model {model!r}",
-                json_body=_chat_body(request, model, stream=False),
+                json_body=_chat_body(request, model, stream=False, think=self.think),
                 handlers=self._handlers(model),
             )
 
@@ -391,7 +403,7 @@ class OllamaProvider(InferenceProvider):
         except (KeyError, TypeError, AttributeError) as error:
             problem = f"an answer that is not an Ollama chat reply ({error})"
             raise self._http.protocol_error(operation, problem) from error
-        return self._result(body, request, model, text, operation, logprobs)
+        return self._result(body, request, model, text, operation, logprobs, _thinking(body) or None)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         async with contextlib.AsyncExitStack() as stack:
@@ -401,7 +413,7 @@ class OllamaProvider(InferenceProvider):
                     "POST",
                     self._chat_url,
                     operation=f"stream from model {model!r}",
-                    json_body=_chat_body(request, model, stream=True),
+                    json_body=_chat_body(request, model, stream=True, think=self.think),
                     handlers=self._handlers(model),
                 )
                 return await stack.enter_async_context(lines)
@@ -410,9 +422,11 @@ class OllamaProvider(InferenceProvider):
                 model, lines = await self._recreating(request, send)
             operation = f"stream from model {model!r}"
             pieces: list[str] = []
+            thoughts: list[str] = []
             logprobs: list[TokenLogprob] = []
             async for line in lines:
                 event = self._chat_chunk(line, operation)
+                thoughts.append(_thinking(event))
                 if request.logprobs is not None:
                     try:
                         logprobs.extend(_token_logprobs(event, request.logprobs))
@@ -431,6 +445,7 @@ class OllamaProvider(InferenceProvider):
                         "".join(pieces),
                         operation,
                         logprobs if request.logprobs is not None else None,
+                        "".join(thoughts) or None,
                     )
                     return
             raise self._http.protocol_error(operation, "a stream that ended before its done line")
@@ -468,6 +483,7 @@ class OllamaProvider(InferenceProvider):
         text: str,
         operation: str,
         logprobs: list[TokenLogprob] | None = None,
+        reasoning: str | None = None,
     ) -> GenerationResult:
         counts = (body.get("prompt_eval_count") or 0, body.get("eval_count") or 0)
         if any(isinstance(count, bool) or not isinstance(count, int) or count < 0 for count in counts):
@@ -489,6 +505,7 @@ class OllamaProvider(InferenceProvider):
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
+            reasoning=reasoning,
         )
 
     def _handlers(self, model: str) -> ErrorHandlers:
@@ -515,8 +532,11 @@ class OllamaProvider(InferenceProvider):
         await self._http.aclose()
 
 
-def _chat_body(request: GenerationRequest, model: str, *, stream: bool) -> dict[str, Any]:
-    """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply."""
+def _chat_body(request: GenerationRequest, model: str, *, stream: bool, think: str = "auto") -> dict[str, Any]:
+    """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply.
+
+    ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``.
+    """
     if isinstance(request.prompt, str):
         messages = []
         if request.system_prompt is not None:
@@ -542,7 +562,16 @@ def _chat_body(request: GenerationRequest, model: str, *, stream: bool) -> dict[
     if request.logprobs is not None:
         body["logprobs"] = True
         body["top_logprobs"] = request.logprobs
+    if think != "auto":
+        body["think"] = {"true": True, "false": False}.get(think, think)
     return body
+
+
+def _thinking(body: dict[str, Any]) -> str:
+    """``message.thinking`` of an answer or stream line (``""`` when absent)."""
+    message = body.get("message")
+    thinking = message.get("thinking") if isinstance(message, dict) else None
+    return thinking if isinstance(thinking, str) else ""
 
 
 def _token_logprobs(body: dict[str, Any], k: int) -> list[TokenLogprob]:

@@ -131,6 +131,10 @@ _SPECS = (
             Setting("base_model", "OLLAMA_BASE_MODEL", None, "str",
                     "Ollama model that adapters are applied to (load_adapter creates a model derived from it)",
                     none_means="no base model (give load_adapter a base_model)"),
+            Setting("think", "OLLAMA_THINK", "auto", "str",
+                    "thinking models: auto (the model's default), true, false (no thinking, the whole budget for "
+                    "the answer), or low/medium/high (gpt-oss)",
+                    choices=("auto", "true", "false", "low", "medium", "high")),
         ),
     ),
     ProviderSpec(
