@@ -76,7 +76,10 @@ def completion(
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
+                    "message": {
+                        "role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+                        "function_call": None, "tool_calls": [], "reasoning": None,
+                    },
                     "logprobs": None,
                     "finish_reason": finish_reason,
                     "stop_reason": None,
@@ -1510,3 +1513,30 @@ async def test_cancelling_generate_batch_closes_every_response(provider: VLLMPro
     with pytest.raises(asyncio.CancelledError):
         await task
     assert all(body.closed.is_set() for body in bodies)
+
+
+async def test_a_reasoning_model_s_thinking_is_kept_apart_from_the_text(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    # vLLM 0.32 with a reasoning parser puts the thinking in message.reasoning (and delta.reasoning in a stream).
+    body = json.loads(completion("4").content)
+    body["choices"][0]["message"]["reasoning"] = "2 + 2 is 4."
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json=body))
+    result = await provider.generate("2 + 2?", model="base-model")
+    assert (result.text, result.reasoning) == ("4", "2 + 2 is 4.")
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"reasoning": "2 + 2"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"reasoning": " is 4."}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"content": "4"}, "finish_reason": "stop"}]},
+    ]
+    lines = "".join(
+        "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "base-model", **c})
+        + "\n\n"
+        for c in chunks
+    ) + "data: [DONE]\n\n"
+    mock.post(CHAT).mock(return_value=httpx.Response(200, text=lines, headers={"content-type": "text/event-stream"}))
+    events = [event async for event in provider.stream("2 + 2?", model="base-model")]
+    assert events[:-1] == ["4"]
+    final = events[-1]
+    assert isinstance(final, GenerationResult) and (final.text, final.reasoning) == ("4", "2 + 2 is 4.")

@@ -171,6 +171,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                 prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (None, 0)
                 answered_model = _model_name(completion.model, request)
                 finish_reason = choice.finish_reason
+                reasoning = reasoning_of(choice.message)
                 logprobs = (
                     self._logprobs(replica, request, choice.logprobs, completion_tokens)
                     if request.logprobs is not None
@@ -180,7 +181,9 @@ class OpenAICompatibleProvider(InferenceProvider):
                 raise replica.http.protocol_error(
                     operation_of(request), f"an answer that is not a chat completion ({error})"
                 ) from error
-        return _result(request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs)
+        return _result(
+            request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs, reasoning
+        )
 
     def _logprobs(self, replica: Replica, request: GenerationRequest, logprobs: Any, tokens: int) -> list[TokenLogprob]:
         """The token logprobs of an answer; a server that sends none for generated tokens is refused."""
@@ -210,6 +213,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             answered_model = request.adapter_id or request.model
             token_chunks = 0
             logprobs: list[TokenLogprob] = []
+            thoughts: list[str] = []
             iterator = events.__aiter__()
             while True:
                 try:
@@ -233,6 +237,8 @@ class OpenAICompatibleProvider(InferenceProvider):
                     if request.logprobs is not None and choices:
                         logprobs.extend(token_logprobs(getattr(choices[0], "logprobs", None), request.logprobs))
                     announces_role = delta is not None and bool(getattr(delta, "role", None))
+                    if delta is not None:
+                        thoughts.append(reasoning_of(delta))
                 except (AttributeError, IndexError, TypeError) as error:
                     raise replica.http.protocol_error(
                         operation, f"a stream chunk that is not a chat chunk ({error})"
@@ -264,6 +270,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             prompt_tokens,
             completion_tokens,
             logprobs if request.logprobs is not None else None,
+            "".join(thoughts),
         )
 
     @asynccontextmanager
@@ -544,6 +551,7 @@ def _result(
     prompt_tokens: int | None,
     completion_tokens: int,
     logprobs: list[TokenLogprob] | None = None,
+    reasoning: str | None = None,
 ) -> GenerationResult:
     """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too."""
     return GenerationResult(
@@ -555,4 +563,17 @@ def _result(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
+        reasoning=reasoning or None,
     )
+
+
+def reasoning_of(message: Any) -> str:
+    """A reasoning model's thinking in a chat message or stream delta: vLLM's ``reasoning`` field (older servers
+    and some gateways say ``reasoning_content``); ``""`` when there is none."""
+    for name in ("reasoning", "reasoning_content"):
+        value = getattr(message, name, None)
+        if value is None:
+            value = (getattr(message, "model_extra", None) or {}).get(name)
+        if isinstance(value, str) and value:
+            return value
+    return ""
