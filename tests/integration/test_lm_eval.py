@@ -7,9 +7,14 @@ a perplexity task (``loglikelihood_rolling``) and a short-answer task (``generat
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +22,13 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
+import lm_eval.tasks
 from lm_eval import simple_evaluate
+from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
 from inference.cli import main as inference_main
-from inference.exceptions import ConfigurationError
+from inference.exceptions import ConfigurationError, UnsupportedOperationError
 from inference.fake_provider import FakeProvider
 from inference.integrations.lm_eval import InferenceLM, main
 from inference.llamacpp_provider import LlamaCppProvider
@@ -33,7 +40,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
 ]
 
-ROWS = [
+ROWS: list[dict[str, Any]] = [
     {"question": "The sky is", "choices": [" blue", " green", " loud"], "label": 0},
     {"question": "Two plus two is", "choices": [" four", " five", " a chair"], "label": 0},
     {"question": "The fox jumps over the", "choices": [" dog", " moon", " seven"], "label": 0},
@@ -45,11 +52,26 @@ PAGES = [{"page": "the quick brown fox jumps over the lazy dog and the village h
 ANSWERS = [{"question": "Q: The quick brown fox", "answer": "jumps"}, {"question": "Q: Hello, world", "answer": "!"}]
 
 
-@pytest.fixture
-def tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+class LocalTaskManager(TaskManager):  # type: ignore[misc]
+    """lm-eval's task index of the local tasks only: indexing its thousands of built-in tasks takes seconds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["include_defaults"] = False
+        super().__init__(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    tmp_path = tmp_path_factory.mktemp("lm-eval-tasks")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+        monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalTaskManager)  # what lm-eval's command line builds
+        yield _write_tasks(tmp_path)
+
+
+def _write_tasks(tmp_path: Path) -> Path:
     for name, rows in (("mc", ROWS), ("pages", PAGES), ("answers", ANSWERS)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -82,7 +104,7 @@ def tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def evaluate(model_args: str, task_names: list[str], include: Path) -> dict[str, Any]:
     results: dict[str, Any] = simple_evaluate(
         model="inference", model_args=model_args, tasks=task_names,
-        task_manager=TaskManager(include_path=str(include)), log_samples=True,
+        task_manager=LocalTaskManager(include_path=str(include)), log_samples=True,
     )
     return results
 
@@ -105,8 +127,13 @@ def test_multiple_choice_on_the_fake_equals_direct_scores(tasks: Path) -> None:
     assert (results["acc,none"], results["acc_norm,none"]) == (pytest.approx(acc), pytest.approx(acc_norm))
 
 
-def test_every_request_kind_on_llamacpp_equals_direct_calls(tasks: Path, tiny_models: dict[str, Any]) -> None:
-    model = tiny_models["llama"]  # no chat template: lm-eval's prompts are plain text on both paths
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_every_request_kind_on_llamacpp_equals_direct_calls(
+    arch: str, tasks: Path, tiny_models: dict[str, Any]
+) -> None:
+    if not LlamaCppProvider.supports_scoring:
+        pytest.skip("the llamacpp provider cannot score yet (supports_scoring is False)")
+    model = tiny_models[arch]  # qwen2 has a chat template (generation goes through it on both paths), llama none
     adapter = model.adapter_dirs["a1"]
     arguments = f"provider=llamacpp,model_path={model.gguf_path},n_ctx=256,kv_cache_type=f32,adapter={adapter}"
     output = evaluate(arguments, ["tiny_mc", "tiny_pages", "tiny_answers"], tasks)
@@ -134,19 +161,127 @@ def test_every_request_kind_on_llamacpp_equals_direct_calls(tasks: Path, tiny_mo
     assert [answered[row["question"]] for row in ANSWERS] == texts
 
 
+def test_transformers_and_llamacpp_give_the_same_benchmark_numbers(tasks: Path, tiny_models: dict[str, Any]) -> None:
+    pytest.importorskip("peft")
+    from inference.transformers_provider import TransformersProvider
+
+    if not (LlamaCppProvider.supports_scoring and TransformersProvider.supports_scoring):
+        pytest.skip("the llamacpp or transformers provider cannot score yet (supports_scoring is False)")
+    model = tiny_models["qwen2"]
+    adapter = model.adapter_dirs["a2"]
+    on_llamacpp = evaluate(
+        f"provider=llamacpp,model_path={model.gguf_path},n_ctx=256,kv_cache_type=f32,adapter={adapter}",
+        ["tiny_mc", "tiny_pages"], tasks,
+    )["results"]
+    on_transformers = evaluate(
+        f"provider=transformers,model_name={model.hf_dir},torch_dtype=float32,adapter={adapter}",
+        ["tiny_mc", "tiny_pages"], tasks,
+    )["results"]
+    for metric in ("acc,none", "acc_norm,none"):
+        assert on_transformers["tiny_mc"][metric] == on_llamacpp["tiny_mc"][metric]
+    perplexity = on_llamacpp["tiny_pages"]["word_perplexity,none"]
+    assert on_transformers["tiny_pages"]["word_perplexity,none"] == pytest.approx(perplexity, rel=1e-3)
+
+
+def test_the_adapter_changes_lm_eval_scores(tiny_models: dict[str, Any]) -> None:
+    if not LlamaCppProvider.supports_scoring:
+        pytest.skip("the llamacpp provider cannot score yet (supports_scoring is False)")
+    model = tiny_models["qwen2"]
+    common: dict[str, Any] = {
+        "provider": "llamacpp", "model_path": str(model.gguf_path), "n_ctx": 256, "kv_cache_type": "f32"
+    }
+    request = [Instance("loglikelihood", {}, ("The sky is", " blue"), 0)]
+    base = InferenceLM(**common)
+    adapted = InferenceLM(**common, adapter=str(model.adapter_dirs["a1"]))
+    try:
+        assert adapted.adapter_id == "a1"
+        [(base_logprob, _)] = base.loglikelihood(request)
+        [(adapted_logprob, _)] = adapted.loglikelihood(request)
+        assert base_logprob < 0 and adapted_logprob < 0
+        assert adapted_logprob != pytest.approx(base_logprob, abs=1e-4)
+    finally:
+        base.close()
+        adapted.close()
+
+
+def test_empty_continuations_and_texts_score_zero_as_in_lm_eval() -> None:
+    lm = InferenceLM(provider="fake")
+    try:
+        pairs = [Instance("loglikelihood", {}, ("Hello", ""), 0), Instance("loglikelihood", {}, ("Hello", " world"), 1)]
+        empty, scored = lm.loglikelihood(pairs)
+        assert empty == (0.0, True)
+        assert scored[0] < 0
+        texts = [Instance("loglikelihood_rolling", {}, ("",), 0), Instance("loglikelihood_rolling", {}, ("a b",), 1)]
+        nothing, some = lm.loglikelihood_rolling(texts)
+        assert nothing == 0.0 and some < 0
+    finally:
+        lm.close()
+
+
 def test_a_provider_that_cannot_score_is_named(tasks: Path) -> None:
-    with pytest.raises(Exception, match="providers that can"):
+    with pytest.raises(UnsupportedOperationError, match=r"providers that can: .*llamacpp"):
         evaluate("provider=ollama,base_url=http://127.0.0.1:9", ["tiny_mc"], tasks)
 
 
 def test_an_unknown_model_arg_is_a_configuration_error() -> None:
-    with pytest.raises(ConfigurationError, match=r"n_cxt are not settings of the llamacpp provider"):
+    with pytest.raises(ConfigurationError, match=r"n_cxt are not settings of the llamacpp provider; valid: .*n_ctx"):
         InferenceLM(provider="llamacpp", model_path="base.gguf", n_cxt=512)
+
+
+def test_apply_chat_template_is_refused_with_the_fix(tasks: Path) -> None:
+    with pytest.raises(ConfigurationError, match="run without --apply_chat_template"):
+        simple_evaluate(
+            model="inference", model_args="provider=fake", tasks=["tiny_answers"], apply_chat_template=True,
+            task_manager=LocalTaskManager(include_path=str(tasks)),
+        )
+
+
+def test_the_model_works_inside_a_running_event_loop_and_closes_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[tuple[FakeProvider, asyncio.AbstractEventLoop]] = []
+
+    async def aclose(self: FakeProvider) -> None:
+        closed.append((self, asyncio.get_running_loop()))
+
+    monkeypatch.setattr(FakeProvider, "aclose", aclose)
+
+    async def notebook_cell() -> list[str]:
+        lm = InferenceLM(provider="fake")  # lm-eval's calls are synchronous, even under a running loop
+        answers: list[str] = lm.generate_until(
+            [Instance("generate_until", {}, ("Hello", {"until": ["\n"], "max_gen_toks": 4}), 0)]
+        )
+        lm.close()
+        lm.close()  # twice is harmless
+        assert [provider for provider, _ in closed] == [lm.provider]
+        assert closed[0][1] is not asyncio.get_running_loop()  # closed on its own loop, not the caller's
+        return answers
+
+    [answer] = asyncio.run(notebook_cell())
+    direct = asyncio.run(FakeProvider().generate("Hello", "", max_tokens=4, temperature=0, stop=["\n"]))
+    assert answer == direct.text
+    lm = InferenceLM(provider="fake")
+    provider = lm.provider
+    del lm
+    gc.collect()
+    assert closed[-1][0] is provider  # garbage collection closed it and stopped its loop
+    assert not [thread for thread in threading.enumerate() if thread.name == "inference-lm-eval"]
+
+
+def test_importing_inference_does_not_import_lm_eval_and_a_missing_lm_eval_names_the_extra() -> None:
+    code = (
+        "import sys, inference, inference.integrations\n"
+        "assert 'lm_eval' not in sys.modules, 'lm_eval imported'\n"
+        "sys.modules['lm_eval'] = None\n"
+        "from inference.exceptions import MissingDependencyError\n"
+        "try:\n    import inference.integrations.lm_eval\n"
+        "except MissingDependencyError as error:\n    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert "pip install 'inference-adapters[lm-eval]'" in done.stdout
 
 
 def test_the_command_lines_run_lm_eval(tasks: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--model", "inference", "--model_args", "provider=fake", "--tasks", "tiny_mc", "--include_path", str(tasks)]
     assert main(argv) == 0
-    assert "tiny_mc" in capsys.readouterr().out
+    assert re.search(r"tiny_mc.*acc", capsys.readouterr().out)
     assert inference_main(["lm-eval", *argv]) == 0
     assert "acc" in capsys.readouterr().out

@@ -1,8 +1,9 @@
 """lm-eval-harness on any provider that can: the lm-eval model ``inference``.
 
-Importing this module registers the model ``inference`` with lm-eval. Its ``model_args`` are a provider type,
-that provider's settings (the keys of ``.env.example`` in lower case, as ``get_provider_for_step`` takes them)
-or other arguments of its constructor (``kv_cache_type``), and optionally an adapter::
+Importing this module registers the model ``inference`` with lm-eval (``import inference`` never imports it).
+Its ``model_args`` are a provider type, that provider's settings (the keys of ``.env.example`` in lower case, as
+``get_provider_for_step`` takes them) or other arguments of its constructor (``kv_cache_type``), and optionally an
+adapter::
 
     lm-eval --model inference --model_args provider=llamacpp,model_path=base.gguf,adapter=adapters/math ...
     inference lm-eval --model inference --model_args provider=transformers,model_name=models/base ...
@@ -11,36 +12,41 @@ lm-eval's three requests map onto the provider: ``loglikelihood`` onto
 :meth:`~inference.InferenceProvider.score_batch`, ``loglikelihood_rolling`` onto
 :meth:`~inference.InferenceProvider.score_rolling`, ``generate_until`` onto
 :meth:`~inference.InferenceProvider.generate_batch`. Scores are tokenized by the SDK's one rule (lm-eval's),
-the same on every backend. lm-eval calls the model synchronously: the provider lives on a private event loop
-in a thread of its own, created, used and closed there.
+the same on every backend.
+
+lm-eval calls the model synchronously. The provider lives on a private event loop in a daemon thread of its own:
+it is created, used and closed on that loop, so the caller's thread may be anything (a plain script, or a thread
+that runs an event loop of its own, as in a notebook). The loop and the provider are closed by
+:meth:`InferenceLM.close`, when the object is garbage-collected, or at interpreter exit, whichever comes first.
 
 Arguments besides the provider's settings:
     adapter: A PEFT directory or GGUF LoRA file, loaded once at the start.
-    adapter_id: The id to load it under (default: the directory or file name).
-    model: The model name passed to every call (servers; in-process providers ignore it).
+    adapter_id: The id to load it under (default: the directory or file name, without ``.gguf``).
+    model: The model name passed to every call (servers); default the provider's model setting, else ``""``.
     max_concurrency: Requests in flight at once (default: lm-eval's ``batch_size`` when it is a number, else 16).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import inspect
 import logging
 import sys
 import threading
-from collections.abc import Coroutine, Sequence
+import weakref
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
-
+from inference._core.dependencies import import_optional
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
 from inference.exceptions import ConfigurationError
 from inference.provider import InferenceProvider
-from inference.registry import load_provider_class
+from inference.registry import PROVIDERS, load_provider_class
 from inference.results import GenerationResult, ScoreResult
+
+_LM: Any = import_optional("lm_eval.api.model", provider="lm-eval", extra="lm-eval").LM
+_register_model: Any = import_optional("lm_eval.api.registry", provider="lm-eval", extra="lm-eval").register_model
 
 __all__ = ["InferenceLM", "main"]
 
@@ -61,90 +67,166 @@ class _Loop:
         self.thread.start()
 
     def run(self, work: Coroutine[Any, Any, _T]) -> _T:
-        return asyncio.run_coroutine_threadsafe(work, self.loop).result()
+        """Run ``work`` on the loop and wait for it; an interrupted wait (Ctrl-C) cancels the work."""
+        if threading.current_thread() is self.thread:
+            work.close()
+            raise RuntimeError("the lm-eval model cannot be called from its own event loop")
+        if not self.loop.is_running():
+            work.close()
+            raise RuntimeError("this lm-eval model is closed: create a new one")
+        future = asyncio.run_coroutine_threadsafe(work, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # a no-op when it is done; else the provider's requests are cancelled too
+            raise
 
     def stop(self) -> None:
+        """Stop the loop, wait for its thread, and close it."""
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.thread is not threading.current_thread():
             self.thread.join(timeout=30)
+        if not self.thread.is_alive() and not self.loop.is_closed():
+            self.loop.close()
 
 
-@register_model("inference")
-class InferenceLM(LM):  # type: ignore[misc]
+def _shutdown(loop: _Loop, provider: InferenceProvider | None) -> None:
+    """Close ``provider`` on ``loop``, then stop the loop (a ``weakref.finalize`` callback: it holds no model)."""
+    try:
+        if provider is not None and loop.loop.is_running():
+            loop.run(provider.aclose())
+    except BaseException:  # at interpreter exit the provider's own threads may be gone first
+        logger.debug("closing the lm-eval model's provider failed", exc_info=True)
+    finally:
+        loop.stop()
+
+
+@_register_model("inference")
+class InferenceLM(_LM):  # type: ignore[misc]
     """lm-eval's model interface over an inference provider (see the module's documentation).
 
+    Args:
+        provider: The provider type (``llamacpp``, ``transformers``, ``vllm``, ``fake``...); else
+            ``INFERENCE_PROVIDER``.
+        **arguments: The provider's settings and constructor arguments, and ``adapter``, ``adapter_id``,
+            ``model``, ``max_concurrency``; lm-eval's own ``batch_size``, ``max_batch_size`` and ``device``.
+
     Raises:
-        ConfigurationError: No ``provider``, or an argument that is neither one of the provider's settings nor
-            one of this model's.
+        UnknownProviderError: ``provider`` is not a provider type.
+        ConfigurationError: An argument that is neither one of the provider's settings nor one of this model's,
+            or a setting that breaks its rule.
+        MissingDependencyError: The provider's extra is not installed.
     """
 
     def __init__(self, provider: str | None = None, **arguments: Any) -> None:
         super().__init__()
         provider_type = resolve_provider_type(provider)
         keys = {setting.key for setting in SETTINGS[provider_type]}
-        parameters = set(inspect.signature(load_provider_class(provider_type)).parameters) - keys
+        provider_class = load_provider_class(provider_type)
+        parameters = set(inspect.signature(provider_class).parameters) - keys
         unknown = sorted(set(arguments) - keys - parameters - set(_OWN_ARGUMENTS) - set(_LM_EVAL_ARGUMENTS))
         if unknown:
             raise ConfigurationError(
                 f"model_args {', '.join(unknown)} are not settings of the {provider_type} provider; valid: "
-                f"{', '.join(sorted(keys | parameters | set(_OWN_ARGUMENTS[1:])))}",
+                f"{', '.join(sorted(keys | parameters | set(_OWN_ARGUMENTS)))}",
                 provider=provider_type,
             )
         settings = resolve_settings(provider_type, {key: arguments[key] for key in keys if key in arguments})
         settings |= {key: arguments[key] for key in parameters if key in arguments}
-        self.model_name = str(arguments.get("model") or "")
+        self.provider_type = provider_type
+        model_setting = PROVIDERS[provider_type].model_setting or "base_model"  # Ollama's base_model
+        default_model = settings.get(model_setting)
+        self.model_name = str(arguments.get("model") or default_model or "")
         batch_size = arguments.get("batch_size")
         default = batch_size if isinstance(batch_size, int) and batch_size > 0 else 16
         self.max_concurrency = int(arguments.get("max_concurrency") or default)
-        self._loop = _Loop()
-        self.provider: InferenceProvider = self._loop.run(self._create(provider_type, settings))
+        if self.max_concurrency < 1:
+            raise ConfigurationError("max_concurrency must be at least 1", provider=provider_type)
         self.adapter_id: str | None = None
+        self._loop = _Loop()
+        self._closer = weakref.finalize(self, _shutdown, self._loop, None)
+        self.provider: InferenceProvider = self._loop.run(self._create(provider_class, settings))
+        self._closer.detach()
+        self._closer = weakref.finalize(self, _shutdown, self._loop, self.provider)
         adapter = arguments.get("adapter")
         if adapter:
             self.adapter_id = str(arguments.get("adapter_id") or Path(str(adapter)).name.removesuffix(".gguf"))
-            self._loop.run(self.provider.load_adapter(self.adapter_id, str(adapter)))
-        atexit.register(self.close)
+            try:
+                self._loop.run(self.provider.load_adapter(self.adapter_id, str(adapter)))
+            except BaseException:
+                self.close()
+                raise
 
     @staticmethod
-    async def _create(provider_type: str, settings: dict[str, Any]) -> InferenceProvider:
-        provider: InferenceProvider = load_provider_class(provider_type)(**settings)
+    async def _create(provider_class: type, settings: dict[str, Any]) -> InferenceProvider:
+        provider: InferenceProvider = provider_class(**settings)  # on the private loop: its locks bind there
         return provider
 
     def close(self) -> None:
-        """Close the provider and stop its loop (also at exit). Safe to call twice."""
-        if not self._loop.loop.is_running():
-            return
-        try:
-            self._loop.run(self.provider.aclose())
-        except Exception:  # at interpreter exit the provider's own threads may be gone first
-            logger.debug("closing the lm-eval model's provider failed", exc_info=True)
-        finally:
-            self._loop.stop()
+        """Close the provider and stop its loop (also done on garbage collection and at exit). Safe to call twice."""
+        self._closer()
+
+    @property
+    def tokenizer_name(self) -> str:
+        """What lm-eval's request cache keys chat-templated prompts by: the provider and its model."""
+        return f"inference-{self.provider_type}-{self.model_name}"
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Refused: the SDK applies the model's chat template itself (see the docs page ``lm-eval.md``).
+
+        Raises:
+            ConfigurationError: Always, naming the fix (run without ``--apply_chat_template``).
+        """
+        raise ConfigurationError(
+            "the lm-eval model 'inference' does not take --apply_chat_template: generate_until prompts already go "
+            "through the model's own chat template when it has one, and loglikelihood scores the plain text; "
+            "run without --apply_chat_template (and without --fewshot_as_multiturn)",
+            provider=self.provider_type,
+        )
 
     def loglikelihood(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        """``(logprob, is_greedy)`` of each request's continuation after its context."""
+        """``(logprob, is_greedy)`` of each request's continuation after its context (an empty one: ``(0, True)``)."""
         pairs = [(str(request.args[0]), str(request.args[1])) for request in requests]
-        results = self._loop.run(
-            self.provider.score_batch(pairs, self.model_name, self.adapter_id, max_concurrency=self.max_concurrency)
-        )
-        return [(result.logprob, result.is_greedy) for result in _raise_failures(results, ScoreResult)]
+        scored = [index for index, (_, continuation) in enumerate(pairs) if continuation]
+        answers: list[tuple[float, bool]] = [(0.0, True)] * len(pairs)
+        if not scored:
+            return answers
+        with _Progress(len(scored), "loglikelihood", disable_tqdm) as progress:
+            results = self._loop.run(
+                self.provider.score_batch(
+                    [pairs[index] for index in scored], self.model_name, self.adapter_id,
+                    max_concurrency=self.max_concurrency, on_result=progress.update,
+                )
+            )
+        for index, result in zip(scored, _raise_failures(results, ScoreResult), strict=True):
+            answers[index] = (result.logprob, result.is_greedy)
+        return answers
 
     def loglikelihood_rolling(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[float]:
-        """The log-likelihood of each request's whole text."""
+        """The log-likelihood of each request's whole text (an empty text: 0)."""
+        texts = [str(request.args[0]) for request in requests]
+        scored = [index for index, text in enumerate(texts) if text]
+        answers = [0.0] * len(texts)
+        with _Progress(len(scored), "loglikelihood_rolling", disable_tqdm) as progress:
+            results = self._loop.run(self._score_rolling_all([texts[index] for index in scored], progress.update))
+        for index, result in zip(scored, _raise_failures(results, ScoreResult), strict=True):
+            answers[index] = result.logprob
+        return answers
 
-        async def score_all() -> list[Any]:
-            semaphore = asyncio.Semaphore(self.max_concurrency)
+    async def _score_rolling_all(self, texts: list[str], on_result: Callable[..., object]) -> list[Any]:
+        semaphore = asyncio.Semaphore(self.max_concurrency)
 
-            async def one(text: str) -> Any:
-                async with semaphore:
-                    try:
-                        return await self.provider.score_rolling(text, self.model_name, self.adapter_id)
-                    except Exception as error:
-                        return error
+        async def one(index: int, text: str) -> Any:
+            async with semaphore:
+                try:
+                    result: Any = await self.provider.score_rolling(text, self.model_name, self.adapter_id)
+                except Exception as error:
+                    result = error
+            on_result(index, result)
+            return result
 
-            return list(await asyncio.gather(*(one(str(request.args[0])) for request in requests)))
-
-        return [result.logprob for result in _raise_failures(self._loop.run(score_all()), ScoreResult)]
+        return list(await asyncio.gather(*(one(index, text) for index, text in enumerate(texts))))
 
     def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
         """Each request's generation, cut at its ``until`` strings, with its ``max_gen_toks``."""
@@ -156,21 +238,42 @@ class InferenceLM(LM):  # type: ignore[misc]
             groups.setdefault(key, []).append(index)
             options[key] = option
         texts: list[str] = [""] * len(requests)
-        for key, indices in groups.items():
-            prompts = [str(requests[index].args[0]) for index in indices]
-            results = self._loop.run(
-                self.provider.generate_batch(
-                    prompts, self.model_name, self.adapter_id, max_concurrency=self.max_concurrency, **options[key]
+        with _Progress(len(requests), "generate_until", disable_tqdm) as progress:
+            for key, indices in groups.items():
+                prompts = [str(requests[index].args[0]) for index in indices]
+                results = self._loop.run(
+                    self.provider.generate_batch(
+                        prompts, self.model_name, self.adapter_id, max_concurrency=self.max_concurrency,
+                        on_result=progress.update, **options[key],
+                    )
                 )
-            )
-            for index, result in zip(indices, _raise_failures(results, GenerationResult), strict=True):
-                texts[index] = result.text
+                for index, result in zip(indices, _raise_failures(results, GenerationResult), strict=True):
+                    texts[index] = result.text
         return texts
+
+
+class _Progress:
+    """A tqdm bar over one lm-eval call, advanced from the provider's loop (``on_result``)."""
+
+    def __init__(self, total: int, what: str, disable: bool) -> None:
+        tqdm = import_optional("tqdm", provider="lm-eval", extra="lm-eval")  # lm-eval's own dependency
+        self._bar = tqdm.tqdm(total=total, desc=f"inference {what}", disable=disable or total == 0)
+        self._lock = threading.Lock()
+
+    def update(self, index: int, result: object) -> None:
+        with self._lock:
+            self._bar.update(1)
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
 
 
 def _generation_options(gen_kwargs: Any) -> dict[str, Any]:
     """lm-eval's ``gen_kwargs`` as ``generate``'s options: ``until`` -> ``stop``, ``max_gen_toks`` -> ``max_tokens``,
-    ``do_sample`` false -> greedy."""
+    ``do_sample`` false or ``temperature`` 0 -> greedy; others are ignored with a warning."""
     kwargs = dict(gen_kwargs or {})
     options: dict[str, Any] = {"max_tokens": int(kwargs.pop("max_gen_toks", 256))}
     until = kwargs.pop("until", None)
@@ -178,8 +281,13 @@ def _generation_options(gen_kwargs: Any) -> dict[str, Any]:
         options["stop"] = [until] if isinstance(until, str) else list(until)
     do_sample = kwargs.pop("do_sample", None)
     temperature = kwargs.pop("temperature", None)
-    options["temperature"] = 0.0 if do_sample is False or temperature in (None, 0) else float(temperature)
-    for name in ("top_p", "top_k", "seed"):
+    if do_sample is False or temperature in (None, 0, 0.0):
+        options["temperature"] = 0.0
+        if do_sample:
+            logger.warning("lm-eval gen_kwargs do_sample=True without a temperature: generating greedily")
+    else:
+        options["temperature"] = float(temperature)
+    for name in ("top_p", "top_k", "seed", "repetition_penalty"):
         if name in kwargs:
             options[name] = kwargs.pop(name)
     if kwargs:
@@ -197,6 +305,9 @@ def _raise_failures(results: Sequence[Any], kind: type[_T]) -> list[_T]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run lm-eval's command line with the model ``inference`` registered (``inference lm-eval ARGS``).
+
+    Args:
+        argv: lm-eval's arguments (``--model inference --model_args ... --tasks ...``); default ``sys.argv[1:]``.
 
     Returns:
         lm-eval's exit status (0 on success).
