@@ -51,9 +51,11 @@ if TYPE_CHECKING:
     # Keep in step with inference.registry.PROVIDERS (tests/unit/test_registry.py checks).
     from inference.fake_provider import FakeProvider
     from inference.llamacpp_provider import LlamaCppProvider
+    from inference.llamacpp_server_provider import LlamaCppServerProvider
     from inference.ollama_provider import OllamaProvider
     from inference.openai_provider import OpenAIProvider
     from inference.transformers_provider import TransformersProvider
+    from inference.vllm_offline_provider import VLLMOfflineProvider
     from inference.vllm_provider import VLLMProvider
 
 __version__ = "0.1.0"
@@ -83,6 +85,7 @@ __all__ = [
     "InvalidAdapterError",
     "InvalidRequestError",
     "LlamaCppProvider",
+    "LlamaCppServerProvider",
     "Message",
     "MissingDependencyError",
     "ModelError",
@@ -101,6 +104,7 @@ __all__ = [
     "TransformersProvider",
     "UnknownProviderError",
     "UnsupportedOperationError",
+    "VLLMOfflineProvider",
     "VLLMProvider",
     "__version__",
     "aclose_all_providers",
