@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -164,23 +165,37 @@ class VLLMServer:
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.model = model
+        self.model_dir = model_dir
         self.log_path = log_path
         self._log = open(log_path, "w+b")  # noqa: SIM115 - closed in stop(), after the process ends
+        self.start()
+
+    def start(self) -> None:
+        """Start the server on its port (again, after :meth:`stop` or :meth:`kill`) and wait until it answers."""
         command = [
             str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--served-model-name", model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--model", str(self.model_dir), "--served-model-name", self.model,
+            "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", "512", "--enable-lora", "--max-lora-rank", "16",
             "--max-loras", "4", "--enable-tokenizer-info-endpoint",
         ]
         environment = {
             **os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
         }
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
         try:
             self._wait_until_ready()
         except BaseException:
             self.stop()
             raise
+
+    def kill(self) -> None:
+        """Kill the server and its engine process at once (SIGKILL), as a crash or an OOM kill would."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + VLLM_STARTUP_TIMEOUT_SECONDS
@@ -193,16 +208,44 @@ class VLLMServer:
             time.sleep(1.0)
         pytest.fail(f"vLLM did not answer within {VLLM_STARTUP_TIMEOUT_SECONDS:g} s; its output:\n{_tail(self._log)}")
 
-    def stop(self) -> None:
-        """Terminate the server (kill it if it does not stop within 30 s) and close its log."""
+    def stop(self, *, close_log: bool = True) -> None:
+        """Terminate the server (kill it if it does not stop within 30 s); close its log unless it will restart."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
-        self._log.close()
+        if close_log:
+            self._log.close()
+
+
+@pytest.fixture(scope="session")
+def start_vllm_server() -> Iterator[Callable[..., VLLMServer]]:
+    """Starts more real vLLM servers (``start(model_dir, log_path, model=...)``), stopped at the end of the session.
+
+    Skipped when ``.venv-vllm`` is missing, unless ``INFERENCE_REQUIRE_VLLM=1``.
+    """
+    _require_vllm()
+    started: list[VLLMServer] = []
+
+    def start(model_dir: Path, log_path: Path, *, model: str = "tiny") -> VLLMServer:
+        server = VLLMServer(model_dir, log_path, model=model)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _require_vllm() -> None:
+    if not VLLM_PYTHON.is_file():
+        message = f"vLLM's venv {VLLM_PYTHON.parent.parent} is missing: run `make vllm-venv`"
+        if os.environ.get("INFERENCE_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
@@ -211,11 +254,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
 
     Skipped when ``.venv-vllm`` is missing (``make test`` creates it), unless ``INFERENCE_REQUIRE_VLLM=1``.
     """
-    if not VLLM_PYTHON.is_file():
-        message = f"vLLM's venv {VLLM_PYTHON.parent.parent} is missing: run `make vllm-venv`"
-        if os.environ.get("INFERENCE_REQUIRE_VLLM") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    _require_vllm()
     from inference.testing.vllm_model import build_vllm_model
 
     model = build_vllm_model()

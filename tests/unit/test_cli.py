@@ -296,10 +296,14 @@ def test_providers_json_lists_every_provider(capsys: pytest.CaptureFixture[str])
     with respx.mock(assert_all_called=True) as router:
         router.get(f"{VLLM}/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": []}))
         router.route(host="127.0.0.1").pass_through()  # the dead URL is really tried
-        status, out, _ = run(["providers", "--vllm-url", VLLM, "--ollama-url", DEAD, "--json"], capsys)
+        status, out, _ = run(
+            ["providers", "--vllm-url", VLLM, "--ollama-url", DEAD, "--llamacpp-server-url", DEAD, "--json"], capsys
+        )
     assert status == 0
     reports = {report["name"]: report for report in json.loads(out)["providers"]}
-    assert set(reports) == {"vllm", "openai", "ollama", "llamacpp", "transformers", "fake"}
+    assert set(reports) == {
+        "vllm", "openai", "ollama", "llamacpp", "llamacpp-server", "transformers", "vllm-offline", "fake"
+    }
     assert reports["fake"]["installed"] is True and reports["fake"]["missing"] == []
     assert reports["vllm"]["reachable"] is True and reports["vllm"]["base_url"] == VLLM
     assert reports["ollama"]["reachable"] is False and "127.0.0.1:9" in reports["ollama"]["detail"]

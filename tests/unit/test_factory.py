@@ -40,7 +40,7 @@ def test_provider_type_from_environment(clean_env: pytest.MonkeyPatch) -> None:
 
 
 def test_unknown_provider_lists_valid_names(clean_env: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="valid names are fake, llamacpp, ollama, openai, transformers, vllm"):
+    with pytest.raises(ValueError, match="valid names are fake, llamacpp, llamacpp-server, ollama, openai, transformers, vllm, vllm-offline"):
         get_provider("tgi")
     clean_env.setenv("INFERENCE_PROVIDER", "nope")
     with pytest.raises(UnknownProviderError, match="INFERENCE_PROVIDER"):

@@ -22,7 +22,7 @@ def test_every_list_of_providers_is_the_registry() -> None:
     names = list(PROVIDERS)
     assert list(PROVIDER_REGISTRY) == list(PROVIDER_EXTRAS) == list(SETTINGS) == names
     assert {name: spec.target for name, spec in PROVIDERS.items()} == PROVIDER_REGISTRY
-    assert set(cli.SERVER_PROVIDERS) == {"vllm", "openai", "ollama"}
+    assert set(cli.SERVER_PROVIDERS) == {"vllm", "openai", "ollama", "llamacpp-server"}
     assert {name: spec.packages for name, spec in PROVIDERS.items()} == cli.PROVIDER_PACKAGES
     for spec in PROVIDERS.values():
         assert all(isinstance(setting, Setting) for setting in spec.settings)

@@ -801,7 +801,7 @@ def _add_providers(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
 
 
 def _providers(args: argparse.Namespace) -> int:
-    urls = {name: getattr(args, f"{name}_url") for name in SERVER_PROVIDERS}
+    urls = {name: getattr(args, f"{name.replace('-', '_')}_url") for name in SERVER_PROVIDERS}
     reports = [_provider_report(name, urls.get(name)) for name in PROVIDER_REGISTRY]
     checks = {report["name"]: report["base_url"] for report in reports if report["base_url"]}
     reachability = asyncio.run(_check_urls(checks, args.timeout)) if checks else {}

@@ -17,8 +17,15 @@ from typing import Any
 
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest
-from inference._servers.http import ErrorHandlers, ServerAnswer
-from inference._servers.openai_compatible import OpenAICompatibleProvider, Replica, quoted_model
+from inference._servers.http import ErrorHandlers, ServerAnswer, is_connect_failure
+from inference._servers.openai_compatible import (
+    CHAT,
+    COMPLETIONS,
+    OpenAICompatibleProvider,
+    Replica,
+    ReplicaDown,
+    quoted_model,
+)
 from inference.adapters.peft import read_peft_adapter
 from inference.exceptions import (
     InferenceError,
@@ -49,6 +56,10 @@ MAX_TEMPERATURE = 2.0
 
 _MAX_TOKENS_REFUSED = re.compile(r"cannot be greater than max_model_len=(\d+)")
 """vLLM's 400 for a ``max_tokens`` beyond its context: ``max_tokens=4096 cannot be greater than max_model_len=512``."""
+
+_NO_CHAT_TEMPLATE = "chat template"
+"""In vLLM's 400 for chat on a model without one: ``As of transformers v4.44, default chat template is no longer
+allowed, so you must provide a chat template if the tokenizer does not define one.``"""
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM's ``--max-lora-rank`` accepts."""
@@ -105,11 +116,17 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     Generation uses the OpenAI-compatible ``/v1/chat/completions`` route through the ``openai`` client
     (the path it shares with :class:`~inference.openai_provider.OpenAIProvider`); an adapter is chosen by
-    sending its id as the ``model``. ``load_adapter``/``unload_adapter`` call
-    vLLM's runtime routes, which exist only when the server runs with ``--enable-lora`` and
-    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``. An adapter directory that exists on this machine is checked
-    before it is sent (PEFT LoRA, no DoRA, no bias, rank at most ``max_lora_rank``); another path is sent
-    as it is (the server may see another filesystem, or take it as a Hugging Face Hub repo id).
+    sending its id as the ``model``. A model without a chat template (a base model) cannot chat on vLLM, so with
+    ``api="auto"`` (the default) the provider asks each server once, before its first generation, whether its
+    model has one (``POST /tokenize`` of a chat message, which generates nothing) and sends generations for a
+    model without one to ``/v1/completions`` as plain text: the prompt, or the system prompt, a blank line and the
+    prompt, or a message list's contents separated by blank lines (what the in-process providers do for such a
+    model). ``api="chat"`` or ``"completions"`` chooses the route for every request.
+
+    ``load_adapter``/``unload_adapter`` call vLLM's runtime routes, which exist only when the server runs with
+    ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``. An adapter directory that exists on this
+    machine is checked before it is sent (PEFT LoRA, no DoRA, no bias, rank at most ``max_lora_rank``); another
+    path is sent as it is (the server may see another filesystem, or take it as a Hugging Face Hub repo id).
 
     Self-healing: when a server answers that it does not know an adapter this provider loaded (it was
     restarted), the provider loads it again from the remembered path on that server and retries the
@@ -142,6 +159,8 @@ class VLLMProvider(OpenAICompatibleProvider):
         max_retries: Retries of connect errors and 429/502/503/504; else ``VLLM_MAX_RETRIES``; else 2.
         max_lora_rank: Largest adapter rank accepted before sending (match the servers'
             ``--max-lora-rank``); else ``VLLM_MAX_LORA_RANK``; else 16.
+        api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``VLLM_API``;
+            else ``"auto"``.
 
     Example:
         >>> provider = VLLMProvider(base_url="http://127.0.0.1:8100/v1", api_key="secret")
@@ -169,11 +188,18 @@ class VLLMProvider(OpenAICompatibleProvider):
         timeout: float | None = None,
         max_retries: int | None = None,
         max_lora_rank: int | None = None,
+        api: str | None = None,
     ) -> None:
         super().__init__(
-            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries, max_lora_rank=max_lora_rank
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            max_lora_rank=max_lora_rank,
+            api=api,
         )
         self.max_lora_rank: int = self._settings["max_lora_rank"]
+        self.api: str = self._settings["api"]
 
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
@@ -216,12 +242,53 @@ class VLLMProvider(OpenAICompatibleProvider):
         )
         await self._load_on(replica, request.adapter_id, path, healing=True)
         try:
-            return await replica.openai().chat.completions.create(**arguments)
+            return await self._call(replica, arguments)
         except Exception as error:
             raise self._generation_error(replica, error, request, reloaded_from=path) from first
 
     def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
-        return {**super()._generation_handlers(request, reloaded_from), 400: _resolver_could_not_load}
+        return {**super()._generation_handlers(request, reloaded_from), 400: _bad_generation}
+
+    async def _route(self, replica: Replica, request: GenerationRequest) -> str:
+        """The ``api`` setting; for ``"auto"``, what the replica's model needs, found out once per replica."""
+        if self.api != "auto":
+            return self.api
+        probe = replica.route
+        if probe is None:
+            probe = replica.route = asyncio.ensure_future(self._find_route(replica))
+        try:
+            return await asyncio.shield(probe)
+        except BaseException:
+            if probe.done() and replica.route is probe:
+                replica.route = None  # not found out (server down, a timeout): ask again next time
+            raise
+
+    async def _find_route(self, replica: Replica) -> str:
+        """:data:`CHAT` when the replica can render a chat message (``POST /tokenize`` of one), else
+        :data:`COMPLETIONS` (vLLM's 400 about a missing chat template). A server without ``/tokenize`` (not vLLM)
+        gets chat, as before."""
+        operation = "find out whether the server's model has a chat template"
+        try:
+            await replica.http.request(
+                "POST",
+                f"{replica.root}/tokenize",
+                operation=operation,
+                json_body={"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True},
+            )
+        except ServerResponseError as error:
+            if error.status_code == 400 and _NO_CHAT_TEMPLATE in str(error):
+                logger.info(
+                    "%s: the model has no chat template; generating through /v1/completions", replica.http.where
+                )
+                return COMPLETIONS
+            if error.status_code == 404:
+                return CHAT
+            raise
+        except InferenceError as error:
+            if is_connect_failure(error):
+                raise ReplicaDown(error) from error
+            raise
+        return CHAT
 
     def _generation_not_found(
         self, answer: ServerAnswer, request: GenerationRequest, reloaded_from: str | None
@@ -754,6 +821,18 @@ _RESOLVER_FAILED = re.compile(
     r"LoRA adapter '(?P<name>[^']*)' was found but could not be loaded: ?(?P<reason>.*)", re.S
 )
 """vLLM's 400 when a LoRA resolver plugin found the adapter a request names but loading it failed."""
+
+
+def _bad_generation(answer: ServerAnswer) -> ServerResponseError | None:
+    """A 400 to a generation: a LoRA resolver's broken adapter, or chat on a model without a chat template."""
+    if _NO_CHAT_TEMPLATE in answer.message and "no longer allowed" in answer.message:
+        return answer.error(
+            ServerResponseError,
+            f"{answer.where} cannot chat with its model: it has no chat template ({answer.message}). Generate "
+            "through /v1/completions instead: VLLM_API=auto (the default) or completions (or api=...), or start "
+            "vLLM with --chat-template",
+        )
+    return _resolver_could_not_load(answer)
 
 
 def _resolver_could_not_load(answer: ServerAnswer) -> ServerResponseError | None:

@@ -1,7 +1,9 @@
-"""Generation over the OpenAI chat completions API, shared by the providers that talk to such servers.
+"""Generation over the OpenAI API, shared by the providers that talk to such servers.
 
-:class:`OpenAICompatibleProvider` sends ``/v1/chat/completions`` requests (whole and streamed) through the
-``openai`` client over the pooled :class:`~inference._servers.http.ServerClient`, spreads them over one or more
+:class:`OpenAICompatibleProvider` sends ``/v1/chat/completions`` requests (whole and streamed), or
+``/v1/completions`` requests of plain text where a subclass chooses that route (``_route``: vLLM, for a model
+without a chat template), through the ``openai`` client over the pooled
+:class:`~inference._servers.http.ServerClient`, spreads them over one or more
 servers (replicas), skips a replica that refuses connections, and maps every failure into the error tree.
 A subclass gives its name, its settings (in :mod:`inference.registry`) and what its backend adds: the vLLM
 provider adds runtime LoRA routes and self-healing, the OpenAI provider nothing.
@@ -9,6 +11,7 @@ provider adds runtime LoRA routes and self-healing, the OpenAI provider nothing.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -35,7 +38,13 @@ if TYPE_CHECKING:
     import httpx
     from openai import AsyncOpenAI
 
-__all__ = ["DOWN_SECONDS", "OpenAICompatibleProvider", "Replica", "ReplicaDown"]
+__all__ = ["CHAT", "COMPLETIONS", "DOWN_SECONDS", "OpenAICompatibleProvider", "Replica", "ReplicaDown"]
+
+CHAT = "chat"
+"""The route ``/v1/chat/completions``: the prompt as chat messages, rendered by the server's chat template."""
+
+COMPLETIONS = "completions"
+"""The route ``/v1/completions``: the prompt as plain text (:attr:`GenerationRequest.plain_prompt`)."""
 
 NO_API_KEY = "EMPTY"
 """What the openai client sends when no key is configured (servers started without a key ignore it)."""
@@ -66,6 +75,7 @@ class Replica:
         self.max_model_len: int | None = None  # vLLM's context size (from /tokenize, or a refused max_tokens)
         self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
         self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
+        self.route: asyncio.Future[str] | None = None  # CHAT or COMPLETIONS, once a subclass found out (vLLM)
         self._api_key = provider._api_key
         self._openai_module = provider._openai_module
         self._openai: AsyncOpenAI | None = None
@@ -158,12 +168,13 @@ class OpenAICompatibleProvider(InferenceProvider):
     # Generation -----------------------------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        async with self._chat(request, stream=False) as (replica, completion):
+        async with self._chat(request, stream=False) as (replica, route, completion):
             try:
                 choice = completion.choices[0]
-                text = choice.message.content or ""
+                message = choice.message if route == CHAT else None
+                text = (message.content if message is not None else choice.text) or ""
                 if not isinstance(text, str):
-                    raise TypeError(f"message.content is {type(text).__name__}, not text")
+                    raise TypeError(f"the answer's text is {type(text).__name__}, not text")
                 usage = completion.usage
                 # A server that reports no usage: the completion tokens are unknown too, so 0 as before, and
                 # the prompt's tokens are None, as in a stream without usage.
@@ -171,24 +182,25 @@ class OpenAICompatibleProvider(InferenceProvider):
                 prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (None, 0)
                 answered_model = _model_name(completion.model, request)
                 finish_reason = choice.finish_reason
-                reasoning = reasoning_of(choice.message)
+                reasoning = reasoning_of(message) if message is not None else ""
                 logprobs = (
-                    self._logprobs(replica, request, choice.logprobs, completion_tokens)
+                    self._logprobs(replica, request, _LOGPROBS[route](choice.logprobs, request.logprobs),
+                                   completion_tokens)
                     if request.logprobs is not None
                     else None
                 )
             except (AttributeError, IndexError, TypeError) as error:
                 raise replica.http.protocol_error(
-                    operation_of(request), f"an answer that is not a chat completion ({error})"
+                    operation_of(request), f"an answer that is not a {route} completion ({error})"
                 ) from error
         return _result(
             request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs, reasoning
         )
 
-    def _logprobs(self, replica: Replica, request: GenerationRequest, logprobs: Any, tokens: int) -> list[TokenLogprob]:
+    def _logprobs(
+        self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int
+    ) -> list[TokenLogprob]:
         """The token logprobs of an answer; a server that sends none for generated tokens is refused."""
-        assert request.logprobs is not None
-        entries = token_logprobs(logprobs, request.logprobs)
         if not entries and tokens > 0:
             raise replica.http.protocol_error(
                 operation_of(request),
@@ -206,7 +218,7 @@ class OpenAICompatibleProvider(InferenceProvider):
         (so is ``token_count``).
         """
         operation = operation_of(request)
-        async with self._chat(request, stream=True) as (replica, events):
+        async with self._chat(request, stream=True) as (replica, route, events):
             pieces: list[str] = []
             finish_reason: str | None = None
             counts: tuple[int, int] | None = None
@@ -229,19 +241,19 @@ class OpenAICompatibleProvider(InferenceProvider):
                     if chunk.usage is not None:
                         counts = _token_counts(chunk.usage)
                     choices = chunk.choices or []
-                    delta = choices[0].delta if choices else None
-                    content = delta.content if delta is not None else None
+                    delta = choices[0].delta if choices and route == CHAT else None
+                    content = delta.content if delta is not None else choices[0].text if choices else None
                     if content is not None and not isinstance(content, str):
-                        raise TypeError(f"delta.content is {type(content).__name__}, not text")
+                        raise TypeError(f"the chunk's text is {type(content).__name__}, not text")
                     finished = choices[0].finish_reason if choices else None
                     if request.logprobs is not None and choices:
-                        logprobs.extend(token_logprobs(getattr(choices[0], "logprobs", None), request.logprobs))
+                        logprobs.extend(_LOGPROBS[route](getattr(choices[0], "logprobs", None), request.logprobs))
                     announces_role = delta is not None and bool(getattr(delta, "role", None))
                     if delta is not None:
                         thoughts.append(reasoning_of(delta))
                 except (AttributeError, IndexError, TypeError) as error:
                     raise replica.http.protocol_error(
-                        operation, f"a stream chunk that is not a chat chunk ({error})"
+                        operation, f"a stream chunk that is not a {route} chunk ({error})"
                     ) from error
                 if finished:
                     finish_reason = str(finished)
@@ -261,7 +273,7 @@ class OpenAICompatibleProvider(InferenceProvider):
         prompt_tokens: int | None
         prompt_tokens, completion_tokens = counts if counts is not None else (None, token_chunks)
         if request.logprobs is not None and not logprobs and completion_tokens > 0:
-            self._logprobs(replica, request, None, completion_tokens)  # raises: the server sent none
+            self._logprobs(replica, request, [], completion_tokens)  # raises: the server sent none
         yield _result(
             request,
             "".join(pieces),
@@ -274,8 +286,8 @@ class OpenAICompatibleProvider(InferenceProvider):
         )
 
     @asynccontextmanager
-    async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, Any]]:
-        """Send the chat request to a replica and hold it there until the caller is done with the answer.
+    async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, str, Any]]:
+        """Send the request to a replica on its route and hold it there until the caller is done with the answer.
 
         Replicas are tried least-busy first (round-robin among equals); one that cannot be reached is
         skipped. A stream is closed on exit, which makes the server abort the generation.
@@ -283,9 +295,10 @@ class OpenAICompatibleProvider(InferenceProvider):
         failures: list[tuple[Replica, InferenceError]] = []
         for replica in self._replicas_in_order():
             replica.in_flight += 1
-            arguments = chat_arguments(request, stream=stream, schema_style=replica.schema_style)
             try:
                 try:
+                    route = await self._route(replica, request)
+                    arguments = request_arguments(request, route, stream=stream, schema_style=replica.schema_style)
                     answer = await self._create(replica, request, arguments)
                 except ReplicaDown as down:
                     replica.down_until = time.monotonic() + DOWN_SECONDS
@@ -297,7 +310,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                     continue
                 replica.down_until = 0.0
                 try:
-                    yield replica, answer
+                    yield replica, route, answer
                 finally:
                     if stream:
                         await answer.close()
@@ -305,6 +318,14 @@ class OpenAICompatibleProvider(InferenceProvider):
             finally:
                 replica.in_flight -= 1
         raise self._all_down(failures)
+
+    async def _route(self, replica: Replica, request: GenerationRequest) -> str:
+        """The route of ``request`` on ``replica``: :data:`CHAT` here; vLLM also sends :data:`COMPLETIONS`.
+
+        Raises:
+            ReplicaDown: Finding out needed the replica, and it did not accept the connection.
+        """
+        return CHAT
 
     def _replicas_in_order(self) -> list[Replica]:
         count = len(self._replicas)
@@ -370,11 +391,20 @@ class OpenAICompatibleProvider(InferenceProvider):
             InferenceError: Any other failure, mapped by :meth:`_generation_error`.
         """
         try:
-            return await replica.openai().chat.completions.create(**arguments)
+            return await self._call(replica, arguments)
         except Exception as error:
             if is_connect_failure(error):
                 raise ReplicaDown(replica.http.error_from_exception(error, operation=operation_of(request))) from error
             raise self._generation_error(replica, error, request) from error
+
+    @staticmethod
+    async def _call(replica: Replica, arguments: dict[str, Any]) -> Any:
+        """The openai client's call for ``arguments``: ``completions.create`` when they carry a ``prompt``, else
+        ``chat.completions.create``."""
+        client = replica.openai()
+        if "prompt" in arguments:
+            return await client.completions.create(**arguments)
+        return await client.chat.completions.create(**arguments)
 
     def _generation_error(
         self, replica: Replica, error: Exception, request: GenerationRequest, *, reloaded_from: str | None = None
@@ -480,12 +510,23 @@ def response_format(schema: Mapping[str, Any], style: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": dict(schema), "strict": True}}
 
 
-def chat_arguments(request: GenerationRequest, *, stream: bool, schema_style: str = "json_schema") -> dict[str, Any]:
-    """The ``chat.completions.create`` arguments: only what the caller set; ``top_k`` and
-    ``repetition_penalty``, which the OpenAI API lacks, in ``extra_body``; ``logprobs`` as OpenAI's
-    ``logprobs``/``top_logprobs``; ``json_schema`` as ``response_format`` (see :func:`response_format`)."""
+def request_arguments(
+    request: GenerationRequest, route: str = CHAT, *, stream: bool, schema_style: str = "json_schema"
+) -> dict[str, Any]:
+    """The openai client's arguments for ``route``: only what the caller set; ``top_k`` and
+    ``repetition_penalty``, which the OpenAI API lacks, in ``extra_body``; ``json_schema`` as ``response_format``
+    (see :func:`response_format`).
+
+    :data:`CHAT` sends the chat ``messages`` and ``logprobs`` as ``logprobs: true, top_logprobs: k``;
+    :data:`COMPLETIONS` sends the plain-text ``prompt`` (the contents separated by blank lines, as for a model
+    without a chat template in process) and ``logprobs`` as the number ``k``.
+    """
     model = request.adapter_id or request.model
-    arguments: dict[str, Any] = {"model": model, "messages": chat_messages(request), "max_tokens": request.max_tokens}
+    arguments: dict[str, Any] = {"model": model, "max_tokens": request.max_tokens}
+    if route == CHAT:
+        arguments["messages"] = chat_messages(request)
+    else:
+        arguments["prompt"] = request.plain_prompt
     if request.temperature is not None:
         arguments["temperature"] = request.temperature
     if request.top_p is not None:
@@ -494,9 +535,11 @@ def chat_arguments(request: GenerationRequest, *, stream: bool, schema_style: st
         arguments["stop"] = list(request.stop)
     if request.seed is not None:
         arguments["seed"] = request.seed
-    if request.logprobs is not None:
+    if request.logprobs is not None and route == CHAT:
         arguments["logprobs"] = True
         arguments["top_logprobs"] = request.logprobs
+    elif request.logprobs is not None:
+        arguments["logprobs"] = request.logprobs
     if request.json_schema is not None:
         arguments["response_format"] = response_format(request.json_schema, schema_style)
     extra_body: dict[str, Any] = {}
@@ -541,6 +584,39 @@ def token_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
         top.sort(key=lambda pair: pair[1], reverse=True)
         entries.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
     return entries
+
+
+def completion_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
+    """The entries of a ``/v1/completions`` ``choices[i].logprobs`` object: parallel lists ``tokens``,
+    ``token_logprobs`` and ``top_logprobs`` (one ``{token: logprob}`` map per token), the alternatives sorted best
+    first and cut to ``k``.
+
+    Raises:
+        TypeError: The lists are not parallel, or a token has no text or no numeric logprob.
+    """
+    if logprobs is None:
+        return []
+    tokens = _field(logprobs, "tokens") or []
+    values = _field(logprobs, "token_logprobs") or []
+    tops = _field(logprobs, "top_logprobs") or [None] * len(tokens)
+    if not len(tokens) == len(values) == len(tops):
+        raise TypeError(f"logprobs lists of different lengths: {logprobs!r:.200}")
+    entries: list[TokenLogprob] = []
+    for token, logprob, top in zip(tokens, values, tops, strict=True):
+        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+            raise TypeError(f"a logprobs entry without a token and a logprob: {token!r:.100}, {logprob!r:.100}")
+        alternatives = [
+            (str(text), float(value))
+            for text, value in (top or {}).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        ]
+        alternatives.sort(key=lambda pair: pair[1], reverse=True)
+        entries.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(alternatives[:k])))
+    return entries
+
+
+_LOGPROBS = {CHAT: token_logprobs, COMPLETIONS: completion_logprobs}
+"""Route -> the reader of its answers' ``logprobs``."""
 
 
 def _result(

@@ -32,7 +32,7 @@ from inference.testing.tiny_models import (
     default_cache_dir,
 )
 
-__all__ = ["VLLM_BUILD_VERSION", "build_vllm_model"]
+__all__ = ["VLLM_BUILD_VERSION", "build_vllm_model", "without_chat_template"]
 
 VLLM_BUILD_VERSION = "vllm-1"
 """Bump when anything below changes what is built: old caches are then ignored, never reused."""
@@ -67,6 +67,27 @@ def build_vllm_model(cache_dir: Path | None = None) -> TinyModel:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     return model
+
+
+def without_chat_template(model: TinyModel, directory: Path) -> Path:
+    """The model's Transformers directory again in ``directory``, without its chat template: a base model.
+
+    Many base models that adapters are trained on have no chat template; vLLM then refuses chat. The weights are
+    linked, not copied.
+
+    Returns:
+        The new model directory.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    for source in model.hf_dir.iterdir():
+        target = directory / source.name
+        if source.name == "chat_template.jinja" or target.exists():
+            continue
+        if source.suffix == ".safetensors":
+            target.symlink_to(source)
+        else:
+            shutil.copy2(source, target)
+    return directory
 
 
 def _build(tokenizer_dir: Path, out: Path) -> None:
