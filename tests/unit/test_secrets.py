@@ -40,7 +40,7 @@ async def test_api_key_never_leaks_into_repr_errors_or_logs(
             side_effect=[
                 httpx.Response(401, json={"error": {"message": "Invalid API key", "type": "Unauthorized",
                                                     "param": None, "code": 401}}),
-                httpx.Response(404, json={"error": {"message": "The model `x` does not exist.",
+                httpx.Response(404, json={"error": {"message": "The model `x` does not exist. Valid aliases: base.",
                                                     "type": "NotFoundError", "param": None, "code": 404}}),
                 httpx.Response(500, text="internal error"),
                 httpx.Response(200, text="{not json"),

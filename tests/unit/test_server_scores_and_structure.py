@@ -65,7 +65,7 @@ def chat_completion(text: str, logprobs: list[dict[str, Any]] | None, tokens: in
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
+                    "message": {"role": "assistant", "content": text, "reasoning": None, "tool_calls": []},
                     "logprobs": None if logprobs is None else {"content": logprobs},
                     "finish_reason": "stop",
                     "stop_reason": None,

@@ -58,6 +58,24 @@ def vllm_error(
     )
 
 
+def model_missing(name: str) -> httpx.Response:
+    """vLLM 0.32's 404 for a model (or adapter) it does not serve."""
+    return vllm_error(404, f"The model `{name}` does not exist. Valid aliases: base-model.", "NotFoundError", "model")
+
+
+def no_adapter_found(name: str, path: str) -> httpx.Response:
+    """vLLM 0.32's 404 when the path it is asked to load holds no adapter."""
+    return vllm_error(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
+
+
+def add_lora_failed(reason: str) -> str:
+    """vLLM 0.32's message when its worker refuses an adapter (a 500), around the worker's own reason."""
+    return (
+        f"Call to add_lora method failed: Worker failed with error '{reason}', please check the stack trace above "
+        "for the root cause"
+    )
+
+
 def completion(
     text: str = "Hello there.",
     *,
@@ -323,8 +341,23 @@ async def test_server_already_has_the_name(provider: VLLMProvider, mock: respx.M
     await generates(provider, mock)
 
 
+async def test_an_adapter_named_like_the_base_model_is_refused_saying_so(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    mock.post(LOAD).mock(
+        return_value=vllm_error(
+            400, "The lora adapter 'base-model' conflicts with a served base model.", "InvalidUserInput"
+        )
+    )
+    with pytest.raises(ServerResponseError, match="load the adapter under another id") as caught:
+        await provider.load_adapter("base-model", "/adapters/a1")
+    assert not isinstance(caught.value, AdapterAlreadyLoadedError) and caught.value.status_code == 400
+    assert await provider.list_adapters() == []
+    await generates(provider, mock)
+
+
 async def test_load_path_without_adapter(provider: VLLMProvider, mock: respx.MockRouter) -> None:
-    mock.post(LOAD).mock(return_value=vllm_error(404, "No adapter found for /adapters/missing", "NotFoundError"))
+    mock.post(LOAD).mock(return_value=no_adapter_found("a1", "/adapters/missing"))
     with pytest.raises(ServerInvalidAdapterError) as caught:
         await provider.load_adapter("a1", "/adapters/missing")
     error = caught.value
@@ -346,7 +379,7 @@ async def test_load_path_without_adapter(provider: VLLMProvider, mock: respx.Moc
 async def test_load_refused_adapter_500(
     provider: VLLMProvider, mock: respx.MockRouter, message: str, advice: str
 ) -> None:
-    mock.post(LOAD).mock(return_value=vllm_error(500, message, "InternalServerError"))
+    mock.post(LOAD).mock(return_value=vllm_error(500, add_lora_failed(message), "InternalServerError"))
     with pytest.raises(ServerInvalidAdapterError) as caught:
         await provider.load_adapter("big", "/adapters/big")
     assert advice in str(caught.value) and message in str(caught.value)
@@ -422,7 +455,7 @@ async def test_a_404_for_a_name_the_provider_never_loaded_is_not_healed(
 ) -> None:
     """A server-side adapter used by name as the model: a 404 is reported as it is, nothing is reloaded."""
     chat = mock.post(CHAT).mock(
-        return_value=vllm_error(404, "The model `server-lora` does not exist.", "NotFoundError", "model")
+        return_value=model_missing("server-lora")
     )
     load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
     with pytest.raises(ServerModelNotFoundError, match="does not serve model 'server-lora'"):
@@ -432,7 +465,7 @@ async def test_a_404_for_a_name_the_provider_never_loaded_is_not_healed(
 
 
 async def test_generate_with_unknown_model(provider: VLLMProvider, mock: respx.MockRouter) -> None:
-    mock.post(CHAT).mock(return_value=vllm_error(404, "The model `nope` does not exist.", "NotFoundError", "model"))
+    mock.post(CHAT).mock(return_value=model_missing("nope"))
     with pytest.raises(ServerModelNotFoundError) as caught:
         await provider.generate("Hi", model="nope")
     assert isinstance(caught.value, ModelNotFoundError) and isinstance(caught.value, httpx.HTTPStatusError)
@@ -718,7 +751,7 @@ async def test_a_path_that_is_not_local_is_sent_as_it_is(provider: VLLMProvider,
 
 # Self-healing -----------------------------------------------------------------------------------------
 
-LOST_A1 = "The model `a1` does not exist."
+LOST_A1 = "The model `a1` does not exist. Valid aliases: base-model."
 
 
 async def test_a_lost_adapter_is_loaded_again_and_the_request_retried_once(
@@ -752,7 +785,7 @@ async def test_a_reload_that_fails_is_reported_with_its_cause(provider: VLLMProv
     mock.post(LOAD).mock(
         side_effect=[
             httpx.Response(200, text="Success"),
-            vllm_error(404, "No adapter found for /adapters/a1", "NotFoundError"),
+            no_adapter_found("a1", "/adapters/a1"),
         ]
     )
     chat = mock.post(CHAT).mock(return_value=vllm_error(404, LOST_A1, "NotFoundError", "model"))
@@ -784,7 +817,7 @@ class RestartingServer:
         await asyncio.sleep(0.001)  # requests overlap
         model = json.loads(request.content)["model"]
         if model != "base-model" and model not in self.adapters:
-            return vllm_error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            return model_missing(model)
         return completion(f"from {model}", model=model)
 
 
@@ -922,7 +955,9 @@ async def test_a_load_failing_on_one_replica_is_rolled_back_on_the_others(
 ) -> None:
     mock.post(f"{REPLICA_A}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
     mock.post(f"{REPLICA_B}/load_lora_adapter").mock(
-        return_value=vllm_error(500, "LoRA rank 64 is greater than max_lora_rank 16.", "InternalServerError")
+        return_value=vllm_error(
+            500, add_lora_failed("LoRA rank 64 is greater than max_lora_rank 16."), "InternalServerError"
+        )
     )
     unload_a = mock.post(f"{REPLICA_A}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
     unload_b = mock.post(f"{REPLICA_B}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
@@ -1137,7 +1172,7 @@ async def test_cancelling_the_consumer_closes_the_response(provider: VLLMProvide
 
 
 async def test_stream_errors_are_mapped_like_generate(provider: VLLMProvider, mock: respx.MockRouter) -> None:
-    mock.post(CHAT).mock(return_value=vllm_error(404, "The model `nope` does not exist.", "NotFoundError", "model"))
+    mock.post(CHAT).mock(return_value=model_missing("nope"))
     with pytest.raises(ServerModelNotFoundError, match="does not serve model 'nope'"):
         async for _event in provider.stream("Hi", model="nope"):
             pass

@@ -604,6 +604,13 @@ class VLLMProvider(OpenAICompatibleProvider):
             )
 
         def bad_request(answer: ServerAnswer) -> ServerResponseError | None:
+            if "conflicts with a served base model" in answer.message:
+                return answer.error(
+                    ServerResponseError,
+                    f"{answer.where} serves its base model as {adapter_id!r} ({answer.message}): load the adapter "
+                    "under another id",
+                    path=adapter_path,
+                )
             if "already" in answer.message.lower():
                 return answer.error(
                     ServerAdapterAlreadyLoadedError,
