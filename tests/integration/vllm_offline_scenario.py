@@ -1,0 +1,170 @@
+"""What ``test_vllm_offline.py`` checks, run in vLLM's own venv: ``.venv-vllm/bin/python vllm_offline_scenario.py OUT``.
+
+vLLM pins its own transformers, so the ``vllm-offline`` provider runs in ``.venv-vllm``; this script drives it through
+one scenario on the head-64 tiny Qwen2 and writes what it saw as JSON to ``OUT``, and the tests (in the main venv)
+compare it with Transformers + PEFT on the same model and adapters. Nothing is judged here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from inference.exceptions import InferenceError
+from inference.results import GenerationResult
+from inference.testing.vllm_model import build_vllm_model
+from inference.vllm_offline_provider import VLLMOfflineProvider
+
+PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and"]
+ADAPTERS: list[str | None] = [None, "a0", "a1"]
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+
+
+def generation(result: GenerationResult) -> dict[str, Any]:
+    return {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "tokens": [entry.token_id for entry in result.logprobs or ()],
+        "logprobs": [entry.logprob for entry in result.logprobs or ()],
+        "top": [[value for _, value in entry.top_logprobs] for entry in result.logprobs or ()],
+    }
+
+
+async def error_of(work: Any) -> dict[str, str]:
+    try:
+        await work
+    except InferenceError as error:
+        return {"type": type(error).__name__, "message": str(error)}
+    return {"type": "none", "message": ""}
+
+
+async def scenario(out: dict[str, Any], scratch: Path) -> None:
+    model = build_vllm_model()
+    provider = VLLMOfflineProvider(model_name=str(model.hf_dir), dtype="float32", max_model_len=512, max_lora_rank=8)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    await provider.start()
+    out["start_seconds"] = time.monotonic() - started
+    out["ticks_during_start"] = ticks
+    ticker.cancel()
+
+    for adapter_id in ("a0", "a1"):
+        await provider.load_adapter(adapter_id, model.adapter_dirs[adapter_id])
+    greedy: dict[str, Any] = {"model": "tiny", "temperature": 0, "logprobs": 2}
+
+    out["greedy"] = {
+        f"{a}|{prompt}": generation(await provider.generate(prompt, adapter_id=a, max_tokens=8, **greedy))
+        for a in ADAPTERS
+        for prompt in PROMPTS
+    }
+
+    work = [(PROMPTS[index % 3], ADAPTERS[(index // 3) % 3]) for index in range(64)]
+    single = {
+        f"{a}|{p}": generation(await provider.generate(p, adapter_id=a, max_tokens=6, **greedy)) for p, a in set(work)
+    }
+    started = time.monotonic()
+    results = await asyncio.gather(*(provider.generate(p, adapter_id=a, max_tokens=6, **greedy) for p, a in work))
+    seconds = time.monotonic() - started
+    out["concurrent"] = {
+        "work": [f"{a}|{p}" for p, a in work],
+        "results": [generation(result) for result in results],
+        "single": single,
+        "seconds": seconds,
+        "tokens": sum(result.completion_tokens for result in results),
+    }
+
+    events = [e async for e in provider.stream(PROMPTS[0], model="tiny", adapter_id="a1", max_tokens=12, temperature=0)]
+    whole = await provider.generate(PROMPTS[0], model="tiny", adapter_id="a1", max_tokens=12, temperature=0)
+    final = events[-1]
+    assert isinstance(final, GenerationResult)
+    out["stream"] = {"pieces": [e for e in events[:-1] if isinstance(e, str)], "final": generation(final),
+                     "whole": generation(whole)}
+
+    engine = await provider._engine()
+    stream = provider.stream(PROMPTS[1], model="tiny", adapter_id="a0", max_tokens=400, temperature=1.0, seed=3)
+    first = await anext(stream)
+    running_mid_stream = engine.llm.get_num_unfinished_requests()
+    await stream.aclose()  # the caller stops reading
+    task = asyncio.create_task(provider.generate(PROMPTS[2], model="tiny", max_tokens=400, temperature=1.0, seed=4))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    cancelled = False
+    try:
+        await task
+    except asyncio.CancelledError:
+        cancelled = True
+    await asyncio.sleep(0.5)
+    out["cancel"] = {
+        "first_piece": first,
+        "running_mid_stream": running_mid_stream,
+        "generate_cancelled": cancelled,
+        "running_after": engine.llm.get_num_unfinished_requests(),
+        "after": generation(await provider.generate(PROMPTS[0], adapter_id="a1", max_tokens=8, **greedy)),
+    }
+
+    listed_before = await provider.list_adapters()
+    await provider.load_adapter("a2", model.adapter_dirs["a2"])
+    a2 = await provider.generate(PROMPTS[0], adapter_id="a2", max_tokens=8, **greedy)
+    await provider.unload_adapter("a2")
+    out["lifecycle"] = {
+        "listed_before": listed_before,
+        "a2": generation(a2),
+        "after_unload": await error_of(provider.generate(PROMPTS[0], model="tiny", adapter_id="a2", max_tokens=2)),
+        "listed_after": await provider.list_adapters(),
+    }
+
+    scores: dict[str, Any] = {}
+    for adapter_id in (None, "a1"):
+        for context, continuation in [("the quick brown fox", " jumps over the dog"), ("", "Hello, world")]:
+            result = await provider.score(context, continuation, model="tiny", adapter_id=adapter_id)
+            scores[f"{adapter_id}|{context}|{continuation}"] = [result.logprob, result.num_tokens, result.is_greedy]
+        text = "the quick brown fox jumps over the lazy dog. " * 10
+        rolling = await provider.score_rolling(text, model="tiny", adapter_id=adapter_id)
+        scores[f"{adapter_id}|rolling"] = [rolling.logprob, rolling.num_tokens, rolling.is_greedy]
+    out["scores"] = scores
+
+    structured = await provider.generate("Give me JSON", model="tiny", max_tokens=60, json_schema=SCHEMA)
+    out["json"] = generation(structured)
+
+    rank16 = scratch / "rank16"
+    shutil.copytree(model.adapter_dirs["a1"], rank16)
+    config = json.loads((rank16 / "adapter_config.json").read_text())
+    (rank16 / "adapter_config.json").write_text(json.dumps({**config, "r": 16}))
+    out["errors"] = {
+        "missing_adapter": await error_of(provider.load_adapter("ghost", scratch / "missing")),
+        "rank_too_large": await error_of(provider.load_adapter("big", rank16)),
+        "prompt_too_long": await error_of(provider.generate("word " * 600, model="tiny", max_tokens=4)),
+        "max_tokens_too_large": await error_of(provider.generate("Hi", model="tiny", max_tokens=1000)),
+        "listed": await provider.list_adapters(),
+        "after": generation(await provider.generate(PROMPTS[0], adapter_id="a0", max_tokens=8, **greedy)),
+    }
+
+    await provider.aclose()
+    out["closed"] = await error_of(provider.generate("Hi", model="tiny", max_tokens=2))
+
+
+def main() -> None:
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        asyncio.run(scenario(out, Path(scratch)))
+    Path(sys.argv[1]).write_text(json.dumps(out), encoding="utf-8")
+
+
+if __name__ == "__main__":  # vLLM starts its engine process by spawning: the main module must be guarded
+    main()
