@@ -13,7 +13,7 @@ export NO_MKDOCS_2_WARNING := 1
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-.PHONY: install vllm-venv models test unit lint docs demo bench clean
+.PHONY: install vllm-venv models test unit lint docs demo bench bench-vllm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench: install models
 	$(PY) scripts/bench_adapter_switch.py
 	$(PY) scripts/bench_batching.py
 	$(PY) scripts/bench_eval.py
+
+# A real vLLM server and vLLM's engine in process (CPU build), in .venv-vllm: figures in docs/benchmarks.md.
+bench-vllm: vllm-venv models
+	$(VLLM_VENV)/bin/python scripts/bench_vllm.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

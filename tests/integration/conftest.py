@@ -172,16 +172,10 @@ class VLLMServer:
 
     def start(self) -> None:
         """Start the server on its port (again, after :meth:`stop` or :meth:`kill`) and wait until it answers."""
-        command = [
-            str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--served-model-name", self.model,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--max-model-len", "512", "--enable-lora", "--max-lora-rank", "16",
-            "--max-loras", "4", "--enable-tokenizer-info-endpoint",
-        ]
-        environment = {
-            **os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-        }
+        from inference.testing.vllm_model import SERVER_ENVIRONMENT, server_command
+
+        command = server_command(VLLM_PYTHON, self.model_dir, self.port, served_name=self.model)
+        environment = {**os.environ, **SERVER_ENVIRONMENT}
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
         )

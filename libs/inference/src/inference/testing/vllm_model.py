@@ -32,7 +32,25 @@ from inference.testing.tiny_models import (
     default_cache_dir,
 )
 
-__all__ = ["VLLM_BUILD_VERSION", "build_vllm_model", "without_chat_template"]
+__all__ = ["SERVER_ENVIRONMENT", "VLLM_BUILD_VERSION", "build_vllm_model", "server_command", "without_chat_template"]
+
+SERVER_ENVIRONMENT = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+"""What a vLLM server for these models needs in its environment: runtime LoRA routes, 1 GiB of CPU KV cache."""
+
+
+def server_command(python: str | Path, model_dir: str | Path, port: int, *, served_name: str = "tiny") -> list[str]:
+    """The command line of a real vLLM server (the CPU build) for these models, with runtime LoRA, on 127.0.0.1.
+
+    ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script looks up a distribution named
+    ``vllm`` and fails with the CPU build), float32, a 512-token context, up to 4 adapters of rank 16 in a batch,
+    and the tokenizer-info route scoring uses.
+    """
+    return [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", "512", "--enable-lora", "--max-lora-rank", "16", "--max-loras", "4",
+        "--enable-tokenizer-info-endpoint",
+    ]
 
 VLLM_BUILD_VERSION = "vllm-1"
 """Bump when anything below changes what is built: old caches are then ignored, never reused."""
