@@ -40,7 +40,8 @@ def test_provider_type_from_environment(clean_env: pytest.MonkeyPatch) -> None:
 
 
 def test_unknown_provider_lists_valid_names(clean_env: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="valid names are fake, llamacpp, llamacpp-server, ollama, openai, transformers, vllm, vllm-offline"):
+    valid = "fake, llamacpp, llamacpp-server, ollama, openai, transformers, vllm, vllm-offline"
+    with pytest.raises(ValueError, match=f"valid names are {valid}"):
         get_provider("tgi")
     clean_env.setenv("INFERENCE_PROVIDER", "nope")
     with pytest.raises(UnknownProviderError, match="INFERENCE_PROVIDER"):

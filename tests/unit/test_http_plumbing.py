@@ -430,7 +430,12 @@ async def test_stream_json_lines_maps_errors() -> None:
         (httpx.Response(404, text="Not Found"), True),  # Starlette without FastAPI
         (httpx.Response(404, html="<html><head><title>404 Not Found</title></head><body>nginx</body></html>"), True),
         (httpx.Response(404, json={"error": "model 'x' not found"}), False),  # Ollama's own answer
-        (httpx.Response(404, json={"error": {"message": "The model `x` does not exist. Valid aliases: base.", "code": 404}}), False),
+        (
+            httpx.Response(
+                404, json={"error": {"message": "The model `x` does not exist. Valid aliases: b.", "code": 404}}
+            ),
+            False,
+        ),
         (httpx.Response(404, json={"detail": "Adapter x not found"}), False),  # an application's own detail
         (httpx.Response(404), False),  # HEAD /api/blobs/<digest>: the blob is not there
         (httpx.Response(404, text="no such adapter"), False),

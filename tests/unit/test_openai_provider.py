@@ -182,10 +182,12 @@ async def test_the_vllm_provider_never_reads_openai_api_key(clean_env: pytest.Mo
     from inference.vllm_provider import VLLMProvider
 
     clean_env.setenv("OPENAI_API_KEY", SECRET)
-    vllm = VLLMProvider(base_url=BASE)
-    assert "api_key=None" in repr(vllm)
-    assert vllm._replicas[0].openai().api_key == "EMPTY"
-    await vllm.aclose()
+    with respx.mock(assert_all_called=False) as router:
+        route = router.post(f"{BASE}/chat/completions").mock(return_value=completion())
+        async with VLLMProvider(base_url=BASE, api="chat") as vllm:
+            assert "api_key=None" in repr(vllm)
+            await vllm.generate("Hi", model="m", max_tokens=2)
+    assert "authorization" not in route.calls.last.request.headers
 
 
 async def test_adapters_are_unsupported(provider: OpenAIProvider) -> None:

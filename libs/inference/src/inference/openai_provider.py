@@ -12,8 +12,8 @@ __all__ = ["OpenAIProvider"]
 class OpenAIProvider(OpenAICompatibleProvider):
     """Generates through an OpenAI-compatible API: OpenAI itself, SGLang, LM Studio, a gateway.
 
-    Requests go to ``/v1/chat/completions`` through the ``openai`` client, whole or streamed. Settings are
-    read from the variables the ``openai`` client itself reads (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``).
+    Requests go to ``/v1/chat/completions`` as JSON over a pooled ``httpx`` client, whole or streamed. Settings
+    are read from the variables the ``openai`` client reads (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``).
     Adapters are not supported (:attr:`supports_adapters` is false): ``load_adapter`` raises
     :class:`~inference.exceptions.UnsupportedOperationError`. Several base URLs (a list, or comma-separated)
     spread requests over several servers serving the same model.

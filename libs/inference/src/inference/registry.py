@@ -91,7 +91,7 @@ _SPECS = (
         target="inference.vllm_provider:VLLMProvider",
         summary="vLLM servers: OpenAI-compatible generation, LoRA adapters loaded at run time, replicas",
         extra="vllm",
-        packages=("openai", "httpx"),
+        packages=("httpx",),
         server=True,
         settings=(
             *_with_api_key(
@@ -112,7 +112,7 @@ _SPECS = (
         target="inference.openai_provider:OpenAIProvider",
         summary="any OpenAI-compatible endpoint (OpenAI, SGLang, LM Studio, a gateway); no adapters",
         extra="openai",
-        packages=("openai", "httpx"),
+        packages=("httpx",),
         server=True,
         settings=_with_api_key(
             _server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API"),

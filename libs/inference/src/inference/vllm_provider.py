@@ -114,7 +114,7 @@ class ReconcileReport:
 class VLLMProvider(OpenAICompatibleProvider):
     """Generates through one or more vLLM servers and loads LoRA adapters into them at run time.
 
-    Generation uses the OpenAI-compatible ``/v1/chat/completions`` route through the ``openai`` client
+    Generation uses the OpenAI-compatible ``/v1/chat/completions`` route, as JSON over a pooled ``httpx`` client
     (the path it shares with :class:`~inference.openai_provider.OpenAIProvider`); an adapter is chosen by
     sending its id as the ``model``. A model without a chat template (a base model) cannot chat on vLLM, so with
     ``api="auto"`` (the default) the provider asks each server once, before its first generation, whether its
@@ -242,9 +242,9 @@ class VLLMProvider(OpenAICompatibleProvider):
         )
         await self._load_on(replica, request.adapter_id, path, healing=True)
         try:
-            return await self._call(replica, arguments)
-        except Exception as error:
-            raise self._generation_error(replica, error, request, reloaded_from=path) from first
+            return await self._call(replica, request, arguments, reloaded_from=path)
+        except InferenceError as error:
+            raise error from first
 
     def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
         return {**super()._generation_handlers(request, reloaded_from), 400: _bad_generation}

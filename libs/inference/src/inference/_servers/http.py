@@ -511,8 +511,12 @@ class ServerClient:
         json_body: Any = None,
         handlers: ErrorHandlers | None = None,
         error_line: Callable[[str, httpx.Response], InferenceError] | None = None,
+        sse: bool = False,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """Send one request and read its answer as JSON lines (NDJSON), each parsed as it arrives.
+
+        With ``sse``, the answer is server-sent events instead: the JSON of each ``data:`` line, until
+        ``data: [DONE]`` (other lines, such as comments and ``event:``, are skipped).
 
         Entering the block sends the request and raises for an error status, mapped like :meth:`request`
         (the error body is read first); the block receives an async iterator of the parsed lines. A line
@@ -532,7 +536,7 @@ class ServerClient:
                 if response.is_error:
                     await response.aread()
                     raise self.error_from_response(response, operation=operation, handlers=handlers)
-                lines = self._json_lines(response, operation, error_line)
+                lines = self._json_lines(response, operation, error_line, sse)
                 try:
                     yield lines
                 finally:
@@ -547,8 +551,15 @@ class ServerClient:
         response: httpx.Response,
         operation: str,
         error_line: Callable[[str, httpx.Response], InferenceError] | None,
+        sse: bool = False,
     ) -> AsyncGenerator[Any, None]:
         async for line in response.aiter_lines():
+            if sse:
+                if not line.startswith("data:"):
+                    continue
+                line = line[5:].strip()
+                if line == "[DONE]":
+                    return
             if not line.strip():
                 continue
             try:
@@ -556,7 +567,7 @@ class ServerClient:
             except ValueError as error:
                 raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
             if isinstance(item, dict) and "error" in item:
-                message = str(item["error"])
+                message = _server_message(item)
                 if error_line is not None:
                     raise error_line(message, response)
                 raise ServerResponseError(

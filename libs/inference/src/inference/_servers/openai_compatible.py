@@ -2,8 +2,9 @@
 
 :class:`OpenAICompatibleProvider` sends ``/v1/chat/completions`` requests (whole and streamed), or
 ``/v1/completions`` requests of plain text where a subclass chooses that route (``_route``: vLLM, for a model
-without a chat template), through the ``openai`` client over the pooled
-:class:`~inference._servers.http.ServerClient`, spreads them over one or more
+without a chat template), as JSON over the pooled :class:`~inference._servers.http.ServerClient` (not through
+the ``openai`` client, whose request transforms and response models cost more than the rest of a call), spreads
+them over one or more
 servers (replicas), skips a replica that refuses connections, and maps every failure into the error tree.
 A subclass gives its name, its settings (in :mod:`inference.registry`) and what its backend adds: the vLLM
 provider adds runtime LoRA routes and self-healing, the OpenAI provider nothing.
@@ -12,6 +13,7 @@ provider adds runtime LoRA routes and self-healing, the OpenAI provider nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import re
@@ -27,6 +29,7 @@ from inference.config import resolve_settings
 from inference.exceptions import (
     InferenceError,
     InvalidRequestError,
+    ProviderError,
     ProviderUnavailableError,
     ServerModelNotFoundError,
     ServerResponseError,
@@ -36,7 +39,6 @@ from inference.results import TokenLogprob
 
 if TYPE_CHECKING:
     import httpx
-    from openai import AsyncOpenAI
 
 __all__ = ["CHAT", "COMPLETIONS", "DOWN_SECONDS", "OpenAICompatibleProvider", "Replica", "ReplicaDown"]
 
@@ -46,9 +48,6 @@ CHAT = "chat"
 COMPLETIONS = "completions"
 """The route ``/v1/completions``: the prompt as plain text (:attr:`GenerationRequest.plain_prompt`)."""
 
-NO_API_KEY = "EMPTY"
-"""What the openai client sends when no key is configured (servers started without a key ignore it)."""
-
 DOWN_SECONDS = 5.0
 """A replica that refused a connection is tried last for this long (it is still tried if all are down)."""
 
@@ -56,7 +55,7 @@ _QUOTED_MODEL = re.compile(r"`([^`]*)`")
 
 
 class Replica:
-    """One server: its pooled HTTP client, the openai client over it, and how busy and reachable it is."""
+    """One server: its pooled HTTP client, and how busy and reachable it is."""
 
     def __init__(self, provider: OpenAICompatibleProvider, base_url: str, settings: Mapping[str, Any]) -> None:
         self.base_url = base_url
@@ -76,28 +75,10 @@ class Replica:
         self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
         self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
         self.route: asyncio.Future[str] | None = None  # CHAT or COMPLETIONS, once a subclass found out (vLLM)
-        self._api_key = provider._api_key
-        self._openai_module = provider._openai_module
-        self._openai: AsyncOpenAI | None = None
-        self._openai_http: httpx.AsyncClient | None = None
-
-    def openai(self) -> AsyncOpenAI:
-        """The openai client over the pooled HTTP client (made again when the pooled client changes)."""
-        http_client = self.http.client()
-        if self._openai is None or self._openai_http is not http_client:
-            self._openai = self._openai_module.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=self._api_key or NO_API_KEY,  # never None: the client would read OPENAI_API_KEY
-                http_client=http_client,
-                timeout=self.http.httpx_timeout,
-                max_retries=0,  # retries live in the pooled client's transport
-            )
-            self._openai_http = http_client
-        return self._openai
+        root = base_url.rstrip("/")
+        self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
 
     async def aclose(self) -> None:
-        self._openai = None
-        self._openai_http = None
         await self.http.aclose()
 
 
@@ -131,9 +112,8 @@ class OpenAICompatibleProvider(InferenceProvider):
 
     def __init__(self, **arguments: Any) -> None:
         settings = resolve_settings(self.name, {key: value for key, value in arguments.items() if value is not None})
-        # Imported with the provider (never by ``import inference``), not at first request: importing openai
-        # takes about half a second, which must not stall a running event loop.
-        self._openai_module = import_optional("openai", provider=self.name)
+        # Imported with the provider (never by ``import inference``), not at the first request.
+        import_optional("httpx", provider=self.name)
         self.base_url: str = settings["base_url"]
         self._api_key: str | None = settings["api_key"]
         self._settings = {key: value for key, value in settings.items() if key != "api_key"}  # the key: once
@@ -170,28 +150,28 @@ class OpenAICompatibleProvider(InferenceProvider):
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         async with self._chat(request, stream=False) as (replica, route, completion):
             try:
-                choice = completion.choices[0]
-                message = choice.message if route == CHAT else None
-                text = (message.content if message is not None else choice.text) or ""
+                choice = completion["choices"][0]
+                message = choice["message"] if route == CHAT else None
+                text = (message.get("content") if message is not None else choice.get("text")) or ""
                 if not isinstance(text, str):
                     raise TypeError(f"the answer's text is {type(text).__name__}, not text")
-                usage = completion.usage
+                usage = completion.get("usage")
                 # A server that reports no usage: the completion tokens are unknown too, so 0 as before, and
                 # the prompt's tokens are None, as in a stream without usage.
                 prompt_tokens: int | None
                 prompt_tokens, completion_tokens = _token_counts(usage) if usage is not None else (None, 0)
-                answered_model = _model_name(completion.model, request)
-                finish_reason = choice.finish_reason
+                answered_model = _model_name(completion.get("model"), request)
+                finish_reason = choice.get("finish_reason")
                 reasoning = reasoning_of(message) if message is not None else ""
                 logprobs = (
-                    self._logprobs(replica, request, _LOGPROBS[route](choice.logprobs, request.logprobs),
+                    self._logprobs(replica, request, _LOGPROBS[route](choice.get("logprobs"), request.logprobs),
                                    completion_tokens)
                     if request.logprobs is not None
                     else None
                 )
-            except (AttributeError, IndexError, TypeError) as error:
+            except (AttributeError, IndexError, KeyError, TypeError) as error:
                 raise replica.http.protocol_error(
-                    operation_of(request), f"an answer that is not a {route} completion ({error})"
+                    operation_of(request), f"an answer that is not a {route} completion ({error!r})"
                 ) from error
         return _result(
             request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs, reasoning
@@ -237,21 +217,21 @@ class OpenAICompatibleProvider(InferenceProvider):
                 except Exception as error:
                     raise replica.http.error_from_exception(error, operation=operation) from error
                 try:
-                    answered_model = _model_name(chunk.model, request, answered_model)
-                    if chunk.usage is not None:
-                        counts = _token_counts(chunk.usage)
-                    choices = chunk.choices or []
-                    delta = choices[0].delta if choices and route == CHAT else None
-                    content = delta.content if delta is not None else choices[0].text if choices else None
+                    answered_model = _model_name(chunk.get("model"), request, answered_model)
+                    if chunk.get("usage") is not None:
+                        counts = _token_counts(chunk["usage"])
+                    choices = chunk.get("choices") or []
+                    delta = choices[0].get("delta") if choices and route == CHAT else None
+                    content = delta.get("content") if delta is not None else choices[0].get("text") if choices else None
                     if content is not None and not isinstance(content, str):
                         raise TypeError(f"the chunk's text is {type(content).__name__}, not text")
-                    finished = choices[0].finish_reason if choices else None
+                    finished = choices[0].get("finish_reason") if choices else None
                     if request.logprobs is not None and choices:
-                        logprobs.extend(_LOGPROBS[route](getattr(choices[0], "logprobs", None), request.logprobs))
-                    announces_role = delta is not None and bool(getattr(delta, "role", None))
+                        logprobs.extend(_LOGPROBS[route](choices[0].get("logprobs"), request.logprobs))
+                    announces_role = delta is not None and bool(delta.get("role"))
                     if delta is not None:
                         thoughts.append(reasoning_of(delta))
-                except (AttributeError, IndexError, TypeError) as error:
+                except (AttributeError, IndexError, KeyError, TypeError) as error:
                     raise replica.http.protocol_error(
                         operation, f"a stream chunk that is not a {route} chunk ({error})"
                     ) from error
@@ -313,7 +293,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                     yield replica, route, answer
                 finally:
                     if stream:
-                        await answer.close()
+                        await answer.aclose()
                 return
             finally:
                 replica.in_flight -= 1
@@ -391,27 +371,33 @@ class OpenAICompatibleProvider(InferenceProvider):
             InferenceError: Any other failure, mapped by :meth:`_generation_error`.
         """
         try:
-            return await self._call(replica, arguments)
-        except Exception as error:
+            return await self._call(replica, request, arguments)
+        except InferenceError as error:
             if is_connect_failure(error):
-                raise ReplicaDown(replica.http.error_from_exception(error, operation=operation_of(request))) from error
-            raise self._generation_error(replica, error, request) from error
+                raise ReplicaDown(error) from error
+            raise
 
-    @staticmethod
-    async def _call(replica: Replica, arguments: dict[str, Any]) -> Any:
-        """The openai client's call for ``arguments``: ``completions.create`` when they carry a ``prompt``, else
-        ``chat.completions.create``."""
-        client = replica.openai()
-        if "prompt" in arguments:
-            return await client.completions.create(**arguments)
-        return await client.chat.completions.create(**arguments)
+    async def _call(
+        self,
+        replica: Replica,
+        request: GenerationRequest,
+        arguments: dict[str, Any],
+        *,
+        reloaded_from: str | None = None,
+    ) -> Any:
+        """POST ``arguments`` to their route (``/completions`` when they carry a ``prompt``, else
+        ``/chat/completions``): the parsed JSON answer, or for a stream an open :class:`ServerEvents`.
 
-    def _generation_error(
-        self, replica: Replica, error: Exception, request: GenerationRequest, *, reloaded_from: str | None = None
-    ) -> InferenceError:
-        """Map a failed chat request: status code first, with :meth:`_generation_handlers` for the cases."""
+        Raises:
+            InferenceError: The request failed, mapped by status with :meth:`_generation_handlers`.
+        """
+        url = replica.urls[COMPLETIONS if "prompt" in arguments else CHAT]
+        operation = operation_of(request)
         handlers = self._generation_handlers(request, reloaded_from)
-        return replica.http.error_from_exception(error, operation=operation_of(request), handlers=handlers)
+        if arguments.get("stream"):
+            return await ServerEvents.open(replica.http, url, arguments, operation=operation, handlers=handlers)
+        response = await replica.http.request("POST", url, operation=operation, json_body=arguments, handlers=handlers)
+        return replica.http.parse_json(response, operation=operation)
 
     def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
         def not_found(answer: ServerAnswer) -> ServerResponseError | None:
@@ -466,7 +452,7 @@ def _token_counts(usage: Any) -> tuple[int, int]:
     Raises:
         TypeError: A count is missing or not a non-negative integer.
     """
-    counts = (usage.prompt_tokens, usage.completion_tokens)
+    counts = (_field(usage, "prompt_tokens"), _field(usage, "completion_tokens"))
     for count in counts:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise TypeError(f"usage has token counts {counts!r}, not non-negative integers")
@@ -513,9 +499,8 @@ def response_format(schema: Mapping[str, Any], style: str) -> dict[str, Any]:
 def request_arguments(
     request: GenerationRequest, route: str = CHAT, *, stream: bool, schema_style: str = "json_schema"
 ) -> dict[str, Any]:
-    """The openai client's arguments for ``route``: only what the caller set; ``top_k`` and
-    ``repetition_penalty``, which the OpenAI API lacks, in ``extra_body``; ``json_schema`` as ``response_format``
-    (see :func:`response_format`).
+    """The JSON body for ``route``: only what the caller set; ``top_k`` and ``repetition_penalty``, which the OpenAI
+    API lacks, as vLLM's extra fields; ``json_schema`` as ``response_format`` (see :func:`response_format`).
 
     :data:`CHAT` sends the chat ``messages`` and ``logprobs`` as ``logprobs: true, top_logprobs: k``;
     :data:`COMPLETIONS` sends the plain-text ``prompt`` (the contents separated by blank lines, as for a model
@@ -542,13 +527,10 @@ def request_arguments(
         arguments["logprobs"] = request.logprobs
     if request.json_schema is not None:
         arguments["response_format"] = response_format(request.json_schema, schema_style)
-    extra_body: dict[str, Any] = {}
     if request.repetition_penalty is not None:
-        extra_body["repetition_penalty"] = request.repetition_penalty
+        arguments["repetition_penalty"] = request.repetition_penalty
     if request.top_k is not None:
-        extra_body["top_k"] = request.top_k
-    if extra_body:
-        arguments["extra_body"] = extra_body
+        arguments["top_k"] = request.top_k
     if stream:
         arguments["stream"] = True
         arguments["stream_options"] = {"include_usage": True}
@@ -556,7 +538,7 @@ def request_arguments(
 
 
 def _field(value: Any, name: str) -> Any:
-    """``value.name`` or ``value[name]`` (the openai client leaves fields it does not model as dicts)."""
+    """``value[name]`` of a JSON object, else ``value.name``; ``None`` when absent."""
     if isinstance(value, Mapping):
         return value.get(name)
     return getattr(value, name, None)
@@ -647,9 +629,50 @@ def reasoning_of(message: Any) -> str:
     """A reasoning model's thinking in a chat message or stream delta: vLLM's ``reasoning`` field (older servers
     and some gateways say ``reasoning_content``); ``""`` when there is none."""
     for name in ("reasoning", "reasoning_content"):
-        value = getattr(message, name, None)
-        if value is None:
-            value = (getattr(message, "model_extra", None) or {}).get(name)
+        value = _field(message, name)
         if isinstance(value, str) and value:
             return value
     return ""
+
+
+class ServerEvents:
+    """An open server-sent-events answer (``data: {...}`` lines until ``data: [DONE]``), each event parsed.
+
+    Iterate it for the events; :meth:`aclose` closes the response, which tells the server to stop generating.
+    An event with an ``"error"`` key (the server failing mid-answer) is raised as a :class:`ProviderError`.
+    """
+
+    def __init__(self, context: contextlib.AbstractAsyncContextManager[AsyncIterator[Any]]) -> None:
+        self._context = context
+        self._events: AsyncIterator[Any] | None = None
+
+    @classmethod
+    async def open(
+        cls, http: ServerClient, url: str, body: Any, *, operation: str, handlers: ErrorHandlers
+    ) -> ServerEvents:
+        """Send the request and return once the answer's status is in (an error status is raised, mapped)."""
+
+        def error_event(message: str, response: httpx.Response) -> InferenceError:
+            return ProviderError(
+                f"{http.where} reported an error during {operation}: {message}. The server failed; its log says why",
+                provider=http.provider,
+                url=http.base_url,
+            )
+
+        events = cls(
+            http.stream_json_lines(
+                "POST", url, operation=operation, json_body=body, handlers=handlers, error_line=error_event, sse=True
+            )
+        )
+        events._events = await events._context.__aenter__()
+        return events
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        assert self._events is not None
+        return self._events
+
+    async def aclose(self) -> None:
+        """Close the answer (the server stops generating). Safe to call twice."""
+        if self._events is not None:
+            self._events = None
+            await self._context.__aexit__(None, None, None)
