@@ -13,7 +13,9 @@ import inference
 from inference.fake_provider import FakeProvider
 from inference.provider import GenerationResult, InferenceProvider
 
-HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "openai", "peft")
+HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "openai", "peft", "vllm", "httpx", "jsonschema")
+"""Not imported by ``import inference`` nor by the fake provider: httpx comes with an HTTP provider (or a
+``Server*`` error), jsonschema with the first ``json_schema`` option."""
 
 
 def test_import_inference_loads_no_backend() -> None:
@@ -24,6 +26,20 @@ def test_import_inference_loads_no_backend() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_server_errors_are_still_httpx_errors_and_pickle() -> None:
+    import pickle
+
+    import httpx
+
+    from inference.exceptions import ServerAdapterNotFoundError, ServerResponseError
+
+    assert issubclass(ServerAdapterNotFoundError, httpx.HTTPStatusError)
+    assert inference.ServerResponseError is ServerResponseError
+    error = ServerAdapterNotFoundError("gone", request=None, response=None, provider="vllm")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is ServerAdapterNotFoundError and str(copy) == "gone"
 
 
 def test_seed_import_paths_and_lazy_top_level_names() -> None:

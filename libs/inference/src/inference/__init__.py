@@ -34,8 +34,6 @@ from inference.exceptions import (
     ProviderError,
     ProviderTimeoutError,
     ProviderUnavailableError,
-    RuntimeLoRADisabledError,
-    ServerResponseError,
     UnknownProviderError,
     UnsupportedOperationError,
 )
@@ -47,8 +45,9 @@ from inference.registry import PROVIDERS
 from inference.results import GenerationResult, ScoreResult, TokenLogprob
 
 if TYPE_CHECKING:
-    # For type checkers and editors only; at run time the provider classes come from __getattr__ below.
-    # Keep in step with inference.registry.PROVIDERS (tests/unit/test_registry.py checks).
+    # For type checkers and editors only; at run time these come from __getattr__ below (the provider classes:
+    # keep in step with inference.registry.PROVIDERS, tests/unit/test_registry.py checks).
+    from inference._server_errors import RuntimeLoRADisabledError, ServerResponseError
     from inference.fake_provider import FakeProvider
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.llamacpp_server_provider import LlamaCppServerProvider
@@ -62,6 +61,10 @@ __version__ = "0.1.0"
 
 _LAZY_CLASSES = {spec.class_name: spec.module for spec in PROVIDERS.values()}
 """Provider class name -> its module, imported on first access (from :data:`inference.registry.PROVIDERS`)."""
+
+
+_LAZY_CLASSES.update(RuntimeLoRADisabledError="inference.exceptions", ServerResponseError="inference.exceptions")
+"""Also the errors built from HTTP answers, which import httpx (see :mod:`inference._server_errors`)."""
 
 
 def __getattr__(name: str) -> Any:

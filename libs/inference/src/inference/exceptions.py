@@ -3,7 +3,9 @@
 Every error the SDK raises on purpose derives from :class:`InferenceError`. Errors carry the provider's
 name, the URL or path involved and, for server answers, the HTTP status; ``str(err)`` is a sentence that
 says what to do. Errors built from an HTTP answer also derive from ``httpx.HTTPStatusError`` (when httpx is
-installed), so code that catches ``httpx.HTTPStatusError`` around a request keeps working::
+installed), so code that catches ``httpx.HTTPStatusError`` around a request keeps working. Those classes (the
+``Server*`` errors and :class:`RuntimeLoRADisabledError`) live in :mod:`inference._server_errors` and are created
+on first use, so ``import inference`` does not import httpx::
 
     InferenceError
     ├── ConfigurationError (ValueError)          bad settings: unknown provider, URL without scheme, ...
@@ -33,20 +35,7 @@ installed), so code that catches ``httpx.HTTPStatusError`` around a request keep
 
 from __future__ import annotations
 
-from typing import Any
-
-try:  # httpx is light and comes with the HTTP extras; the base tree works without it.
-    from httpx import HTTPStatusError as _HTTPStatusBase
-except ImportError:  # pragma: no cover - exercised only without the HTTP extras
-
-    class _HTTPStatusBase(Exception):  # type: ignore[no-redef]
-        """Stand-in for ``httpx.HTTPStatusError`` when httpx is not installed."""
-
-        def __init__(self, message: str, *, request: Any = None, response: Any = None) -> None:
-            super().__init__(message)
-            self.request = request
-            self.response = response
-
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AdapterAlreadyLoadedError",
@@ -184,58 +173,33 @@ class ProtocolError(ProviderError):
     """The server's answer does not follow the protocol (malformed JSON, missing fields)."""
 
 
-class ServerResponseError(ProviderError, _HTTPStatusBase):
-    """The server answered with an error status.
+_SERVER_ERRORS = frozenset(
+    {
+        "RuntimeLoRADisabledError",
+        "ServerAdapterAlreadyLoadedError",
+        "ServerAdapterNotFoundError",
+        "ServerInvalidAdapterError",
+        "ServerModelNotFoundError",
+        "ServerResponseError",
+    }
+)
+"""The errors built from an HTTP answer: also ``httpx.HTTPStatusError``, so importing them imports httpx."""
 
-    Also an ``httpx.HTTPStatusError``: ``err.response.status_code`` and ``err.request`` work as there.
-
-    Args:
-        message: A sentence that says what went wrong and what to do.
-        request: The ``httpx.Request`` that was sent.
-        response: The ``httpx.Response`` that came back.
-        provider: Name of the provider.
-        url: The server's base URL.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        request: Any,
-        response: Any,
-        provider: str | None = None,
-        url: str | None = None,
-        path: str | None = None,
-    ) -> None:
-        # InferenceError.__init__ would hand the message on to httpx.HTTPStatusError.__init__, which needs
-        # request and response too: initialise the httpx side directly and set the SDK's attributes here.
-        _HTTPStatusBase.__init__(self, message, request=request, response=response)
-        self.message = message
-        self.provider = provider
-        self.url = url
-        self.path = path
-
-    @property
-    def status_code(self) -> int | None:
-        """The HTTP status of the answer."""
-        return getattr(self.response, "status_code", None)
+if TYPE_CHECKING:
+    from inference._server_errors import (
+        RuntimeLoRADisabledError,
+        ServerAdapterAlreadyLoadedError,
+        ServerAdapterNotFoundError,
+        ServerInvalidAdapterError,
+        ServerModelNotFoundError,
+        ServerResponseError,
+    )
 
 
-class RuntimeLoRADisabledError(ServerResponseError):
-    """vLLM answered 404 on its runtime LoRA route: it runs without runtime adapter loading."""
+def __getattr__(name: str) -> Any:
+    """The HTTP answer errors, imported (with httpx) on first access."""
+    if name in _SERVER_ERRORS:
+        from inference import _server_errors
 
-
-class ServerModelNotFoundError(ServerResponseError, ModelNotFoundError):
-    """The server answered that the model (or adapter used as a model) does not exist."""
-
-
-class ServerAdapterNotFoundError(ServerResponseError, AdapterNotFoundError):
-    """The server answered that no adapter with this name is loaded."""
-
-
-class ServerAdapterAlreadyLoadedError(ServerResponseError, AdapterAlreadyLoadedError):
-    """The server answered that an adapter with this name is already loaded."""
-
-
-class ServerInvalidAdapterError(ServerResponseError, InvalidAdapterError):
-    """The server refused the adapter (no adapter at the path, rank too large, DoRA, ...)."""
+        return getattr(_server_errors, name)
+    raise AttributeError(f"module 'inference.exceptions' has no attribute {name!r}")
