@@ -15,7 +15,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 LLAMA_SERVER_VENV := .venv-llama-server
 LLAMA_SERVER_STAMP := $(LLAMA_SERVER_VENV)/.installed-stamp
 
-.PHONY: install vllm-venv llama-server models test unit lint docs demo bench bench-vllm clean
+.PHONY: install vllm-venv llama-server models test unit lint docs demo bench bench-vllm bench-peers clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,17 @@ bench: install models
 # A real vLLM server and vLLM's engine in process (CPU build), in .venv-vllm: figures in docs/benchmarks.md.
 bench-vllm: vllm-venv models
 	$(VLLM_VENV)/bin/python scripts/bench_vllm.py
+
+# The SDK against LiteLLM and any-llm on one stub server (scripts/bench_peers.py); the peers live in .venv-peers only.
+PEERS_VENV := .venv-peers
+$(PEERS_VENV)/.installed-stamp: pyproject.toml
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet litellm any-llm-sdk openai
+	$(PEERS_VENV)/bin/python -m pip install --quiet --editable ".[vllm]"
+	touch $@
+
+bench-peers: $(PEERS_VENV)/.installed-stamp
+	$(PEERS_VENV)/bin/python scripts/bench_peers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -75,9 +75,10 @@ def expected_pairs(adapters: list[str], prompts: list[EvalPrompt]) -> list[tuple
     return sorted((adapter, prompt.id) for adapter in adapters for prompt in prompts)
 
 
-async def fake_output(prompt: EvalPrompt, adapter_id: str) -> str:
+async def fake_output(prompt: EvalPrompt, adapter_id: str, path: Path) -> str:
+    """What the fake answers for the adapter loaded from ``path`` (its text depends on the id and the path)."""
     fake = FakeProvider()
-    await fake.load_adapter(adapter_id, "/x")
+    await fake.load_adapter(adapter_id, path)
     result = await fake.generate(
         prompt.prompt, model="", adapter_id=adapter_id, system_prompt=prompt.system_prompt, max_tokens=6
     )
@@ -94,7 +95,7 @@ async def test_every_pair_gets_one_row_with_output_tokens_and_latency(tmp_path: 
     rows = read_rows(output)
     assert pairs(rows) == expected_pairs(["a0", "a1", "a2"], PROMPTS)
     row = next(row for row in rows if (row["adapter_id"], row["prompt_id"]) == ("a1", "p3"))
-    assert row["output"] == await fake_output(PROMPTS[3], "a1")
+    assert row["output"] == await fake_output(PROMPTS[3], "a1", adapters[1])
     assert row["adapter_path"] == str(adapters[1])
     assert row["completion_tokens"] <= 6 and row["prompt_tokens"] == 5  # 3 prompt words + 2 system words
     assert row["finish_reason"] in ("stop", "length") and row["latency_s"] >= 0
@@ -299,8 +300,8 @@ async def test_bad_inputs_fail_before_anything_is_written(tmp_path: Path) -> Non
 # Scoring -----------------------------------------------------------------------------------------------------
 
 
-async def scored_prompts() -> list[EvalPrompt]:
-    right = await fake_output(PROMPTS[0], "a0")
+async def scored_prompts(adapter: Path) -> list[EvalPrompt]:
+    right = await fake_output(PROMPTS[0], "a0", adapter)
     return [
         EvalPrompt("right", PROMPTS[0].prompt, None, f"  {right} "),
         EvalPrompt("wrong", PROMPTS[1].prompt, None, "something else"),
@@ -311,7 +312,7 @@ async def scored_prompts() -> list[EvalPrompt]:
 async def test_exact_match_scoring(tmp_path: Path) -> None:
     output = tmp_path / "r.jsonl"
     summary = await evaluate_adapters(
-        make_adapters(tmp_path, ["a0"]), await scored_prompts(), FAKE, output, scorer="exact"
+        [tmp_path / "a0"], await scored_prompts(make_adapters(tmp_path, ["a0"])[0]), FAKE, output, scorer="exact"
     )
     scores = {row["prompt_id"]: row["score"] for row in read_rows(output)}
     assert scores == {"right": 1.0, "wrong": 0.0, "unscored": None}

@@ -712,7 +712,7 @@ async def test_replace_swaps_the_path_and_the_same_path_is_a_no_op(
             await fresh.load_adapter("x", qwen2.adapter_dirs["a2"])
         assert await ask(fresh, "x") == adapter_texts["a0"]
         await fresh.load_adapter("x", qwen2.adapter_dirs["a2"], replace=True)
-        assert (calls.loads, calls.unloads) == (["x", "x"], ["x"])
+        assert (calls.loads, calls.unloads) == (["x", "x@2"], ["x"])  # the new weights beside the old, then a switch
         assert await ask(fresh, "x") == adapter_texts["a2"]
 
 

@@ -176,3 +176,4 @@ async def test_values_vllm_refuses_are_refused_before_sending(
     server, _, _ = both
     with pytest.raises(InvalidRequestError, match=message):
         await server.generate("hi", model="tiny", max_tokens=3, **options)
+

@@ -27,12 +27,12 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return status, captured.out, captured.err
 
 
-def fake_text(prompt: str, **arguments: object) -> str:
+def fake_text(prompt: str, *, adapter_path: str = "/x", **arguments: object) -> str:
     async def answer() -> str:
         fake = FakeProvider()
         adapter = arguments.get("adapter_id")
         if isinstance(adapter, str):
-            await fake.load_adapter(adapter, "/x")
+            await fake.load_adapter(adapter, adapter_path)
         return (await fake.generate(prompt, model="", **arguments)).text  # type: ignore[arg-type]
 
     return asyncio.run(answer())
@@ -88,7 +88,8 @@ def test_generate_with_an_adapter_path_loads_it_under_its_name(
     (tmp_path / "my style").mkdir()
     status, out, _ = run(["generate", "Hi", "--provider", "fake", "--adapter", str(tmp_path / "my style")], capsys)
     assert status == 0
-    assert out.strip() == fake_text("Hi", adapter_id="my-style", max_tokens=256)
+    expected = fake_text("Hi", adapter_id="my-style", adapter_path=str(tmp_path / "my style"), max_tokens=256)
+    assert out.strip() == expected
     assert out.startswith("[my-style] ")
 
 

@@ -343,3 +343,101 @@ async def test_an_adapter_walks_through_the_documented_states() -> None:
     provider.gate.set()
     await asyncio.gather(in_flight, unloading)
     assert registry.state_of("a") is None and await provider.list_adapters() == ["b"]
+
+
+# Atomic replace ---------------------------------------------------------------------------------------------
+
+
+async def expected_text(adapter_id: str, path: str, prompt: str) -> str:
+    """What ``adapter_id`` loaded from ``path`` answers to ``prompt`` on a fresh fake."""
+    reference = FakeProvider()
+    await reference.load_adapter(adapter_id, path)
+    return (await reference.generate(prompt, model="m", adapter_id=adapter_id, max_tokens=6)).text
+
+
+async def test_a_replace_serves_the_old_weights_until_the_new_ones_are_loaded() -> None:
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/v1/a")
+    provider.gate.clear()
+    old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
+    await asyncio.sleep(0)
+    provider.load_delay = 0.05
+    replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
+    await asyncio.sleep(0.01)
+    assert provider._adapter_path("a") == "/v1/a"  # still the old weights while the new ones load
+    provider.gate.set()
+    during = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    assert during.text == await expected_text("a", "/v1/a", "p")
+    await replacing
+    after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    assert (await old_request).text == during.text
+    assert after.text == await expected_text("a", "/v2/a", "p") != during.text
+    assert after.adapter_id == "a" and await provider.list_adapters() == ["a"]
+    assert provider.resident_adapters == ["a@2"]  # the old weights are gone from the backend
+
+
+async def test_a_replace_that_fails_leaves_the_old_adapter_serving() -> None:
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/v1/a")
+    before = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    with pytest.raises(InvalidAdapterError, match="corrupt"):
+        await provider.load_adapter("a", "/adapters/corrupt", replace=True)
+    assert provider._adapter_path("a") == "/v1/a" and provider.resident_adapters == ["a"]
+    assert (await provider.generate("p", model="m", adapter_id="a", max_tokens=6)).text == before.text
+
+
+async def test_requests_that_started_before_the_switch_finish_on_the_old_weights_then_they_are_unloaded() -> None:
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/v1/a")
+    provider.gate.clear()
+    old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
+    await asyncio.sleep(0)
+    replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
+    await asyncio.sleep(0.01)
+    assert not replacing.done() and sorted(provider.resident_adapters) == ["a", "a@2"]  # the old one drains
+    new_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
+    await asyncio.sleep(0)
+    provider.gate.set()
+    assert (await old_request).text == await expected_text("a", "/v1/a", "p")
+    assert (await new_request).text == await expected_text("a", "/v2/a", "p")
+    await replacing
+    assert provider.resident_adapters == ["a@2"]
+
+
+async def test_200_generations_through_20_replacements_half_of_them_bad_never_fail_or_mix() -> None:
+    """Every result is the output of the weights current when its request started; none fails."""
+    provider = GatedProvider()
+    provider.load_delay = 0.002
+    await provider.load_adapter("a", "/v0/a")
+    prompts = [f"prompt {index % 7}" for index in range(200)]
+    started_on: list[str] = []
+
+    async def one(prompt: str) -> GenerationResult:
+        started_on.append(provider._adapter_path("a") or "")  # the weights current as the request starts
+        return await provider.generate(prompt, model="m", adapter_id="a", max_tokens=6)
+
+    async def replacements() -> int:
+        good = 0
+        for round_ in range(20):
+            path = f"/v{round_ + 1}/a" if round_ % 2 == 0 else f"/adapters/corrupt-{round_}"
+            try:
+                await provider.load_adapter("a", path, replace=True)
+                good += 1
+            except InvalidAdapterError:
+                pass
+            await asyncio.sleep(0.001)
+        return good
+
+    async def generations() -> list[GenerationResult]:
+        results = []
+        for start in range(0, 200, 20):
+            results += await asyncio.gather(*(one(prompt) for prompt in prompts[start : start + 20]))
+            await asyncio.sleep(0.001)
+        return results
+
+    results, good = await asyncio.gather(generations(), replacements())
+    assert good == 10 and len(results) == 200
+    for prompt, path, result in zip(prompts, started_on, results, strict=True):
+        assert result.text == await expected_text("a", path, prompt), (prompt, path)
+    assert len(set(started_on)) > 2  # the generations did run across several replacements
+    assert len(provider.resident_adapters) == 1  # every replaced version was unloaded

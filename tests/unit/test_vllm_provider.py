@@ -308,16 +308,38 @@ async def test_loading_the_same_id_and_path_again_sends_nothing(provider: VLLMPr
     await generates(provider, mock)
 
 
-async def test_replace_unloads_then_loads_the_new_path(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+async def test_replace_loads_the_new_weights_beside_the_old_then_switches(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
     load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
     unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    chat = mock.post(CHAT).mock(return_value=completion())
     await provider.load_adapter("a1", "/adapters/v1")
     await provider.load_adapter("a1", "/adapters/v2", replace=True)
+    # A new served name for the new weights (vLLM's load_inplace re-reads from disk and keeps stale prefix-cache
+    # entries), then the old name is unloaded once nothing uses it.
     assert [sent_body(call) for call in load.calls] == [
         {"lora_name": "a1", "lora_path": "/adapters/v1"},
-        {"lora_name": "a1", "lora_path": "/adapters/v2"},
+        {"lora_name": "a1@2", "lora_path": "/adapters/v2"},
     ]
     assert sent(unload) == {"lora_name": "a1"}
+    mock.get(f"{BASE}/models").mock(return_value=served_models("a1@2"))
+    result = await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert sent(chat)["model"] == "a1@2" and result.adapter_id == "a1"
+    assert await provider.list_adapters() == ["a1"]
+
+
+async def test_a_replace_that_fails_keeps_the_old_adapter(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+    load = mock.post(LOAD)
+    load.side_effect = [httpx.Response(200, text="Success"), no_adapter_found("a1@2", "/adapters/missing")]
+    unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    chat = mock.post(CHAT).mock(return_value=completion())
+    await provider.load_adapter("a1", "/adapters/v1")
+    with pytest.raises(ServerInvalidAdapterError):
+        await provider.load_adapter("a1", "/adapters/missing", replace=True)
+    assert unload.call_count == 0
+    await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert sent(chat)["model"] == "a1"
 
 
 async def test_server_already_has_the_name(provider: VLLMProvider, mock: respx.MockRouter) -> None:

@@ -31,7 +31,9 @@ class FakeProvider(InferenceProvider):
     properties, items, enum, const, anyOf, ``$ref``, minimum/maximum), or raises
     :class:`~inference.exceptions.InvalidRequestError` for a schema it cannot satisfy.
 
-    The same request always gives the same text; a different adapter gives a different text. Adapters
+    The same request always gives the same text; a different adapter gives a different text, and so does an
+    adapter replaced with ``load_adapter(..., replace=True)`` from another path (the text depends on the adapter's
+    id and path). Adapters
     live in memory: ``load_adapter`` records the path (nothing is read), and the lifecycle rules of every
     provider apply (duplicate ids, unknown ids, unload waiting for requests, ``max_adapters`` eviction).
     ``stream`` yields the text word by word.
@@ -71,6 +73,11 @@ class FakeProvider(InferenceProvider):
     def __repr__(self) -> str:
         return f"FakeProvider(resident={sorted(self._resident)})"
 
+    @property
+    def resident_adapters(self) -> list[str]:
+        """Backend names of the adapters "in memory" now, sorted (a replaced adapter's new weights are ``id@n``)."""
+        return sorted(self._resident)
+
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         await asyncio.sleep(0)  # a real provider yields to the loop too
         return self._answer(request)
@@ -95,10 +102,12 @@ class FakeProvider(InferenceProvider):
     def _answer(self, request: GenerationRequest) -> GenerationResult:
         if request.adapter_id is not None and request.adapter_id not in self._resident:
             raise AssertionError(f"adapter {request.adapter_id!r} used while not resident: lifecycle bug")
-        words = _words_for(request)
+        weights = self._weights(request.adapter_id)
+        words = _words_for(request, weights)
         finish_reason = "length" if len(words) > request.max_tokens else "stop"
         words = words[: request.max_tokens]
-        text = f"[{request.adapter_id or 'base'}] " + " ".join(words)
+        label = request.adapter_id.partition("@")[0] if request.adapter_id else "base"  # the id, not its version
+        text = f"[{label}] " + " ".join(words)
         if request.json_schema is not None:
             text, finish_reason = json.dumps(_instance(request.json_schema, words, request.json_schema)), "stop"
             _check_instance(text, request.json_schema, self.name)
@@ -114,7 +123,7 @@ class FakeProvider(InferenceProvider):
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=len(words),
-            logprobs=None if request.logprobs is None else _logprobs(text, request),
+            logprobs=None if request.logprobs is None else _logprobs(text, request, weights),
         )
 
     async def _score(self, request: ScoreRequest) -> ScoreResult:
@@ -125,11 +134,21 @@ class FakeProvider(InferenceProvider):
         await asyncio.sleep(0)
         return self._score_words(request, "")
 
+    def _weights(self, backend_name: str | None) -> str:
+        """What stands for an adapter's weights: its id and the path it was loaded from (``""``: the base model).
+
+        An adapter replaced with another path answers differently; one loaded again from the same path, under
+        the same id, answers as before.
+        """
+        if backend_name is None:
+            return ""
+        return f"{backend_name.partition('@')[0]}:{self._resident[backend_name]}"
+
     def _score_words(self, request: ScoreRequest, context: str) -> ScoreResult:
         if request.adapter_id is not None and request.adapter_id not in self._resident:
             raise AssertionError(f"adapter {request.adapter_id!r} used while not resident: lifecycle bug")
         words = request.continuation.split() or [request.continuation]
-        adapter = request.adapter_id or ""
+        adapter = self._weights(request.adapter_id)
         logprobs = [_word_logprob(context, adapter, str(index), word) for index, word in enumerate(words)]
         return ScoreResult(
             logprob=sum(logprobs),
@@ -140,11 +159,11 @@ class FakeProvider(InferenceProvider):
         )
 
 
-def _logprobs(text: str, request: GenerationRequest) -> tuple[TokenLogprob, ...]:
+def _logprobs(text: str, request: GenerationRequest, weights: str) -> tuple[TokenLogprob, ...]:
     """One entry per word of ``text``: its log-probability, and ``logprobs`` alternatives, each less likely."""
     entries = []
     for index, piece in enumerate(re.findall(r"\s*\S+", text)):
-        value = _word_logprob(request.adapter_id or "", str(index), piece) / 4
+        value = _word_logprob(weights, str(index), piece) / 4
         alternatives = [(piece, value)]
         for rank, word in enumerate(_WORDS):
             if len(alternatives) >= (request.logprobs or 0):
@@ -154,7 +173,7 @@ def _logprobs(text: str, request: GenerationRequest) -> tuple[TokenLogprob, ...]
         entries.append(TokenLogprob(piece, value, tuple(alternatives[: request.logprobs])))
     return tuple(entries)
 
-def _words_for(request: GenerationRequest) -> list[str]:
+def _words_for(request: GenerationRequest, weights: str) -> list[str]:
     """Between 8 and 23 words chosen by a hash of what the request asks.
 
     A message list hashes as its system messages' and its other messages' contents, so ``[system S, user U]``
@@ -163,7 +182,7 @@ def _words_for(request: GenerationRequest) -> list[str]:
     messages = request.messages
     system = "\n\n".join(message["content"] for message in messages if message["role"] == "system")
     turns = "\n\n".join(message["content"] for message in messages if message["role"] != "system")
-    digest = _digest(turns, system, request.adapter_id or "", str(request.seed))
+    digest = _digest(turns, system, weights, str(request.seed))
     return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
 
 

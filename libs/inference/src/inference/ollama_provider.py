@@ -371,6 +371,11 @@ class OllamaProvider(InferenceProvider):
 
     # Generation -------------------------------------------------------------------------------------------
 
+    def _versioned_adapter_name(self, adapter_id: str, version: int) -> str:
+        """``id.replaced-N``: Ollama model names cannot hold the default ``@`` (an id of that form is the user's
+        to avoid)."""
+        return f"{adapter_id}.replaced-{version}"
+
     def _model_for(self, request: GenerationRequest) -> str:
         if request.adapter_id is not None:
             return self.derived_model(request.adapter_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from abc import ABC, abstractmethod
@@ -18,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
-from inference._core.lifecycle import AdapterRegistry
+from inference._core.lifecycle import AdapterRegistry, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
 from inference._core.validation import GenerationRequest, ScoreRequest, validate_adapter_id
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
@@ -127,8 +128,8 @@ class InferenceProvider(ABC):
             ProviderError: The backend failed (unavailable, timeout, error status).
         """
         request = self._request(locals())
-        async with self._adapter_in_use(request.adapter_id):
-            return await self._generate(request)
+        async with self._adapter_in_use(request.adapter_id) as backend:
+            return _as_asked(await self._generate(_sent_as(request, backend)), request.adapter_id)
 
     async def stream(
         self,
@@ -176,11 +177,11 @@ class InferenceProvider(ABC):
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
         request = self._request(locals())
-        async with self._adapter_in_use(request.adapter_id):
-            events = self._stream(request)
+        async with self._adapter_in_use(request.adapter_id) as backend:
+            events = self._stream(_sent_as(request, backend))
             try:
                 async for event in events:
-                    yield event
+                    yield event if isinstance(event, str) else _as_asked(event, request.adapter_id)
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
 
@@ -264,8 +265,8 @@ class InferenceProvider(ABC):
             provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
         )
         self._require_scoring("score")
-        async with self._adapter_in_use(request.adapter_id):
-            return await self._score(request)
+        async with self._adapter_in_use(request.adapter_id) as backend:
+            return _as_asked(await self._score(_sent_as(request, backend)), request.adapter_id)
 
     async def score_rolling(self, text: str, model: str, adapter_id: str | None = None) -> ScoreResult:
         """The log-likelihood of all of ``text`` (lm-eval's ``loglikelihood_rolling``), for perplexity.
@@ -283,8 +284,8 @@ class InferenceProvider(ABC):
             provider=self.name, context="", continuation=text, model=model, adapter_id=adapter_id
         )
         self._require_scoring("score_rolling")
-        async with self._adapter_in_use(request.adapter_id):
-            return await self._score_rolling(request)
+        async with self._adapter_in_use(request.adapter_id) as backend:
+            return _as_asked(await self._score_rolling(_sent_as(request, backend)), request.adapter_id)
 
     async def score_batch(
         self,
@@ -502,6 +503,10 @@ class InferenceProvider(ABC):
         """Path of an adapter the backend holds without this object having loaded it, else ``None``."""
         return None
 
+    def _versioned_adapter_name(self, adapter_id: str, version: int) -> str:
+        """The backend name of an adapter's ``version``-th weights after ``load_adapter(..., replace=True)``."""
+        return default_versioned_name(adapter_id, version)
+
     def _adapter_path(self, adapter_id: str) -> str | None:
         """The path ``adapter_id`` was loaded from (for backends that must load it again)."""
         return self._adapter_registry.path_of(adapter_id)
@@ -516,12 +521,14 @@ class InferenceProvider(ABC):
                 unload=self._unload_adapter,
                 capacity=lambda: self.max_adapters,
                 discover=self._discover_adapter,
+                versioned=self._versioned_adapter_name,
             )
             self.__dict__["_registry_instance"] = registry
         return registry
 
-    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
-        """Hold ``adapter_id`` loaded for the duration of one request (nothing for the base model)."""
+    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[str | None]:
+        """Hold ``adapter_id`` loaded for the duration of one request (nothing for the base model); gives the
+        backend name to send the request under (the id itself until the adapter is replaced)."""
         if adapter_id is None:
             return contextlib.nullcontext()
         self._require_adapter_support("generate with an adapter_id")
@@ -537,3 +544,21 @@ class InferenceProvider(ABC):
             "check the provider's supports_adapters attribute before calling it",
             provider=self.name,
         )
+
+
+_Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)
+_Answered = TypeVar("_Answered", GenerationResult, ScoreResult)
+
+
+def _sent_as(request: _Sent, backend: str | None) -> _Sent:
+    """The request as the backend receives it: under the adapter's backend name (its id until it is replaced)."""
+    if backend is None or backend == request.adapter_id:
+        return request
+    return dataclasses.replace(request, adapter_id=backend)
+
+
+def _as_asked(result: _Answered, adapter_id: str | None) -> _Answered:
+    """The result under the adapter id the caller asked for, whatever backend name served it."""
+    if result.adapter_id == adapter_id:
+        return result
+    return dataclasses.replace(result, adapter_id=adapter_id)

@@ -158,8 +158,6 @@ _SPECS = (
                     "Where PEFT adapters converted to GGUF are cached",
                     none_means="~/.cache/inference-adapters"),
             _max_adapters("LLAMACPP"),
-            Setting("n_parallel", "LLAMACPP_N_PARALLEL", 1, "int",
-                    "Sequences decoded together (continuous batching); they share n_ctx", minimum=1),
         ),
     ),
     ProviderSpec(

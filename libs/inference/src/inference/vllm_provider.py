@@ -697,7 +697,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         Returns:
             One :class:`ReplicaReconciliation` per replica.
         """
-        expected = {adapter_id: self._adapter_path(adapter_id) for adapter_id in self._adapter_registry.ids()}
+        expected = {name: self._adapter_path(name) for name in self._adapter_registry.backend_names().values()}
         results = await asyncio.gather(*(self._reconcile_one(replica, expected) for replica in self._replicas))
         return ReconcileReport(replicas=tuple(results))
 

@@ -5,12 +5,17 @@ The registry is the single place that decides:
 - concurrent ``load_adapter`` calls for one id and path load it once (a failed load fails every caller);
 - an id loaded with another path is refused unless the caller asks to replace it; paths are compared by
   what they name (:func:`~inference._core.paths.path_identity`), so ``a/x/`` and ``./a/x`` are one path;
+- a replacement is atomic: the new weights load under a new backend name while the old ones keep serving, then
+  the id switches to them; requests that started before the switch finish on the old weights, which are
+  unloaded after them; a replacement that fails to load leaves the old adapter as it was;
 - ``unload_adapter`` waits for the adapter's requests in flight, and refuses new ones meanwhile;
 - with a capacity (``max_adapters``), the least recently used adapter that is neither pinned nor in use is
   evicted from the backend, stays listed, and is loaded again transparently when a request needs it.
 
-Backends only do the real work through two callables, ``load(id, path)`` and ``unload(id)``, which the
-registry never calls twice at once for the same id.
+Backends only do the real work through two callables, ``load(name, path)`` and ``unload(name)``, which the
+registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
+the id itself until it is first replaced, then ``versioned(id, n)`` (``use()`` yields it, and requests are sent to
+the backend under it).
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ logger = logging.getLogger("inference.adapters")
 BackendLoad = Callable[[str, str], Awaitable[None]]
 BackendUnload = Callable[[str], Awaitable[None]]
 BackendDiscover = Callable[[str], Awaitable[str | None]]
+VersionedName = Callable[[str, int], str]
+
+
+def default_versioned_name(adapter_id: str, version: int) -> str:
+    """``id@version``: ``@`` is not allowed in an adapter id, so no id the user loads can take this name."""
+    return f"{adapter_id}@{version}"
 
 
 class AdapterState(enum.Enum):
@@ -60,6 +71,7 @@ class _Entry:
     """
 
     path: str
+    backend: str = ""
     identity: str = ""
     pinned: bool = False
     resident: bool = False
@@ -93,6 +105,7 @@ class AdapterRegistry:
         capacity: Returns the most adapters to keep resident (``None`` = unlimited); read on each load.
         discover: Asked about an id the registry does not know; returns the path of an adapter the backend
             already holds (e.g. created by an earlier process), which is then recorded as resident, or ``None``.
+        versioned: The backend name of an id's ``n``-th replacement (default ``id@n``).
     """
 
     def __init__(
@@ -102,23 +115,39 @@ class AdapterRegistry:
         unload: BackendUnload,
         capacity: Callable[[], int | None],
         discover: BackendDiscover,
+        versioned: VersionedName = default_versioned_name,
     ) -> None:
         self._provider = provider
+        self._versioned = versioned
+        self._versions = itertools.count(2)
         self._load = load
         self._unload = unload
         self._capacity = capacity
         self._discover = discover
         self._entries: dict[str, _Entry] = {}
+        self._by_backend: dict[str, _Entry] = {}  # backend name -> entry, for replaced ids and draining versions
+        self._replacing: dict[str, asyncio.Lock] = {}
+        self._retiring: set[asyncio.Future[None]] = set()  # retirements left to run by a cancelled replace
         self._clock = itertools.count(1)
 
     def ids(self) -> list[str]:
         """Ids the user loaded (resident or evicted), not those being unloaded."""
         return [adapter_id for adapter_id, entry in self._entries.items() if not entry.unloading]
 
-    def path_of(self, adapter_id: str) -> str | None:
-        """The path ``adapter_id`` was loaded from, or ``None``."""
-        entry = self._entries.get(adapter_id)
+    def path_of(self, name: str) -> str | None:
+        """The path an adapter id, or a backend name in use now (a replaced id's, or one still draining), was
+        loaded from; ``None`` when neither is known."""
+        entry = self._entries.get(name) or self._by_backend.get(name)
         return entry.path if entry is not None else None
+
+    def backend_name(self, adapter_id: str) -> str:
+        """The backend name of the id's current weights (the id itself until it is replaced)."""
+        entry = self._entries.get(adapter_id)
+        return entry.backend if entry is not None else adapter_id
+
+    def backend_names(self) -> dict[str, str]:
+        """Id -> backend name of every adapter the user loaded (not those being unloaded)."""
+        return {adapter_id: entry.backend for adapter_id, entry in self._entries.items() if not entry.unloading}
 
     def state_of(self, adapter_id: str) -> AdapterState | None:
         """The lifecycle state of ``adapter_id``, or ``None`` when it is not recorded."""
@@ -145,7 +174,7 @@ class AdapterRegistry:
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
-                entry = _Entry(path=path, identity=identity, pinned=pin)
+                entry = _Entry(path=path, backend=adapter_id, identity=identity, pinned=pin)
                 self._entries[adapter_id] = entry
                 try:
                     await self._make_resident(adapter_id, entry)
@@ -173,7 +202,8 @@ class AdapterRegistry:
                     provider=self._provider,
                     path=path,
                 )
-            await self.unload(adapter_id)
+            await self._replace(adapter_id, entry, path, identity)
+            return
 
     async def unload(self, adapter_id: str) -> None:
         """Unload ``adapter_id`` once its requests in flight have finished."""
@@ -190,7 +220,7 @@ class AdapterRegistry:
                 await asyncio.shield(entry.transition)
             if entry.resident:
                 async with self._transition(entry):
-                    await self._finish(entry, self._unload(adapter_id), resident_after=False)
+                    await self._finish(entry, self._unload(entry.backend), resident_after=False)
         except BaseException:
             entry.unloading = False
             if not entry.resident and self._entries.get(adapter_id) is entry:
@@ -199,12 +229,17 @@ class AdapterRegistry:
         else:
             if self._entries.get(adapter_id) is entry:
                 del self._entries[adapter_id]
+            self._by_backend.pop(entry.backend, None)
         finally:
             entry.unloaded.set_result(None)  # a load of the same id waiting for this unload goes on
 
     @asynccontextmanager
-    async def use(self, adapter_id: str) -> AsyncIterator[None]:
-        """Hold ``adapter_id`` resident for one request; it cannot be unloaded or evicted meanwhile."""
+    async def use(self, adapter_id: str) -> AsyncIterator[str]:
+        """Hold ``adapter_id`` resident for one request; it cannot be unloaded or evicted meanwhile.
+
+        Yields the backend name to send the request under: the weights current when the request starts, kept
+        until it ends even if the id is replaced meanwhile.
+        """
         while True:
             entry = self._entries.get(adapter_id) or await self._discovered(adapter_id)
             if entry is None or entry.unloading:
@@ -219,7 +254,7 @@ class AdapterRegistry:
         entry.in_flight += 1
         entry.last_used = next(self._clock)
         try:
-            yield
+            yield entry.backend
         finally:
             entry.in_flight -= 1
             if entry.in_flight == 0 and entry.drained is not None:
@@ -228,13 +263,84 @@ class AdapterRegistry:
     def clear(self) -> None:
         """Forget every record (the provider is closing and frees its backend itself)."""
         self._entries.clear()
+        self._by_backend.clear()
 
     # Internals ------------------------------------------------------------------------------------------
+
+    async def _replace(self, adapter_id: str, old: _Entry, path: str, identity: str) -> None:
+        """Load ``path`` under a new backend name beside the old weights, switch the id to it, then unload the
+        old weights once the requests that use them have finished.
+
+        The old entry stays the id's record (serving, listed) until the new weights are loaded; a failed load
+        raises and changes nothing. Concurrent replacements of one id take turns.
+        """
+        lock = self._replacing.setdefault(adapter_id, asyncio.Lock())
+        async with lock:
+            restart = self._entries.get(adapter_id) is not old or old.transition is not None or old.unloading
+            # (another replacement, an eviction or an unload ran meanwhile: start over with what the id is now)
+            interrupted = None if restart else await self._load_beside(adapter_id, old, path, identity)
+        if restart:
+            await self.load(adapter_id, path, replace=True, pin=old.pinned)
+            return
+        if interrupted is not None:
+            self._retiring.add(asyncio.ensure_future(self._retire(old)))  # the caller is gone; finish without it
+            raise interrupted
+        await self._retire(old)
+
+    async def _load_beside(self, adapter_id: str, old: _Entry, path: str, identity: str) -> BaseException | None:
+        """Load ``path`` under a new backend name while ``old`` serves, then switch the id to it.
+
+        Returns the cancellation that arrived after the backend had loaded the new weights (the switch is made
+        anyway: the backend holds them), else ``None``. A failed load raises with ``old`` untouched.
+        """
+        new = _Entry(
+            path=path, backend=self._versioned(adapter_id, next(self._versions)), identity=identity, pinned=old.pinned
+        )
+        self._by_backend[new.backend] = new
+        interrupted: BaseException | None = None
+        try:
+            async with self._transition(new):
+                await self._finish(new, self._load(new.backend, new.path), resident_after=True)
+        except BaseException as error:
+            if not new.resident:
+                self._by_backend.pop(new.backend, None)
+                raise
+            interrupted = error
+        new.loads = 1
+        new.last_used = next(self._clock)
+        self._entries[adapter_id] = new  # the switch: from here on use() hands out the new backend name
+        self._by_backend.setdefault(old.backend, old)
+        logger.info("%s: adapter %r now serves %s (was %s)", self._provider, adapter_id, path, old.path)
+        return interrupted
+
+    async def _retire(self, old: _Entry) -> None:
+        """Unload replaced weights after the requests still using them."""
+        old.unloading = True
+        try:
+            if old.in_flight:
+                old.drained = asyncio.Event()
+                await old.drained.wait()
+            while old.transition is not None:
+                await asyncio.shield(old.transition)
+            if old.resident:
+                async with self._transition(old):
+                    await self._finish(old, self._unload(old.backend), resident_after=False)
+        except Exception:
+            logger.warning(
+                "%s: unloading the replaced weights %r failed; they stay in the backend",
+                self._provider,
+                old.backend,
+                exc_info=True,
+            )
+        finally:
+            if not old.resident:
+                self._by_backend.pop(old.backend, None)
+            self._retiring = {task for task in self._retiring if not task.done()}
 
     async def _make_resident(self, adapter_id: str, entry: _Entry) -> None:
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
-            await self._finish(entry, self._load(adapter_id, entry.path), resident_after=True)
+            await self._finish(entry, self._load(entry.backend, entry.path), resident_after=True)
         entry.loads += 1
         entry.last_used = next(self._clock)
 
@@ -312,7 +418,7 @@ class AdapterRegistry:
             entry.evicting = True
             try:
                 async with self._transition(entry):
-                    await self._finish(entry, self._unload(victim), resident_after=False)
+                    await self._finish(entry, self._unload(entry.backend), resident_after=False)
             finally:
                 entry.evicting = False
 
@@ -324,7 +430,9 @@ class AdapterRegistry:
         path = await self._discover(adapter_id)
         if path is None:
             return None
-        entry = self._entries.setdefault(adapter_id, _Entry(path=path, identity=path_identity(path), resident=True))
+        entry = self._entries.setdefault(
+            adapter_id, _Entry(path=path, backend=adapter_id, identity=path_identity(path), resident=True)
+        )
         entry.last_used = next(self._clock)
         return entry
 

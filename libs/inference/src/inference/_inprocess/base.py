@@ -127,7 +127,7 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
         """Refuse a request to a closed provider before it is queued (subclasses add their own checks)."""
         self._check_open()
 
-    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[None]:
+    def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[str | None]:
         """As the base class, but a closed provider says so first, whether or not the request uses an adapter."""
         self._check_open()
         return super()._adapter_in_use(adapter_id)

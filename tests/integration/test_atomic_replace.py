@@ -1,0 +1,97 @@
+"""``load_adapter(id, path, replace=True)`` is atomic on the real in-process backends.
+
+200 greedy generations run while the adapter is replaced 20 times, half of the times with a bad path (missing, or a
+directory that is no adapter). Every generation must give exactly the answer of the weights that were current when
+it started (looked up on the same provider under other ids), and none may fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from inference.exceptions import InvalidAdapterError
+from inference.llamacpp_provider import LlamaCppProvider
+from inference.provider import InferenceProvider
+from inference.transformers_provider import TransformersProvider
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and", "Dear diary"]
+
+
+@pytest_asyncio.fixture(params=["transformers", "llamacpp"], scope="module", loop_scope="module")
+async def provider(request: pytest.FixtureRequest, tiny_models: dict[str, Any]) -> AsyncIterator[InferenceProvider]:
+    model = tiny_models["qwen2"]
+    backend: InferenceProvider
+    if request.param == "transformers":
+        backend = TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32")
+    else:
+        backend = LlamaCppProvider(model_path=model.gguf_path, n_ctx=512, kv_cache_type="f32")
+    yield backend
+    await backend.aclose()
+
+
+async def test_200_generations_through_20_replacements_never_fail_or_mix(
+    provider: InferenceProvider, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    model = tiny_models["qwen2"]
+    good = [str(model.adapter_dirs[name]) for name in ("a1", "a2")]
+    not_an_adapter = tmp_path / "not-an-adapter"
+    not_an_adapter.mkdir()
+    (not_an_adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    bad = [str(tmp_path / "missing"), str(not_an_adapter)]
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "temperature": 0}
+
+    expected: dict[tuple[str, str], str] = {}
+    for index, path in enumerate([str(model.adapter_dirs["a0"]), *good]):
+        await provider.load_adapter(f"reference-{index}", path)
+        for prompt in PROMPTS:
+            expected[path, prompt] = (await provider.generate(prompt, adapter_id=f"reference-{index}", **greedy)).text
+        await provider.unload_adapter(f"reference-{index}")
+    assert len({expected[path, PROMPTS[0]] for path, _ in expected}) == 3  # three different adapters
+
+    await provider.load_adapter("live", model.adapter_dirs["a0"])
+    started_on: list[str] = []
+
+    async def one(prompt: str) -> str:
+        started_on.append(provider._adapter_path("live") or "")  # the weights current as the request starts
+        return (await provider.generate(prompt, adapter_id="live", **greedy)).text
+
+    async def replacements() -> list[str]:
+        outcomes = []
+        for round_ in range(20):
+            path = good[round_ // 2 % 2] if round_ % 2 == 0 else bad[round_ // 2 % 2]
+            try:
+                await provider.load_adapter("live", path, replace=True)
+                outcomes.append("replaced")
+            except InvalidAdapterError:
+                outcomes.append("refused")
+            await asyncio.sleep(0.005)
+        return outcomes
+
+    async def generations() -> list[str]:
+        texts: list[str] = []
+        for start in range(0, 200, 10):
+            texts += await asyncio.gather(*(one(PROMPTS[i % 4]) for i in range(start, start + 10)))
+        return texts
+
+    texts, outcomes = await asyncio.gather(generations(), replacements())
+    assert outcomes == ["replaced", "refused"] * 10
+    prompts = [PROMPTS[i % 4] for i in range(200)]
+    for prompt, path, text in zip(prompts, started_on, texts, strict=True):
+        assert text == expected[path, prompt], (prompt, path)
+    assert len(set(started_on)) >= 2  # generations ran on more than one version of the weights
+    assert await provider.list_adapters() == ["live"]
+    assert len(getattr(provider, "resident_adapters", [None])) == 1  # each replaced version was unloaded
+    await provider.unload_adapter("live")
