@@ -28,6 +28,12 @@ def test_import_inference_loads_no_backend() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_import_inference_alone_imports_only_the_error_tree() -> None:
+    code = "import sys, inference; print(sorted(m for m in ('asyncio', 'httpx', 'jsonschema') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # the rest comes on first use: inference.get_provider imports asyncio
+
+
 def test_server_errors_are_still_httpx_errors_and_pickle() -> None:
     import pickle
 

@@ -1,7 +1,7 @@
 """Async, provider-agnostic inference with a LoRA adapter lifecycle.
 
-``import inference`` is light: provider classes are imported on first use, so torch, transformers,
-llama_cpp and openai load only when their backend is used.
+``import inference`` is light (about 15 ms): it imports the error tree, and everything else on first use, so
+asyncio, httpx, torch, transformers, llama_cpp and vllm load only when what needs them is used.
 
 Example:
     >>> import asyncio, inference
@@ -37,44 +37,59 @@ from inference.exceptions import (
     UnknownProviderError,
     UnsupportedOperationError,
 )
-from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
-from inference.messages import Message
-from inference.options import GenerationOptions
-from inference.provider import InferenceProvider
-from inference.registry import PROVIDERS
-from inference.results import GenerationResult, ScoreResult, TokenLogprob
 
 if TYPE_CHECKING:
     # For type checkers and editors only; at run time these come from __getattr__ below (the provider classes:
     # keep in step with inference.registry.PROVIDERS, tests/unit/test_registry.py checks).
     from inference._server_errors import RuntimeLoRADisabledError, ServerResponseError
+    from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
     from inference.fake_provider import FakeProvider
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.llamacpp_server_provider import LlamaCppServerProvider
+    from inference.messages import Message
     from inference.ollama_provider import OllamaProvider
     from inference.openai_provider import OpenAIProvider
+    from inference.options import GenerationOptions
+    from inference.provider import InferenceProvider
+    from inference.registry import PROVIDERS
+    from inference.results import GenerationResult, ScoreResult, TokenLogprob
     from inference.transformers_provider import TransformersProvider
     from inference.vllm_offline_provider import VLLMOfflineProvider
     from inference.vllm_provider import VLLMProvider
 
 __version__ = "0.1.0"
 
-_LAZY_CLASSES = {spec.class_name: spec.module for spec in PROVIDERS.values()}
-"""Provider class name -> its module, imported on first access (from :data:`inference.registry.PROVIDERS`)."""
-
-
-_LAZY_CLASSES.update(RuntimeLoRADisabledError="inference.exceptions", ServerResponseError="inference.exceptions")
-"""Also the errors built from HTTP answers, which import httpx (see :mod:`inference._server_errors`)."""
+_LAZY = {
+    **dict.fromkeys(
+        ("aclose_all_providers", "clear_provider_cache", "get_provider", "get_provider_for_step"), "inference.factory"
+    ),
+    "Message": "inference.messages",
+    "GenerationOptions": "inference.options",
+    "InferenceProvider": "inference.provider",
+    "PROVIDERS": "inference.registry",
+    **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob"), "inference.results"),
+    # The errors built from HTTP answers import httpx (see inference._server_errors).
+    **dict.fromkeys(("RuntimeLoRADisabledError", "ServerResponseError"), "inference.exceptions"),
+}
+"""Name -> its module, imported on first access: ``import inference`` imports only the error tree (no asyncio,
+no httpx), so a command line or a worker that only configures pays nothing for what it does not use."""
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY_CLASSES.get(name)
+    module = _LAZY.get(name)
+    if module is None:
+        from inference.registry import PROVIDERS  # provider classes, by the registry's import paths
+
+        module = next((spec.module for spec in PROVIDERS.values() if spec.class_name == name), None)
     if module is None:
         raise AttributeError(f"module 'inference' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
 
 
 __all__ = [
+    "PROVIDERS",
     "AdapterAlreadyLoadedError",
     "AdapterConversionError",
     "AdapterError",

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 from inference._core.lifecycle import AdapterRegistry, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
 from inference._core.validation import GenerationRequest, ScoreRequest, validate_adapter_id
+from inference.adapters.stats import ProviderAdapterStats
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.messages import Prompt
 from inference.options import GenerationOptions
@@ -403,6 +404,28 @@ class InferenceProvider(ABC):
     async def list_adapters(self) -> list[str]:
         """Return the ids of the loaded adapters (evicted ones included: they reload on use), sorted."""
         return sorted(await self._list_adapters())
+
+    def adapter_stats(self) -> ProviderAdapterStats:
+        """What the provider's adapters are doing: state, requests in flight, loads, evictions and reloads.
+
+        Every lifecycle event is also a log record on the ``inference.adapters`` logger and, when
+        ``opentelemetry-api`` is installed, a span (see ``docs/adapters.md``).
+
+        Example:
+            >>> import asyncio
+            >>> from inference.fake_provider import FakeProvider
+            >>> async def main():
+            ...     provider = FakeProvider()
+            ...     await provider.load_adapter("style", "/adapters/style")
+            ...     return provider.adapter_stats().get("style").loads
+            >>> asyncio.run(main())
+            1
+
+        Returns:
+            One :class:`~inference.adapters.stats.AdapterStats` per loaded adapter (evicted ones included),
+            with the provider's totals.
+        """
+        return self._adapter_registry.stats()
 
     async def aclose(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Free what the provider holds (connections, model weights). Safe to call twice."""

@@ -16,6 +16,11 @@ Backends only do the real work through two callables, ``load(name, path)`` and `
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
 the id itself until it is first replaced, then ``versioned(id, n)`` (``use()`` yields it, and requests are sent to
 the backend under it).
+
+Every backend load, unload, eviction and reload is counted (:meth:`AdapterRegistry.stats`), logged as one
+structured record on the ``inference.adapters`` logger (``extra``: ``adapter_event``, ``provider``,
+``adapter_id``, ``backend_name``, ``adapter_path``, ``duration_ms``, ``outcome``) and, when
+``opentelemetry-api`` is importable, traced as a span ``inference.adapter.<event>`` with the same attributes.
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import asyncio
 import enum
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 from inference._core.paths import path_identity
+from inference.adapters.stats import AdapterStats, ProviderAdapterStats
 from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError
 
 logger = logging.getLogger("inference.adapters")
@@ -42,6 +50,49 @@ VersionedName = Callable[[str, int], str]
 def default_versioned_name(adapter_id: str, version: int) -> str:
     """``id@version``: ``@`` is not allowed in an adapter id, so no id the user loads can take this name."""
     return f"{adapter_id}@{version}"
+
+
+_tracer: Any = None  # opentelemetry's tracer once looked up; False when opentelemetry-api is not installed
+
+
+def _span(event: str, attributes: dict[str, str]) -> AbstractContextManager[object]:
+    """A span ``inference.adapter.<event>`` when ``opentelemetry-api`` is importable, else nothing."""
+    global _tracer
+    if _tracer is None:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            _tracer = False
+        else:
+            _tracer = trace.get_tracer("inference")
+    if _tracer is False:
+        return nullcontext()
+    span: AbstractContextManager[object] = _tracer.start_as_current_span(
+        f"inference.adapter.{event}", attributes=attributes
+    )
+    return span
+
+
+@dataclass
+class _Counters:
+    """What happened to one adapter id since it was first loaded (kept across replacements and losses)."""
+
+    loads: int = 0
+    evictions: int = 0
+    reloads: int = 0
+    replacements: int = 0
+    last_load_ms: float | None = None
+    last_used: float | None = None
+
+
+@dataclass
+class _Totals:
+    loads: int = 0
+    evictions: int = 0
+    reloads: int = 0
+    replacements: int = 0
+    unloads: int = 0
+    failed_loads: int = 0
 
 
 class AdapterState(enum.Enum):
@@ -129,6 +180,8 @@ class AdapterRegistry:
         self._replacing: dict[str, asyncio.Lock] = {}
         self._retiring: set[asyncio.Future[None]] = set()  # retirements left to run by a cancelled replace
         self._clock = itertools.count(1)
+        self._counters: dict[str, _Counters] = {}
+        self._totals = _Totals()
 
     def ids(self) -> list[str]:
         """Ids the user loaded (resident or evicted), not those being unloaded."""
@@ -164,6 +217,44 @@ class AdapterRegistry:
         entry = self._entries.get(adapter_id)
         return entry.in_flight if entry is not None else 0
 
+    def stats(self) -> ProviderAdapterStats:
+        """Per-adapter state and counters, with the provider's totals (see :mod:`inference.adapters.stats`)."""
+        adapters = []
+        for adapter_id in sorted(self.ids()):
+            entry = self._entries[adapter_id]
+            counters = self._counters.get(adapter_id, _Counters())
+            adapters.append(
+                AdapterStats(
+                    adapter_id=adapter_id,
+                    backend_name=entry.backend,
+                    state=entry.state.value,
+                    resident=entry.resident,
+                    pinned=entry.pinned,
+                    in_flight=entry.in_flight,
+                    loads=counters.loads,
+                    evictions=counters.evictions,
+                    reloads=counters.reloads,
+                    replacements=counters.replacements,
+                    last_load_ms=counters.last_load_ms,
+                    last_used=counters.last_used,
+                )
+            )
+        totals = self._totals
+        live = [*self._entries.values(), *self._by_backend.values()]  # replaced weights still draining count too
+        return ProviderAdapterStats(
+            provider=self._provider,
+            adapters=tuple(adapters),
+            resident=sum(stats.resident for stats in adapters),
+            evicted=sum(stats.state == AdapterState.EVICTED.value for stats in adapters),
+            in_flight=sum(entry.in_flight for entry in {id(e): e for e in live}.values()),
+            loads=totals.loads,
+            evictions=totals.evictions,
+            reloads=totals.reloads,
+            replacements=totals.replacements,
+            unloads=totals.unloads,
+            failed_loads=totals.failed_loads,
+        )
+
     def forget(self, adapter_id: str) -> None:
         """Drop the record without touching the backend (the backend lost the adapter itself)."""
         self._entries.pop(adapter_id, None)
@@ -182,6 +273,8 @@ class AdapterRegistry:
                     # A cancelled caller may leave the backend holding the adapter: keep the record then.
                     if not entry.resident and self._entries.get(adapter_id) is entry:
                         del self._entries[adapter_id]
+                        if not self._counters.get(adapter_id, _Counters(loads=1)).loads:
+                            del self._counters[adapter_id]
                     raise
                 return
             if entry.transition is not None:
@@ -220,7 +313,8 @@ class AdapterRegistry:
                 await asyncio.shield(entry.transition)
             if entry.resident:
                 async with self._transition(entry):
-                    await self._finish(entry, self._unload(entry.backend), resident_after=False)
+                    with self._observed("unload", adapter_id, entry):
+                        await self._finish(entry, self._unload(entry.backend), resident_after=False)
         except BaseException:
             entry.unloading = False
             if not entry.resident and self._entries.get(adapter_id) is entry:
@@ -230,6 +324,8 @@ class AdapterRegistry:
             if self._entries.get(adapter_id) is entry:
                 del self._entries[adapter_id]
             self._by_backend.pop(entry.backend, None)
+            self._counters.pop(adapter_id, None)
+            self._totals.unloads += 1
         finally:
             entry.unloaded.set_result(None)  # a load of the same id waiting for this unload goes on
 
@@ -253,6 +349,7 @@ class AdapterRegistry:
             break
         entry.in_flight += 1
         entry.last_used = next(self._clock)
+        self._counters.setdefault(adapter_id, _Counters()).last_used = time.time()
         try:
             yield entry.backend
         finally:
@@ -283,9 +380,10 @@ class AdapterRegistry:
             await self.load(adapter_id, path, replace=True, pin=old.pinned)
             return
         if interrupted is not None:
-            self._retiring.add(asyncio.ensure_future(self._retire(old)))  # the caller is gone; finish without it
+            # the caller is gone; finish without it
+            self._retiring.add(asyncio.ensure_future(self._retire(adapter_id, old)))
             raise interrupted
-        await self._retire(old)
+        await self._retire(adapter_id, old)
 
     async def _load_beside(self, adapter_id: str, old: _Entry, path: str, identity: str) -> BaseException | None:
         """Load ``path`` under a new backend name while ``old`` serves, then switch the id to it.
@@ -300,7 +398,8 @@ class AdapterRegistry:
         interrupted: BaseException | None = None
         try:
             async with self._transition(new):
-                await self._finish(new, self._load(new.backend, new.path), resident_after=True)
+                with self._observed("load", adapter_id, new, replaces=old.backend):
+                    await self._finish(new, self._load(new.backend, new.path), resident_after=True)
         except BaseException as error:
             if not new.resident:
                 self._by_backend.pop(new.backend, None)
@@ -310,10 +409,12 @@ class AdapterRegistry:
         new.last_used = next(self._clock)
         self._entries[adapter_id] = new  # the switch: from here on use() hands out the new backend name
         self._by_backend.setdefault(old.backend, old)
+        self._counters.setdefault(adapter_id, _Counters()).replacements += 1
+        self._totals.replacements += 1
         logger.info("%s: adapter %r now serves %s (was %s)", self._provider, adapter_id, path, old.path)
         return interrupted
 
-    async def _retire(self, old: _Entry) -> None:
+    async def _retire(self, adapter_id: str, old: _Entry) -> None:
         """Unload replaced weights after the requests still using them."""
         old.unloading = True
         try:
@@ -324,7 +425,8 @@ class AdapterRegistry:
                 await asyncio.shield(old.transition)
             if old.resident:
                 async with self._transition(old):
-                    await self._finish(old, self._unload(old.backend), resident_after=False)
+                    with self._observed("unload", adapter_id, old, replaced=True):
+                        await self._finish(old, self._unload(old.backend), resident_after=False)
         except Exception:
             logger.warning(
                 "%s: unloading the replaced weights %r failed; they stay in the backend",
@@ -340,7 +442,9 @@ class AdapterRegistry:
     async def _make_resident(self, adapter_id: str, entry: _Entry) -> None:
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
-            await self._finish(entry, self._load(entry.backend, entry.path), resident_after=True)
+            event = "reload" if self._counters.get(adapter_id, _Counters()).loads else "load"
+            with self._observed(event, adapter_id, entry):
+                await self._finish(entry, self._load(entry.backend, entry.path), resident_after=True)
         entry.loads += 1
         entry.last_used = next(self._clock)
 
@@ -414,13 +518,76 @@ class AdapterRegistry:
                 return
             _, victim = min(candidates)
             entry = self._entries[victim]
-            logger.info("%s: evicting least recently used adapter %r", self._provider, victim)
             entry.evicting = True
             try:
                 async with self._transition(entry):
-                    await self._finish(entry, self._unload(entry.backend), resident_after=False)
+                    with self._observed("evict", victim, entry):
+                        await self._finish(entry, self._unload(entry.backend), resident_after=False)
             finally:
                 entry.evicting = False
+
+    @contextmanager
+    def _observed(self, event: str, adapter_id: str, entry: _Entry, **detail: object) -> Iterator[None]:
+        """Count, log and trace one backend ``event`` (``load``, ``reload``, ``unload``, ``evict``)."""
+        attributes = {
+            "inference.provider": self._provider,
+            "inference.adapter_id": adapter_id,
+            "inference.backend_name": entry.backend,
+            "inference.adapter_path": entry.path,
+            **{f"inference.{key}": str(value) for key, value in detail.items()},
+        }
+        start = time.perf_counter()
+        outcome = "error"
+        try:
+            with _span(event, attributes):
+                yield
+            outcome = "ok"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._record(event, adapter_id, entry, (time.perf_counter() - start) * 1000, outcome, detail)
+
+    def _record(
+        self, event: str, adapter_id: str, entry: _Entry, ms: float, outcome: str, detail: dict[str, object]
+    ) -> None:
+        totals = self._totals
+        counters = self._counters.setdefault(adapter_id, _Counters())
+        if outcome == "ok":
+            if event in ("load", "reload"):
+                counters.loads += 1
+                counters.last_load_ms = ms
+                totals.loads += 1
+                if event == "reload":
+                    counters.reloads += 1
+                    totals.reloads += 1
+            elif event == "evict":
+                counters.evictions += 1
+                totals.evictions += 1
+        elif event in ("load", "reload") and outcome == "error":
+            totals.failed_loads += 1
+        extra = {
+            "adapter_event": event,
+            "provider": self._provider,
+            "adapter_id": adapter_id,
+            "backend_name": entry.backend,
+            "adapter_path": entry.path,
+            "duration_ms": round(ms, 3),
+            "outcome": outcome,
+            **detail,
+        }
+        logger.log(
+            logging.INFO if outcome == "ok" else logging.WARNING,
+            "%s: adapter %r %s (backend name %r, %s): %s in %.1f ms",
+            self._provider,
+            adapter_id,
+            event,
+            entry.backend,
+            entry.path,
+            outcome,
+            ms,
+            extra=extra,
+        )
 
     async def _wait_unloaded(self, adapter_id: str, entry: _Entry) -> None:
         if entry.unloaded is not None:

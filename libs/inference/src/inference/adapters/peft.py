@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from inference._core.paths import expand_path, path_identity
 from inference.exceptions import InvalidAdapterError
 
-__all__ = ["PeftAdapter", "base_model_type", "check_base_model", "read_peft_adapter"]
+__all__ = ["PeftAdapter", "base_model_type", "check_base_model", "check_lora_config", "read_peft_adapter"]
 
 logger = logging.getLogger("inference.adapters")
 
@@ -97,6 +98,25 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
     if weights is None:
         raise refuse(f"has no weights file ({' or '.join(WEIGHT_NAMES)})")
 
+    rank, alpha, targets = check_lora_config(config, refuse)
+    return PeftAdapter(
+        path=directory,
+        weights_path=weights,
+        rank=rank,
+        alpha=float(alpha),
+        target_modules=tuple(sorted(targets)),
+        base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
+        config=config,
+    )
+
+
+def check_lora_config(
+    config: dict[str, Any], refuse: Callable[[str], InvalidAdapterError]
+) -> tuple[int, float, list[str]]:
+    """Refuse a LoRA config no backend here can serve; return its rank, alpha and target modules.
+
+    ``refuse(reason)`` builds the error (its message starts with what the adapter is).
+    """
     peft_type = str(config.get("peft_type", "")).upper()
     if peft_type != "LORA":
         raise refuse(f"is a {peft_type or 'untyped'} adapter: only LoRA adapters (peft_type LORA) are supported")
@@ -119,15 +139,7 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
         targets = [targets]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
         raise refuse(f"has no usable target_modules ({targets!r})")
-    return PeftAdapter(
-        path=directory,
-        weights_path=weights,
-        rank=rank,
-        alpha=float(alpha),
-        target_modules=tuple(sorted(targets)),
-        base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
-        config=config,
-    )
+    return rank, float(alpha), targets
 
 
 # Architecture names that differ between transformers' model_type and GGUF's general.architecture, or that

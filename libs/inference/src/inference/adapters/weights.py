@@ -1,0 +1,176 @@
+"""LoRA weights held in memory (a training or hypernetwork loop's output), loadable like an adapter directory.
+
+``await provider.load_adapter("step-42", AdapterWeights(tensors, config))`` works wherever a path does. Backends
+that take files get a private temporary PEFT directory (``adapter_model.safetensors`` + ``adapter_config.json``),
+written by the provider base class and removed when the adapter is unloaded (or the provider is closed). Nothing
+here imports torch or numpy until weights are checked or written.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.adapters.peft import CONFIG_NAME, check_lora_config
+from inference.exceptions import InvalidAdapterError
+
+__all__ = ["AdapterWeights"]
+
+WEIGHTS_NAME = "adapter_model.safetensors"
+_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<side>[AB])\.weight$")
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """A LoRA adapter in memory: PEFT's state dict and its config.
+
+    Args:
+        tensors: Tensor name -> tensor, named as ``peft.get_peft_model_state_dict(model)`` names them
+            (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``...); torch tensors or numpy
+            arrays. ``lora_A`` is ``(r, in_features)``, ``lora_B`` is ``(out_features, r)``.
+        config: A ``peft.LoraConfig``, or its dict (as in ``adapter_config.json``).
+
+    Example:
+        >>> import numpy as np
+        >>> weights = AdapterWeights(
+        ...     {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros((2, 8), "float32"),
+        ...      "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": np.zeros((8, 2), "float32")},
+        ...     {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]},
+        ... )
+        >>> weights.config_dict()["r"]
+        2
+    """
+
+    tensors: Mapping[str, Any]
+    config: Any
+
+    def config_dict(self) -> dict[str, Any]:
+        """The config as ``adapter_config.json`` holds it (sets as sorted lists, enums as their values)."""
+        raw = self.config.to_dict() if hasattr(self.config, "to_dict") else self.config
+        if not isinstance(raw, Mapping):
+            raise InvalidAdapterError(
+                f"AdapterWeights.config must be a peft.LoraConfig or a dict, got {type(self.config).__name__}"
+            )
+        plain = _plain(dict(raw))
+        plain.setdefault("peft_type", "LORA")
+        return plain  # type: ignore[no-any-return]
+
+    def check(self, *, provider: str | None = None) -> dict[str, Any]:
+        """Refuse weights no backend can serve, as :func:`~inference.adapters.peft.read_peft_adapter` refuses a
+        directory; return the config dict.
+
+        Checks the config (LoRA, no DoRA, ``bias='none'``, rank, alpha, target modules), then every tensor:
+        named ``<module>.lora_A.weight`` / ``<module>.lora_B.weight`` in pairs, 2-D, finite sizes, the rank
+        (``r`` or its ``rank_pattern`` entry) on the shared side, and the module among ``target_modules``.
+
+        Raises:
+            InvalidAdapterError: The message says which tensor or setting is wrong.
+        """
+
+        def refuse(reason: str) -> InvalidAdapterError:
+            return InvalidAdapterError(f"adapter weights in memory {reason}", provider=provider)
+
+        config = self.config_dict()
+        rank, _, targets = check_lora_config(config, refuse)
+        if not isinstance(self.tensors, Mapping) or not self.tensors:
+            raise refuse("have no tensors: give get_peft_model_state_dict(model)'s dict")
+        rank_pattern = config.get("rank_pattern") or {}
+        shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+        for name, tensor in self.tensors.items():
+            match = _LORA_KEY.match(name) if isinstance(name, str) else None
+            if match is None:
+                raise refuse(
+                    f"hold a tensor {name!r} that is not a LoRA matrix (<module>.lora_A.weight or .lora_B.weight); "
+                    "pass the state dict of get_peft_model_state_dict(model)"
+                )
+            shape = tuple(int(size) for size in getattr(tensor, "shape", ()))
+            if len(shape) != 2 or not all(size > 0 for size in shape):
+                raise refuse(f"hold {name} with shape {shape}: LoRA matrices are 2-D and non-empty")
+            shapes.setdefault(match["module"], {})[match["side"]] = shape
+        for module, sides in sorted(shapes.items()):
+            if set(sides) != {"A", "B"}:
+                missing = "lora_B" if "A" in sides else "lora_A"
+                raise refuse(f"hold no {module}.{missing}.weight for its pair")
+            short = module.rsplit(".", 1)[-1]
+            if not any(module == t or module.endswith("." + t) or short == t for t in targets):
+                raise refuse(f"hold {module}, which is not among target_modules={targets}")
+            expected = next((r for key, r in rank_pattern.items() if re.search(rf"(^|\.){key}$", module)), rank)
+            if sides["A"][0] != expected or sides["B"][1] != expected:
+                raise refuse(
+                    f"hold {module} with lora_A {sides['A']} and lora_B {sides['B']}: with rank {expected}, lora_A "
+                    f"is ({expected}, in_features) and lora_B (out_features, {expected})"
+                )
+        for name, tensor in self.tensors.items():
+            if not _all_finite(tensor):
+                raise refuse(f"hold {name} with NaN or infinite values")
+        return config
+
+    def save(self, directory: str | os.PathLike[str], *, provider: str | None = None) -> Path:
+        """Check the weights, then write them as a PEFT adapter directory; returns it.
+
+        Raises:
+            InvalidAdapterError: See :meth:`check`.
+        """
+        config = self.check(provider=provider)
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        first = next(iter(self.tensors.values()))
+        if type(first).__module__.startswith("torch"):
+            import torch
+            from safetensors.torch import save_file as save_torch
+
+            save_torch(
+                {name: torch.as_tensor(t).detach().to("cpu").contiguous() for name, t in self.tensors.items()},
+                str(target / WEIGHTS_NAME),
+                metadata={"format": "pt"},
+            )
+        else:
+            import numpy as np
+            from safetensors.numpy import save_file as save_numpy
+
+            save_numpy(
+                {name: np.ascontiguousarray(_as_numpy(t)) for name, t in self.tensors.items()},
+                str(target / WEIGHTS_NAME),
+                metadata={"format": "pt"},
+            )
+        (target / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+        return target
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain(item) for item in value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _as_numpy(tensor: Any) -> Any:
+    import numpy as np
+
+    if type(tensor).__module__.startswith("torch"):
+        return tensor.detach().to("cpu").numpy()
+    return np.asarray(tensor)
+
+
+def _all_finite(tensor: Any) -> bool:
+    if type(tensor).__module__.startswith("torch"):
+        import torch
+
+        return bool(torch.isfinite(tensor).all())
+    import numpy as np
+
+    return bool(np.isfinite(np.asarray(tensor)).all())
