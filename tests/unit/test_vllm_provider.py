@@ -1597,3 +1597,39 @@ async def test_a_reasoning_model_s_thinking_is_kept_apart_from_the_text(
     assert events[:-1] == ["4"]
     final = events[-1]
     assert isinstance(final, GenerationResult) and (final.text, final.reasoning) == ("4", "2 + 2 is 4.")
+
+
+def _weights() -> Any:
+    import numpy as np
+
+    from inference.adapters.weights import AdapterWeights
+
+    name = "base_model.model.model.layers.0.self_attn.q_proj"
+    return AdapterWeights(
+        {f"{name}.lora_A.weight": np.full((2, 8), 0.5, "float32"), f"{name}.lora_B.weight": np.ones((8, 2), "float32")},
+        {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]},
+    )
+
+
+async def test_weights_from_memory_are_written_where_the_server_reads_them(
+    mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    async with VLLMProvider(base_url=BASE, adapter_dir=str(tmp_path)) as provider:
+        await provider.load_adapter("step-1", _weights())
+        written = Path(sent(load)["lora_path"])
+        assert written.parent == tmp_path
+        assert sorted(path.name for path in written.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+        await provider.unload_adapter("step-1")
+        assert sent(unload) == {"lora_name": "step-1"} and not written.exists()  # removed once unloaded
+
+
+async def test_weights_from_memory_without_a_shared_directory_say_what_to_set(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    with pytest.raises(ConfigurationError, match="VLLM_ADAPTER_DIR"):
+        await provider.load_adapter("step-1", _weights())
+    assert load.call_count == 0 and await provider.list_adapters() == []
+    await generates(provider, mock)

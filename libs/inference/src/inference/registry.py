@@ -101,6 +101,9 @@ _SPECS = (
             ),
             Setting("max_lora_rank", "VLLM_MAX_LORA_RANK", 16, "int",
                     "Largest adapter rank accepted before sending (match the server's --max-lora-rank)", minimum=1),
+            Setting("adapter_dir", "VLLM_ADAPTER_DIR", None, "str",
+                    "A directory this process writes and the vLLM servers read at the same path, for adapters "
+                    "loaded from memory (AdapterWeights)", none_means="adapters from memory are refused"),
             Setting("api", "VLLM_API", "auto", "str",
                     "Route of generations: auto (chat for a model with a chat template, else /v1/completions with "
                     "the plain text; asked of the server once), chat, or completions",

@@ -28,6 +28,7 @@ from inference._servers.openai_compatible import (
 )
 from inference.adapters.peft import read_peft_adapter
 from inference.exceptions import (
+    ConfigurationError,
     InferenceError,
     InvalidAdapterError,
     InvalidRequestError,
@@ -159,6 +160,10 @@ class VLLMProvider(OpenAICompatibleProvider):
         max_retries: Retries of connect errors and 429/502/503/504; else ``VLLM_MAX_RETRIES``; else 2.
         max_lora_rank: Largest adapter rank accepted before sending (match the servers'
             ``--max-lora-rank``); else ``VLLM_MAX_LORA_RANK``; else 16.
+        adapter_dir: A directory this process writes and every server reads at the same path (a shared volume),
+            where adapters given as :class:`~inference.AdapterWeights` are written for the servers to load; else
+            ``VLLM_ADAPTER_DIR``; without one, ``load_adapter`` of weights in memory raises
+            :class:`~inference.exceptions.ConfigurationError` saying what to set.
         api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``VLLM_API``;
             else ``"auto"``.
 
@@ -188,6 +193,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         timeout: float | None = None,
         max_retries: int | None = None,
         max_lora_rank: int | None = None,
+        adapter_dir: str | None = None,
         api: str | None = None,
     ) -> None:
         super().__init__(
@@ -196,9 +202,11 @@ class VLLMProvider(OpenAICompatibleProvider):
             timeout=timeout,
             max_retries=max_retries,
             max_lora_rank=max_lora_rank,
+            adapter_dir=adapter_dir,
             api=api,
         )
         self.max_lora_rank: int = self._settings["max_lora_rank"]
+        self.adapter_dir: str | None = self._settings["adapter_dir"]
         self.api: str = self._settings["api"]
 
     def __repr__(self) -> str:
@@ -248,6 +256,22 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
         return {**super()._generation_handlers(request, reloaded_from), 400: _bad_generation}
+
+    def _adapter_weights_dir(self) -> str | None:
+        """``adapter_dir``: the servers read adapters from their own filesystem, so weights from memory must be
+        written where they can read them.
+
+        Raises:
+            ConfigurationError: No ``adapter_dir`` (``VLLM_ADAPTER_DIR``) is set.
+        """
+        if self.adapter_dir is None:
+            raise ConfigurationError(
+                "adapters given as AdapterWeights must be written where the vLLM servers can read them: set "
+                "VLLM_ADAPTER_DIR (or adapter_dir=) to a directory this process writes and every server reads at the "
+                "same path (a shared volume), or save the adapter yourself and pass its path",
+                provider=self.name,
+            )
+        return self.adapter_dir
 
     async def _route(self, replica: Replica, request: GenerationRequest) -> str:
         """The ``api`` setting; for ``"auto"``, what the replica's model needs, found out once per replica."""
