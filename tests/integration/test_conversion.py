@@ -114,6 +114,26 @@ def test_llama_cpp_with_the_converted_lora_matches_peft(
     assert np.abs(_llama_logits(model, ids) - got).max() > 0.5
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_per_module_alphas_are_folded_into_lora_b_and_match_peft(
+    arch: str, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """alpha_pattern (one alpha per module, which a GGUF LoRA cannot hold) is folded into each module's lora_B."""
+    import numpy as np
+
+    model = tiny_models[arch]
+    adapter = tmp_path / "alpha-pattern"
+    shutil.copytree(model.adapter_dirs["a0"], adapter)
+    targets = json.loads((adapter / "adapter_config.json").read_text())["target_modules"]
+    _edit_config(adapter, alpha_pattern={sorted(targets)[0]: 64, "layers.0.self_attn." + sorted(targets)[-1]: 2})
+    converted = convert_peft_to_gguf(adapter, model.gguf_path, tmp_path / "alpha-pattern.gguf")
+    ids = _ids(model)
+    expected = _peft_logits(model, ids, adapter)
+    np.testing.assert_allclose(_llama_logits(model, ids, converted), expected, atol=1e-3, rtol=0)
+    # The pattern matters: PEFT's logits without it are far from these.
+    assert np.abs(_peft_logits(model, ids, model.adapter_dirs["a0"]) - expected).max() > 1e-2
+
+
 def test_without_the_llama_permutation_the_adapter_is_wrong(
     tiny_models: dict[str, TinyModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

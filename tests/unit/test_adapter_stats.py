@@ -148,3 +148,15 @@ def test_the_real_opentelemetry_api_accepts_the_span_attributes() -> None:
 
     with _span("load", {"inference.adapter_id": "a", "inference.backend_name": "a"}):
         pass
+
+
+async def test_a_reload_done_by_the_backend_itself_is_counted(caplog: pytest.LogCaptureFixture) -> None:
+    provider = FlakyProvider()
+    await provider.load_adapter("a", "/adapters/a")
+    with caplog.at_level(logging.INFO, logger="inference.adapters"):
+        provider._adapter_registry.note_reload("a", 12.5)  # what a server provider calls after healing
+    stats = provider.adapter_stats()
+    entry = stats.get("a")
+    assert entry is not None and (entry.loads, entry.reloads, entry.last_load_ms) == (2, 1, 12.5)
+    assert stats.reloads == 1
+    assert [getattr(r, "healed", None) for r in caplog.records] == [True]

@@ -63,6 +63,7 @@ _LAZY = {
     **dict.fromkeys(
         ("aclose_all_providers", "clear_provider_cache", "get_provider", "get_provider_for_step"), "inference.factory"
     ),
+    "AdapterWeights": "inference.adapters.weights",
     "Message": "inference.messages",
     "GenerationOptions": "inference.options",
     "InferenceProvider": "inference.provider",
@@ -94,6 +95,7 @@ __all__ = [
     "AdapterConversionError",
     "AdapterError",
     "AdapterNotFoundError",
+    "AdapterWeights",
     "ConfigurationError",
     "FakeProvider",
     "GenerationOptions",

@@ -10,7 +10,7 @@ import os
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -35,6 +35,9 @@ from inference.exceptions import (
 )
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
+
+if TYPE_CHECKING:
+    from inference.adapters.weights import AdapterWeights
 
 __all__ = ["OllamaProvider"]
 
@@ -210,7 +213,7 @@ class OllamaProvider(InferenceProvider):
     async def load_adapter(
         self,
         adapter_id: str,
-        adapter_path: str | os.PathLike[str],
+        adapter_path: str | os.PathLike[str] | AdapterWeights,
         *,
         replace: bool = False,
         pin: bool = False,
@@ -223,7 +226,8 @@ class OllamaProvider(InferenceProvider):
 
         Args:
             adapter_id: The name to use it by (letters, digits, ``.``, ``_``, ``-``).
-            adapter_path: A GGUF LoRA file, or a PEFT LoRA directory, on this machine (it is uploaded).
+            adapter_path: A GGUF LoRA file, or a PEFT LoRA directory, on this machine (it is uploaded); or an
+                :class:`~inference.AdapterWeights` (written to a temporary PEFT directory first).
             replace: If the id is loaded from another path, replace it instead of raising.
             pin: Accepted for the common interface (Ollama adapters are never evicted).
             base_model: The Ollama model to apply it to; else the provider's ``base_model``

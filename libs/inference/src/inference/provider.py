@@ -12,12 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
+import shutil
+import tempfile
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
@@ -27,6 +31,9 @@ from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.messages import Prompt
 from inference.options import GenerationOptions
 from inference.results import BatchItem, GenerationResult, ScoreItem, ScoreResult, StreamEvent, TokenLogprob
+
+if TYPE_CHECKING:
+    from inference.adapters.weights import AdapterWeights
 
 logger = logging.getLogger("inference")
 
@@ -69,6 +76,8 @@ class InferenceProvider(ABC):
         supports_scoring: ``score``, ``score_rolling`` and ``score_batch`` work (log-likelihoods of given text).
         supports_logprobs: ``generate(..., logprobs=k)`` reports token log-probabilities.
         supports_json_schema: ``generate(..., json_schema=...)`` constrains the output.
+        loads_adapter_weights_in_memory: ``load_adapter(id, AdapterWeights(...))`` puts the tensors straight
+            into the model; other providers get a temporary PEFT directory written for them.
     """
 
     name: ClassVar[str] = "base"
@@ -79,6 +88,7 @@ class InferenceProvider(ABC):
     supports_scoring: ClassVar[bool] = False
     supports_logprobs: ClassVar[bool] = False
     supports_json_schema: ClassVar[bool] = False
+    loads_adapter_weights_in_memory: ClassVar[bool] = False
     max_adapters: int | None = None
 
     async def generate(
@@ -358,7 +368,7 @@ class InferenceProvider(ABC):
     async def load_adapter(
         self,
         adapter_id: str,
-        adapter_path: str | os.PathLike[str],
+        adapter_path: str | os.PathLike[str] | AdapterWeights,
         *,
         replace: bool = False,
         pin: bool = False,
@@ -371,7 +381,10 @@ class InferenceProvider(ABC):
 
         Args:
             adapter_id: The name to use it by (letters, digits, ``.``, ``_``, ``-``).
-            adapter_path: Where the adapter is: a PEFT directory, or a GGUF LoRA file where the backend takes one.
+            adapter_path: Where the adapter is: a PEFT directory, or a GGUF LoRA file where the backend takes one;
+                or the weights themselves, an :class:`~inference.AdapterWeights` (checked like a directory, then
+                written to a private temporary PEFT directory that is removed when the adapter is unloaded).
+                Each ``AdapterWeights`` is new weights: loading one under a loaded id needs ``replace=True``.
             replace: If the id is loaded from another path, unload it (after its requests in flight) and load
                 this path in its place, instead of raising.
             pin: Never evict this adapter when the provider has a capacity (``max_adapters``).
@@ -383,9 +396,27 @@ class InferenceProvider(ABC):
             InvalidRequestError: ``adapter_path`` is not a non-empty path the operating system can take.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
-        path = self._adapter_path_argument(adapter_path)
+        from inference.adapters.weights import AdapterWeights  # light: no torch or numpy until weights are saved
+
+        if not isinstance(adapter_path, AdapterWeights):
+            path = self._adapter_path_argument(adapter_path)
+            self._require_adapter_support("load_adapter")
+            await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
+            return
         self._require_adapter_support("load_adapter")
-        await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
+        if self.loads_adapter_weights_in_memory:
+            await asyncio.to_thread(adapter_path.check, provider=self.name)
+            path = f"{_IN_MEMORY}{next(_in_memory_numbers)}"
+            self._adapter_weights_held[path] = adapter_path
+        else:
+            path = await asyncio.to_thread(self._written_adapter_weights, adapter_path)
+        pending = self._adapter_weights_pending
+        pending.add(path)  # a concurrent call's clean-up must not remove it before the registry records it
+        try:
+            await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
+        finally:
+            pending.discard(path)
+            self._remove_unused_adapter_weights()
 
     async def unload_adapter(self, adapter_id: str) -> None:
         """Unload the adapter ``adapter_id`` and free what it holds.
@@ -399,7 +430,10 @@ class InferenceProvider(ABC):
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
         self._require_adapter_support("unload_adapter")
-        await self._adapter_registry.unload(adapter_id)
+        try:
+            await self._adapter_registry.unload(adapter_id)
+        finally:
+            self._remove_unused_adapter_weights()
 
     async def list_adapters(self) -> list[str]:
         """Return the ids of the loaded adapters (evicted ones included: they reload on use), sorted."""
@@ -530,6 +564,57 @@ class InferenceProvider(ABC):
         """The backend name of an adapter's ``version``-th weights after ``load_adapter(..., replace=True)``."""
         return default_versioned_name(adapter_id, version)
 
+    def _adapter_weights_dir(self) -> str | None:
+        """Where to write the temporary PEFT directories of :class:`~inference.AdapterWeights` (``None``: the
+        system's temporary directory). A server that reads adapters from its own filesystem needs a shared one."""
+        return None
+
+    def _written_adapter_weights(self, weights: AdapterWeights) -> str:
+        """Check ``weights`` and write them to a new private PEFT directory; returns its path (worker thread)."""
+        directory = tempfile.mkdtemp(prefix="inference-adapter-", dir=self._adapter_weights_dir())
+        remove = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)  # at the latest, at exit
+        try:
+            weights.save(directory, provider=self.name)
+        except BaseException:
+            remove()
+            raise
+        path = normalise_path(directory)
+        self._adapter_weights_pending.add(path)  # before it is listed: a clean-up on the loop must not see it bare
+        self._adapter_weight_dirs[path] = remove
+        return path
+
+    def _remove_unused_adapter_weights(self) -> None:
+        """Remove the temporary directories of adapter weights no adapter uses any more (unloaded, replaced,
+        failed to load, or the provider closed)."""
+        dirs, in_memory = self._adapter_weight_dirs, self._adapter_weights_held
+        if not dirs and not in_memory:
+            return
+        held = self._adapter_registry.paths() | self._adapter_weights_pending
+        for path in [path for path in dirs if path not in held]:
+            dirs.pop(path)()
+        for path in [path for path in in_memory if path not in held]:
+            del in_memory[path]
+
+    def _adapter_weights_at(self, adapter_path: str) -> AdapterWeights | None:
+        """The weights behind an adapter path, when it names weights kept in memory
+        (``loads_adapter_weights_in_memory``); else ``None`` (a real path)."""
+        return self._adapter_weights_held.get(adapter_path) if adapter_path.startswith(_IN_MEMORY) else None
+
+    @property
+    def _adapter_weights_pending(self) -> set[str]:
+        pending: set[str] = self.__dict__.setdefault("_adapter_weights_pending_", set())
+        return pending
+
+    @property
+    def _adapter_weights_held(self) -> dict[str, AdapterWeights]:
+        held: dict[str, AdapterWeights] = self.__dict__.setdefault("_adapter_weights_held_", {})
+        return held
+
+    @property
+    def _adapter_weight_dirs(self) -> dict[str, weakref.finalize[Any, Any]]:
+        dirs: dict[str, weakref.finalize[Any, Any]] = self.__dict__.setdefault("_adapter_weight_dirs_", {})
+        return dirs
+
     def _adapter_path(self, adapter_id: str) -> str | None:
         """The path ``adapter_id`` was loaded from (for backends that must load it again)."""
         return self._adapter_registry.path_of(adapter_id)
@@ -568,6 +653,10 @@ class InferenceProvider(ABC):
             provider=self.name,
         )
 
+
+_IN_MEMORY = "memory://adapter-weights/"
+"""The path the registry records for weights kept in memory (no file system path can start so)."""
+_in_memory_numbers = itertools.count(1)
 
 _Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)
 _Answered = TypeVar("_Answered", GenerationResult, ScoreResult)

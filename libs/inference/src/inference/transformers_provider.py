@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
@@ -64,6 +64,9 @@ from inference.exceptions import (
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult, TokenLogprob
 
+if TYPE_CHECKING:
+    from inference.adapters.weights import AdapterWeights
+
 __all__ = ["TransformersProvider"]
 
 BASE_ADAPTER_NAME = "__base__"
@@ -75,7 +78,10 @@ MAX_SEED = 2**64 - 1
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
+
 _LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[^.]+)?\.weight$")
+_NOT_CONFIG_ARGUMENTS = frozenset({"peft_type", "auto_mapping", "revision", "base_model_name_or_path"})
+"""adapter_config.json keys that PEFT writes but LoraConfig(...) does not take as they are."""
 
 
 @dataclass
@@ -182,6 +188,7 @@ class TransformersProvider(InProcessProvider[str]):
     supports_scoring = True
     supports_logprobs = True
     supports_json_schema = True
+    loads_adapter_weights_in_memory = True
 
     def __init__(
         self,
@@ -444,6 +451,10 @@ class TransformersProvider(InProcessProvider[str]):
 
     def _load_adapter_now(self, adapter_id: str, adapter_path: str) -> None:
         loaded = self._ensure_loaded()
+        weights = self._adapter_weights_at(adapter_path)
+        if weights is not None:
+            self._load_weights_now(adapter_id, adapter_path, weights)
+            return
         try:
             adapter_path.encode("utf-8")
         except UnicodeEncodeError:  # undecodable bytes in a file name, kept as surrogates by os.fsdecode
@@ -473,6 +484,53 @@ class TransformersProvider(InProcessProvider[str]):
                 loaded.model.load_adapter(
                     str(adapter.path), adapter_name=peft_name, is_trainable=False, torch_device=str(loaded.device)
                 )
+        except Exception as error:
+            self._discard_partial_adapter(loaded, peft_name)
+            raise self._invalid(
+                adapter, f"could not be loaded into {loaded.name} ({type(error).__name__}: {error})"
+            ) from error
+        loaded.model.eval()
+        self._resident[adapter_id] = peft_name
+
+    def _load_weights_now(self, adapter_id: str, label: str, weights: AdapterWeights) -> None:
+        """Put in-memory LoRA weights straight into the model (no file), checked as a directory is."""
+        loaded = self._ensure_loaded()
+        if adapter_id in self._resident:
+            self._unload_adapter_now(adapter_id)
+        config = weights.check(provider=self.name)
+        adapter = PeftAdapter(
+            path=Path(label),
+            weights_path=Path(label),
+            rank=config["r"],
+            alpha=float(config.get("lora_alpha", 8)),
+            target_modules=tuple(sorted(config["target_modules"])),
+            base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
+            config=config,
+        )
+        self._check_target_modules(loaded, adapter)
+        self._check_shapes(loaded, adapter, {name: tuple(t.shape) for name, t in weights.tensors.items()})
+        torch = import_optional("torch", extra="transformers", provider=self.name)
+        peft = import_optional("peft", extra="transformers", provider=self.name)
+        fields = peft.LoraConfig.__dataclass_fields__
+        lora_config = peft.LoraConfig(
+            **{key: value for key, value in config.items() if key in fields and key not in _NOT_CONFIG_ARGUMENTS}
+        )
+        lora_config.inference_mode = True
+        dtype = next(loaded.base_model.parameters()).dtype
+        tensors = {
+            name: torch.as_tensor(tensor).detach().to(device=loaded.device, dtype=dtype)
+            for name, tensor in weights.tensors.items()
+        }
+        peft_name = next(self._peft_names)
+        try:
+            if loaded.model is loaded.base_model:
+                loaded.model = peft.PeftModel(loaded.base_model, lora_config, adapter_name=peft_name)
+            else:
+                loaded.model.add_adapter(peft_name, lora_config)
+            result = peft.set_peft_model_state_dict(loaded.model, tensors, adapter_name=peft_name)
+            unexpected = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
+            if unexpected:
+                raise ValueError(f"tensors that match no module of the model: {', '.join(unexpected[:3])}")
         except Exception as error:
             self._discard_partial_adapter(loaded, peft_name)
             raise self._invalid(
@@ -547,6 +605,10 @@ class TransformersProvider(InProcessProvider[str]):
             raise self._invalid(
                 adapter, f"has a corrupt or unreadable {adapter.weights_path.name} ({error}): save it again"
             ) from error
+        self._check_shapes(loaded, adapter, shapes)
+
+    def _check_shapes(self, loaded: _LoadedModel, adapter: PeftAdapter, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Compare each LoRA matrix's shape with the layer it adapts."""
         modules = dict(loaded.base_model.named_modules())
         for key, shape in sorted(shapes.items()):
             match = _LORA_KEY.match(key)

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -248,7 +249,13 @@ class VLLMProvider(OpenAICompatibleProvider):
         logger.warning(
             "%s lost adapter %r (restarted?); loading it again from %s", replica.http.where, request.adapter_id, path
         )
-        await self._load_on(replica, request.adapter_id, path, healing=True)
+        started = time.perf_counter()
+        try:
+            await self._load_on(replica, request.adapter_id, path, healing=True)
+        except Exception:
+            self._adapter_registry.note_reload(request.adapter_id, (time.perf_counter() - started) * 1000, ok=False)
+            raise
+        self._adapter_registry.note_reload(request.adapter_id, (time.perf_counter() - started) * 1000)
         try:
             return await self._call(replica, request, arguments, reloaded_from=path)
         except InferenceError as error:
@@ -822,7 +829,9 @@ class VLLMProvider(OpenAICompatibleProvider):
             if path is None:
                 continue
             try:
+                started = time.perf_counter()
                 await self._load_on(replica, adapter_id, path)
+                self._adapter_registry.note_reload(adapter_id, (time.perf_counter() - started) * 1000)
             except ServerAdapterAlreadyLoadedError:
                 continue  # the server has it but does not list it (some vLLM versions)
             except InferenceError as error:

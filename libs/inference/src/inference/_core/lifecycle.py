@@ -193,6 +193,10 @@ class AdapterRegistry:
         entry = self._entries.get(name) or self._by_backend.get(name)
         return entry.path if entry is not None else None
 
+    def paths(self) -> set[str]:
+        """Every path an adapter in the registry (listed, loading, or replaced and still draining) was loaded from."""
+        return {entry.path for entry in [*self._entries.values(), *self._by_backend.values()]}
+
     def backend_name(self, adapter_id: str) -> str:
         """The backend name of the id's current weights (the id itself until it is replaced)."""
         entry = self._entries.get(adapter_id)
@@ -254,6 +258,19 @@ class AdapterRegistry:
             unloads=totals.unloads,
             failed_loads=totals.failed_loads,
         )
+
+    def note_reload(self, name: str, duration_ms: float, *, ok: bool = True) -> None:
+        """Count, log and trace a reload the backend did outside the registry (a server that lost an adapter,
+        healed by the provider during a request); ``name`` is the id or the backend name it was loaded under."""
+        entry = self._entries.get(name) or self._by_backend.get(name)
+        if entry is None:
+            return
+        adapter_id = next((key for key, value in self._entries.items() if value is entry), name)
+        attributes = {"inference.provider": self._provider, "inference.adapter_id": adapter_id,
+                      "inference.backend_name": entry.backend, "inference.adapter_path": entry.path}
+        with _span("reload", attributes):
+            pass
+        self._record("reload", adapter_id, entry, duration_ms, "ok" if ok else "error", {"healed": True})
 
     def forget(self, adapter_id: str) -> None:
         """Drop the record without touching the backend (the backend lost the adapter itself)."""

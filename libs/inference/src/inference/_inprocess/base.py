@@ -105,6 +105,7 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
             await asyncio.shield(close)
         finally:
             self._adapter_registry.clear()
+            self._remove_unused_adapter_weights()
             await super().aclose()
 
     @abstractmethod

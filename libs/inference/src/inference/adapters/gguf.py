@@ -522,8 +522,12 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
         raise refuse("it was trained with fan_in_fan_out=true (GPT-2 style Conv1D), which is not supported")
     if config.get("lora_bias"):
         raise refuse("it trains LoRA biases (lora_bias=true), which llama.cpp cannot apply")
-    if config.get("alpha_pattern"):
-        raise refuse("it sets per-module alphas (alpha_pattern), which a GGUF LoRA cannot express")
+    alpha_pattern = config.get("alpha_pattern") or {}
+    if not isinstance(alpha_pattern, dict) or not all(
+        isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha)
+        for alpha in alpha_pattern.values()
+    ):
+        raise refuse(f"its alpha_pattern {alpha_pattern!r} is not a map of module patterns to numbers")
     if adapter.alpha <= 0:
         raise refuse(f"its lora_alpha is {adapter.alpha:g}, so it would change nothing")
 
@@ -570,7 +574,7 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
                 f"{'x'.join(str(dim) for dim in base_shape)} in the base model: the adapter was trained for "
                 "another model"
             )
-        lora_b = lora_b * _b_factor(adapter, rank=lora_a.shape[0])
+        lora_b = lora_b * _b_factor(adapter, rank=lora_a.shape[0], alpha=_module_alpha(adapter, module))
         lora_b = _permute_for_llama_cpp(lora_b, base_name, layout, refuse)
         out[f"{base_name}.lora_a"] = np.ascontiguousarray(lora_a)
         out[f"{base_name}.lora_b"] = np.ascontiguousarray(lora_b, dtype=np.float32)
@@ -582,10 +586,24 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
     return out
 
 
-def _b_factor(adapter: PeftAdapter, *, rank: int) -> float:
-    """What ``lora_B`` must be multiplied by so that llama.cpp's ``alpha / rank`` equals PEFT's scale."""
-    peft_scale = adapter.alpha / (math.sqrt(rank) if adapter.config.get("use_rslora") else rank)
+def _b_factor(adapter: PeftAdapter, *, rank: int, alpha: float | None = None) -> float:
+    """What ``lora_B`` must be multiplied by so that llama.cpp's ``alpha / rank`` (one alpha for the whole file)
+    equals PEFT's scale for this module: its own alpha (``alpha_pattern``), over ``rank`` or rsLoRA's
+    ``sqrt(rank)``."""
+    module_alpha = adapter.alpha if alpha is None else alpha
+    peft_scale = module_alpha / (math.sqrt(rank) if adapter.config.get("use_rslora") else rank)
     return peft_scale * rank / adapter.alpha
+
+
+def _module_alpha(adapter: PeftAdapter, module: str) -> float:
+    """The alpha PEFT uses for ``module`` (a state-dict module name): the first ``alpha_pattern`` key that
+    matches its end on a ``.`` boundary, as PEFT's ``get_pattern_key`` matches, else ``lora_alpha``."""
+    pattern: dict[str, float] = adapter.config.get("alpha_pattern") or {}
+    name = module.removeprefix("base_model.model.")
+    for key, alpha in pattern.items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return float(alpha)
+    return adapter.alpha
 
 
 def _permute_for_llama_cpp(lora_b: Any, base_name: str, layout: BaseModelLayout, refuse: Any) -> Any:

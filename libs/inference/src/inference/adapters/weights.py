@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.adapters.peft import CONFIG_NAME, check_lora_config
-from inference.exceptions import InvalidAdapterError
+from inference.exceptions import InvalidAdapterError, MissingDependencyError
 
 __all__ = ["AdapterWeights"]
 
@@ -123,8 +123,11 @@ class AdapterWeights:
         target.mkdir(parents=True, exist_ok=True)
         first = next(iter(self.tensors.values()))
         if type(first).__module__.startswith("torch"):
-            import torch
-            from safetensors.torch import save_file as save_torch
+            try:  # torch tensors come with torch; safetensors writes them (it comes with transformers)
+                import torch
+                from safetensors.torch import save_file as save_torch
+            except ImportError as error:
+                raise _missing(error, provider) from error
 
             save_torch(
                 {name: torch.as_tensor(t).detach().to("cpu").contiguous() for name, t in self.tensors.items()},
@@ -132,8 +135,11 @@ class AdapterWeights:
                 metadata={"format": "pt"},
             )
         else:
-            import numpy as np
-            from safetensors.numpy import save_file as save_numpy
+            try:
+                import numpy as np
+                from safetensors.numpy import save_file as save_numpy
+            except ImportError as error:
+                raise _missing(error, provider) from error
 
             save_numpy(
                 {name: np.ascontiguousarray(_as_numpy(t)) for name, t in self.tensors.items()},
@@ -158,8 +164,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _missing(error: ImportError, provider: str | None) -> MissingDependencyError:
+    """What writing weights from memory needs and lacks: tensors need their own package, the file safetensors."""
+    return MissingDependencyError(
+        f"writing adapter weights from memory needs the Python package {error.name or 'safetensors'!r} "
+        f"({error}): pip install safetensors numpy (torch tensors need torch too)",
+        provider=provider,
+    )
+
+
 def _as_numpy(tensor: Any) -> Any:
-    import numpy as np
+    try:
+        import numpy as np
+    except ImportError as error:
+        raise _missing(error, None) from error
 
     if type(tensor).__module__.startswith("torch"):
         return tensor.detach().to("cpu").numpy()
@@ -168,9 +186,13 @@ def _as_numpy(tensor: Any) -> Any:
 
 def _all_finite(tensor: Any) -> bool:
     if type(tensor).__module__.startswith("torch"):
-        import torch
-
+        try:
+            import torch
+        except ImportError as error:
+            raise _missing(error, None) from error
         return bool(torch.isfinite(tensor).all())
-    import numpy as np
-
+    try:
+        import numpy as np
+    except ImportError as error:
+        raise _missing(error, None) from error
     return bool(np.isfinite(np.asarray(tensor)).all())

@@ -1,0 +1,151 @@
+"""AdapterWeights: checked like a directory, written to a private PEFT directory, removed when no longer used."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference import AdapterWeights
+from inference.adapters.peft import read_peft_adapter
+from inference.exceptions import AdapterAlreadyLoadedError, InvalidAdapterError
+from inference.fake_provider import FakeProvider
+
+PREFIX = "base_model.model.model.layers.0.self_attn"
+CONFIG = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "v_proj"]}
+
+
+def tensors(rank: int = 2, **changes: Any) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    found: dict[str, Any] = {}
+    for module in ("q_proj", "v_proj"):
+        found[f"{PREFIX}.{module}.lora_A.weight"] = rng.standard_normal((rank, 8)).astype("float32")
+        found[f"{PREFIX}.{module}.lora_B.weight"] = rng.standard_normal((8, rank)).astype("float32")
+    found.update(changes)
+    return {name: value for name, value in found.items() if value is not None}
+
+
+class RecordingProvider(FakeProvider):
+    """A fake that reads what it is given as a PEFT directory, as the real path-taking backends do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, Path] = {}
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        adapter = read_peft_adapter(adapter_path, provider=self.name)
+        self.seen[adapter_id] = adapter.path
+        await super()._load_adapter(adapter_id, adapter_path)
+
+
+async def test_weights_load_from_a_private_peft_directory_that_unload_removes() -> None:
+    provider = RecordingProvider()
+    await provider.load_adapter("step-1", AdapterWeights(tensors(), CONFIG))
+    directory = provider.seen["step-1"]
+    assert json.loads((directory / "adapter_config.json").read_text())["r"] == 2
+    assert (directory / "adapter_model.safetensors").is_file()
+    assert (await provider.generate("hi", model="m", adapter_id="step-1")).adapter_id == "step-1"
+
+    await provider.unload_adapter("step-1")
+    assert not directory.exists()
+
+
+async def test_replacing_weights_removes_the_old_directory_and_each_weights_object_is_new_weights() -> None:
+    provider = RecordingProvider()
+    await provider.load_adapter("live", AdapterWeights(tensors(), CONFIG))
+    first = provider.seen["live"]
+    with pytest.raises(AdapterAlreadyLoadedError):
+        await provider.load_adapter("live", AdapterWeights(tensors(), CONFIG))
+    await provider.load_adapter("live", AdapterWeights(tensors(), CONFIG), replace=True)
+    second = provider.seen["live@2"]
+    assert not first.exists() and second.exists()
+    assert len(list(second.parent.glob("inference-adapter-*"))) >= 1
+    assert provider.adapter_stats().get("live").replacements == 1  # type: ignore[union-attr]
+    await provider.unload_adapter("live")
+    assert not second.exists()
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        (AdapterWeights(tensors(), {**CONFIG, "use_dora": True}), "DoRA"),
+        (AdapterWeights(tensors(), {**CONFIG, "r": 0}), "invalid rank"),
+        (AdapterWeights(tensors(), "not a config"), "LoraConfig or a dict"),
+        (AdapterWeights({}, CONFIG), "no tensors"),
+        (AdapterWeights(tensors(rank=3), CONFIG), "with rank 2"),
+        (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_B.weight": None}), CONFIG), "q_proj.lora_B.weight"),
+        (AdapterWeights(tensors(**{"model.embed_tokens.weight": np.zeros((4, 4))}), CONFIG), "not a LoRA matrix"),
+        (
+            AdapterWeights(
+                tensors(
+                    **{
+                        f"{PREFIX}.k_proj.lora_A.weight": np.zeros((2, 8)),
+                        f"{PREFIX}.k_proj.lora_B.weight": np.zeros((8, 2)),
+                    }
+                ),
+                CONFIG,
+            ),
+            "target_modules",
+        ),
+        (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_A.weight": np.full((2, 8), np.nan)}), CONFIG), "NaN"),
+    ],
+)
+async def test_bad_weights_are_refused_before_the_backend_and_the_provider_keeps_serving(
+    weights: AdapterWeights, message: str, tmp_path: Path
+) -> None:
+    provider = RecordingProvider()
+    await provider.load_adapter("live", AdapterWeights(tensors(), CONFIG))
+    with pytest.raises(InvalidAdapterError, match=message):
+        await provider.load_adapter("live", weights, replace=True)
+    assert provider.seen.keys() == {"live"} and provider.seen["live"].exists()
+    assert (await provider.generate("hi", model="m", adapter_id="live")).text.startswith("[live]")
+    await provider.unload_adapter("live")
+
+
+async def test_a_peft_lora_config_and_torch_tensors_are_accepted() -> None:
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    provider = RecordingProvider()
+    await provider.load_adapter(
+        "t", AdapterWeights({name: torch.from_numpy(value) for name, value in tensors().items()}, config)
+    )
+    written = json.loads((provider.seen["t"] / "adapter_config.json").read_text())
+    assert written["peft_type"] == "LORA" and sorted(written["target_modules"]) == ["q_proj", "v_proj"]
+    await provider.aclose()
+
+
+def test_import_inference_does_not_import_torch_or_numpy_for_adapter_weights() -> None:
+    code = "import sys, inference; inference.AdapterWeights; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.stdout.strip() == "[]"
+
+
+async def test_concurrent_loads_of_weights_under_several_ids_keep_every_directory_they_need() -> None:
+    import asyncio
+
+    provider = RecordingProvider()
+    await asyncio.gather(*(provider.load_adapter(f"id-{n}", AdapterWeights(tensors(), CONFIG)) for n in range(6)))
+    await asyncio.gather(
+        *(provider.load_adapter(f"id-{n}", AdapterWeights(tensors(), CONFIG), replace=True) for n in range(3)),
+        provider.unload_adapter("id-5"),
+    )
+    live = {adapter_id: path for adapter_id, path in provider.seen.items() if adapter_id != "id-5"}
+    for adapter_id in ("id-0", "id-1", "id-2"):
+        del live[adapter_id]  # replaced: their first directories are gone
+        assert not provider.seen[adapter_id].exists()
+    assert all(path.exists() for path in live.values()) and len(live) == 5  # id-3, id-4 and the three id-N@2
+    for n in range(5):
+        assert (await provider.generate("hi", model="m", adapter_id=f"id-{n}")).adapter_id == f"id-{n}"
