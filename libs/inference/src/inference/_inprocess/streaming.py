@@ -23,13 +23,27 @@ from inference._core.validation import GenerationRequest
 from inference._inprocess.worker import ModelWorker
 from inference.provider import GenerationResult
 
-__all__ = ["PieceAssembler", "PieceSink", "WorkerJob", "run_on_worker", "stream_from_worker"]
+__all__ = [
+    "JobStarter",
+    "PieceAssembler",
+    "PieceSink",
+    "WorkerJob",
+    "on_worker",
+    "run_job",
+    "run_on_worker",
+    "stream_from_worker",
+    "stream_job",
+]
 
 PieceSink = Callable[[str], None]
 """Receives each text piece of a streamed generation, on the worker thread."""
 
 WorkerJob = Callable[[GenerationRequest, PieceSink | None, threading.Event], GenerationResult]
 """A blocking generation: hands pieces to the sink (if one is given) and stops within a token of the event."""
+
+JobStarter = Callable[[GenerationRequest, PieceSink | None, threading.Event], "asyncio.Future[GenerationResult]"]
+"""Starts a generation now and returns its future: a :data:`WorkerJob` queued on the worker, or a request
+joining a decode loop. The same contract: pieces to the sink, stop within a token of the event."""
 
 
 class PieceAssembler:
@@ -90,30 +104,51 @@ class PieceAssembler:
 _DONE = object()
 
 
-async def run_on_worker(worker: ModelWorker, job: WorkerJob, request: GenerationRequest) -> GenerationResult:
-    """Run ``job`` on ``worker`` for ``request`` and return its result.
+def on_worker(worker: ModelWorker, job: WorkerJob) -> JobStarter:
+    """The starter that queues ``job`` on ``worker`` (first come, first served, one at a time)."""
 
-    The job is queued in this call (so a later ``aclose()`` runs after it). If the caller is cancelled
-    (``asyncio.wait_for``, a task group, ``generate_batch`` cancelled), the job is dropped when it has not
-    started, and a running job sees its cancel event and stops within one token.
+    def start(
+        request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
+    ) -> asyncio.Future[GenerationResult]:
+        return worker.submit(job, request, sink, cancel)
+
+    return start
+
+
+async def run_on_worker(worker: ModelWorker, job: WorkerJob, request: GenerationRequest) -> GenerationResult:
+    """Run ``job`` on ``worker`` for ``request`` and return its result (see :func:`run_job`)."""
+    return await run_job(on_worker(worker, job), request)
+
+
+def stream_from_worker(
+    worker: ModelWorker, job: WorkerJob, request: GenerationRequest
+) -> AsyncIterator[str | GenerationResult]:
+    """Run ``job`` on ``worker`` and yield its pieces as it produces them, then its result (see :func:`stream_job`)."""
+    return stream_job(on_worker(worker, job), request)
+
+
+async def run_job(start: JobStarter, request: GenerationRequest) -> GenerationResult:
+    """Start a generation for ``request`` and return its result.
+
+    The job starts in this call (so a later ``aclose()`` runs after it). If the caller is cancelled
+    (``asyncio.wait_for``, a task group, ``generate_batch`` cancelled), a job that has not started is
+    dropped, and a running job sees its cancel event and stops within one token.
     """
     cancel = threading.Event()
-    task = worker.submit(job, request, None, cancel)
+    task = start(request, None, cancel)
     try:
         return await task
     finally:
         _let_go(task, cancel)
 
 
-async def stream_from_worker(
-    worker: ModelWorker, job: WorkerJob, request: GenerationRequest
-) -> AsyncIterator[str | GenerationResult]:
-    """Run ``job`` on ``worker`` and yield its pieces as the worker produces them, then its result.
+async def stream_job(start: JobStarter, request: GenerationRequest) -> AsyncIterator[str | GenerationResult]:
+    """Start a generation and yield its pieces as the worker produces them, then its result.
 
     Pieces cross from the worker thread with ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``, so
     the loop never blocks. Closing the generator (the consumer stopped or was cancelled) sets the job's
-    cancel event, as :func:`run_on_worker` does: the worker is free again within one token, and a job
-    still waiting in the worker's queue is dropped without running.
+    cancel event, as :func:`run_job` does: the worker is free again within one token, and a job still
+    waiting in the worker's queue is dropped without running.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[object] = asyncio.Queue()
@@ -127,7 +162,7 @@ async def stream_from_worker(
         except RuntimeError:  # the loop is closed: nobody listens any more
             cancel.set()
 
-    task = worker.submit(job, request, sink, cancel)  # queued now: a later aclose() runs after it, not before
+    task = start(request, sink, cancel)  # started now: a later aclose() runs after it, not before
     # Runs after the result is set, which the worker schedules after its last piece: the sentinel comes last.
     task.add_done_callback(lambda _: queue.put_nowait(_DONE))
     try:
