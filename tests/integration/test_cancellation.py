@@ -59,8 +59,8 @@ async def llamacpp(tiny_models: dict[str, Any], tmp_path: Path) -> AsyncIterator
 
     model = tiny_models["qwen2"]
     async with LlamaCppProvider(
-        model.gguf_path, n_ctx=4096, adapter_cache_dir=tmp_path, kv_cache_type="f32", n_threads=1
-    ) as provider:
+        model.gguf_path, n_ctx=4096, adapter_cache_dir=tmp_path, kv_cache_type="f32", n_threads=1, n_parallel=1
+    ) as provider:  # the one-at-a-time path (recorded below); test_llamacpp_batching covers the decode loop
         await provider.load_adapter("a0", model.adapter_dirs["a0"])
         # Warm up with a0 active: the first decode after an adapter switch is slow, which would skew full_s.
         await provider.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0)

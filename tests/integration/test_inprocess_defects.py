@@ -356,7 +356,7 @@ async def test_a_failure_inside_llama_cpp_is_a_provider_error_and_the_provider_k
     """llama-cpp-python raises plain exceptions (``RuntimeError: llama_decode returned -3``): they arrive typed."""
     from inference.exceptions import ProviderError
 
-    async with make_provider("llamacpp", tiny_models, tmp_path) as provider:
+    async with make_provider("llamacpp", tiny_models, tmp_path, n_parallel=1) as provider:  # Llama.eval's path
         expected = await text(provider, None)
         llama = provider._llama
         real_eval = llama.eval

@@ -451,7 +451,8 @@ async def test_stream_pieces_are_whole_utf8_characters(tiny_models: Any, tmp_pat
 async def test_breaking_out_of_a_stream_stops_the_generation_within_a_token(
     tiny_models: Any, adapter_cache: Path, references: dict[str, dict[str | None, str]]
 ) -> None:
-    async with make_provider(tiny_models["qwen2"], adapter_cache, n_ctx=2560) as provider:
+    # n_parallel=1: this test wraps the one-at-a-time path; test_llamacpp_batching covers the decode loop.
+    async with make_provider(tiny_models["qwen2"], adapter_cache, n_ctx=2560, n_parallel=1) as provider:
         await provider.load_adapter("a1", tiny_models["qwen2"].adapter_dirs["a1"])
         jobs: list[GenerationResult] = []
         real = provider._generate_blocking

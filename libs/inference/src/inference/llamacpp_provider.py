@@ -21,7 +21,6 @@ that record.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import ctypes
 import functools
 import importlib.util
@@ -39,8 +38,10 @@ from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, sc
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
 from inference._inprocess.constrained import JsonGrammars, SchemaRefused
-from inference._inprocess.llamacpp_logits import JsonMask, score_sequence, token_logprob
-from inference._inprocess.streaming import PieceAssembler, PieceSink, run_on_worker, stream_from_worker
+from inference._inprocess.llamacpp_batch import BatchEntry, ContinuousBatcher, Started
+from inference._inprocess.llamacpp_completion import Completion, TokenText
+from inference._inprocess.llamacpp_logits import JsonMask, score_sequence
+from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
 from inference.config import resolve_settings
 from inference.exceptions import (
     ConfigurationError,
@@ -51,7 +52,7 @@ from inference.exceptions import (
     ProviderError,
 )
 from inference.provider import GenerationResult, StreamEvent
-from inference.results import ScoreResult, TokenLogprob
+from inference.results import ScoreResult
 
 __all__ = ["DEFAULT_ADAPTER_CACHE_DIR", "DEFAULT_SAMPLING", "KV_CACHE_TYPES", "LlamaCppProvider"]
 
@@ -121,6 +122,10 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         max_adapters: Most adapters kept in llama.cpp's memory at once; else ``LLAMACPP_MAX_ADAPTERS``; else
             unlimited. Beyond it the least recently used adapter (not pinned, not in use) is freed, and
             loaded again from its path (the converted file is cached) when a request needs it.
+        n_parallel: Requests generated together (continuous batching), else ``LLAMACPP_N_PARALLEL``, else 4.
+            Concurrent requests for the same adapter share each ``llama_decode`` step; they share the context's
+            ``n_ctx`` cells too (a request joins when its prompt plus ``max_tokens`` fits what the others left).
+            ``1`` runs requests one at a time. See :mod:`inference._inprocess.llamacpp_batch`.
         kv_cache_type: KV cache precision, one of :data:`KV_CACHE_TYPES` (``"f32"`` makes results match
             other backends to 1e-5); ``None`` keeps llama.cpp's default (f16).
         seed: Sampling seed for requests that give none, in ``[0, MAX_SEED]`` (:data:`MAX_SEED` is
@@ -151,6 +156,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         adapter_cache_dir: str | os.PathLike[str] | None = None,
         max_adapters: int | None = None,
         *,
+        n_parallel: int | None = None,
         kv_cache_type: str | None = None,
         seed: int | None = None,
         n_threads: int | None = None,
@@ -164,6 +170,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             "n_gpu_layers": n_gpu_layers,
             "adapter_cache_dir": os.fspath(adapter_cache_dir) if adapter_cache_dir is not None else None,
             "max_adapters": max_adapters,
+            "n_parallel": n_parallel,
         }
         settings = resolve_settings(_PROVIDER, {k: v for k, v in given.items() if v is not None})
         if not settings["model_path"]:
@@ -209,6 +216,13 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._model_lora_path: Path | None = None  # reload mode: the adapter the model was built with
         self._loads = 0
         self._grammars: JsonGrammars | None = None  # built on the first json_schema request
+        self._tokens: TokenText | None = None  # the loaded model's token helpers
+        self.n_parallel: int = settings["n_parallel"]
+        self._batcher = (
+            ContinuousBatcher(self.n_parallel, self.n_ctx, min(self._n_batch, self.n_ctx))
+            if self.n_parallel > 1
+            else None
+        )
 
     def __repr__(self) -> str:
         return (
@@ -239,11 +253,11 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         self._check_request(request)
-        return await run_on_worker(self._worker, self._generate_blocking, request)
+        return await run_job(self._starter(), request)
 
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         self._check_request(request)
-        return stream_from_worker(self._worker, self._generate_blocking, request)
+        return stream_job(self._starter(), request)
 
     async def _score(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
@@ -279,6 +293,12 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
     def _closed_path(self) -> str | None:
         return str(self.model_path)
+
+    def _starter(self) -> JobStarter:
+        """How a generation starts: alone on the worker (``n_parallel=1``), or joining the decode loop."""
+        if self._batcher is not None:
+            return self._start_batched
+        return on_worker(self._worker, self._generate_blocking)
 
     def _check_request(self, request: GenerationRequest) -> None:
         """Refuse what llama.cpp would misread, before the request is queued: a seed outside its range."""
@@ -361,6 +381,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             kwargs["lora_path"] = str(lora_path)
         try:
             llama = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
+            if self.n_parallel > 1:
+                _share_context(llama, self.n_parallel)
         except Exception as error:  # llama-cpp-python raises ValueError/RuntimeError with no detail
             raise ModelLoadError(
                 f"llama.cpp could not load {self.model_path} ({error}): check that it is a complete "
@@ -596,17 +618,27 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
     def _decode_blocking(
         self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
     ) -> GenerationResult:
-        """Generate on the worker thread; hand text pieces to ``sink`` as they are decoded, if given.
+        """Generate one request alone on the worker thread (``n_parallel=1``), with ``Llama.generate``.
 
-        Pieces are whole UTF-8 characters (a token that ends inside a multi-byte character waits for the
-        next), never show a stop string or the start of one, and concatenate to the result's text. Setting
-        ``cancel`` stops the loop after the current token (the result is then of no use to anyone); a
-        request cancelled before it starts returns at once without touching the model.
+        Each token goes to the request's :class:`Completion`, which decides when it ends and hands its
+        pieces to ``sink``. Setting ``cancel`` stops the loop after the current token (the result is then of
+        no use to anyone); a request cancelled before it starts returns at once without touching the model.
         """
         if cancel.is_set():
             return self._cancelled(request)
-        llama_cpp = self._llama_cpp()
         llama = self._activate(request.adapter_id)
+        prompt, completion = self._prepare(llama, request, sink)
+        tokens = llama.generate(prompt, **self._sampling(llama, request, completion))
+        try:
+            for token in tokens:
+                if cancel.is_set() or completion.add(token, lambda: completion.tokens.logits(llama.ctx, -1)):
+                    break
+        finally:
+            tokens.close()  # released here, on the worker thread, not whenever it is collected
+        return completion.result(model=self.model_name, prompt_tokens=len(prompt))
+
+    def _prepare(self, llama: Any, request: GenerationRequest, sink: PieceSink | None) -> tuple[list[int], Completion]:
+        """Tokenise a request, check that it fits the context and compile its JSON mask (worker thread)."""
         prompt = self._prompt_tokens(llama, request)
         self._require_prompt(prompt)
         room = self.n_ctx - len(prompt)
@@ -616,83 +648,150 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 "shorten it or raise n_ctx (LLAMACPP_N_CTX)",
                 provider=self.name,
             )
+        if self._tokens is None or self._tokens.llama is not llama:
+            numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
+            self._tokens = TokenText(self._llama_cpp(), numpy, llama)
         mask = self._json_mask(llama, request)
+        return prompt, Completion(request, self._tokens, sink, min(request.max_tokens, room), mask)
+
+    def _sampling(self, llama: Any, request: GenerationRequest, completion: Completion) -> dict[str, Any]:
+        """The sampler settings of a request, as ``Llama.generate`` takes them; sets the model's seed."""
+        llama_cpp = self._llama_cpp()
         seed = request.seed if request.seed is not None else self.seed
         llama.set_seed(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
-        limit = min(request.max_tokens, room)
-        logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
-        numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
-        temperature = request.temperature
-        vocab = llama_cpp.llama_model_get_vocab(llama.model)
-        completion: list[int] = []
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # same text as one decode at the end
-        pieces = PieceAssembler(request.stop, sink)
-        text = ""
-        finish_reason = "length"
-        stopped = False
-        tokens = llama.generate(
-            prompt,
-            temp=DEFAULT_SAMPLING["temperature"] if temperature is None else temperature,
-            top_p=DEFAULT_SAMPLING["top_p"] if request.top_p is None else request.top_p,
-            top_k=int(DEFAULT_SAMPLING["top_k"]) if request.top_k is None else request.top_k,
-            min_p=DEFAULT_SAMPLING["min_p"],
-            repeat_penalty=(
+        return {
+            "temp": DEFAULT_SAMPLING["temperature"] if request.temperature is None else request.temperature,
+            "top_p": DEFAULT_SAMPLING["top_p"] if request.top_p is None else request.top_p,
+            "top_k": int(DEFAULT_SAMPLING["top_k"]) if request.top_k is None else request.top_k,
+            "min_p": DEFAULT_SAMPLING["min_p"],
+            "repeat_penalty": (
                 DEFAULT_SAMPLING["repeat_penalty"]
                 if request.repetition_penalty is None
                 else request.repetition_penalty
             ),
-            logits_processor=None if mask is None else llama_cpp.LogitsProcessorList([mask]),
-        )
+            "logits_processor": None if completion.mask is None else llama_cpp.LogitsProcessorList([completion.mask]),
+        }
 
-        def token_text(token: int) -> str:
-            return bytes(llama.detokenize([token], special=True)).decode("utf-8", errors="replace")
+    # Continuous batching (n_parallel > 1) -----------------------------------------------------------------
 
+    def _start_batched(
+        self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
+    ) -> asyncio.Future[GenerationResult]:
+        """Queue a request for the decode loop; the returned future drives the loop until it is answered."""
+        assert self._batcher is not None
+        entry = self._batcher.put(request, sink, cancel)
+        loop_call = self._worker.submit(self._serve_batch)  # queued now: a later aclose() runs after it
+        return asyncio.ensure_future(self._await_batched(entry, loop_call))
+
+    async def _await_batched(self, entry: BatchEntry, loop_call: asyncio.Future[None]) -> GenerationResult:
+        """Wait for ``entry``'s answer while a decode loop runs on the worker thread.
+
+        The answer comes the moment its sequence ends (the loop goes on for the others). When the loop
+        returns without it (it gave way to a load or a score queued behind it), the loop is queued again.
+        """
+        assert self._batcher is not None
+        answer = asyncio.wrap_future(entry.future)
+        answer.add_done_callback(_retrieve)  # read through entry.future below
         try:
-            for token in tokens:
-                if cancel.is_set():
-                    break
-                completion.append(token)
-                if llama_cpp.llama_vocab_is_eog(vocab, token):
-                    finish_reason = "stop"
-                    break
-                if logprobs is not None:  # the logits that chose this token: the last ones llama_decode made
-                    row = numpy.ctypeslib.as_array(
-                        llama_cpp.llama_get_logits_ith(llama.ctx, -1), shape=(llama.n_vocab(),)
-                    )
-                    logprobs.append(token_logprob(numpy, row, token, request.logprobs or 0, token_text))
-                text += decoder.decode(bytes(llama.detokenize([token])))  # byte pieces concatenate to the text
-                cut = pieces.update(text)
-                if cut is not None:
-                    text, finish_reason, stopped = text[:cut], "stop", True
-                    if logprobs:
-                        logprobs.pop()  # the token that completed the stop string is not part of the text
-                    break
-                if mask is not None and mask.consume(token):
-                    finish_reason = "stop"  # the JSON is complete
-                    break
-                if len(completion) >= limit:
-                    break
+            while True:
+                waiting: set[asyncio.Future[Any]] = {answer, loop_call}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if loop_call.done():
+                    loop_call.result()  # a failure of the loop itself (the model could not load)
+                if entry.future.done():
+                    return entry.future.result()
+                if loop_call.done():
+                    loop_call = self._worker.submit(self._serve_batch)
         finally:
-            tokens.close()  # released here, on the worker thread, not whenever it is collected
-        if not stopped:
-            text += decoder.decode(b"", final=True)
-            pieces.finish(text)
-        return GenerationResult(
-            text=text,
-            model=self.model_name,
-            adapter_id=request.adapter_id,
-            token_count=len(prompt) + len(completion),
-            finish_reason=finish_reason,
-            prompt_tokens=len(prompt),
-            completion_tokens=len(completion),
-            logprobs=None if logprobs is None else tuple(logprobs),
-        )
+            if not entry.future.done():
+                self._batcher.discard(entry)
+            if not loop_call.done():
+                loop_call.cancel()  # dropped if it has not started; a running loop serves the others on
+                loop_call.add_done_callback(_retrieve)
+
+    def _serve_batch(self) -> None:
+        """Run the decode loop on the worker thread (see :mod:`inference._inprocess.llamacpp_batch`)."""
+        assert self._batcher is not None
+        self._batcher.serve(_BatchBackend(self))
 
     def _cancelled(self, request: GenerationRequest) -> GenerationResult:
         """The (unread) result of a request whose caller gave up before it started."""
         return GenerationResult(
             text="", model=self.model_name, adapter_id=request.adapter_id, token_count=0, finish_reason="stop"
         )
+
+
+class _BatchBackend:
+    """The provider as the decode loop sees it (:class:`~inference._inprocess.llamacpp_batch.BatchBackend`)."""
+
+    def __init__(self, provider: LlamaCppProvider) -> None:
+        self.provider = provider
+        self.llama_cpp = provider._llama_cpp()
+
+    def activate(self, adapter_id: str | None) -> Any:
+        return self.provider._activate(adapter_id)
+
+    def start(self, llama: Any, entry: BatchEntry) -> Started:
+        provider = self.provider
+        prompt, completion = provider._prepare(llama, entry.request, entry.sink)
+        sampling = provider._sampling(llama, entry.request, completion)
+        sampler = llama._init_sampler(  # the chain Llama.generate builds, seeded with the request's seed
+            top_k=sampling["top_k"],
+            top_p=sampling["top_p"],
+            min_p=sampling["min_p"],
+            temp=sampling["temp"],
+            repeat_penalty=sampling["repeat_penalty"],
+            logits_processor=sampling["logits_processor"],
+        )
+        return Started(prompt, sampler, completion)
+
+    def finish(self, entry: BatchEntry, completion: Completion, prompt_tokens: int) -> GenerationResult:
+        return completion.result(model=self.provider.model_name, prompt_tokens=prompt_tokens)
+
+    def failed(self, error: BaseException) -> BaseException:
+        if isinstance(error, InferenceError):
+            return error
+        return ProviderError(
+            f"llama.cpp failed to generate ({type(error).__name__}: {error}); the provider is still usable",
+            provider=self.provider.name,
+        )
+
+    def others_waiting(self) -> bool:
+        if self.provider._closed:  # aclose() queued: the requests that came before it are served first
+            return False
+        worker = self.provider._worker
+        return worker.waiting() > worker.waiting(self.provider._serve_batch)
+
+
+def _share_context(llama: Any, n_parallel: int) -> None:
+    """Give ``llama`` a context for ``n_parallel`` sequences that share one KV cache of ``n_ctx`` cells.
+
+    llama-cpp-python's ``Llama`` makes a one-sequence context; this replaces it with the same settings plus
+    ``n_seq_max`` and a unified KV cache (each sequence may use any cell, so one request alone still has the
+    whole context). The new context is freed with the model, before it.
+    """
+    from llama_cpp import _internals
+
+    params = llama.context_params
+    params.n_seq_max = n_parallel
+    if hasattr(params, "kv_unified"):
+        params.kv_unified = True
+    shared = _internals.LlamaContext(model=llama._model, params=params, verbose=llama.verbose)
+    single, llama._ctx = llama._ctx, shared
+    single.close()
+    adapter = getattr(llama, "_lora_adapter", None)  # reload mode: the adapter Llama set on the old context
+    if adapter is not None:
+        llama_cpp = sys.modules["llama_cpp"]
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+        scales = (ctypes.c_float * 1)(1.0)
+        if llama_cpp.llama_set_adapters_lora(shared.ctx, adapters, 1, scales):
+            raise RuntimeError("llama.cpp could not set the LoRA adapter on the shared context")
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an abandoned future's error as seen (nobody waits for it any more)."""
+    if not future.cancelled():
+        future.exception()
 
 
 _log_mode = threading.local()  # ``verbose`` of the provider whose worker this thread is; unset elsewhere

@@ -161,6 +161,8 @@ _SPECS = (
                     "Where PEFT adapters converted to GGUF are cached",
                     none_means="~/.cache/inference-adapters"),
             _max_adapters("LLAMACPP"),
+            Setting("n_parallel", "LLAMACPP_N_PARALLEL", 4, "int",
+                    "Requests decoded together in one batch (continuous batching; 1 = one at a time)", minimum=1),
         ),
     ),
     ProviderSpec(

@@ -1,0 +1,301 @@
+"""Continuous batching for llama.cpp: many requests' sequences advanced together, one ``llama_decode`` per step.
+
+Requests wait in a :class:`ContinuousBatcher` (put there from the event loop's thread). The model's worker
+thread runs :meth:`ContinuousBatcher.serve`, a loop of steps; each step is one ``llama_decode`` of a batch that
+holds the next token of every sequence being generated and, in the room left (``n_batch`` tokens), chunks of
+the prompts of sequences that just joined. A request joins at the next step, leaves the moment it is
+complete (its KV cells are freed at once), streams its own pieces and samples with its own sampler chain
+(its own temperature, top-k/p, penalties, seed and JSON mask), so each answer is what it would be alone.
+
+Scheduling, in one place:
+
+- **By adapter.** llama.cpp applies LoRA adapters to the whole context, so one step serves one adapter (or
+  the base model). The loop takes the adapter of the oldest waiting request, and admits every waiting
+  request for it, oldest first.
+- **Fairness.** While a request for another adapter waits, the running group admits nobody new: it
+  finishes the sequences it has (each bounded by its ``max_tokens``), then the loop switches to the adapter
+  of the oldest waiting request. A stream of requests for one adapter cannot starve another.
+- **Room.** Sequences share the context's cells (a unified KV cache of ``n_ctx`` cells). A request joins
+  only when its prompt plus its token limit fits the cells not promised to others, so a running sequence
+  never runs out of room, and a single request may still use the whole context.
+- **Other work.** Loading an adapter, scoring and closing run on the same worker thread. When such a call
+  is queued, the loop admits nobody new, finishes its sequences and returns, so the call runs next and the
+  loop resumes after it.
+
+Nothing here imports llama_cpp: the module and the provider's helpers come in through :class:`BatchBackend`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from inference._core.validation import GenerationRequest
+from inference._inprocess.llamacpp_completion import Completion
+from inference._inprocess.streaming import PieceSink
+from inference.provider import GenerationResult
+
+__all__ = ["BatchBackend", "BatchEntry", "ContinuousBatcher", "Started"]
+
+
+@dataclass(eq=False)
+class BatchEntry:
+    """One request waiting for, or running in, the decode loop.
+
+    Attributes:
+        request: The validated request.
+        sink: Receives its text pieces (on the worker thread); ``None`` when nobody streams.
+        cancel: Set when its caller gives up: it leaves the loop at the next step.
+        future: Resolved by the worker thread with the result or the error; cancelled when the caller gives
+            up before the request joins the loop.
+    """
+
+    request: GenerationRequest
+    sink: PieceSink | None
+    cancel: threading.Event
+    future: Future[GenerationResult] = field(default_factory=Future)
+
+
+@dataclass(frozen=True)
+class Started:
+    """What the backend prepared for a request about to join: its prompt, its sampler and its completion.
+
+    Attributes:
+        prompt: The prompt's token ids (not empty; shorter than the context).
+        sampler: A llama-cpp-python ``LlamaSampler`` chain for this request alone (closed when it leaves).
+        completion: Turns its sampled tokens into its result.
+    """
+
+    prompt: list[int]
+    sampler: Any
+    completion: Completion
+
+
+class BatchBackend(Protocol):
+    """What the decode loop asks of the provider (all on the worker thread)."""
+
+    llama_cpp: Any
+    """The ``llama_cpp`` module."""
+
+    def activate(self, adapter_id: str | None) -> Any:
+        """Make ``adapter_id`` (``None``: the base model) the context's adapter; return the ``Llama``."""
+
+    def start(self, llama: Any, entry: BatchEntry) -> Started:
+        """Tokenise and check a request, and build its sampler (raises an inference error to refuse it)."""
+
+    def finish(self, entry: BatchEntry, completion: Completion, prompt_tokens: int) -> GenerationResult:
+        """The result of a request whose completion is done."""
+
+    def failed(self, error: BaseException) -> BaseException:
+        """The error a request gets when llama.cpp fails under it."""
+
+    def others_waiting(self) -> bool:
+        """True when other work (a load, a score, closing) is queued for the worker thread."""
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """A request in the loop: its sequence id, its cells and where its tokens are."""
+
+    entry: BatchEntry
+    seq_id: int
+    started: Started
+    cells: int  # KV cells promised to it: prompt plus token limit
+    fed: int = 0  # prompt tokens sent to llama_decode so far
+    position: int = 0  # its tokens in the KV cache
+    next_token: int | None = None  # sampled, to be decoded at the next step
+    row: int = -1  # its logits row in the batch being decoded; -1 when it has none
+
+
+class ContinuousBatcher:
+    """The requests waiting for the llama.cpp decode loop, and the loop itself.
+
+    Args:
+        n_parallel: The most sequences decoded together.
+        n_ctx: The context's cells, shared by the sequences.
+        n_batch: The most tokens in one ``llama_decode`` call.
+    """
+
+    def __init__(self, n_parallel: int, n_ctx: int, n_batch: int) -> None:
+        self.n_parallel = n_parallel
+        self.n_ctx = n_ctx
+        self.n_batch = max(n_batch, n_parallel)
+        self._lock = threading.Lock()
+        self._waiting: list[BatchEntry] = []
+        self._running: list[_Sequence] = []
+        self.steps = 0
+        """``llama_decode`` calls made so far (benchmarks read it)."""
+
+    # Any thread -------------------------------------------------------------------------------------------
+
+    def put(self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event) -> BatchEntry:
+        """Queue a request for the loop; its entry's future gets the result."""
+        entry = BatchEntry(request, sink, cancel)
+        with self._lock:
+            self._waiting.append(entry)
+        return entry
+
+    def discard(self, entry: BatchEntry) -> None:
+        """The caller gave up: a waiting request is dropped, a running one leaves at the next step."""
+        entry.cancel.set()
+        with self._lock:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+        entry.future.cancel()
+
+    @property
+    def running(self) -> int:
+        """Sequences in the loop now (0 whenever the loop is not running)."""
+        return len(self._running)
+
+    # Worker thread ----------------------------------------------------------------------------------------
+
+    def serve(self, backend: BatchBackend) -> None:
+        """Run steps until no sequence is left and nobody may join (see the module's scheduling rules)."""
+        llama_cpp = backend.llama_cpp
+        batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        try:
+            llama: Any = None
+            while True:
+                llama = self._admit(backend, llama)
+                if not self._running:
+                    return
+                self._step(backend, llama, batch)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def _admit(self, backend: BatchBackend, llama: Any) -> Any:
+        """Let waiting requests join; return the ``Llama`` (``None`` when nothing runs)."""
+        with self._lock:
+            self._waiting = [entry for entry in self._waiting if not entry.cancel.is_set()]
+            if not self._waiting or backend.others_waiting():
+                return llama
+            if self._running:
+                adapter_id = self._running[0].entry.request.adapter_id
+                if any(entry.request.adapter_id != adapter_id for entry in self._waiting):
+                    return llama  # fairness: another adapter waits, so this group takes nobody new
+            else:
+                adapter_id = self._waiting[0].request.adapter_id
+            candidates = [entry for entry in self._waiting if entry.request.adapter_id == adapter_id]
+        if not self._running:
+            llama = backend.activate(adapter_id)
+        free_ids = sorted(set(range(self.n_parallel)) - {sequence.seq_id for sequence in self._running})
+        free_cells = self.n_ctx - sum(sequence.cells for sequence in self._running)
+        for entry in candidates:
+            if not free_ids:
+                break
+            try:
+                started = backend.start(llama, entry)
+            except BaseException as error:  # this request is refused; the others go on
+                self._take(entry)
+                if entry.future.set_running_or_notify_cancel():
+                    entry.future.set_exception(error)
+                continue
+            cells = len(started.prompt) + started.completion.limit
+            if cells > free_cells:
+                started.sampler.close()
+                break  # it waits for room (it fits an empty context: start() checked)
+            self._take(entry)
+            if not entry.future.set_running_or_notify_cancel():  # cancelled meanwhile
+                started.sampler.close()
+                continue
+            self._running.append(_Sequence(entry, free_ids.pop(0), started, cells))
+            free_cells -= cells
+        return llama
+
+    def _take(self, entry: BatchEntry) -> None:
+        with self._lock:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+
+    def _step(self, backend: BatchBackend, llama: Any, batch: Any) -> None:
+        """One ``llama_decode``: every running sequence's next token, then prompt chunks in the room left."""
+        llama_cpp = backend.llama_cpp
+        for sequence in [sequence for sequence in self._running if sequence.entry.cancel.is_set()]:
+            self._leave(llama_cpp, llama, sequence)
+        count = 0
+
+        def add(token: int, sequence: _Sequence, logits: bool) -> None:
+            nonlocal count
+            batch.token[count] = token
+            batch.pos[count] = sequence.position
+            batch.n_seq_id[count] = 1
+            batch.seq_id[count][0] = sequence.seq_id
+            batch.logits[count] = logits
+            if logits:
+                sequence.row = count
+            sequence.position += 1
+            count += 1
+
+        for sequence in self._running:
+            if sequence.next_token is not None:
+                add(sequence.next_token, sequence, True)
+                sequence.next_token = None
+        for sequence in self._running:
+            prompt = sequence.started.prompt
+            while sequence.fed < len(prompt) and count < self.n_batch:
+                sequence.fed += 1
+                add(prompt[sequence.fed - 1], sequence, sequence.fed == len(prompt))
+        if count == 0:
+            return
+        batch.n_tokens = count
+        self.steps += 1
+        code = llama_cpp.llama_decode(llama.ctx, batch)
+        if code != 0:
+            error = backend.failed(RuntimeError(f"llama_decode returned {code}"))
+            for sequence in list(self._running):
+                self._leave(llama_cpp, llama, sequence, error=error)
+            return
+        for sequence in list(self._running):
+            if sequence.row < 0:
+                continue  # its prompt is not all in yet
+            row, sequence.row = sequence.row, -1
+            if sequence.entry.cancel.is_set():
+                self._leave(llama_cpp, llama, sequence)
+                continue
+            completion = sequence.started.completion
+            try:
+                token = int(llama_cpp.llama_sampler_sample(sequence.started.sampler.sampler, llama.ctx, row))
+                done = completion.add(token, functools.partial(completion.tokens.logits, llama.ctx, row))
+            except BaseException as error:  # a grammar that refuses its own token: this request fails alone
+                self._leave(llama_cpp, llama, sequence, error=backend.failed(error))
+                continue
+            if done:
+                try:
+                    result = backend.finish(sequence.entry, completion, len(sequence.started.prompt))
+                except BaseException as error:
+                    self._leave(llama_cpp, llama, sequence, error=backend.failed(error))
+                else:
+                    self._leave(llama_cpp, llama, sequence, result=result)
+            else:
+                sequence.next_token = token
+
+    def _leave(
+        self,
+        llama_cpp: Any,
+        llama: Any,
+        sequence: _Sequence,
+        *,
+        result: GenerationResult | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Take a sequence out of the loop: free its cells and sampler, and answer its caller."""
+        self._running.remove(sequence)
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llama.ctx), sequence.seq_id, -1, -1)
+        sequence.started.sampler.close()
+        future = sequence.entry.future
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        elif result is not None:
+            future.set_result(result)
+        else:  # its caller gave up; nobody reads this
+            future.set_exception(_Abandoned())
+
+
+class _Abandoned(Exception):
+    """The answer of a request whose caller gave up (nobody waits for it)."""
