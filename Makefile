@@ -72,6 +72,7 @@ bench: install models
 	$(PY) scripts/bench_adapter_switch.py
 	$(PY) scripts/bench_batching.py
 	$(PY) scripts/bench_eval.py
+	$(PY) scripts/bench_llamacpp_parallel.py
 
 # A real vLLM server and vLLM's engine in process (CPU build), in .venv-vllm: figures in docs/benchmarks.md.
 bench-vllm: vllm-venv models
