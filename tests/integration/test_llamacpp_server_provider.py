@@ -133,6 +133,24 @@ async def test_greedy_answers_equal_the_in_process_provider_s(
     assert len({answers[adapter_id, PROMPTS[0]] for adapter_id in ADAPTERS}) == 3  # each adapter applies, alone
 
 
+async def test_scaled_and_combined_adapters_answer_as_in_process(
+    both: tuple[LlamaCppServerProvider, LlamaCppProvider],
+) -> None:
+    """The request's ``lora`` list carries each adapter's scale: the same tokens as llama.cpp in process."""
+    remote, local = both
+    answers = set()
+    for choice in ([("a0", 0.0)], [("a0", 0.5)], [("a0", 1.0), ("a1", -0.5)], [("a1", 2.0), ("a0", 0.25)]):
+        theirs = await remote.generate(PROMPTS[1], model="tiny", adapter_id=choice, max_tokens=10, temperature=0)
+        ours = await local.generate(PROMPTS[1], model="tiny", adapter_id=choice, max_tokens=10, temperature=0)
+        assert theirs.text.replace("\ufffd", "") == ours.text.replace("\ufffd", ""), choice
+        assert theirs.completion_tokens == ours.completion_tokens
+        assert theirs.adapter_id == ours.adapter_id
+        answers.add(theirs.text)
+    base = await remote.generate(PROMPTS[1], model="tiny", max_tokens=10, temperature=0)
+    assert base.text in answers  # scale 0 is the base model
+    assert len(answers) == 4
+
+
 async def test_a_system_prompt_reaches_the_model_as_in_process(
     both: tuple[LlamaCppServerProvider, LlamaCppProvider],
 ) -> None:

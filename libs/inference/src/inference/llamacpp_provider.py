@@ -35,7 +35,7 @@ from typing import Any
 
 from inference._core.dependencies import import_optional, missing_dependency
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
-from inference._core.validation import GenerationRequest, ScoreRequest
+from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
 from inference._inprocess.constrained import JsonGrammars, SchemaRefused
 from inference._inprocess.llamacpp_batch import BatchEntry, ContinuousBatcher, Started
@@ -50,6 +50,7 @@ from inference.exceptions import (
     InvalidRequestError,
     ModelLoadError,
     ProviderError,
+    UnsupportedOperationError,
 )
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
@@ -146,6 +147,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
     supports_logprobs = True
     supports_scoring = True
     supports_json_schema = True
+    supports_adapter_scales = True
     _backend_label = "llama.cpp"
 
     def __init__(
@@ -212,7 +214,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._info: _ModelInfo | None = None
         self._formatter: Any = None
         self._hot_swap: bool | None = None  # decided when llama_cpp is first imported
-        self._active: str | None = None  # adapter set on the context (hot-swap) or baked in (reload)
+        self._active: AdapterScales = ()  # adapters set on the context (hot-swap) or baked in (reload)
         self._model_lora_path: Path | None = None  # reload mode: the adapter the model was built with
         self._loads = 0
         self._grammars: JsonGrammars | None = None  # built on the first json_schema request
@@ -352,7 +354,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         if self._llama is not None:  # reload mode, another adapter: rebuild the model with it
             self._llama.close()
             self._llama = None
-            self._active = None
+            self._active = ()
         if not self.model_path.is_file():
             raise ModelLoadError(
                 f"GGUF model file {self.model_path} does not exist: set model_path or LLAMACPP_MODEL_PATH "
@@ -484,13 +486,13 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             self._free_adapter_blocking(adapter_id, adapter)
 
     def _free_adapter_blocking(self, adapter_id: str, adapter: _Adapter) -> None:
-        if self._active == adapter_id:
+        if any(active_id == adapter_id for active_id, _ in self._active):
             if self._hot_swap and self._llama is not None:
-                self._set_context_adapter(None)
+                self._set_context_adapters([])
             elif self._llama is not None:  # reload mode: the model has it baked in; rebuild on next use
                 self._llama.close()
                 self._llama = None
-            self._active = None
+            self._active = ()
         if adapter.handle is not None:
             self._llama_cpp().llama_adapter_lora_free(adapter.handle)
             adapter.handle = None
@@ -503,32 +505,43 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             self._llama.close()
             self._llama = None
 
-    def _set_context_adapter(self, handle: Any) -> None:
-        """Make ``handle`` the only active adapter (``None`` clears it), and reset the KV cache."""
+    def _set_context_adapters(self, applied: list[tuple[Any, float]]) -> None:
+        """Make ``applied`` (handle, scale pairs) the context's adapters (``[]`` clears them); reset the KV cache."""
         llama_cpp = self._llama_cpp()
         llama = self._llama
-        if handle is None:
+        if not applied:
             llama_cpp.llama_set_adapters_lora(llama.ctx, None, 0, None)
         else:
-            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(handle)
-            scales = (ctypes.c_float * 1)(1.0)
-            llama_cpp.llama_set_adapters_lora(llama.ctx, adapters, 1, scales)
+            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * len(applied))(*(handle for handle, _ in applied))
+            scales = (ctypes.c_float * len(applied))(*(scale for _, scale in applied))
+            llama_cpp.llama_set_adapters_lora(llama.ctx, adapters, len(applied), scales)
         llama.reset()  # Llama.generate would otherwise reuse KV entries computed under the other adapter
 
-    def _activate(self, adapter_id: str | None) -> Any:
-        """Return the model with ``adapter_id`` active: switched (hot-swap) or rebuilt (reload) if needed."""
-        adapter = self._resident.get(adapter_id) if adapter_id is not None else None
-        if adapter_id is not None and adapter is None:
-            raise self._not_loaded(adapter_id)
+    def _activate(self, adapters: AdapterScales) -> Any:
+        """Return the model with ``adapters`` (backend names and scales; ``()``: none) applied, switched
+        (hot-swap) or rebuilt (reload) if needed."""
+        resident = []
+        for adapter_id, _ in adapters:
+            adapter = self._resident.get(adapter_id)
+            if adapter is None:
+                raise self._not_loaded(adapter_id)
+            resident.append(adapter)
         self._llama_cpp()
         if not self._hot_swap:  # reload mode: rebuild the model with lora_path when the adapter changes
-            llama = self._ensure_model(adapter.gguf_path if adapter is not None else None)
-            self._active = adapter_id
+            if len(adapters) > 1 or any(scale != 1.0 for _, scale in adapters):
+                raise UnsupportedOperationError(
+                    "scaled or combined adapters need llama.cpp's adapter API, which reload mode (hot_swap=False, "
+                    "or a llama-cpp-python without the API) does not use: apply one adapter at scale 1",
+                    provider=self.name,
+                )
+            llama = self._ensure_model(resident[0].gguf_path if resident else None)
+            self._active = adapters
             return llama
         llama = self._ensure_model()
-        if adapter_id != self._active:
-            self._set_context_adapter(adapter.handle if adapter is not None else None)
-            self._active = adapter_id
+        if adapters != self._active:
+            applied = [(adapter.handle, scale) for adapter, (_, scale) in zip(resident, adapters, strict=True)]
+            self._set_context_adapters(applied)
+            self._active = adapters
         return llama
 
     def _prompt_tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
@@ -560,7 +573,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
     def _score_blocking(self, request: ScoreRequest, rolling: bool) -> ScoreResult:
         """Score on the worker thread: each sequence evaluated once, with the request's adapter active."""
-        llama = self._activate(request.adapter_id)
+        llama = self._activate(((request.adapter_id, 1.0),) if request.adapter_id is not None else ())
         vocabulary = self._vocabulary(llama)
         sequences: list[ScoreTokens]
         if rolling:
@@ -626,7 +639,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         """
         if cancel.is_set():
             return self._cancelled(request)
-        llama = self._activate(request.adapter_id)
+        llama = self._activate(request.adapters)
         prompt, completion = self._prepare(llama, request, sink)
         tokens = llama.generate(prompt, **self._sampling(llama, request, completion))
         try:
@@ -728,8 +741,8 @@ class _BatchBackend:
         self.provider = provider
         self.llama_cpp = provider._llama_cpp()
 
-    def activate(self, adapter_id: str | None) -> Any:
-        return self.provider._activate(adapter_id)
+    def activate(self, adapters: AdapterScales) -> Any:
+        return self.provider._activate(adapters)
 
     def start(self, llama: Any, entry: BatchEntry) -> Started:
         provider = self.provider

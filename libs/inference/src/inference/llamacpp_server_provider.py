@@ -66,8 +66,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     server. An adapter the server does not have is an :class:`~inference.exceptions.InvalidAdapterError` that
     prints the ``--lora`` flag to add. ``unload_adapter`` forgets the id (the server keeps the file).
 
-    Every generation sends the server's whole adapter list in its ``lora`` field: scale 1 for the adapter asked for,
-    0 for the others (all 0 for the base model), so a server started without ``--lora-init-without-apply`` still
+    Every generation sends the server's whole adapter list in its ``lora`` field: scale 1 for the adapter asked for
+    (or each adapter's own scale, for ``adapter_id=[("math", 1.0), ("style", 0.5)]``), 0 for the others (all 0 for
+    the base model), so a server started without ``--lora-init-without-apply`` still
     answers each request with exactly its adapter. On a server with adapters, ``cache_prompt`` is turned off:
     llama-server reuses a slot's cached prompt across requests for different adapters (llama.cpp#26207), which
     silently mixes the previous request's adapter into the answer. Requests for different adapters may run at once
@@ -102,6 +103,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     hot_swaps_adapters = True
     supports_logprobs = True
     supports_json_schema = True
+    supports_adapter_scales = True
 
     def __init__(
         self,
@@ -133,17 +135,20 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     async def _create(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
         """The request with the ``lora`` field that applies exactly the adapter asked for (or none)."""
         served = await self._served_recently(replica)
-        chosen = self._matched.get(request.adapter_id) if request.adapter_id else None
-        index = next((entry.index for entry in served if entry.path == chosen), None)
-        if request.adapter_id is not None and index is None:
-            raise AdapterNotFoundError(
-                f"{replica.http.where} no longer has adapter {request.adapter_id!r} ({chosen}): it was restarted "
-                f"without it; start it with --lora {chosen}",
-                provider=self.name,
-            )
+        scales: dict[int, float] = {}  # server index -> scale, for every adapter the request applies
+        for adapter_id, scale in request.adapters:
+            chosen = self._matched.get(adapter_id)
+            index = next((entry.index for entry in served if entry.path == chosen), None)
+            if index is None:
+                raise AdapterNotFoundError(
+                    f"{replica.http.where} no longer has adapter {adapter_id!r} ({chosen}): it was restarted "
+                    f"without it; start it with --lora {chosen}",
+                    provider=self.name,
+                )
+            scales[index] = scale
         body = {**arguments, "model": request.model}
         if served:
-            body["lora"] = [{"id": entry.index, "scale": 1.0 if entry.index == index else 0.0} for entry in served]
+            body["lora"] = [{"id": entry.index, "scale": scales.get(entry.index, 0.0)} for entry in served]
             # llama-server reuses a slot's cached prompt across requests for different adapters (llama.cpp#26207):
             # the answer would be computed partly with the previous request's adapter. Off, for correctness.
             body["cache_prompt"] = False

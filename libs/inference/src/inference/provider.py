@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
-from inference._core.validation import GenerationRequest, ScoreRequest, validate_adapter_id
+from inference._core.validation import (
+    AdapterChoice,
+    GenerationRequest,
+    ScoreRequest,
+    adapters_label,
+    split_adapter_choice,
+    validate_adapter_id,
+)
 from inference.adapters.stats import ProviderAdapterStats
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.messages import Prompt
@@ -76,6 +83,8 @@ class InferenceProvider(ABC):
         supports_scoring: ``score``, ``score_rolling`` and ``score_batch`` work (log-likelihoods of given text).
         supports_logprobs: ``generate(..., logprobs=k)`` reports token log-probabilities.
         supports_json_schema: ``generate(..., json_schema=...)`` constrains the output.
+        supports_adapter_scales: ``adapter_id`` may be an ``(id, scale)`` pair or a list of them (several
+            adapters at once, each scaled).
         loads_adapter_weights_in_memory: ``load_adapter(id, AdapterWeights(...))`` puts the tensors straight
             into the model; other providers get a temporary PEFT directory written for them.
     """
@@ -88,6 +97,7 @@ class InferenceProvider(ABC):
     supports_scoring: ClassVar[bool] = False
     supports_logprobs: ClassVar[bool] = False
     supports_json_schema: ClassVar[bool] = False
+    supports_adapter_scales: ClassVar[bool] = False
     loads_adapter_weights_in_memory: ClassVar[bool] = False
     max_adapters: int | None = None
 
@@ -95,7 +105,7 @@ class InferenceProvider(ABC):
         self,
         prompt: Prompt,
         model: str,
-        adapter_id: str | None = None,
+        adapter_id: AdapterChoice = None,
         max_tokens: int = 4096,
         system_prompt: str | None = None,
         temperature: float | None = None,
@@ -114,7 +124,10 @@ class InferenceProvider(ABC):
             prompt: The user's text, or a conversation: a list of ``{"role": "system"|"user"|"assistant",
                 "content": str}`` messages (see :mod:`inference.messages`).
             model: The base model name (servers) or a label (in-process providers use their loaded model).
-            adapter_id: A loaded adapter to apply, or ``None`` for the base model.
+            adapter_id: A loaded adapter to apply, or ``None`` for the base model. Where
+                ``supports_adapter_scales`` is true, also an ``(id, scale)`` pair or a list of pairs: each adapter's
+                delta times its scale, added together (scale 0 is the base model; a result's ``adapter_id`` then
+                reads ``"math*1+style*0.5"``).
             max_tokens: The most tokens to generate.
             system_prompt: A system message, sent through the model's chat template where there is one.
             temperature: Sampling temperature; ``0`` is greedy. ``None`` keeps the backend's default.
@@ -134,19 +147,20 @@ class InferenceProvider(ABC):
         Raises:
             InvalidRequestError: An argument is invalid (the message names it), a message list is combined with
                 ``system_prompt``, or the backend cannot compile ``json_schema``.
-            UnsupportedOperationError: The provider cannot give ``logprobs`` or honour ``json_schema``.
-            AdapterNotFoundError: ``adapter_id`` is not loaded.
+            UnsupportedOperationError: The provider cannot give ``logprobs``, honour ``json_schema`` or apply
+                adapters with scales.
+            AdapterNotFoundError: ``adapter_id`` (or one of the adapters in it) is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status).
         """
         request = self._request(locals())
-        async with self._adapter_in_use(request.adapter_id) as backend:
-            return _as_asked(await self._generate(_sent_as(request, backend)), request.adapter_id)
+        async with self._request_in_use(request) as sent:
+            return _as_asked(await self._generate(sent), _asked_adapter(request))
 
     async def stream(
         self,
         prompt: Prompt,
         model: str,
-        adapter_id: str | None = None,
+        adapter_id: AdapterChoice = None,
         max_tokens: int = 4096,
         system_prompt: str | None = None,
         temperature: float | None = None,
@@ -188,11 +202,11 @@ class InferenceProvider(ABC):
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
         request = self._request(locals())
-        async with self._adapter_in_use(request.adapter_id) as backend:
-            events = self._stream(_sent_as(request, backend))
+        async with self._request_in_use(request) as sent:
+            events = self._stream(sent)
             try:
                 async for event in events:
-                    yield event if isinstance(event, str) else _as_asked(event, request.adapter_id)
+                    yield event if isinstance(event, str) else _as_asked(event, _asked_adapter(request))
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
 
@@ -200,7 +214,7 @@ class InferenceProvider(ABC):
         self,
         prompts: Sequence[Prompt],
         model: str,
-        adapter_id: str | None = None,
+        adapter_id: AdapterChoice = None,
         max_tokens: int = 4096,
         system_prompt: str | None = None,
         temperature: float | None = None,
@@ -486,7 +500,11 @@ class InferenceProvider(ABC):
 
     def _request(self, arguments: dict[str, Any]) -> GenerationRequest:
         """The validated request for the arguments of :meth:`generate` or :meth:`stream` (their ``locals()``)."""
-        request = GenerationRequest.from_arguments(provider=self.name, **GenerationRequest.taken_from(arguments))
+        adapter_id, scales = split_adapter_choice(arguments["adapter_id"], provider=self.name)
+        if scales and not self.supports_adapter_scales:
+            raise self._cannot("apply an adapter with a scale, or several adapters at once", "supports_adapter_scales")
+        values = {**arguments, "adapter_id": adapter_id, "adapter_scales": scales}
+        request = GenerationRequest.from_arguments(provider=self.name, **GenerationRequest.taken_from(values))
         if request.logprobs is not None and not self.supports_logprobs:
             raise self._cannot("report token logprobs", "supports_logprobs")
         if request.json_schema is not None and not self.supports_json_schema:
@@ -634,6 +652,20 @@ class InferenceProvider(ABC):
             self.__dict__["_registry_instance"] = registry
         return registry
 
+    @contextlib.asynccontextmanager
+    async def _request_in_use(self, request: GenerationRequest) -> AsyncIterator[GenerationRequest]:
+        """Hold every adapter of ``request`` loaded while it runs; gives the request as the backend receives it."""
+        if not request.adapter_scales:
+            async with self._adapter_in_use(request.adapter_id) as backend:
+                yield _sent_as(request, backend)
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            sent = []
+            for adapter_id, scale in request.adapter_scales:
+                backend = await stack.enter_async_context(self._adapter_in_use(adapter_id))
+                sent.append((backend or adapter_id, scale))
+            yield dataclasses.replace(request, adapter_scales=tuple(sent))
+
     def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[str | None]:
         """Hold ``adapter_id`` loaded for the duration of one request (nothing for the base model); gives the
         backend name to send the request under (the id itself until the adapter is replaced)."""
@@ -667,6 +699,11 @@ def _sent_as(request: _Sent, backend: str | None) -> _Sent:
     if backend is None or backend == request.adapter_id:
         return request
     return dataclasses.replace(request, adapter_id=backend)
+
+
+def _asked_adapter(request: GenerationRequest) -> str | None:
+    """The ``adapter_id`` a result reports: the id asked for, or the label of the adapters and their scales."""
+    return adapters_label(request.adapter_scales) if request.adapter_scales else request.adapter_id
 
 
 def _as_asked(result: _Answered, adapter_id: str | None) -> _Answered:

@@ -23,6 +23,7 @@ torch, transformers and peft are imported on first use only.
 
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
 import math
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
-from inference._core.validation import GenerationRequest, ScoreRequest
+from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
 from inference._inprocess.batching import (
     BatchQueue,
@@ -71,6 +72,9 @@ __all__ = ["TransformersProvider"]
 
 BASE_ADAPTER_NAME = "__base__"
 """PEFT's name for "no adapter" in ``adapter_names``."""
+
+COMBINED_KEPT = 8
+"""Weighted adapter combinations (requests with ``adapter_scales``) kept in the model, least recently used out."""
 
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
@@ -188,6 +192,7 @@ class TransformersProvider(InProcessProvider[str]):
     supports_scoring = True
     supports_logprobs = True
     supports_json_schema = True
+    supports_adapter_scales = True
     loads_adapter_weights_in_memory = True
 
     def __init__(
@@ -245,6 +250,9 @@ class TransformersProvider(InProcessProvider[str]):
         # self._resident maps each adapter id in the PEFT model to its internal PEFT adapter name.
         # Never reused, and none is part of another ("inference_1_adapter" is not in "inference_11_adapter").
         self._peft_names = (f"inference_{number}_adapter" for number in itertools.count())
+        # Weighted combinations built for requests with adapter scales: (adapter names, scales) -> PEFT name, LRU.
+        self._combined: collections.OrderedDict[AdapterScales, str] = collections.OrderedDict()
+        self._combined_names = (f"inference_{number}_combined" for number in itertools.count())
         self._batch_sizes: deque[int] = deque(maxlen=1000)
 
     def __repr__(self) -> str:
@@ -543,6 +551,8 @@ class TransformersProvider(InProcessProvider[str]):
         loaded = self._loaded
         if loaded is None or adapter_id not in self._resident:
             return  # nothing of it is in the model (the model was never loaded, or it was freed)
+        for key in [key for key in self._combined if any(part == adapter_id for part, _ in key)]:
+            loaded.model.delete_adapter(self._combined.pop(key))
         peft_name = self._resident[adapter_id]
         others = [other for other in self._resident.values() if other != peft_name]
         if others:
@@ -555,6 +565,37 @@ class TransformersProvider(InProcessProvider[str]):
         del self._resident[adapter_id]
         if loaded.device.type == "cuda":
             import_optional("torch", extra="transformers", provider=self.name).cuda.empty_cache()
+
+    def _peft_name(self, loaded: _LoadedModel, request: GenerationRequest) -> str:
+        """PEFT's name for what ``request`` applies: the base model, an adapter, or a weighted combination.
+
+        A combination (``adapter_scales``) is built once with PEFT's ``add_weighted_adapter`` (``"cat"``: the
+        adapters' ranks side by side, each A scaled by its weight and its own alpha/r, so the delta is exactly
+        the weighted sum) and kept for later requests, the :data:`COMBINED_KEPT` most recently used ones.
+        """
+        if not request.adapter_scales:
+            if request.adapter_id is None:
+                return BASE_ADAPTER_NAME
+            if request.adapter_id not in self._resident:
+                raise self._not_loaded(request.adapter_id)  # never expected: the registry holds it
+            return self._resident[request.adapter_id]
+        key = request.adapter_scales
+        if key in self._combined:
+            self._combined.move_to_end(key)
+            return self._combined[key]
+        missing = [adapter_id for adapter_id, _ in key if adapter_id not in self._resident]
+        if missing:
+            raise self._not_loaded(missing[0])
+        names = [self._resident[adapter_id] for adapter_id, _ in key]
+        weights = [scale for _, scale in key]
+        if len(names) == 1:  # PEFT combines one adapter "linearly", with sqrt(weight): no negative scales
+            names, weights = names * 2, [weights[0], 0.0]
+        combined = next(self._combined_names)
+        loaded.model.add_weighted_adapter(names, weights, combined, combination_type="cat")
+        self._combined[key] = combined
+        while len(self._combined) > COMBINED_KEPT:
+            loaded.model.delete_adapter(self._combined.popitem(last=False)[1])
+        return combined
 
     def _discard_partial_adapter(self, loaded: _LoadedModel, peft_name: str) -> None:
         """Remove what a failed load of PEFT adapter ``peft_name`` left behind, so the provider keeps working."""
@@ -669,8 +710,7 @@ class TransformersProvider(InProcessProvider[str]):
                 _drop(entry)
                 continue
             try:
-                if entry.request.adapter_id is not None and entry.request.adapter_id not in self._resident:
-                    raise self._not_loaded(entry.request.adapter_id)  # never expected: the registry holds it
+                self._peft_name(loaded, entry.request)  # a combination is built here, before the batch runs
                 rows.append(self._row(loaded, entry))
             except BaseException as error:
                 entry.future.set_exception(self._as_inference_error(error))
@@ -753,8 +793,7 @@ class TransformersProvider(InProcessProvider[str]):
     ) -> GenerationResult:
         """Run one request alone (no batch), handing its text to ``sink`` token by token (worker thread)."""
         loaded = self._ensure_loaded()
-        if request.adapter_id is not None and request.adapter_id not in self._resident:
-            raise self._not_loaded(request.adapter_id)
+        self._peft_name(loaded, request)
         entry = PendingRequest(request, cancel=cancel)
         entry.key = self._sampling(loaded, request)
         row = self._row(loaded, entry)
@@ -821,10 +860,7 @@ class TransformersProvider(InProcessProvider[str]):
         )
         extra: dict[str, Any] = {}
         if loaded.model is not loaded.base_model:
-            adapter_ids = [row.entry.request.adapter_id for row in rows]
-            extra["adapter_names"] = [  # PEFT's names for the adapters, not the ids
-                BASE_ADAPTER_NAME if adapter_id is None else self._resident[adapter_id] for adapter_id in adapter_ids
-            ]
+            extra["adapter_names"] = [self._peft_name(loaded, row.entry.request) for row in rows]  # not the ids
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         self._batch_sizes.append(len(rows))

@@ -6,6 +6,7 @@ request's own fields (prompt, model, adapter id) and the adapter id rule the lif
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,81 @@ def _adapter_id(value: object, name: str, fail: Fail) -> str:
 
 def _adapter_id_or_none(value: object, name: str, fail: Fail) -> str | None:
     return None if value is None else _adapter_id(value, name, fail)
+
+
+AdapterChoice = str | tuple[str, float] | Sequence[tuple[str, float]] | None
+"""What ``adapter_id`` takes in ``generate``, ``stream`` and ``generate_batch``: a loaded adapter's id, ``None`` for
+the base model, an ``(id, scale)`` pair, or a list of such pairs (several adapters at once, each with its scale)."""
+
+AdapterScales = tuple[tuple[str, float], ...]
+"""Adapters applied together, each with its scale (the delta of each is multiplied by its scale and added)."""
+
+
+def split_adapter_choice(value: object, *, provider: str) -> tuple[str | None, AdapterScales]:
+    """Split an :data:`AdapterChoice` into ``(adapter_id, scales)``: one of them is empty.
+
+    A plain id (or one pair with scale 1) is ``(id, ())``, the base model ``(None, ())``; anything else
+    ``(None, pairs)``, with each id checked, each scale a finite number, and no id twice.
+
+    Raises:
+        InvalidRequestError: The value is not one of these shapes, or an id or a scale is invalid.
+    """
+
+    def fail(message: str) -> InvalidRequestError:
+        return InvalidRequestError(message, provider=provider)
+
+    if value is None or isinstance(value, str):
+        return _adapter_id_or_none(value, "adapter_id", fail), ()
+    if _is_pair(value):
+        pairs: list[object] = [value]
+    elif isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        pairs = list(value)
+    else:
+        raise fail(_CHOICE_RULE + f", got {type(value).__name__}")
+    scales = _adapter_scales(tuple(pairs), "adapter_id", fail)
+    if not scales:
+        raise fail("adapter_id is an empty list: give at least one (id, scale) pair, or None for the base model")
+    if len(scales) == 1 and scales[0][1] == 1.0:
+        return scales[0][0], ()
+    return None, scales
+
+
+_CHOICE_RULE = "adapter_id must be an adapter id, None, an (id, scale) pair or a list of (id, scale) pairs"
+
+
+def _is_pair(value: object) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], (int, float))
+        and not isinstance(value[1], bool)
+    )
+
+
+def _adapter_scales(value: object, name: str, fail: Fail) -> AdapterScales:
+    """Checked ``(id, scale)`` pairs: valid ids, finite scales (as floats), no id twice."""
+    if not isinstance(value, tuple):
+        raise fail(f"{name} scales must be a tuple of (id, scale) pairs, got {type(value).__name__}")
+    checked: list[tuple[str, float]] = []
+    for item in value:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise fail(f"{_CHOICE_RULE}; {item!r} is not an (id, scale) pair")
+        adapter_id, scale = item
+        _adapter_id(adapter_id, name, fail)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise fail(f"the scale of adapter {adapter_id!r} must be a finite number, got {scale!r}")
+        checked.append((adapter_id, float(scale)))
+    ids = [adapter_id for adapter_id, _ in checked]
+    repeated = sorted({adapter_id for adapter_id in ids if ids.count(adapter_id) > 1})
+    if repeated:
+        raise fail(f"adapter {repeated[0]!r} appears twice in adapter_id: give each adapter once, with one scale")
+    return tuple(checked)
+
+
+def adapters_label(scales: AdapterScales) -> str:
+    """How a result names the adapters it was generated with: ``"math*1.0+style*0.5"``."""
+    return "+".join(f"{adapter_id}*{scale:g}" for adapter_id, scale in scales)
 
 
 def _text(value: object, name: str, fail: Fail) -> str:
@@ -81,6 +157,9 @@ class GenerationRequest(GenerationOptions):
     prompt: str | tuple[Message, ...] = spec_field(check=_prompt, help="the user's text, or chat messages")
     model: str = spec_field(check=_model_name, help="the base model name (servers) or a label")
     adapter_id: str | None = spec_field(None, check=_adapter_id_or_none, help="a loaded adapter, or None")
+    adapter_scales: tuple[tuple[str, float], ...] = spec_field(
+        (), check=_adapter_scales, help="adapters applied together with their scales (then adapter_id is None)"
+    )
 
     @classmethod
     def from_arguments(cls: type[_RequestT], *, provider: str, **values: object) -> _RequestT:
@@ -109,6 +188,14 @@ class GenerationRequest(GenerationOptions):
             messages.append({"role": "system", "content": self.system_prompt})
         messages.append({"role": "user", "content": self.prompt})
         return messages
+
+    @property
+    def adapters(self) -> AdapterScales:
+        """The adapters this request applies with their scales: ``()`` for the base model, ``((id, 1.0),)`` for
+        a plain ``adapter_id``, else :attr:`adapter_scales`. Requests with equal values run the same weights."""
+        if self.adapter_id is not None:
+            return ((self.adapter_id, 1.0),)
+        return self.adapter_scales
 
     @property
     def plain_prompt(self) -> str:

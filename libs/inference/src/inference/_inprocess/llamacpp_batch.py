@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from inference._core.validation import GenerationRequest
+from inference._core.validation import AdapterScales, GenerationRequest
 from inference._inprocess.llamacpp_completion import Completion
 from inference._inprocess.streaming import PieceSink
 from inference.provider import GenerationResult
@@ -80,8 +80,8 @@ class BatchBackend(Protocol):
     llama_cpp: Any
     """The ``llama_cpp`` module."""
 
-    def activate(self, adapter_id: str | None) -> Any:
-        """Make ``adapter_id`` (``None``: the base model) the context's adapter; return the ``Llama``."""
+    def activate(self, adapters: AdapterScales) -> Any:
+        """Apply ``adapters`` (``()``: the base model) to the context; return the ``Llama``."""
 
     def start(self, llama: Any, entry: BatchEntry) -> Started:
         """Tokenise and check a request, and build its sampler (raises an inference error to refuse it)."""
@@ -174,14 +174,21 @@ class ContinuousBatcher:
             if not self._waiting or backend.others_waiting():
                 return llama
             if self._running:
-                adapter_id = self._running[0].entry.request.adapter_id
-                if any(entry.request.adapter_id != adapter_id for entry in self._waiting):
+                adapters = self._running[0].entry.request.adapters
+                if any(entry.request.adapters != adapters for entry in self._waiting):
                     return llama  # fairness: another adapter waits, so this group takes nobody new
             else:
-                adapter_id = self._waiting[0].request.adapter_id
-            candidates = [entry for entry in self._waiting if entry.request.adapter_id == adapter_id]
+                adapters = self._waiting[0].request.adapters
+            candidates = [entry for entry in self._waiting if entry.request.adapters == adapters]
         if not self._running:
-            llama = backend.activate(adapter_id)
+            try:
+                llama = backend.activate(adapters)
+            except BaseException as error:  # the model cannot load, reload mode cannot combine: these fail
+                for entry in candidates:
+                    self._take(entry)
+                    if entry.future.set_running_or_notify_cancel():
+                        entry.future.set_exception(backend.failed(error))
+                return None
         free_ids = sorted(set(range(self.n_parallel)) - {sequence.seq_id for sequence in self._running})
         free_cells = self.n_ctx - sum(sequence.cells for sequence in self._running)
         for entry in candidates:
