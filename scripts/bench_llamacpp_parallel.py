@@ -5,9 +5,11 @@ case sends its requests at once (``asyncio.gather``), greedy, ``--max-tokens`` t
 tokens per second (the median of ``--rounds`` rounds; a warm-up request first):
 
 1. **Same adapter, 8 requests**: ``LlamaCppProvider(n_parallel=1)`` (one at a time: today's path, with
-   llama-cpp-python's default threads, then with ``--threads`` threads), ``n_parallel=8``, and llama.cpp's own
+   llama-cpp-python's default threads, then with ``--threads`` threads), ``n_parallel=8`` (flash attention off,
+   then on, as ``llama-server`` has it), and llama.cpp's own
    ``llama-server --parallel 8`` (built by ``make llama-server``; same model, same adapter file, same threads, the
-   requests through the ``llamacpp-server`` provider). Each request's text is compared between the in-process runs.
+   requests through the ``llamacpp-server`` provider). Each request's text is compared between one at a time and
+   ``n_parallel=8``, with the default f16 KV cache and with an f32 one.
 2. **Mixed adapters**: 4 adapters x 8 requests against 32 requests for one adapter, both with ``n_parallel=8``.
 
 The server and the in-process providers never run at the same time. Usage::
@@ -164,7 +166,21 @@ async def main(args: argparse.Namespace) -> int:
         batched, results = await measure(
             f"n_parallel=8, {threads} threads", lambda: in_process(base, one, cache, 8, threads), eight, args)
         same = sum(a.text == b.text for a, b in zip(results, reference, strict=True))
-        print(f"  same text as one at a time: {same} of {len(results)}")
+        print(f"  same text as one at a time (f16 KV cache, the default): {same} of {len(results)}")
+        flash, _ = await measure(
+            f"n_parallel=8, {threads} threads, flash_attn=True",
+            lambda: in_process(base, one, cache, 8, threads, flash_attn=True), eight, args)
+        once = argparse.Namespace(max_tokens=args.max_tokens, rounds=1)
+        f32 = []
+        for n_parallel in (1, 8):
+
+            async def exact(n_parallel: int = n_parallel) -> InferenceProvider:
+                return await in_process(base, one, cache, n_parallel, threads, kv_cache_type="f32")
+
+            label = f"n_parallel={n_parallel}, kv_cache_type='f32' (1 round)"
+            f32.append((await measure(label, exact, eight, once))[1])
+        same_f32 = sum(a.text == b.text for a, b in zip(*f32, strict=True))
+        print(f"  same text as one at a time with an f32 KV cache: {same_f32} of {len(f32[0])}")
         binary = server_binary()
         server_rate = None
         if binary is None:
@@ -197,9 +213,12 @@ async def main(args: argparse.Namespace) -> int:
     print(f"| one at a time, {threads} threads | {sequential:.1f} | {sequential / sequential_default:.2f} |")
     print(f"| n_parallel=8, {threads} threads | {batched:.1f} | {batched / sequential_default:.2f} "
           f"({batched / sequential:.2f}x the same threads) |")
+    print(f"| n_parallel=8, {threads} threads, flash_attn=True | {flash:.1f} | {flash / sequential_default:.2f} "
+          f"({flash / sequential:.2f}x the same threads) |")
     if server_rate is not None:
         print(f"| llama-server --parallel 8, {threads} threads | {server_rate:.1f} | "
-              f"{server_rate / sequential_default:.2f} (in process / server: {batched / server_rate:.2f}) |")
+              f"{server_rate / sequential_default:.2f} (in process / server: {batched / server_rate:.2f}; "
+              f"with flash_attn: {flash / server_rate:.2f}) |")
     print(f"| 32 requests, one adapter, n_parallel=8 | {one_adapter:.1f} | |")
     print(f"| 4 adapters x 8 requests, n_parallel=8 | {mixed:.1f} | {mixed / one_adapter:.2f} of one adapter |")
     return 0

@@ -132,6 +132,10 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         seed: Sampling seed for requests that give none, in ``[0, MAX_SEED]`` (:data:`MAX_SEED` is
             ``2**32 - 2``); ``None`` draws a fresh one per request.
         n_threads: CPU threads for generation; ``None`` lets llama-cpp-python choose.
+        flash_attn: Flash attention (``llama-server`` turns it on where the backend supports it; llama-cpp-python
+            leaves it off). On a CPU it makes batched decoding about 5-10% faster, but then a request's tokens in a
+            batch may differ from its tokens alone (its attention is summed in another order); off, they are equal
+            with an f32 KV cache.
         n_batch: Prompt tokens evaluated per batch.
         hot_swap: ``False`` forces the reload-with-``lora_path`` fallback (rebuilds the model whenever the
             adapter changes); it is used anyway when llama.cpp lacks the adapter API.
@@ -162,6 +166,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         kv_cache_type: str | None = None,
         seed: int | None = None,
         n_threads: int | None = None,
+        flash_attn: bool = False,
         n_batch: int = 512,
         hot_swap: bool = True,
         verbose: bool = False,
@@ -206,6 +211,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self.kv_cache_type = kv_cache_type
         self.seed = seed
         self._n_threads = n_threads
+        self._flash_attn = flash_attn
         self._n_batch = n_batch
         self._verbose = verbose
         self._hot_swap_requested = hot_swap
@@ -383,8 +389,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             kwargs["lora_path"] = str(lora_path)
         try:
             llama = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
-            if self.n_parallel > 1:
-                _share_context(llama, self.n_parallel)
+            if self.n_parallel > 1 or self._flash_attn:
+                _own_context(llama, self.n_parallel, self._flash_attn)
         except Exception as error:  # llama-cpp-python raises ValueError/RuntimeError with no detail
             raise ModelLoadError(
                 f"llama.cpp could not load {self.model_path} ({error}): check that it is a complete "
@@ -776,25 +782,30 @@ class _BatchBackend:
         return worker.waiting() > worker.waiting(self.provider._serve_batch)
 
 
-def _share_context(llama: Any, n_parallel: int) -> None:
-    """Give ``llama`` a context for ``n_parallel`` sequences that share one KV cache of ``n_ctx`` cells.
+def _own_context(llama: Any, n_parallel: int, flash_attn: bool) -> None:
+    """Give ``llama`` the provider's context: ``n_parallel`` sequences sharing one KV cache of ``n_ctx`` cells, and
+    flash attention as asked.
 
     llama-cpp-python's ``Llama`` makes a one-sequence context; this replaces it with the same settings plus
-    ``n_seq_max`` and a unified KV cache (each sequence may use any cell, so one request alone still has the
-    whole context). The new context is freed with the model, before it.
+    ``n_seq_max``, the flash attention setting and a unified KV cache (each sequence may use any cell, so one
+    request alone still has the whole context). The new context is freed with the model, before it.
     """
     from llama_cpp import _internals
 
+    llama_cpp = sys.modules["llama_cpp"]
     params = llama.context_params
     params.n_seq_max = n_parallel
     if hasattr(params, "kv_unified"):
-        params.kv_unified = True
+        params.kv_unified = n_parallel > 1
+    if hasattr(params, "flash_attn_type"):
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
     shared = _internals.LlamaContext(model=llama._model, params=params, verbose=llama.verbose)
     single, llama._ctx = llama._ctx, shared
     single.close()
     adapter = getattr(llama, "_lora_adapter", None)  # reload mode: the adapter Llama set on the old context
     if adapter is not None:
-        llama_cpp = sys.modules["llama_cpp"]
         adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
         scales = (ctypes.c_float * 1)(1.0)
         if llama_cpp.llama_set_adapters_lora(shared.ctx, adapters, 1, scales):
