@@ -652,19 +652,9 @@ class InferenceProvider(ABC):
             self.__dict__["_registry_instance"] = registry
         return registry
 
-    @contextlib.asynccontextmanager
-    async def _request_in_use(self, request: GenerationRequest) -> AsyncIterator[GenerationRequest]:
+    def _request_in_use(self, request: GenerationRequest) -> contextlib.AbstractAsyncContextManager[GenerationRequest]:
         """Hold every adapter of ``request`` loaded while it runs; gives the request as the backend receives it."""
-        if not request.adapter_scales:
-            async with self._adapter_in_use(request.adapter_id) as backend:
-                yield _sent_as(request, backend)
-            return
-        async with contextlib.AsyncExitStack() as stack:
-            sent = []
-            for adapter_id, scale in request.adapter_scales:
-                backend = await stack.enter_async_context(self._adapter_in_use(adapter_id))
-                sent.append((backend or adapter_id, scale))
-            yield dataclasses.replace(request, adapter_scales=tuple(sent))
+        return _RequestInUse(self, request)
 
     def _adapter_in_use(self, adapter_id: str | None) -> contextlib.AbstractAsyncContextManager[str | None]:
         """Hold ``adapter_id`` loaded for the duration of one request (nothing for the base model); gives the
@@ -699,6 +689,36 @@ def _sent_as(request: _Sent, backend: str | None) -> _Sent:
     if backend is None or backend == request.adapter_id:
         return request
     return dataclasses.replace(request, adapter_id=backend)
+
+
+class _RequestInUse:
+    """The adapters of one request held for its duration (a class, not a generator: a stream closed by the event
+    loop's shutdown must not find its context manager already finalized)."""
+
+    def __init__(self, provider: InferenceProvider, request: GenerationRequest) -> None:
+        self.provider = provider
+        self.request = request
+        self.stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> GenerationRequest:
+        request = self.request
+        async with self.stack as stack:
+            if not request.adapter_scales:
+                backend = await stack.enter_async_context(self.provider._adapter_in_use(request.adapter_id))
+                sent = _sent_as(request, backend)
+            else:
+                names = []
+                for adapter_id, scale in request.adapter_scales:
+                    backend = await stack.enter_async_context(self.provider._adapter_in_use(adapter_id))
+                    names.append((backend or adapter_id, scale))
+                sent = dataclasses.replace(request, adapter_scales=tuple(names))
+            self.stack = stack.pop_all()
+        return sent
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool | None:
+        return await self.stack.__aexit__(exc_type, exc, traceback)
 
 
 def _asked_adapter(request: GenerationRequest) -> str | None:
