@@ -108,6 +108,15 @@ _SPECS = (
                     "Route of generations: auto (chat for a model with a chat template, else /v1/completions with "
                     "the plain text; asked of the server once), chat, or completions",
                     choices=("auto", "chat", "completions")),
+            Setting("adapter_placement", "VLLM_ADAPTER_PLACEMENT", "all", "str",
+                    "Where adapters are loaded with several replicas: all (every replica), or on-demand (one "
+                    "replica, more when its requests need them)", choices=("all", "on-demand")),
+            Setting("max_loras", "VLLM_MAX_LORAS", None, "int",
+                    "Adapters one replica holds with on-demand placement (the servers' --max-cpu-loras); the "
+                    "least recently used one makes room", minimum=1, none_means="no limit"),
+            Setting("spread_after", "VLLM_SPREAD_AFTER", 8, "int",
+                    "With on-demand placement, requests in flight on every holder of an adapter before it is "
+                    "loaded on one more replica", minimum=1),
         ),
     ),
     ProviderSpec(

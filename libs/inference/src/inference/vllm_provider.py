@@ -22,11 +22,13 @@ from inference._servers.http import ErrorHandlers, ServerAnswer, is_connect_fail
 from inference._servers.openai_compatible import (
     CHAT,
     COMPLETIONS,
+    DOWN_SECONDS,
     OpenAICompatibleProvider,
     Replica,
     ReplicaDown,
     quoted_model,
 )
+from inference._servers.placement import AdapterPlacement
 from inference.adapters.peft import read_peft_adapter
 from inference.exceptions import (
     ConfigurationError,
@@ -196,6 +198,9 @@ class VLLMProvider(OpenAICompatibleProvider):
         max_lora_rank: int | None = None,
         adapter_dir: str | None = None,
         api: str | None = None,
+        adapter_placement: str | None = None,
+        max_loras: int | None = None,
+        spread_after: int | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,
@@ -205,10 +210,20 @@ class VLLMProvider(OpenAICompatibleProvider):
             max_lora_rank=max_lora_rank,
             adapter_dir=adapter_dir,
             api=api,
+            adapter_placement=adapter_placement,
+            max_loras=max_loras,
+            spread_after=spread_after,
         )
         self.max_lora_rank: int = self._settings["max_lora_rank"]
         self.adapter_dir: str | None = self._settings["adapter_dir"]
         self.api: str = self._settings["api"]
+        self.adapter_placement: str = self._settings["adapter_placement"]
+        self.placement: AdapterPlacement | None = None
+        """Which replica holds which adapter (``adapter_placement="on-demand"``); ``None`` with ``"all"``."""
+        if self.adapter_placement == "on-demand":
+            settings = self._settings
+            self.placement = AdapterPlacement(self._replicas, settings["max_loras"], settings["spread_after"])
+        self._placing: dict[str, asyncio.Lock] = {}  # replica URL -> one placement change at a time there
 
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
@@ -226,6 +241,11 @@ class VLLMProvider(OpenAICompatibleProvider):
         """
         self._check_ranges(request)
         self._fit_max_tokens(replica, request, arguments)
+        adapter_id = request.adapter_id
+        if self.placement is not None and adapter_id is not None and not self.placement.holds(replica, adapter_id):
+            path = self._adapter_path(adapter_id)
+            if path is not None:  # placed here now (its holders are busy or down); else vLLM says it lacks it
+                await self._place_on(replica, adapter_id, path)
         try:
             return await self._create_healing(replica, request, arguments)
         except ServerResponseError as error:
@@ -569,6 +589,9 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
         self._check_local_adapter(adapter_path)
+        if self.placement is not None:
+            await self._load_on_demand(adapter_id, adapter_path)
+            return
         outcomes = await asyncio.gather(
             *(self._load_on(replica, adapter_id, adapter_path) for replica in self._replicas),
             return_exceptions=True,
@@ -586,6 +609,64 @@ class VLLMProvider(OpenAICompatibleProvider):
             )
             await self._roll_back(loaded, adapter_id)
         raise failures[0]
+
+    # On-demand placement (adapter_placement="on-demand"; the rules are in inference._servers.placement) -------
+
+    async def _load_on_demand(self, adapter_id: str, adapter_path: str) -> None:
+        """Load a new adapter on one replica: the one placement picks, or the next when it cannot be reached."""
+        assert self.placement is not None
+        failures: list[tuple[Replica, InferenceError]] = []
+        for candidate in self.placement.ranked_for_load():
+            replica = next(replica for replica in self._replicas if replica is candidate)
+            try:
+                await self._place_on(replica, adapter_id, adapter_path)
+                return
+            except ReplicaDown as down:
+                replica.down_until = time.monotonic() + DOWN_SECONDS
+                failures.append((replica, down.error))
+        raise self._all_down(failures)
+
+    async def _place_on(self, replica: Replica, adapter_id: str, adapter_path: str) -> None:
+        """Load ``adapter_id`` on ``replica``, first unloading there the adapter placement says makes room.
+
+        Raises:
+            ReplicaDown: The replica did not accept the connection.
+        """
+        placement = self.placement
+        assert placement is not None
+        async with self._placing.setdefault(replica.base_url, asyncio.Lock()):
+            if placement.holds(replica, adapter_id):
+                return  # another request placed it meanwhile
+            try:
+                evicted = placement.to_evict(replica)
+            except LookupError:
+                evicted = None  # every adapter there is in use: go over capacity rather than fail the request
+                logger.warning("%s is full and every adapter on it is in use; loading %r beyond max_loras",
+                               replica.http.where, adapter_id)
+            try:
+                if evicted is not None:
+                    await self._unload_on(replica, evicted)
+                    placement.removed(evicted, replica)
+                    logger.info("%s: unloaded adapter %r to make room for %r", replica.http.where, evicted, adapter_id)
+                await self._load_on(replica, adapter_id, adapter_path)
+            except ProviderUnavailableError as error:
+                raise ReplicaDown(error) from error
+            placement.placed(replica, adapter_id)
+
+    def _replicas_for(self, request: GenerationRequest) -> list[Replica]:
+        ordered = self._replicas_in_order()
+        if self.placement is None or request.adapter_id is None:
+            return ordered
+        chosen = self.placement.order_for(request.adapter_id, ordered)
+        return [replica for candidate in chosen for replica in ordered if replica is candidate]
+
+    def _started_on(self, replica: Replica, request: GenerationRequest) -> None:
+        if self.placement is not None and request.adapter_id is not None:
+            self.placement.started(replica, request.adapter_id)
+
+    def _finished_on(self, replica: Replica, request: GenerationRequest) -> None:
+        if self.placement is not None and request.adapter_id is not None:
+            self.placement.finished(replica, request.adapter_id)
 
     async def _roll_back(self, replicas: list[Replica], adapter_id: str) -> None:
         outcomes = await asyncio.gather(
@@ -688,9 +769,22 @@ class VLLMProvider(OpenAICompatibleProvider):
             raise
 
     async def _unload_adapter(self, adapter_id: str) -> None:
+        replicas = list(self._replicas)
+        if self.placement is not None:
+            replicas = [replica for replica in self._replicas if self.placement.holds(replica, adapter_id)]
         outcomes = await asyncio.gather(
-            *(self._unload_on(replica, adapter_id) for replica in self._replicas), return_exceptions=True
+            *(self._unload_on(replica, adapter_id) for replica in replicas), return_exceptions=True
         )
+        if self.placement is not None:
+            for index, (replica, outcome) in enumerate(zip(replicas, outcomes, strict=True)):
+                if isinstance(outcome, ProviderUnavailableError):  # a restarted server has forgotten it anyway
+                    logger.warning(
+                        "%s is unreachable; forgetting adapter %r there (if it comes back still holding it, "
+                        "reconcile_adapters() lists it as unexpected)", replica.http.where, adapter_id
+                    )
+                    outcomes[index] = None
+                if not isinstance(outcomes[index], BaseException):
+                    self.placement.removed(adapter_id, replica)
         failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
         if failures:
             raise failures[0]  # the adapter stays recorded: unloading again retries where it failed
@@ -729,7 +823,12 @@ class VLLMProvider(OpenAICompatibleProvider):
             One :class:`ReplicaReconciliation` per replica.
         """
         expected = {name: self._adapter_path(name) for name in self._adapter_registry.backend_names().values()}
-        results = await asyncio.gather(*(self._reconcile_one(replica, expected) for replica in self._replicas))
+        placement = self.placement
+
+        def held(replica: Replica) -> dict[str, str | None]:  # with on-demand placement, what it was given
+            return expected if placement is None else {name: expected.get(name) for name in placement.held_by(replica)}
+
+        results = await asyncio.gather(*(self._reconcile_one(replica, held(replica)) for replica in self._replicas))
         return ReconcileReport(replicas=tuple(results))
 
     async def _served_adapters(self, replica: Replica) -> dict[str, str]:

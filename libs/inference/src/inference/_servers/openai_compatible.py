@@ -273,8 +273,9 @@ class OpenAICompatibleProvider(InferenceProvider):
         skipped. A stream is closed on exit, which makes the server abort the generation.
         """
         failures: list[tuple[Replica, InferenceError]] = []
-        for replica in self._replicas_in_order():
+        for replica in self._replicas_for(request):
             replica.in_flight += 1
+            self._started_on(replica, request)
             try:
                 try:
                     route = await self._route(replica, request)
@@ -297,6 +298,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                 return
             finally:
                 replica.in_flight -= 1
+                self._finished_on(replica, request)
         raise self._all_down(failures)
 
     async def _route(self, replica: Replica, request: GenerationRequest) -> str:
@@ -306,6 +308,16 @@ class OpenAICompatibleProvider(InferenceProvider):
             ReplicaDown: Finding out needed the replica, and it did not accept the connection.
         """
         return CHAT
+
+    def _replicas_for(self, request: GenerationRequest) -> list[Replica]:
+        """The replicas to try for ``request``, in order (least busy first; vLLM places adapters on demand)."""
+        return self._replicas_in_order()
+
+    def _started_on(self, replica: Replica, request: GenerationRequest) -> None:
+        """``request`` is about to go to ``replica`` (a hook: vLLM's on-demand placement counts it)."""
+
+    def _finished_on(self, replica: Replica, request: GenerationRequest) -> None:
+        """``request`` is done with ``replica``, answered or not."""
 
     def _replicas_in_order(self) -> list[Replica]:
         count = len(self._replicas)
