@@ -4,21 +4,27 @@ For each provider (llama.cpp and Transformers, in process) it evaluates N new ra
 ``inference.testing.random_lora``, distinct seeds, so every load is a real load; llama.cpp converts each PEFT
 directory to GGUF on load, into a fresh cache) on M prompts, greedy, and reports:
 
-- adapters per minute (N over the run's wall time, model load excluded by the runner's warm-up);
+- adapters per minute (N over the summed per-adapter times, and N over the run's wall time; the model is loaded
+  before the timing starts);
 - the share of adapter time spent in load + unload versus generation (target on llama.cpp: load+unload under
   10%, thanks to hot-swap: the base model is never reloaded);
-- rows per second and the mean request latency.
+- rows per second and the mean request latency;
+- with ``--adapters-in-flight 1 8``: each count in turn, adapters per minute over the wall time, and whether the
+  rows are equal row for row (target on Transformers, which batches different adapters together: at least 3x
+  at 8 in flight against 1).
 
 Usage::
 
     python scripts/bench_eval.py                       # 50 adapters x 20 prompts, max_tokens 16, both providers
     python scripts/bench_eval.py --adapters 10 --prompts 5 --providers llamacpp
+    python scripts/bench_eval.py --providers transformers --adapters-in-flight 1 8
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -53,6 +59,10 @@ def make_adapters(base_gguf: Path, root: Path, count: int) -> list[Path]:
     ]
 
 
+MAX_BATCH_SIZE = 32
+"""Transformers' max_batch_size (its default); ``--max-batch-size`` changes it for every run."""
+
+
 def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
     if name == "llamacpp":
         from inference.llamacpp_provider import LlamaCppProvider
@@ -62,18 +72,28 @@ def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
         )
     from inference.transformers_provider import TransformersProvider
 
-    return TransformersProvider(model_name=str(tiny.hf_dir), device="cpu", torch_dtype="float32")
+    return TransformersProvider(
+        model_name=str(tiny.hf_dir), device="cpu", torch_dtype="float32", max_batch_size=MAX_BATCH_SIZE
+    )
 
 
 async def bench(
-    name: str, tiny: Any, adapters: list[Path], prompt_count: int, max_tokens: int, workdir: Path, concurrency: int
-) -> dict[str, float]:
+    name: str,
+    tiny: Any,
+    adapters: list[Path],
+    prompt_count: int,
+    max_tokens: int,
+    workdir: Path,
+    concurrency: int,
+    in_flight: int = 1,
+) -> tuple[dict[str, float], dict[tuple[str, str], Any]]:
     from inference.evaluation import EvalPrompt, evaluate_adapters
 
     prompts = [EvalPrompt(f"p{index}", PROMPTS[index % len(PROMPTS)] + f" ({index})") for index in range(prompt_count)]
     provider = make_provider(name, tiny, workdir)
     output = workdir / f"{name}-{time.time_ns()}.jsonl"
     try:
+        await provider.generate("Hello", model="", max_tokens=1)  # the model loads here, outside the timing
         start = time.perf_counter()
         summary = await evaluate_adapters(
             adapters,
@@ -82,6 +102,7 @@ async def bench(
             output,
             provider=provider,
             max_concurrency=concurrency,
+            adapters_in_flight=in_flight,
         )
         wall = time.perf_counter() - start
     finally:
@@ -95,6 +116,8 @@ async def bench(
     generate = sum(adapter.generate_s or 0.0 for adapter in summary.adapters)
     adapter_time = load + unload + generate
     rows = len(adapters) * prompt_count
+    with output.open() as lines:
+        outputs = {(row["adapter_id"], row["prompt_id"]): row["output"] for row in map(json.loads, lines)}
     return {
         "wall_s": wall,
         "adapters_per_min": len(adapters) / (adapter_time / 60),
@@ -106,7 +129,7 @@ async def bench(
         "rows_per_s": rows / adapter_time,
         "mean_latency_ms": 1000 * sum(a.mean_latency_s or 0.0 for a in summary.adapters) / len(summary.adapters),
         "completion_tokens": sum(adapter.completion_tokens for adapter in summary.adapters),
-    }
+    }, outputs
 
 
 def main() -> int:
@@ -116,7 +139,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--providers", nargs="+", default=["llamacpp", "transformers"])
     parser.add_argument("--concurrency", type=int, default=20, help="requests in flight (Transformers batches them)")
+    parser.add_argument("--adapters-in-flight", type=int, nargs="+", default=[1], help="adapters at once, each in turn")
+    parser.add_argument("--max-batch-size", type=int, default=32, help="Transformers' max_batch_size (default 32)")
     args = parser.parse_args()
+    global MAX_BATCH_SIZE
+    MAX_BATCH_SIZE = args.max_batch_size
 
     from inference.testing.tiny_models import build_tiny_models
 
@@ -131,15 +158,34 @@ def main() -> int:
             f"concurrency {args.concurrency}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
         )
         for name in args.providers:
-            figures = asyncio.run(bench(name, tiny, adapters, args.prompts, args.max_tokens, workdir, args.concurrency))
-            print(
-                f"{name:<13} {figures['adapters_per_min']:7.1f} adapters/min  "
-                f"load {figures['load_s']:6.2f} s  unload {figures['unload_s']:5.2f} s  "
-                f"generate {figures['generate_s']:7.2f} s  load+unload {100 * figures['load_unload_share']:4.1f}%  "
-                f"{figures['rows_per_s']:6.1f} rows/s  latency {figures['mean_latency_ms']:6.1f} ms  "
-                f"(wall {figures['wall_s']:.1f} s incl. model load, {figures['completion_tokens']} tokens)"
-            )
+            baseline: tuple[float, dict[tuple[str, str], Any]] | None = None
+            for in_flight in args.adapters_in_flight:
+                figures, outputs = asyncio.run(
+                    bench(name, tiny, adapters, args.prompts, args.max_tokens, workdir, args.concurrency, in_flight)
+                )
+                report(name, figures, in_flight)
+                if baseline is None:
+                    baseline = figures["adapters_per_min_wall"], outputs
+                    continue
+                same = sum(outputs[key] == baseline[1].get(key) for key in outputs)
+                print(
+                    f"{'':13} {in_flight} adapters in flight: {figures['adapters_per_min_wall'] / baseline[0]:.2f}x "
+                    f"the adapters per minute (wall) of {args.adapters_in_flight[0]}; rows equal: {same} of "
+                    f"{len(outputs)}"
+                )
     return 0
+
+
+def report(name: str, figures: dict[str, float], in_flight: int) -> None:
+    label = name if in_flight == 1 else f"{name} x{in_flight}"
+    print(
+        f"{label:<13} {figures['adapters_per_min']:7.1f} adapters/min  "
+        f"({figures['adapters_per_min_wall']:7.1f} over the wall time)  "
+        f"load {figures['load_s']:6.2f} s  unload {figures['unload_s']:5.2f} s  "
+        f"generate {figures['generate_s']:7.2f} s  load+unload {100 * figures['load_unload_share']:4.1f}%  "
+        f"{figures['rows_per_s']:6.1f} rows/s  latency {figures['mean_latency_ms']:6.1f} ms  "
+        f"(wall {figures['wall_s']:.1f} s, {figures['completion_tokens']} tokens)"
+    )
 
 
 if __name__ == "__main__":

@@ -714,7 +714,17 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
     command.add_argument(
         "--output", required=True, type=Path, metavar="FILE", help="results JSONL (resumed if present)"
     )
-    command.add_argument("--concurrency", type=int, default=4, metavar="N", help="requests in flight (default: 4)")
+    command.add_argument(
+        "--concurrency", type=int, default=4, metavar="N", help="requests in flight per adapter (default: 4)"
+    )
+    command.add_argument(
+        "--adapters-in-flight",
+        type=int,
+        default=1,
+        metavar="N",
+        help="adapters evaluated at once (default: 1); faster where the provider batches different adapters "
+        "together (transformers, vllm, vllm-offline)",
+    )
     command.add_argument(
         "--score", metavar="exact|regex|pkg.mod:func", help="score each row: exact match, regex search, or a function"
     )
@@ -732,6 +742,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         raise _UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.adapters_in_flight < 1:
+        raise _UsageError(f"--adapters-in-flight must be at least 1, got {args.adapters_in_flight}")
     if args.score and ":" not in args.score and args.score not in ("exact", "regex"):
         raise _UsageError(f"--score {args.score!r}: use exact, regex or an import path pkg.module:function")
     if os.getcwd() not in sys.path and "" not in sys.path:  # let --score find the user's own modules
@@ -748,6 +760,7 @@ def _eval(args: argparse.Namespace) -> int:
                 max_concurrency=args.concurrency,
                 scorer=args.score,
                 on_progress=progress,
+                adapters_in_flight=args.adapters_in_flight,
             )
         )
     finally:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,7 @@ async def evaluate_adapters(
     scorer: str | Scorer | None = None,
     on_progress: Callable[[Progress], object] | None = None,
     warmup: bool = True,
+    adapters_in_flight: int = 1,
 ) -> EvaluationSummary:
     """Evaluate every adapter on every prompt, writing one JSONL row per (adapter, prompt) as each finishes.
 
@@ -145,7 +146,8 @@ async def evaluate_adapters(
             it (``results.jsonl`` -> ``results.summary.csv``).
         provider: Use this provider instead of the one ``provider_config`` names (its generation settings
             still apply). The caller keeps ownership: it is not closed.
-        max_concurrency: Most requests in flight at once, per adapter.
+        max_concurrency: Most requests in flight at once, per adapter (so up to ``adapters_in_flight *
+            max_concurrency`` in all).
         scorer: ``"exact"``, ``"regex"`` (``expected`` is a pattern searched in the output),
             ``"pkg.module:function"``, or a callable ``(output, expected, row) -> float | bool | None``.
         on_progress: Called with a :class:`~inference.evaluation.progress.Progress` after every row and
@@ -153,6 +155,12 @@ async def evaluate_adapters(
         warmup: Before the first adapter, send one base-model request (``max_tokens=1``) so that a lazily
             loaded model's load time is not counted in the first adapter's latencies. If the base model cannot
             answer at all (server down, model missing), the run stops there with that error.
+        adapters_in_flight: Adapters evaluated at once, each loaded, answered and unloaded on its own, in input
+            order as places free up. Backends that batch requests for different adapters together (Transformers,
+            vLLM offline and server: ``provider.batches_mixed_adapters``) then put several adapters in each
+            forward pass; on llama.cpp adapters take turns in the decode loop, so there it brings little. Capped
+            at the provider's ``max_adapters`` (loading more would evict adapters still in use). Rows are the
+            same as one at a time; they reach the file in the order they finish.
 
     Returns:
         The per-adapter summary of every row of these adapters and prompts (earlier runs' rows included).
@@ -182,6 +190,8 @@ async def evaluate_adapters(
         raise InvalidRequestError("the prompt set is empty")
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
         raise InvalidRequestError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
+    if isinstance(adapters_in_flight, bool) or not isinstance(adapters_in_flight, int) or adapters_in_flight < 1:
+        raise InvalidRequestError(f"adapters_in_flight must be a positive integer, got {adapters_in_flight!r}")
     settings = generation_settings(provider_config)
     score = resolve_scorer(scorer, prompt_list)
     if provider is None:
@@ -231,16 +241,30 @@ async def evaluate_adapters(
     )
     timings: dict[str, AdapterTimings] = {}
     resumed = run.rows_done
+    in_flight = _adapters_at_once(provider, adapters_in_flight)
     with writer:
         if warmup and run.rows_done < run.rows_total:
             await _warm_up(provider, prompt_list[0], settings)
-        for spec in specs:
-            pending = [prompt for prompt in prompt_list if (spec.id, prompt.id) not in done]
-            if pending:
-                timings[spec.id] = await _evaluate_adapter(run, spec, pending)
-                writer.sync()
-            run.adapters_done += 1
-            run.report(None if run.adapters_done == run.adapters_total else spec.id)
+        places = asyncio.Semaphore(in_flight)
+        stopping = False  # set by the first adapter that fails or is cancelled: the waiting ones never start
+
+        async def evaluate(spec: AdapterSpec) -> None:
+            nonlocal stopping
+            async with places:
+                if stopping:
+                    return
+                try:
+                    pending = [prompt for prompt in prompt_list if (spec.id, prompt.id) not in done]
+                    if pending:
+                        timings[spec.id] = await _evaluate_adapter(run, spec, pending)
+                        writer.sync()
+                    run.adapters_done += 1
+                    run.report(None if run.adapters_done == run.adapters_total else spec.id)
+                except BaseException:
+                    stopping = True
+                    raise
+
+        await _all_or_cancel([evaluate(spec) for spec in specs])
     rows = [row for row in read_rows(output) if reconciled.belongs(row)]
     adapters_summary = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
     summary = EvaluationSummary(
@@ -280,6 +304,30 @@ def _adapter_specs(
     if any(isinstance(item, AdapterSpec) for item in items):
         raise InvalidRequestError("give adapters either as paths and globs or as AdapterSpec objects, not both")
     return discover_adapters([item for item in items if not isinstance(item, AdapterSpec)]), False
+
+
+def _adapters_at_once(provider: InferenceProvider, asked: int) -> int:
+    """``adapters_in_flight``, capped at the provider's ``max_adapters`` where it has one."""
+    capacity = getattr(provider, "max_adapters", None)
+    if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity < asked:
+        logger.info(
+            "evaluating %d adapters at once, not %d: the %s provider holds at most %d (max_adapters)",
+            capacity, asked, provider.name, capacity,
+        )
+        return capacity
+    return asked
+
+
+async def _all_or_cancel(work: Sequence[Awaitable[None]]) -> None:
+    """Run ``work`` concurrently; if one fails or the caller is cancelled, cancel the rest and wait for them."""
+    tasks = [asyncio.ensure_future(item) for item in work]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _warm_up(provider: InferenceProvider, prompt: EvalPrompt, settings: dict[str, Any]) -> None:
@@ -348,14 +396,7 @@ async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt])
                     row["error"] = _error("score", error)
         run.write(row)
 
-    tasks = [asyncio.ensure_future(one(prompt)) for prompt in pending]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    await _all_or_cancel([one(prompt) for prompt in pending])
 
 
 def _row(
