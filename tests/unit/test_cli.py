@@ -231,6 +231,24 @@ def test_eval_writes_rows_and_prints_the_table(
     assert err == ""  # not a terminal: no progress bar
 
 
+def test_eval_with_adapters_in_flight_writes_the_same_rows(
+    eval_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapters, prompts, output = eval_files
+    argv = ["eval", "--adapters", str(adapters / "*"), "--prompts", str(prompts), "--provider", "fake"]
+    assert run([*argv, "--output", str(output)], capsys)[0] == 0
+    status, _, err = run([*argv, "--output", str(output.with_name("two.jsonl")), "--adapters-in-flight", "2"], capsys)
+    assert status == 0, err
+
+    def texts(path: Path) -> dict[tuple[str, str], str]:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        return {(row["adapter_id"], row["prompt_id"]): row["output"] for row in rows}
+
+    assert texts(output.with_name("two.jsonl")) == texts(output) and len(texts(output)) == 6
+    status, _, err = run([*argv, "--output", str(output), "--adapters-in-flight", "0"], capsys)
+    assert status == 2 and "--adapters-in-flight must be at least 1" in err
+
+
 def test_eval_json_summary_and_resumption(
     eval_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -84,7 +84,13 @@ def test_list_in_a_new_process_shows_what_an_earlier_load_left_on_vllm(
         assert status == 0, err
     status, out, err = run(["adapters", "list", *options, "--json"], capsys)
     assert status == 0, err
-    assert json.loads(out) == {"adapters": ["pirate", "support"], "provider": "vllm"}
+    listing = json.loads(out)
+    assert {key: listing[key] for key in ("adapters", "provider")} == {
+        "adapters": ["pirate", "support"],
+        "provider": "vllm",
+    }
+    assert listing["replicas"] == {VLLM: ["pirate", "support"]}  # what each server holds, by its own word
+    assert listing["stats"]["provider"] == "vllm" and listing["stats"]["in_flight"] == 0
     status, out, _ = run(["adapters", "list", *options], capsys)
     assert (status, out) == (0, "pirate\nsupport\n")
 
@@ -93,6 +99,23 @@ def test_list_in_a_new_process_shows_what_an_earlier_load_left_on_vllm(
     status, out, _ = run(["adapters", "list", *options], capsys)
     assert (status, out) == (0, "support\n")
     assert vllm.adapters == {"support": "/srv/adapters/support"}
+
+
+def test_list_json_shows_each_replica_and_the_lifecycle_counters(capsys: pytest.CaptureFixture[str]) -> None:
+    """With several replicas, each one's adapters; one that does not answer says why instead of failing the list."""
+    dead = f"http://127.0.0.1:{closed_port()}/v1"
+    options = ["--provider", "vllm", "--base-url", f"{VLLM},{dead}", "--set", "max_retries=0"]
+    with respx.mock(assert_all_called=False) as router:
+        router.route(host="127.0.0.1").pass_through()  # a real closed port
+        vllm = FakeVLLM(router)
+        vllm.adapters["support"] = "/srv/adapters/support"
+        status, out, err = run(["adapters", "list", *options, "--json"], capsys)
+    assert status == 0, err
+    listing = json.loads(out)
+    assert listing["adapters"] == ["support"]
+    assert listing["replicas"][VLLM] == ["support"]
+    assert "ProviderUnavailableError" in listing["replicas"][dead]
+    assert listing["stats"]["adapters"] == [] and listing["stats"]["loads"] == 0  # this process loaded nothing
 
 
 def test_list_in_a_new_process_shows_the_adapters_ollama_holds(capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import json
 import os
@@ -615,16 +616,23 @@ def _adapters_unload(args: argparse.Namespace) -> int:
 
 
 def _adapters_list(args: argparse.Namespace) -> int:
+    from inference.vllm_provider import VLLMProvider
+
     provider = _server_provider(args)
 
-    async def work() -> list[str]:
+    async def work() -> tuple[list[str], dict[str, list[str] | str] | None]:
         # The provider asks the server (an unreachable one is ProviderUnavailableError, exit 1).
         adapters: list[str] = await provider.list_adapters()
-        return adapters
+        by_replica = await provider.replica_adapters() if isinstance(provider, VLLMProvider) else None
+        return adapters, by_replica
 
-    adapters = _run_async(work)
+    adapters, by_replica = _run_async(work)
     if args.json:
-        _print_json({"adapters": adapters, "provider": provider.name})
+        listing: dict[str, Any] = {"adapters": adapters, "provider": provider.name}
+        listing["stats"] = dataclasses.asdict(provider.adapter_stats())  # this process's lifecycle counters
+        if by_replica is not None:
+            listing["replicas"] = by_replica
+        _print_json(listing)
     else:
         for adapter_id in adapters:
             print(adapter_id)

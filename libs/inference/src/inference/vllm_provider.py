@@ -852,6 +852,19 @@ class VLLMProvider(OpenAICompatibleProvider):
                 served[name] = root if isinstance(root, str) else ""
         return served
 
+    async def replica_adapters(self) -> dict[str, list[str] | str]:
+        """What each replica holds now, by its own ``GET /v1/models``: base URL -> sorted adapter ids, or the error
+        that replica gave (one that cannot be reached is reported, not raised)."""
+
+        async def one(replica: Replica) -> list[str] | str:
+            try:
+                return sorted(await self._served_adapters(replica))
+            except InferenceError as error:
+                return f"{type(error).__name__}: {error}"
+
+        listings = await asyncio.gather(*(one(replica) for replica in self._replicas))
+        return {replica.base_url: listing for replica, listing in zip(self._replicas, listings, strict=True)}
+
     async def _served_by_replicas(self) -> list[dict[str, str]]:
         """What each replica that answers lists (see :meth:`_served_adapters`), in configuration order.
 
