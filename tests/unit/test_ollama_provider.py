@@ -915,6 +915,65 @@ async def test_replace_swaps_the_model(
     assert await adapters.list_adapters() == ["a0"]
 
 
+async def test_200_generations_through_20_replacements_half_of_them_bad_never_fail_or_mix(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """Every generation runs on the derived model of the weights current when it started; none fails.
+
+    A replace creates the new derived model beside the old one, switches, then deletes the old one once its requests
+    finish; a bad path (missing, or no adapter) raises before anything is uploaded and keeps the old model serving.
+    """
+    good = [str(qwen_lora), *(str(tiny_models["qwen2"].adapter_dirs[name]) for name in ("a1", "a2"))]
+    not_an_adapter = tmp_path / "not-an-adapter"
+    not_an_adapter.mkdir()
+    (not_an_adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    bad = [str(tmp_path / "missing"), str(not_an_adapter)]
+    files_of: dict[str, dict[str, str]] = {}  # path -> the blobs its derived model is created from
+    for path in good:
+        await adapters.load_adapter("reference", path, replace=True)
+        files_of[path] = server.creates[-1]["adapters"]
+    await adapters.unload_adapter("reference")
+    assert len({json.dumps(files) for files in files_of.values()}) == 3  # three different adapters
+
+    await adapters.load_adapter("a0", good[0])
+    started_on: list[tuple[str, str]] = []  # (derived model, adapter path) current as each request starts
+
+    async def one(index: int) -> GenerationResult:
+        current = adapters.derived_model(adapters._adapter_registry.backend_name("a0"))
+        started_on.append((current, adapters._adapter_path("a0") or ""))
+        return await adapters.generate(f"prompt {index}", model=BASE_MODEL, adapter_id="a0", max_tokens=4)
+
+    async def replacements() -> list[str]:
+        outcomes = []
+        for round_ in range(20):
+            path = good[1 + round_ // 2 % 2] if round_ % 2 == 0 else bad[round_ // 2 % 2]
+            try:
+                await adapters.load_adapter("a0", path, replace=True)
+                outcomes.append("replaced")
+            except InvalidAdapterError:
+                outcomes.append("refused")
+            await asyncio.sleep(0.001)
+        return outcomes
+
+    async def generations() -> list[GenerationResult]:
+        results: list[GenerationResult] = []
+        for start in range(0, 200, 20):
+            results += await asyncio.gather(*(one(index) for index in range(start, start + 20)))
+            await asyncio.sleep(0.001)
+        return results
+
+    results, outcomes = await asyncio.gather(generations(), replacements())
+    assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
+    created = {create["model"]: create["adapters"] for create in server.creates}
+    for (model, path), result in zip(started_on, results, strict=True):
+        assert (result.text, result.model, result.adapter_id) == (f"from {model}", model, "a0")
+        assert created[model] == files_of[path]  # that model holds the weights that were current
+    assert len({model for model, _ in started_on}) > 2  # the generations did run across several replacements
+    current = adapters.derived_model(adapters._adapter_registry.backend_name("a0"))
+    assert [name for name in server.models if name not in USER_MODELS] == [current]  # the replaced ones are deleted
+    assert await adapters.list_adapters() == ["a0"]
+
+
 async def test_a_new_provider_finds_adapters_an_earlier_one_created(
     server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any], tmp_path: Path
 ) -> None:

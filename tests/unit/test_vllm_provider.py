@@ -342,6 +342,73 @@ async def test_a_replace_that_fails_keeps_the_old_adapter(provider: VLLMProvider
     assert sent(chat)["model"] == "a1"
 
 
+async def test_200_generations_through_20_replacements_half_of_them_bad_never_fail_or_mix(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """Every generation is answered by the served name of the weights current when it started; none fails.
+
+    The server here keeps its adapters like vLLM does (a name serves the path it was loaded from, an unknown name
+    is vLLM's 404, a path without an adapter its "No adapter found") and answers slowly enough that generations
+    overlap the replacements.
+    """
+    served: dict[str, str] = {}
+
+    def load(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if "corrupt" in body["lora_path"]:
+            return no_adapter_found(body["lora_name"], body["lora_path"])
+        served[body["lora_name"]] = body["lora_path"]
+        return httpx.Response(200, text=f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+    def unload(request: httpx.Request) -> httpx.Response:
+        name = json.loads(request.content)["lora_name"]
+        del served[name]  # a KeyError fails the test: nothing is unloaded twice
+        return httpx.Response(200, text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def chat(request: httpx.Request) -> httpx.Response:
+        name = json.loads(request.content)["model"]
+        await asyncio.sleep(0.002)
+        if name not in served:
+            return model_missing(name)
+        return completion(f"from {served[name]}", model=name)
+
+    mock.post(LOAD).mock(side_effect=load)
+    mock.post(UNLOAD).mock(side_effect=unload)
+    mock.post(CHAT).mock(side_effect=chat)
+    await provider.load_adapter("a1", "/adapters/v0")
+    started_on: list[str] = []
+
+    async def one(index: int) -> GenerationResult:
+        started_on.append(provider._adapter_path("a1") or "")  # the weights current as the request starts
+        return await provider.generate(f"prompt {index}", model="base-model", adapter_id="a1", max_tokens=4)
+
+    async def replacements() -> list[str]:
+        outcomes = []
+        for round_ in range(20):
+            path = f"/adapters/v{round_ + 1}" if round_ % 2 == 0 else f"/adapters/corrupt-{round_}"
+            try:
+                await provider.load_adapter("a1", path, replace=True)
+                outcomes.append("replaced")
+            except InvalidAdapterError:
+                outcomes.append("refused")
+            await asyncio.sleep(0.001)
+        return outcomes
+
+    async def generations() -> list[GenerationResult]:
+        results: list[GenerationResult] = []
+        for start in range(0, 200, 20):
+            results += await asyncio.gather(*(one(index) for index in range(start, start + 20)))
+        return results
+
+    results, outcomes = await asyncio.gather(generations(), replacements())
+    assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
+    for path, result in zip(started_on, results, strict=True):
+        assert (result.text, result.adapter_id) == (f"from {path}", "a1")
+    assert len(set(started_on)) > 2  # the generations did run across several replacements
+    assert list(served.values()) == ["/adapters/v19"]  # every replaced version was unloaded from the server
+    assert await provider.list_adapters() == ["a1"]
+
+
 async def test_server_already_has_the_name(provider: VLLMProvider, mock: respx.MockRouter) -> None:
     """The server holds an adapter of that name this provider did not load (another client, a restart)."""
     mock.get(f"{BASE}/models").mock(return_value=served_models("a1"))  # from /adapters/a1, not /adapters/other
