@@ -974,6 +974,41 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
     assert await adapters.list_adapters() == ["a0"]
 
 
+def gguf_tensors(data: bytes, directory: Path) -> dict[str, bytes]:
+    """A GGUF file's tensors by name, as raw bytes."""
+    import gguf
+
+    path = directory / "read.gguf"
+    path.write_bytes(data)
+    return {tensor.name: bytes(tensor.data.tobytes()) for tensor in gguf.GGUFReader(path).tensors}
+
+
+async def test_weights_from_memory_upload_what_their_directory_uploads(
+    adapters: OllamaProvider, server: FakeOllama, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """``AdapterWeights`` on Ollama: the same GGUF blob as the directory, and the temporary directory is removed."""
+    from safetensors.numpy import load_file
+
+    from inference import AdapterWeights
+
+    adapter_dir = tiny_models["qwen2"].adapter_dirs["a1"]
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    weights = AdapterWeights(load_file(adapter_dir / "adapter_model.safetensors"), config)
+    await adapters.load_adapter("from-dir", adapter_dir)
+    await adapters.load_adapter("from-memory", weights)
+    by_id = {create["model"]: server.uploaded_for(create) for create in server.creates}
+    from_dir, from_memory = by_id[adapters.derived_model("from-dir")], by_id[adapters.derived_model("from-memory")]
+    assert len(from_memory) == len(from_dir) == 1
+    tensors = gguf_tensors(*from_memory.values(), tmp_path)
+    assert len(tensors) > 0 and tensors == gguf_tensors(*from_dir.values(), tmp_path)  # the same LoRA tensors
+    written = Path(adapters._adapter_path("from-memory") or "")
+    assert written.is_dir()
+    result = await adapters.generate("Hi", model=BASE_MODEL, adapter_id="from-memory")
+    assert result.model == adapters.derived_model("from-memory")
+    await adapters.unload_adapter("from-memory")
+    assert not written.exists()
+
+
 async def test_a_new_provider_finds_adapters_an_earlier_one_created(
     server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any], tmp_path: Path
 ) -> None:
