@@ -73,6 +73,7 @@ bench: install models
 	$(PY) scripts/bench_batching.py
 	$(PY) scripts/bench_eval.py
 	$(PY) scripts/bench_llamacpp_parallel.py
+	$(PY) scripts/bench_adapter_memory.py
 
 # A real vLLM server and vLLM's engine in process (CPU build), in .venv-vllm: figures in docs/benchmarks.md.
 bench-vllm: vllm-venv models
