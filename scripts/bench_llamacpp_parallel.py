@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def prompts(count: int) -> list[str]:
 
 
 async def tokens_per_second(
-    provider: InferenceProvider, requests: list[tuple[str, str | None]], max_tokens: int, rounds: int
+    provider: InferenceProvider, requests: Sequence[tuple[str, str | None]], max_tokens: int, rounds: int
 ) -> tuple[float, list[GenerationResult]]:
     """Median tokens/s over ``rounds`` rounds of all ``requests`` (prompt, adapter) sent at once."""
     await provider.generate("Hello", model="m", adapter_id=requests[0][1], max_tokens=4, temperature=0)
@@ -102,12 +102,15 @@ def server_binary() -> Path | None:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, base: Path, adapters: list[Path], parallel: int, threads: int, log: Path) -> Any:
+def llama_server(
+    binary: Path, base: Path, adapters: list[Path], parallel: int, threads: int, log: Path, extra: tuple[str, ...] = ()
+) -> Any:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [str(binary), "-m", str(base), "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
-               "--parallel", str(parallel), "-t", str(threads), "-tb", str(threads), "--lora-init-without-apply"]
+               "--parallel", str(parallel), "-t", str(threads), "-tb", str(threads), "--lora-init-without-apply",
+               *extra]
     for adapter in adapters:
         command += ["--lora", str(adapter)]
     with log.open("wb") as sink:
@@ -129,7 +132,7 @@ def llama_server(binary: Path, base: Path, adapters: list[Path], parallel: int, 
 
 
 async def measure(
-    label: str, make: Callable[[], Awaitable[InferenceProvider]], requests: list[tuple[str, str | None]], args: Any
+    label: str, make: Callable[[], Awaitable[InferenceProvider]], requests: Sequence[tuple[str, str | None]], args: Any
 ) -> tuple[float, list[GenerationResult]]:
     provider = await make()
     try:
@@ -182,20 +185,23 @@ async def main(args: argparse.Namespace) -> int:
         same_f32 = sum(a.text == b.text for a, b in zip(*f32, strict=True))
         print(f"  same text as one at a time with an f32 KV cache: {same_f32} of {len(f32[0])}")
         binary = server_binary()
-        server_rate = None
+        server_rates: dict[str, float] = {}
         if binary is None:
             print("  llama-server: not built (make llama-server); skipped")
         else:
             from inference.llamacpp_server_provider import LlamaCppServerProvider
 
-            with llama_server(binary, base, [gguf["a0"]], 8, threads, work / "server.log") as url:
+            # Its default (flash attention on where the backend has it), then flash attention off as in process.
+            for flags in ((), ("-fa", "off")):
+                with llama_server(binary, base, [gguf["a0"]], 8, threads, work / "server.log", flags) as url:
 
-                async def served() -> InferenceProvider:
-                    provider = LlamaCppServerProvider(base_url=url)
-                    await provider.load_adapter("a0", gguf["a0"])
-                    return provider
+                    async def served(url: str = url) -> InferenceProvider:
+                        provider = LlamaCppServerProvider(base_url=url)
+                        await provider.load_adapter("a0", gguf["a0"])
+                        return provider
 
-                server_rate, _ = await measure(f"llama-server --parallel 8, {threads} threads", served, eight, args)
+                    label = f"llama-server --parallel 8, {threads} threads {' '.join(flags)}".rstrip()
+                    server_rates[" ".join(flags)], _ = await measure(label, served, eight, args)
 
         print("2. mixed adapters, 32 requests at once, n_parallel=8")
         thirty_two = prompts(32)
@@ -215,10 +221,14 @@ async def main(args: argparse.Namespace) -> int:
           f"({batched / sequential:.2f}x the same threads) |")
     print(f"| n_parallel=8, {threads} threads, flash_attn=True | {flash:.1f} | {flash / sequential_default:.2f} "
           f"({flash / sequential:.2f}x the same threads) |")
-    if server_rate is not None:
+    if server_rates:
+        server_rate, server_off = server_rates[""], server_rates["-fa off"]
         print(f"| llama-server --parallel 8, {threads} threads | {server_rate:.1f} | "
               f"{server_rate / sequential_default:.2f} (in process / server: {batched / server_rate:.2f}; "
               f"with flash_attn: {flash / server_rate:.2f}) |")
+        print(f"| llama-server --parallel 8, {threads} threads, -fa off | {server_off:.1f} | "
+              f"{server_off / sequential_default:.2f} (in process / server, both without flash attention: "
+              f"{batched / server_off:.2f}) |")
     print(f"| 32 requests, one adapter, n_parallel=8 | {one_adapter:.1f} | |")
     print(f"| 4 adapters x 8 requests, n_parallel=8 | {mixed:.1f} | {mixed / one_adapter:.2f} of one adapter |")
     return 0
