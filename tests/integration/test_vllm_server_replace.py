@@ -81,5 +81,5 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(vllm_se
         entries = httpx.get(f"{vllm_server.base_url}/models", timeout=10).json()["data"]
         on_server = {entry["id"] for entry in entries if entry.get("parent") and entry["id"].startswith("live")}
         assert on_server == {provider._adapter_registry.backend_name("live")}  # the old versions were unloaded
-        assert await provider.list_adapters() == ["live"]
+        assert "live" in await provider.list_adapters()  # (the session's server also holds other tests' adapters)
         await provider.unload_adapter("live")
