@@ -62,6 +62,9 @@ def make_adapters(base_gguf: Path, root: Path, count: int) -> list[Path]:
 MAX_BATCH_SIZE = 32
 """Transformers' max_batch_size (its default); ``--max-batch-size`` changes it for every run."""
 
+SPARE_ADAPTER_SLOTS: int | None = None
+"""Transformers' spare_adapter_slots for the next run (``None``: its default)."""
+
 
 def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
     if name == "llamacpp":
@@ -73,7 +76,11 @@ def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
     from inference.transformers_provider import TransformersProvider
 
     return TransformersProvider(
-        model_name=str(tiny.hf_dir), device="cpu", torch_dtype="float32", max_batch_size=MAX_BATCH_SIZE
+        model_name=str(tiny.hf_dir),
+        device="cpu",
+        torch_dtype="float32",
+        max_batch_size=MAX_BATCH_SIZE,
+        spare_adapter_slots=SPARE_ADAPTER_SLOTS,
     )
 
 
@@ -141,8 +148,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=20, help="requests in flight (Transformers batches them)")
     parser.add_argument("--adapters-in-flight", type=int, nargs="+", default=[1], help="adapters at once, each in turn")
     parser.add_argument("--max-batch-size", type=int, default=32, help="Transformers' max_batch_size (default 32)")
+    parser.add_argument(
+        "--baseline-without-spare-slots",
+        action="store_true",
+        help="Transformers: first run one adapter at a time with spare_adapter_slots=0 (every load builds its "
+        "LoRA layers, as before spare slots), the baseline of the ratios",
+    )
     args = parser.parse_args()
-    global MAX_BATCH_SIZE
+    global MAX_BATCH_SIZE, SPARE_ADAPTER_SLOTS
     MAX_BATCH_SIZE = args.max_batch_size
 
     from inference.testing.tiny_models import build_tiny_models
@@ -159,19 +172,25 @@ def main() -> int:
         )
         for name in args.providers:
             baseline: tuple[float, dict[tuple[str, str], Any]] | None = None
-            for in_flight in args.adapters_in_flight:
+            runs: list[tuple[int, int | None]] = [(in_flight, None) for in_flight in args.adapters_in_flight]
+            if args.baseline_without_spare_slots and name == "transformers":
+                runs.insert(0, (1, 0))
+            for in_flight, spare in runs:
+                SPARE_ADAPTER_SLOTS = spare
                 figures, outputs = asyncio.run(
                     bench(name, tiny, adapters, args.prompts, args.max_tokens, workdir, args.concurrency, in_flight)
                 )
+                label = f"{in_flight} adapters in flight"
+                label += f", spare_adapter_slots={spare}" if spare is not None else ""
                 report(name, figures, in_flight)
                 if baseline is None:
                     baseline = figures["adapters_per_min_wall"], outputs
+                    print(f"{'':13} ({label}: the baseline)")
                     continue
                 same = sum(outputs[key] == baseline[1].get(key) for key in outputs)
                 print(
-                    f"{'':13} {in_flight} adapters in flight: {figures['adapters_per_min_wall'] / baseline[0]:.2f}x "
-                    f"the adapters per minute (wall) of {args.adapters_in_flight[0]}; rows equal: {same} of "
-                    f"{len(outputs)}"
+                    f"{'':13} {label}: {figures['adapters_per_min_wall'] / baseline[0]:.2f}x "
+                    f"the adapters per minute (wall) of the baseline; rows equal: {same} of {len(outputs)}"
                 )
     return 0
 

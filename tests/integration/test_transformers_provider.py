@@ -309,7 +309,7 @@ async def test_concurrent_first_calls_load_the_model_once(qwen2: Any, monkeypatc
 
 
 async def test_unload_frees_the_adapter_and_the_last_unload_restores_the_plain_model(qwen2: Any) -> None:
-    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), spare_adapter_slots=0) as fresh:
         base_text = (await fresh.generate(PROMPTS[0], model="", max_tokens=8, temperature=0)).text
         await fresh.load_adapter("x", qwen2.adapter_dirs["a0"])
         await fresh.load_adapter("y", qwen2.adapter_dirs["a1"])

@@ -207,6 +207,9 @@ _SPECS = (
             Setting("batch_window_ms", "TRANSFORMERS_BATCH_WINDOW_MS", 5.0, "float",
                     "Milliseconds to wait for more requests before a batch starts", minimum=0, maximum=60_000),
             _max_adapters("TRANSFORMERS"),
+            Setting("spare_adapter_slots", "TRANSFORMERS_SPARE_ADAPTER_SLOTS", 8, "int",
+                    "Adapter slots an unload keeps for the next adapter of the same LoRA shape (0: unload frees all)",
+                    minimum=0, maximum=1000),
         ),
     ),
     ProviderSpec(

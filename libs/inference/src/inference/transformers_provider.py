@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import gc
 import itertools
+import json
 import math
 import re
 import threading
@@ -75,6 +76,20 @@ BASE_ADAPTER_NAME = "__base__"
 
 COMBINED_KEPT = 8
 """Weighted adapter combinations (requests with ``adapter_scales``) kept in the model, least recently used out."""
+
+_SLOT_INDIFFERENT = frozenset(
+    {
+        "base_model_name_or_path",
+        "revision",
+        "inference_mode",
+        "task_type",
+        "lora_dropout",
+        "init_lora_weights",
+        "peft_version",
+        "auto_mapping",
+    }
+)
+"""adapter_config.json keys that do not change the LoRA layers PEFT builds for inference (or their scaling)."""
 
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
@@ -169,6 +184,12 @@ class TransformersProvider(InProcessProvider[str]):
         max_adapters: Most adapters kept in the PEFT model at once; else ``TRANSFORMERS_MAX_ADAPTERS``; else
             unlimited. Beyond it the least recently used adapter (not pinned, not in use) is deleted from
             the model, and loaded again from its path when a request needs it.
+        spare_adapter_slots: How many adapter slots an unload keeps in the model, emptied, for the next adapter
+            of the same LoRA shape (same config: rank, alpha, target modules...), which is then loaded by copying
+            its weights in instead of PEFT building and removing LoRA layers (on the tiny test model 4 ms instead
+            of 16 ms to load, 0.3 ms instead of 3.6 ms to unload); else ``TRANSFORMERS_SPARE_ADAPTER_SLOTS``;
+            else 8. They hold memory (each one adapter's weights) until reused or the provider closes; 0 makes
+            every unload free its adapter at once, and the last one restore the plain model.
 
     The model loads on first use, on the worker thread. Greedy output of a request is the same whether it
     runs alone or in a batch. Sampled requests with a ``seed`` run in a batch of their own, so the seed
@@ -203,6 +224,7 @@ class TransformersProvider(InProcessProvider[str]):
         max_batch_size: int | None = None,
         batch_window_ms: float | None = None,
         max_adapters: int | None = None,
+        spare_adapter_slots: int | None = None,
     ) -> None:
         given = {
             "model_name": model_name,
@@ -211,6 +233,7 @@ class TransformersProvider(InProcessProvider[str]):
             "max_batch_size": max_batch_size,
             "batch_window_ms": batch_window_ms,
             "max_adapters": max_adapters,
+            "spare_adapter_slots": spare_adapter_slots,
         }
         settings = resolve_settings(self.name, {key: value for key, value in given.items() if value is not None})
         self.model_name: str = str(settings["model_name"])
@@ -244,12 +267,17 @@ class TransformersProvider(InProcessProvider[str]):
         super().__init__(max_adapters=settings["max_adapters"])
         self.max_batch_size: int = size
         self.batch_window_ms: float = float(window)
+        self.spare_adapter_slots: int = int(settings["spare_adapter_slots"])
         self._queue = BatchQueue(size, self.batch_window_ms / 1000.0)
         self._score_queue = _ScoreQueue(size, self.batch_window_ms / 1000.0)
         self._loaded: _LoadedModel | None = None
         # self._resident maps each adapter id in the PEFT model to its internal PEFT adapter name.
         # Never reused, and none is part of another ("inference_1_adapter" is not in "inference_11_adapter").
         self._peft_names = (f"inference_{number}_adapter" for number in itertools.count())
+        # PEFT name -> its slot's shape (see _slot_shape), for slots an unload may keep for the next adapter.
+        self._slot_shapes: dict[str, str] = {}
+        # Slots emptied by an unload, by shape, kept for the next adapter of that shape (spare_adapter_slots at most).
+        self._spare_slots: dict[str, list[str]] = {}
         # Weighted combinations built for requests with adapter scales: (adapter names, scales) -> PEFT name, LRU.
         self._combined: collections.OrderedDict[AdapterScales, str] = collections.OrderedDict()
         self._combined_names = (f"inference_{number}_combined" for number in itertools.count())
@@ -278,7 +306,8 @@ class TransformersProvider(InProcessProvider[str]):
         """The PEFT adapter name of each resident adapter id (the keys of ``model.peft_config`` are these names).
 
         PEFT refuses some adapter ids as names (``lr0.001``, ``train``), so the provider names each adapter
-        itself, ``inference_N_adapter``, with a number never reused.
+        itself, ``inference_N_adapter``. An unloaded adapter's slot may be kept, and refilled by a later adapter of
+        the same LoRA shape (the name then serves that adapter).
         """
         return dict(self._resident)
 
@@ -447,6 +476,8 @@ class TransformersProvider(InProcessProvider[str]):
     def _close_blocking(self) -> None:
         loaded, self._loaded = self._loaded, None
         self._resident.clear()
+        self._slot_shapes.clear()
+        self._spare_slots.clear()
         if loaded is None:
             return
         on_cuda = loaded.device.type == "cuda"
@@ -478,6 +509,14 @@ class TransformersProvider(InProcessProvider[str]):
         self._check_target_modules(loaded, adapter)
         self._check_weight_shapes(loaded, adapter)
         peft = import_optional("peft", extra="transformers", provider=self.name)
+        shape = _slot_shape(adapter.config)
+        if shape in self._spare_slots:
+            try:
+                tensors = peft.utils.load_peft_weights(str(adapter.path), device=str(loaded.device))
+            except Exception:  # a fresh load below reports the unreadable file
+                tensors = None
+            if tensors is not None and self._refill_spare_slot(loaded, adapter_id, shape, tensors):
+                return
         peft_name = next(self._peft_names)  # PEFT refuses some valid adapter ids (e.g. with a '.')
         try:
             if loaded.model is loaded.base_model:
@@ -499,6 +538,8 @@ class TransformersProvider(InProcessProvider[str]):
             ) from error
         loaded.model.eval()
         self._resident[adapter_id] = peft_name
+        if shape is not None:
+            self._slot_shapes[peft_name] = shape
 
     def _load_weights_now(self, adapter_id: str, label: str, weights: AdapterWeights) -> None:
         """Put in-memory LoRA weights straight into the model (no file), checked as a directory is."""
@@ -529,6 +570,9 @@ class TransformersProvider(InProcessProvider[str]):
             name: torch.as_tensor(tensor).detach().to(device=loaded.device, dtype=dtype)
             for name, tensor in weights.tensors.items()
         }
+        shape = _slot_shape(config)
+        if shape in self._spare_slots and self._refill_spare_slot(loaded, adapter_id, shape, tensors):
+            return
         peft_name = next(self._peft_names)
         try:
             if loaded.model is loaded.base_model:
@@ -546,6 +590,34 @@ class TransformersProvider(InProcessProvider[str]):
             ) from error
         loaded.model.eval()
         self._resident[adapter_id] = peft_name
+        if shape is not None:
+            self._slot_shapes[peft_name] = shape
+
+    def _refill_spare_slot(self, loaded: _LoadedModel, adapter_id: str, shape: str, tensors: dict[str, Any]) -> bool:
+        """Load ``tensors`` into a spare slot of ``shape``: True when every LoRA weight of the slot was replaced.
+
+        A slot the tensors do not fill exactly (a module missing, a name of no module) is removed, never used
+        with another adapter's weights left in it; the caller then loads the adapter the usual way, which reports
+        what is wrong with it, if anything.
+        """
+        peft = import_optional("peft", extra="transformers", provider=self.name)
+        slots = self._spare_slots[shape]
+        peft_name = slots.pop()
+        if not slots:
+            del self._spare_slots[shape]
+        try:
+            result = peft.set_peft_model_state_dict(loaded.model, tensors, adapter_name=peft_name)
+            left = [key for key in result.missing_keys if f".{peft_name}." in key]
+            unexpected = [key for key in result.unexpected_keys if "lora_" in key]
+        except Exception:  # the slot is dropped and the adapter loaded anew
+            left, unexpected = ["(failed)"], []
+        if left or unexpected:
+            self._slot_shapes.pop(peft_name, None)
+            self._drop_peft_adapter(loaded, peft_name)
+            return False
+        self._resident[adapter_id] = peft_name
+        self._slot_shapes[peft_name] = shape
+        return True
 
     def _unload_adapter_now(self, adapter_id: str) -> None:
         loaded = self._loaded
@@ -553,8 +625,20 @@ class TransformersProvider(InProcessProvider[str]):
             return  # nothing of it is in the model (the model was never loaded, or it was freed)
         for key in [key for key in self._combined if any(part == adapter_id for part, _ in key)]:
             loaded.model.delete_adapter(self._combined.pop(key))
-        peft_name = self._resident[adapter_id]
-        others = [other for other in self._resident.values() if other != peft_name]
+        peft_name = self._resident.pop(adapter_id)
+        shape = self._slot_shapes.get(peft_name)
+        spare = sum(len(slots) for slots in self._spare_slots.values())
+        if shape is not None and spare < self.spare_adapter_slots:
+            self._spare_slots.setdefault(shape, []).append(peft_name)  # kept for the next adapter of its shape
+        else:
+            self._slot_shapes.pop(peft_name, None)
+            self._drop_peft_adapter(loaded, peft_name)
+        if loaded.device.type == "cuda":
+            import_optional("torch", extra="transformers", provider=self.name).cuda.empty_cache()
+
+    def _drop_peft_adapter(self, loaded: _LoadedModel, peft_name: str) -> None:
+        """Remove PEFT adapter ``peft_name`` from the model; the last one takes the PEFT wrapper with it."""
+        others = [other for other in loaded.model.peft_config if other != peft_name]
         if others:
             if peft_name in loaded.model.active_adapters:  # PEFT warns when the active one is deleted
                 loaded.model.set_adapter(others[0], inference_mode=True)
@@ -562,9 +646,6 @@ class TransformersProvider(InProcessProvider[str]):
         else:
             loaded.model = loaded.model.unload()  # the last one: back to the plain model, no LoRA layers
             loaded.base_model = loaded.model
-        del self._resident[adapter_id]
-        if loaded.device.type == "cuda":
-            import_optional("torch", extra="transformers", provider=self.name).cuda.empty_cache()
 
     def _peft_name(self, loaded: _LoadedModel, request: GenerationRequest) -> str:
         """PEFT's name for what ``request`` applies: the base model, an adapter, or a weighted combination.
@@ -1194,6 +1275,29 @@ class _ScoreQueue:
             chosen = {id(job) for job in batch}
             self._pending = [job for job in self._pending if id(job) not in chosen]
             return [job for job in batch if job.future.set_running_or_notify_cancel()]
+
+
+def _slot_shape(config: dict[str, Any]) -> str | None:
+    """What a PEFT adapter slot built for ``config`` fits: adapters of equal shape can share a slot in turn.
+
+    ``None`` for configs whose slot holds more than LoRA weights of target modules (DoRA magnitudes, bias,
+    ``modules_to_save``, trainable tokens, layer replication, target parameters): those are never reused.
+    """
+    if any(config.get(key) for key in _SLOT_EXCLUDED) or config.get("bias", "none") != "none":
+        return None
+    kept = {key: value for key, value in config.items() if key not in _SLOT_INDIFFERENT}
+    if isinstance(kept.get("target_modules"), list):
+        kept["target_modules"] = sorted(kept["target_modules"])
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+_SLOT_EXCLUDED = (
+    "use_dora",
+    "modules_to_save",
+    "trainable_token_indices",
+    "layer_replication",
+    "target_parameters",
+)
 
 
 def _drop(entry: PendingRequest) -> None:
