@@ -682,9 +682,7 @@ class TransformersProvider(InProcessProvider[str]):
         """Remove what a failed load of PEFT adapter ``peft_name`` left behind, so the provider keeps working."""
         if loaded.model is not loaded.base_model:
             if peft_name in loaded.model.peft_config:
-                if self._resident and peft_name in loaded.model.active_adapters:
-                    loaded.model.set_adapter(next(iter(self._resident.values())), inference_mode=True)
-                loaded.model.delete_adapter(peft_name)
+                self._drop_peft_adapter(loaded, peft_name)
             return
         peft = import_optional("peft", extra="transformers", provider=self.name)
         tuner_layer = peft.tuners.tuners_utils.BaseTunerLayer
