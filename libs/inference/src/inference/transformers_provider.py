@@ -91,6 +91,9 @@ _SLOT_INDIFFERENT = frozenset(
 )
 """adapter_config.json keys that do not change the LoRA layers PEFT builds for inference (or their scaling)."""
 
+_SLOT_EXCLUDED = ("use_dora", "modules_to_save", "trainable_token_indices", "layer_replication", "target_parameters")
+"""adapter_config.json keys that, when set, give a slot more than LoRA matrices: such adapters never share a slot."""
+
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
 """The seeds ``torch.manual_seed`` takes (negative ones are mapped onto the unsigned range)."""
@@ -1287,15 +1290,6 @@ def _slot_shape(config: dict[str, Any]) -> str | None:
     if isinstance(kept.get("target_modules"), list):
         kept["target_modules"] = sorted(kept["target_modules"])
     return json.dumps(kept, sort_keys=True, default=str)
-
-
-_SLOT_EXCLUDED = (
-    "use_dora",
-    "modules_to_save",
-    "trainable_token_indices",
-    "layer_replication",
-    "target_parameters",
-)
 
 
 def _drop(entry: PendingRequest) -> None:
