@@ -5,6 +5,9 @@ once its requests finish; a bad path raises and the old weights keep serving. Ev
 the answer of the weights that were current when it started (each adapter's answers are taken first, one request
 at a time, under other names), and none may fail.
 
+Then another provider (as another process would) finds the replaced id under its newest served name, answers
+with it, replaces it under a name the server does not have yet, and unloads it.
+
 The generations run one at a time, with the replacements running beside them: after an adapter is unloaded, vLLM
 0.32's CPU build answers some *batched* requests wrongly (see the vLLM provider page), which is vLLM's to fix and
 would hide what this test is about. For the same reason this file sorts after ``test_vllm_server.py``.
@@ -78,8 +81,25 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(vllm_se
         for index, (path, text) in enumerate(zip(started_on, texts, strict=True)):
             assert text == expected[path, PROMPTS[index % 4]], (index, path)
         assert len(set(started_on)) > 2  # the generations did run across several replacements
-        entries = httpx.get(f"{vllm_server.base_url}/models", timeout=10).json()["data"]
-        on_server = {entry["id"] for entry in entries if entry.get("parent") and entry["id"].startswith("live")}
-        assert on_server == {provider._adapter_registry.backend_name("live")}  # the old versions were unloaded
+        assert live_on_server(vllm_server) == {provider._adapter_registry.backend_name("live")}  # old ones unloaded
         assert "live" in await provider.list_adapters()  # (the session's server also holds other tests' adapters)
-        await provider.unload_adapter("live")
+
+        # Another process finds the replaced id under its newest served name, uses it, replaces it, unloads it.
+        final = provider._adapter_path("live") or ""
+        async with VLLMProvider(base_url=vllm_server.base_url) as other:
+            listed = await other.list_adapters()
+            assert "live" in listed and not any(name.startswith("live@") for name in listed)
+            assert (await other.generate(PROMPTS[1], adapter_id="live", **greedy)).text == expected[final, PROMPTS[1]]
+            await other.load_adapter("live", good[0] if final != good[0] else good[1], replace=True)
+            now = other._adapter_path("live") or ""
+            assert (await other.generate(PROMPTS[1], adapter_id="live", **greedy)).text == expected[now, PROMPTS[1]]
+            assert live_on_server(vllm_server) == {other._adapter_registry.backend_name("live")}  # a new name
+            await other.unload_adapter("live")
+            assert live_on_server(vllm_server) == set()
+        await provider.unload_adapter("live")  # already gone from the server: that succeeds
+
+
+def live_on_server(server: Any) -> set[str]:
+    """The server's own list of the served names of ``live`` (``/v1/models``)."""
+    entries = httpx.get(f"{server.base_url}/models", timeout=10).json()["data"]
+    return {entry["id"] for entry in entries if entry.get("parent") and entry["id"].startswith("live")}

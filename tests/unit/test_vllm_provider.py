@@ -505,6 +505,33 @@ async def test_adapters_the_server_holds_are_found_from_a_new_process(
     assert await provider.list_adapters() == []
 
 
+async def test_an_id_another_process_replaced_is_found_under_its_newest_served_name(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """Another process loaded ``a1`` and replaced it twice: the server serves ``a1@3`` (``a1@2`` still draining)."""
+    mock.get(f"{BASE}/models").mock(return_value=served_models("a1@2", "a1@3", "other"))
+    chat = mock.post(CHAT).mock(return_value=completion())
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    assert await provider.list_adapters() == ["a1", "other"]  # ids, not served names
+    result = await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert sent(chat)["model"] == "a1@3" and result.adapter_id == "a1"
+    await provider.load_adapter("a1", "/adapters/v4", replace=True)  # numbered after what the server has
+    assert sent(load) == {"lora_name": "a1@4", "lora_path": "/adapters/v4"}
+    assert sent(unload) == {"lora_name": "a1@3"}
+    await provider.unload_adapter("a1")
+    assert sent(unload) == {"lora_name": "a1@4"}
+
+
+def test_only_an_at_sign_and_digits_make_a_versioned_served_name() -> None:
+    from inference._core.lifecycle import parse_versioned_name
+
+    assert parse_versioned_name("a1@3") == ("a1", 3)
+    assert parse_versioned_name("team@lab@12") == ("team@lab", 12)
+    for plain in ("a1", "a1@", "@3", "a1@v3", "a1@\u0663", "a1@3x"):
+        assert parse_versioned_name(plain) is None, plain
+
+
 async def test_unload_unknown_adapter_sends_no_unload_request(provider: VLLMProvider, mock: respx.MockRouter) -> None:
     mock.get(f"{BASE}/models").mock(return_value=served_models())
     unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))

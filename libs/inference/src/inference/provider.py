@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from inference._core.lifecycle import AdapterRegistry, default_versioned_name
+from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
 from inference._core.validation import (
     AdapterChoice,
@@ -574,8 +574,9 @@ class InferenceProvider(ABC):
     async def _list_adapters(self) -> list[str]:
         return self._adapter_registry.ids()
 
-    async def _discover_adapter(self, adapter_id: str) -> str | None:
-        """Path of an adapter the backend holds without this object having loaded it, else ``None``."""
+    async def _discover_adapter(self, adapter_id: str) -> str | Discovered | None:
+        """Path of an adapter the backend holds without this object having loaded it (a :class:`Discovered` when
+        it holds it under another name), else ``None``."""
         return None
 
     def _versioned_adapter_name(self, adapter_id: str, version: int) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inference._core.lifecycle import Discovered, parse_versioned_name
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, is_connect_failure
@@ -113,6 +114,12 @@ class ReconcileReport:
     def ok(self) -> bool:
         """True when every replica answered and holds every adapter the provider loaded."""
         return all(replica.error is None and not replica.failed for replica in self.replicas)
+
+
+def _adapter_id(served_name: str) -> str:
+    """The adapter id a served LoRA name stands for: ``a0@3`` (a replaced id's weights) is ``a0``."""
+    parsed = parse_versioned_name(served_name)
+    return served_name if parsed is None else parsed[0]
 
 
 class VLLMProvider(OpenAICompatibleProvider):
@@ -909,25 +916,37 @@ class VLLMProvider(OpenAICompatibleProvider):
             ProviderUnavailableError: No replica accepts connections.
             ProtocolError: The answer is not a model list.
         """
-        served = {adapter_id for listing in await self._served_by_replicas() for adapter_id in listing}
+        served = {_adapter_id(name) for listing in await self._served_by_replicas() for name in listing}
         registry = self._adapter_registry
         loaded = set(registry.ids())
         being_unloaded = {adapter_id for adapter_id in served - loaded if registry.path_of(adapter_id) is not None}
         return sorted(loaded | (served - being_unloaded))
 
-    async def _discover_adapter(self, adapter_id: str) -> str | None:
+    async def _discover_adapter(self, adapter_id: str) -> str | Discovered | None:
         """An adapter the server lists but this object did not load (an earlier process, ``--lora-modules``).
 
         It is then used and unloaded like one loaded here, so ``inference adapters unload ID`` works from a
-        new process. Asks every replica; ``None`` when none that answers lists it.
+        new process. An id that process replaced is served as ``id@n``: the newest such name is used. Asks
+        every replica; ``None`` when none that answers lists it.
 
         Raises:
             ProviderUnavailableError: No replica accepts connections (the id cannot be looked up).
         """
-        for served in await self._served_by_replicas():
+        listings = await self._served_by_replicas()
+        for served in listings:
             if adapter_id in served:
                 return served[adapter_id] or adapter_id
-        return None
+        # an id another process replaced: the newest of the versioned names it left (``id@n``)
+        versions = [
+            (parsed[1], name, served[name] or name)
+            for served in listings
+            for name in served
+            if (parsed := parse_versioned_name(name)) is not None and parsed[0] == adapter_id
+        ]
+        if not versions:
+            return None
+        version, name, path = max(versions)
+        return Discovered(path=path, backend=name, version=version)
 
     async def _reconcile_one(self, replica: Replica, expected: dict[str, str | None]) -> ReplicaReconciliation:
         try:

@@ -43,13 +43,37 @@ logger = logging.getLogger("inference.adapters")
 
 BackendLoad = Callable[[str, str], Awaitable[None]]
 BackendUnload = Callable[[str], Awaitable[None]]
-BackendDiscover = Callable[[str], Awaitable[str | None]]
+BackendDiscover = Callable[[str], Awaitable["str | Discovered | None"]]
 VersionedName = Callable[[str, int], str]
 
 
 def default_versioned_name(adapter_id: str, version: int) -> str:
     """``id@version``: ``@`` is not allowed in an adapter id, so no id the user loads can take this name."""
     return f"{adapter_id}@{version}"
+
+
+def parse_versioned_name(name: str) -> tuple[str, int] | None:
+    """``(id, version)`` of a :func:`default_versioned_name`, else ``None`` (a plain id)."""
+    adapter_id, at, version = name.rpartition("@")
+    if not at or not adapter_id or not version.isdigit() or not version.isascii():
+        return None
+    return adapter_id, int(version)
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """An adapter the backend holds under a name other than its id: an id another process replaced.
+
+    Attributes:
+        path: Where its weights came from (what a reload reads).
+        backend: The name the backend holds it under (``versioned(id, version)``).
+        version: Its replacement number; this registry's later replacements are numbered after it, so that
+            they never take a name the backend already has.
+    """
+
+    path: str
+    backend: str
+    version: int
 
 
 _tracer: Any = None  # opentelemetry's tracer once looked up; False when opentelemetry-api is not installed
@@ -155,7 +179,8 @@ class AdapterRegistry:
         unload: Removes an adapter from the backend.
         capacity: Returns the most adapters to keep resident (``None`` = unlimited); read on each load.
         discover: Asked about an id the registry does not know; returns the path of an adapter the backend
-            already holds (e.g. created by an earlier process), which is then recorded as resident, or ``None``.
+            already holds (e.g. created by an earlier process), which is then recorded as resident, a
+            :class:`Discovered` when the backend holds it under a versioned name, or ``None``.
         versioned: The backend name of an id's ``n``-th replacement (default ``id@n``).
     """
 
@@ -170,7 +195,7 @@ class AdapterRegistry:
     ) -> None:
         self._provider = provider
         self._versioned = versioned
-        self._versions = itertools.count(2)
+        self._next_version = 2  # the number of the next replacement's backend name
         self._load = load
         self._unload = unload
         self._capacity = capacity
@@ -408,9 +433,8 @@ class AdapterRegistry:
         Returns the cancellation that arrived after the backend had loaded the new weights (the switch is made
         anyway: the backend holds them), else ``None``. A failed load raises with ``old`` untouched.
         """
-        new = _Entry(
-            path=path, backend=self._versioned(adapter_id, next(self._versions)), identity=identity, pinned=old.pinned
-        )
+        version, self._next_version = self._next_version, self._next_version + 1
+        new = _Entry(path=path, backend=self._versioned(adapter_id, version), identity=identity, pinned=old.pinned)
         self._by_backend[new.backend] = new
         interrupted: BaseException | None = None
         try:
@@ -611,12 +635,18 @@ class AdapterRegistry:
             await asyncio.shield(entry.unloaded)
 
     async def _discovered(self, adapter_id: str) -> _Entry | None:
-        path = await self._discover(adapter_id)
-        if path is None:
+        found = await self._discover(adapter_id)
+        if found is None:
             return None
-        entry = self._entries.setdefault(
-            adapter_id, _Entry(path=path, backend=adapter_id, identity=path_identity(path), resident=True)
-        )
+        if isinstance(found, str):
+            found = Discovered(path=found, backend=adapter_id, version=1)
+        entry = self._entries.get(adapter_id)
+        if entry is None:
+            entry = _Entry(path=found.path, backend=found.backend, identity=path_identity(found.path), resident=True)
+            self._entries[adapter_id] = entry
+            if found.backend != adapter_id:
+                self._by_backend[found.backend] = entry
+                self._next_version = max(self._next_version, found.version + 1)
         entry.last_used = next(self._clock)
         return entry
 
