@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from inference.exceptions import InvalidAdapterError
 from inference.llamacpp_provider import LlamaCppProvider
 from inference.provider import InferenceProvider
 from inference.transformers_provider import TransformersProvider
+from replacing import replace_alternately
 
 pytestmark = [
     pytest.mark.integration,
@@ -68,25 +68,14 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(
         started_on.append(provider._adapter_path("live") or "")  # the weights current as the request starts
         return (await provider.generate(prompt, adapter_id="live", **greedy)).text
 
-    async def replacements() -> list[str]:
-        outcomes = []
-        for round_ in range(20):
-            path = good[round_ // 2 % 2] if round_ % 2 == 0 else bad[round_ // 2 % 2]
-            try:
-                await provider.load_adapter("live", path, replace=True)
-                outcomes.append("replaced")
-            except InvalidAdapterError:
-                outcomes.append("refused")
-            await asyncio.sleep(0.005)
-        return outcomes
-
     async def generations() -> list[str]:
         texts: list[str] = []
         for start in range(0, 200, 10):
             texts += await asyncio.gather(*(one(PROMPTS[i % 4]) for i in range(start, start + 10)))
         return texts
 
-    texts, outcomes = await asyncio.gather(generations(), replacements())
+    replacing = replace_alternately(provider, "live", good, bad, pause_s=0.005)
+    texts, outcomes = await asyncio.gather(generations(), replacing)
     assert outcomes == ["replaced", "refused"] * 10
     prompts = [PROMPTS[i % 4] for i in range(200)]
     for prompt, path, text in zip(prompts, started_on, texts, strict=True):

@@ -58,6 +58,15 @@ def without_tensors(source: Path, target: Path, dropped: str) -> Path:
     return target
 
 
+async def leave_a_spare_slot(provider: TransformersProvider, model: Any) -> str:
+    """Load adapter a0 and unload it: its emptied slot stays as a spare; returns its PEFT name."""
+    await provider.load_adapter("first", model.adapter_dirs["a0"])
+    spare = provider.peft_adapter_names["first"]
+    await provider.unload_adapter("first")
+    assert spare in provider.model.peft_config
+    return spare
+
+
 async def test_the_next_adapter_of_the_same_shape_reuses_the_slot_and_answers_as_alone(
     tiny_models: dict[str, Any],
 ) -> None:
@@ -104,9 +113,7 @@ async def test_an_adapter_of_another_shape_gets_its_own_slot(tiny_models: dict[s
     rank_4 = write_random_peft_lora(model.gguf_path, tmp_path / "rank-4", rank=4, alpha=8, seed=3)
     expected = await reference(model, rank_4)
     async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
-        await provider.load_adapter("first", model.adapter_dirs["a0"])
-        spare = provider.peft_adapter_names["first"]
-        await provider.unload_adapter("first")
+        spare = await leave_a_spare_slot(provider, model)
         await provider.load_adapter("other", rank_4)
         assert provider.peft_adapter_names["other"] != spare
         assert await answers(provider, "other") == expected
@@ -121,9 +128,7 @@ async def test_an_adapter_that_would_leave_old_weights_in_the_slot_is_loaded_ane
     partial = without_tensors(model.adapter_dirs["a1"], tmp_path / "partial", "v_proj")
     expected = await reference(model, partial)
     async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
-        await provider.load_adapter("first", model.adapter_dirs["a0"])
-        spare = provider.peft_adapter_names["first"]
-        await provider.unload_adapter("first")
+        spare = await leave_a_spare_slot(provider, model)
         await provider.load_adapter("partial", partial)
         assert provider.peft_adapter_names["partial"] != spare
         assert spare not in provider.model.peft_config
@@ -137,8 +142,7 @@ async def test_a_bad_adapter_leaves_the_spare_slots_usable(tiny_models: dict[str
     shutil.copytree(model.adapter_dirs["a1"], broken)
     (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
     async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
-        await provider.load_adapter("first", model.adapter_dirs["a0"])
-        await provider.unload_adapter("first")
+        await leave_a_spare_slot(provider, model)
         with pytest.raises(InvalidAdapterError):
             await provider.load_adapter("broken", broken)
         await provider.load_adapter("good", model.adapter_dirs["a1"])

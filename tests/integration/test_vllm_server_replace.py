@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.exceptions import InvalidAdapterError
 from inference.vllm_provider import VLLMProvider
+from replacing import replace_alternately
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -63,19 +63,9 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(vllm_se
                 texts.append(result.text)
             return texts
 
-        async def replacements() -> list[str]:
-            outcomes = []
-            for round_ in range(20):
-                path = good[round_ // 2 % 2] if round_ % 2 == 0 else bad[round_ // 2 % 2]
-                try:
-                    await provider.load_adapter("live", path, replace=True)
-                    outcomes.append("replaced")
-                except InvalidAdapterError:
-                    outcomes.append("refused")
-                await asyncio.sleep(0.05)
-            return outcomes
-
-        texts, outcomes = await asyncio.gather(generations(), replacements())
+        texts, outcomes = await asyncio.gather(
+            generations(), replace_alternately(provider, "live", good, bad, pause_s=0.05)
+        )
         assert outcomes == ["replaced", "refused"] * 10
         assert len(texts) == 200
         for index, (path, text) in enumerate(zip(started_on, texts, strict=True)):

@@ -16,6 +16,7 @@ from inference.exceptions import (
 )
 from inference.fake_provider import FakeProvider
 from inference.provider import GenerationRequest, GenerationResult, StreamEvent
+from replacing import replace_alternately
 
 
 class GatedProvider(FakeProvider):
@@ -416,18 +417,6 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
         started_on.append(provider._adapter_path("a") or "")  # the weights current as the request starts
         return await provider.generate(prompt, model="m", adapter_id="a", max_tokens=6)
 
-    async def replacements() -> int:
-        good = 0
-        for round_ in range(20):
-            path = f"/v{round_ + 1}/a" if round_ % 2 == 0 else f"/adapters/corrupt-{round_}"
-            try:
-                await provider.load_adapter("a", path, replace=True)
-                good += 1
-            except InvalidAdapterError:
-                pass
-            await asyncio.sleep(0.001)
-        return good
-
     async def generations() -> list[GenerationResult]:
         results = []
         for start in range(0, 200, 20):
@@ -435,8 +424,10 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
             await asyncio.sleep(0.001)
         return results
 
-    results, good = await asyncio.gather(generations(), replacements())
-    assert good == 10 and len(results) == 200
+    good = [f"/v{round_ + 1}/a" for round_ in range(0, 20, 2)]
+    bad = [f"/adapters/corrupt-{round_}" for round_ in range(1, 20, 2)]
+    results, outcomes = await asyncio.gather(generations(), replace_alternately(provider, "a", good, bad))
+    assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
     for prompt, path, result in zip(prompts, started_on, results, strict=True):
         assert result.text == await expected_text("a", path, prompt), (prompt, path)
     assert len(set(started_on)) > 2  # the generations did run across several replacements

@@ -54,6 +54,7 @@ from inference.exceptions import (
 )
 from inference.ollama_provider import OllamaProvider
 from inference.provider import GenerationResult
+from replacing import replace_alternately
 
 pytestmark = [
     # PEFT 0.21 calls a transformers 5 property that is deprecated (the tiny models are built with PEFT).
@@ -943,18 +944,6 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
         started_on.append((current, adapters._adapter_path("a0") or ""))
         return await adapters.generate(f"prompt {index}", model=BASE_MODEL, adapter_id="a0", max_tokens=4)
 
-    async def replacements() -> list[str]:
-        outcomes = []
-        for round_ in range(20):
-            path = good[1 + round_ // 2 % 2] if round_ % 2 == 0 else bad[round_ // 2 % 2]
-            try:
-                await adapters.load_adapter("a0", path, replace=True)
-                outcomes.append("replaced")
-            except InvalidAdapterError:
-                outcomes.append("refused")
-            await asyncio.sleep(0.001)
-        return outcomes
-
     async def generations() -> list[GenerationResult]:
         results: list[GenerationResult] = []
         for start in range(0, 200, 20):
@@ -962,7 +951,7 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
             await asyncio.sleep(0.001)
         return results
 
-    results, outcomes = await asyncio.gather(generations(), replacements())
+    results, outcomes = await asyncio.gather(generations(), replace_alternately(adapters, "a0", good[1:], bad))
     assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
     created = {create["model"]: create["adapters"] for create in server.creates}
     for (model, path), result in zip(started_on, results, strict=True):

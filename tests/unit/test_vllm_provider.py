@@ -41,6 +41,7 @@ from inference.exceptions import (
 )
 from inference.provider import GenerationResult
 from inference.vllm_provider import VLLMProvider
+from replacing import replace_alternately
 
 BASE = "http://vllm.test:8100/v1"
 CHAT = f"{BASE}/chat/completions"
@@ -382,25 +383,15 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
         started_on.append(provider._adapter_path("a1") or "")  # the weights current as the request starts
         return await provider.generate(f"prompt {index}", model="base-model", adapter_id="a1", max_tokens=4)
 
-    async def replacements() -> list[str]:
-        outcomes = []
-        for round_ in range(20):
-            path = f"/adapters/v{round_ + 1}" if round_ % 2 == 0 else f"/adapters/corrupt-{round_}"
-            try:
-                await provider.load_adapter("a1", path, replace=True)
-                outcomes.append("replaced")
-            except InvalidAdapterError:
-                outcomes.append("refused")
-            await asyncio.sleep(0.001)
-        return outcomes
-
     async def generations() -> list[GenerationResult]:
         results: list[GenerationResult] = []
         for start in range(0, 200, 20):
             results += await asyncio.gather(*(one(index) for index in range(start, start + 20)))
         return results
 
-    results, outcomes = await asyncio.gather(generations(), replacements())
+    good = [f"/adapters/v{round_ + 1}" for round_ in range(0, 20, 2)]  # v1, v3 ... v19
+    bad = [f"/adapters/corrupt-{round_}" for round_ in range(1, 20, 2)]
+    results, outcomes = await asyncio.gather(generations(), replace_alternately(provider, "a1", good, bad))
     assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
     for path, result in zip(started_on, results, strict=True):
         assert (result.text, result.adapter_id) == (f"from {path}", "a1")
