@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from inference.exceptions import InvalidAdapterError
 from inference.provider import InferenceProvider
@@ -30,3 +32,11 @@ async def replace_alternately(
             outcomes.append("refused")
         await asyncio.sleep(pause_s)
     return outcomes
+
+
+def bad_adapter_paths(directory: Path) -> list[str]:
+    """Two paths a replacement must refuse: one that does not exist, and a directory that holds no adapter."""
+    not_an_adapter = directory / "not-an-adapter"
+    not_an_adapter.mkdir()
+    (not_an_adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    return [str(directory / "missing"), str(not_an_adapter)]

@@ -8,7 +8,6 @@ it started (looked up on the same provider under other ids), and none may fail.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest_asyncio
 from inference.llamacpp_provider import LlamaCppProvider
 from inference.provider import InferenceProvider
 from inference.transformers_provider import TransformersProvider
-from replacing import replace_alternately
+from replacing import bad_adapter_paths, replace_alternately
 
 pytestmark = [
     pytest.mark.integration,
@@ -47,10 +46,7 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(
 ) -> None:
     model = tiny_models["qwen2"]
     good = [str(model.adapter_dirs[name]) for name in ("a1", "a2")]
-    not_an_adapter = tmp_path / "not-an-adapter"
-    not_an_adapter.mkdir()
-    (not_an_adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
-    bad = [str(tmp_path / "missing"), str(not_an_adapter)]
+    bad = bad_adapter_paths(tmp_path)
     greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "temperature": 0}
 
     expected: dict[tuple[str, str], str] = {}

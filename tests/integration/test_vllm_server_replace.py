@@ -16,7 +16,6 @@ would hide what this test is about. For the same reason this file sorts after ``
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import httpx
 import pytest
 
 from inference.vllm_provider import VLLMProvider
-from replacing import replace_alternately
+from replacing import bad_adapter_paths, replace_alternately
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,10 +35,7 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(vllm_se
 
     model = build_vllm_model()
     good = [str(model.adapter_dirs[name]) for name in ("a1", "a2")]
-    not_an_adapter = tmp_path / "not-an-adapter"
-    not_an_adapter.mkdir()
-    (not_an_adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
-    bad = [str(tmp_path / "missing"), str(not_an_adapter)]
+    bad = bad_adapter_paths(tmp_path)
     greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "temperature": 0}
 
     async with VLLMProvider(base_url=vllm_server.base_url) as provider:

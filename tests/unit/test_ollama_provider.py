@@ -54,7 +54,7 @@ from inference.exceptions import (
 )
 from inference.ollama_provider import OllamaProvider
 from inference.provider import GenerationResult
-from replacing import replace_alternately
+from replacing import bad_adapter_paths, replace_alternately
 
 pytestmark = [
     # PEFT 0.21 calls a transformers 5 property that is deprecated (the tiny models are built with PEFT).
@@ -925,10 +925,7 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
     finish; a bad path (missing, or no adapter) raises before anything is uploaded and keeps the old model serving.
     """
     good = [str(qwen_lora), *(str(tiny_models["qwen2"].adapter_dirs[name]) for name in ("a1", "a2"))]
-    not_an_adapter = tmp_path / "not-an-adapter"
-    not_an_adapter.mkdir()
-    (not_an_adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
-    bad = [str(tmp_path / "missing"), str(not_an_adapter)]
+    bad = bad_adapter_paths(tmp_path)
     files_of: dict[str, dict[str, str]] = {}  # path -> the blobs its derived model is created from
     for path in good:
         await adapters.load_adapter("reference", path, replace=True)
