@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from inference.provider import InferenceProvider
     from inference.registry import PROVIDERS
     from inference.results import GenerationResult, ScoreResult, TokenLogprob
+    from inference.sync import SyncProvider, get_sync_provider, get_sync_provider_for_step
     from inference.transformers_provider import TransformersProvider
     from inference.vllm_offline_provider import VLLMOfflineProvider
     from inference.vllm_provider import VLLMProvider
@@ -69,6 +70,7 @@ _LAZY = {
     "InferenceProvider": "inference.provider",
     "PROVIDERS": "inference.registry",
     **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob"), "inference.results"),
+    **dict.fromkeys(("SyncProvider", "get_sync_provider", "get_sync_provider_for_step"), "inference.sync"),
     # The errors built from HTTP answers import httpx (see inference._server_errors).
     **dict.fromkeys(("RuntimeLoRADisabledError", "ServerResponseError"), "inference.exceptions"),
 }
@@ -120,6 +122,7 @@ __all__ = [
     "RuntimeLoRADisabledError",
     "ScoreResult",
     "ServerResponseError",
+    "SyncProvider",
     "TokenLogprob",
     "TransformersProvider",
     "UnknownProviderError",
@@ -131,4 +134,6 @@ __all__ = [
     "clear_provider_cache",
     "get_provider",
     "get_provider_for_step",
+    "get_sync_provider",
+    "get_sync_provider_for_step",
 ]

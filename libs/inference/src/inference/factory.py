@@ -78,6 +78,17 @@ async def aclose_all_providers() -> None:
 
 
 def _get_or_create(provider_type: str, overrides: Mapping[str, Any]) -> InferenceProvider:
+    key, settings = _resolved(provider_type, overrides)
+    with _cache_lock:
+        provider = _cache.get(key)
+        if provider is None or provider.closed:  # closed by `async with` or aclose(): make a new one
+            provider = _construct(provider_type, settings)
+            _cache[key] = provider
+        return provider
+
+
+def _resolved(provider_type: str, overrides: Mapping[str, Any]) -> tuple[_CacheKey, dict[str, Any]]:
+    """The checked settings of a provider and the cache key they make."""
     keys = {setting.key for setting in SETTINGS[provider_type]}
     if overrides.get("base_url") is not None and "base_url" not in keys:
         raise ConfigurationError(
@@ -94,10 +105,37 @@ def _get_or_create(provider_type: str, overrides: Mapping[str, Any]) -> Inferenc
             f"the {provider_type} settings must be plain values (strings, numbers), got {settings!r}",
             provider=provider_type,
         ) from None
-    with _cache_lock:
-        provider = _cache.get(key)
-        if provider is None or provider.closed:  # closed by `async with` or aclose(): make a new one
-            cls = cast("type[InferenceProvider]", load_provider_class(provider_type))
-            provider = cls(**settings)
-            _cache[key] = provider
-        return provider
+    return key, settings
+
+
+def _construct(provider_type: str, settings: Mapping[str, Any]) -> InferenceProvider:
+    cls = cast("type[InferenceProvider]", load_provider_class(provider_type))
+    return cls(**settings)
+
+
+class ProviderRecipe:
+    """How to make a provider outside the cache: its cache key (equal settings, equal key) and a builder.
+
+    Used by :mod:`inference.sync`, whose providers live on their own event loop and so cannot be the
+    instances cached here for async code.
+    """
+
+    def __init__(self, provider_type: str, overrides: Mapping[str, Any]) -> None:
+        self.provider_type = provider_type
+        self.key, self._settings = _resolved(provider_type, overrides)
+
+    def build(self) -> InferenceProvider:
+        """A new provider with these settings."""
+        return _construct(self.provider_type, self._settings)
+
+
+def provider_recipe(provider_type: str | None = None, base_url: str | None = None) -> ProviderRecipe:
+    """The recipe of the provider :func:`get_provider` would give for these arguments (same checks, same errors)."""
+    return ProviderRecipe(resolve_provider_type(provider_type), {"base_url": base_url})
+
+
+def provider_recipe_for_step(step_config: Mapping[str, Any]) -> ProviderRecipe:
+    """The recipe of the provider :func:`get_provider_for_step` would give for ``step_config``."""
+    if not isinstance(step_config, Mapping):
+        raise ConfigurationError(f"step_config must be a mapping, got {type(step_config).__name__}")
+    return ProviderRecipe(resolve_provider_type(step_config.get("provider")), step_config)
