@@ -114,6 +114,9 @@ def _run(argv: Sequence[str] | None) -> int:
     except SystemExit as exit_request:  # --help, --version, usage errors: argparse already printed
         code = exit_request.code
         return code if isinstance(code, int) else (0 if code is None else 2)
+    except _UsageError as error:  # a flag's file could not be read (--json-schema)
+        _print_error(f"usage error: {error}")
+        return 2
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
@@ -222,14 +225,29 @@ def _add_generation_options(command: argparse.ArgumentParser, *, notes: dict[str
     group.add_argument("--model", metavar="NAME", help="model name on the server (in-process providers ignore it)")
     for name, spec in OPTIONS.items():
         note = f" ({notes[name]})" if name in notes else ""
+        flag = spec.flag or f"--{name.replace('_', '-')}"
         group.add_argument(
-            spec.flag or f"--{name.replace('_', '-')}",
+            flag,
             dest=name,
-            type=spec.parse,
+            type=_flag_parser(flag, spec.parse),
             action="append" if spec.repeatable else "store",
             metavar=spec.metavar,
             help=spec.help + ("; repeatable" if spec.repeatable else "") + note,
         )
+
+
+def _flag_parser(flag: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` for argparse, with the SDK's sentence for a value it refuses (a ``--json-schema`` file that cannot
+    be read) as one usage-error line, instead of argparse's usage block and ``invalid ... value``."""
+
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except InferenceError as error:
+            raise _UsageError(f"{flag}: {error}") from None
+
+    read.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its own messages (int, float)
+    return read
 
 
 def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> dict[str, Any]:
@@ -259,8 +277,9 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
         elif generation_keys and key in _GENERATION_TYPES:
             try:
                 value = _GENERATION_TYPES[key](text)
-            except ValueError:
-                raise _UsageError(f"--set {key}={text!r} is not a valid {key}") from None
+            except ValueError as error:  # the SDK's own sentence where it has one (a --json-schema file's problem)
+                detail = f": {error}" if isinstance(error, InferenceError) else ""
+                raise _UsageError(f"--set {key}={text!r} is not a valid {key}{detail}") from None
             repeatable = key in OPTIONS and OPTIONS[key].repeatable
             config[key] = [*config.get(key, []), value] if repeatable else value
         else:
@@ -381,11 +400,12 @@ def _prompt_argument(args: argparse.Namespace) -> Any:
         raise _UsageError("give PROMPT or --messages FILE (one of them)")
     if args.messages is None:
         return args.prompt
+    from inference._core.json_files import read_json_file
+
     try:
-        with open(args.messages, encoding="utf-8") as file:
-            return json.load(file)
-    except json.JSONDecodeError as error:
-        raise _UsageError(f"--messages {args.messages}: not JSON ({error})") from None
+        return read_json_file(args.messages, "the --messages file")
+    except InferenceError as error:  # missing, not UTF-8, not JSON, too deep, a lone surrogate: one line, exit 2
+        raise _UsageError(str(error)) from None
 
 
 def _print_logprobs(logprobs: Sequence[Any]) -> None:
