@@ -766,8 +766,11 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from inference.evaluation import TerminalProgress, evaluate_adapters
+    from inference.evaluation import TerminalProgress, evaluate_adapters, summary_csv_path
+    from inference.evaluation.rows import check_file_path
 
+    check_file_path(args.output)  # --output /dev/stdout | cat would hang reading its own pipe: refused first
+    check_file_path(summary_csv_path(args.output), "summary file")
     if args.concurrency < 1:
         raise _UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.adapters_in_flight < 1:
