@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,19 @@ def test_the_program_prints_no_traceback_for_these_files(tmp_path: Path) -> None
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
         assert args[-1] in done.stderr
+
+
+@pytest.mark.skipif(
+    not (os.path.exists("/dev/full") and stat.S_ISCHR(os.stat("/dev/full").st_mode)), reason="no /dev/full here"
+)
+@pytest.mark.parametrize("extra", [[], ["--stream"], ["--json"]])
+def test_a_full_standard_output_is_named_in_one_line(extra: list[str]) -> None:
+    with open("/dev/full", "w") as full:  # `inference generate ... > file` on a full disk
+        done = subprocess.run(
+            [sys.executable, "-m", "inference.cli", "generate", "Hello", "--provider", "fake", *extra],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+        )
+    assert done.returncode == 1
+    assert done.stderr == (
+        "inference: error: standard output: No space left on device: free some space and run the command again\n"
+    )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import importlib.util
 import json
 import os
@@ -95,11 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 success, 1 refused or failed (one line on stderr), 2 usage error, 130 interrupted,
         141 stdout closed early (the rest of the output is dropped quietly).
     """
+    stdout = sys.stdout
+    sys.stdout = _StandardOutput(stdout)  # a refused write names stdout
     try:
         status = _run(argv)
         sys.stdout.flush()  # a closed pipe shows here rather than at exit, where it could not be handled
     except BrokenPipeError:  # stdout's reader went away (``| head``), in any command
         return _stdout_closed()
+    except OSError as error:  # stdout's file refused the text (``> file`` on a full disk)
+        _print_error(f"error: {_os_error_sentence(error)}")
+        _drop_stdout()
+        return 1
+    finally:
+        sys.stdout = stdout
     return status
 
 
@@ -133,6 +142,8 @@ def _run(argv: Sequence[str] | None) -> int:
         raise  # main's to handle
     except OSError as error:  # the file system refused (a directory that cannot be written, a full disk...)
         _print_error(f"error: {_os_error_sentence(error)}")
+        if error.filename == _StandardOutput.name:
+            _drop_stdout()
         return 1
     except KeyboardInterrupt:
         _print_error("interrupted")
@@ -146,21 +157,55 @@ def _print_error(message: str) -> None:
 
 def _os_error_sentence(error: OSError) -> str:
     where = f"{error.filename}: " if error.filename is not None else ""
+    if error.errno in _DISK_FULL:
+        return f"{where}{error.strerror or error}: free some space and run the command again"
     return f"{where}{error.strerror or error}: check the path and its permissions"
 
 
-def _stdout_closed() -> int:
-    """Stop quietly after the reader of stdout went away (``| head``); the exit status is 128 + SIGPIPE.
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
 
-    Python's recommended handling: point stdout at devnull so that the flush at exit cannot fail again.
-    """
+
+class _StandardOutput:
+    """``sys.stdout`` while a command runs: a write or flush the system refuses (``> file`` on a full disk)
+    names ``standard output`` as its file, so the one-line error says which file is full."""
+
+    name = "standard output"
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return int(self._named(self._stream.write, text))
+
+    def flush(self) -> None:
+        self._named(self._stream.flush)
+
+    def _named(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as error:
+            if error.filename is None and not isinstance(error, BrokenPipeError):
+                error.filename = self.name
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stdout_closed() -> int:
+    """Stop quietly after the reader of stdout went away (``| head``); the exit status is 128 + SIGPIPE."""
+    _drop_stdout()
+    return 128 + int(getattr(signal, "SIGPIPE", 13))  # 13 where the platform has no SIGPIPE (Windows)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at devnull so that the flush at exit cannot fail again (Python's recommended handling)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture): nothing to flush later
         pass
-    return 128 + int(getattr(signal, "SIGPIPE", 13))  # 13 where the platform has no SIGPIPE (Windows)
 
 
 # Shared options --------------------------------------------------------------------------------------------
