@@ -295,3 +295,35 @@ async def test_a_full_disk_names_the_summary_file(tmp_path: Path, monkeypatch: p
     where = re.escape(str(summary.csv_path))
     with pytest.raises(ConfigurationError, match=rf"cannot write the summary {where}: No space left on device"):
         summary.write_csv()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+async def test_the_lock_is_released_when_the_run_ends_even_if_a_forked_child_holds_the_file(tmp_path: Path) -> None:
+    """A backend that forks a worker while the file is open (a process inherits the open file) must not keep the
+    next run out: the run releases the lock itself when it ends."""
+    adapters = make_adapters(tmp_path / "adapters", ["a0"])
+    output = tmp_path / "results.jsonl"
+    read_end, write_end = os.pipe()
+
+    class Forking(FakeProvider):
+        child = 0
+
+        async def _generate(self, request: Any) -> Any:
+            if not Forking.child:
+                Forking.child = os.fork()
+                if Forking.child == 0:  # the worker: waits until the test closes the pipe, then exits
+                    os.close(write_end)
+                    os.read(read_end, 1)
+                    os._exit(0)
+            return await super()._generate(request)
+
+    try:
+        await evaluate_adapters(adapters, [EvalPrompt("p0", "hi")], FAKE, output, provider=Forking())
+        again = await evaluate_adapters(adapters, [EvalPrompt("p1", "ho")], FAKE, output)  # the worker still lives
+        assert again.rows_written == 1
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+        if Forking.child:
+            os.waitpid(Forking.child, 0)

@@ -17,6 +17,7 @@ path is refused before anything runs (:func:`check_file_path`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -270,6 +271,16 @@ def _lock(descriptor: int, path: Path) -> None:
         )
 
 
+def _unlock(descriptor: int) -> None:
+    """Release the lock now, not when the last copy of the descriptor closes (a process forked meanwhile holds one)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    with contextlib.suppress(OSError):  # not locked (a file system without locks): nothing to release
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+
+
 class ResultsWriter:
     """Appends rows to a results file, one ``write`` per line; use :func:`open_results` to make one.
 
@@ -305,6 +316,7 @@ class ResultsWriter:
         try:
             self.sync()
         finally:
+            _unlock(self._handle.fileno())
             self._handle.close()
 
     def _failed(self, error: OSError) -> ConfigurationError:
