@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from inference.exceptions import ConfigurationError, InvalidRequestError
 
@@ -197,7 +198,10 @@ def open_results(
                 f"cannot write the results file {path}: {error.strerror or error}", path=str(path)
             ) from error
         handle = _open_locked(path, create=True)
-    assert handle is not None
+        if handle is None:
+            raise ConfigurationError(
+                f"cannot write the results file {path}: its directory was removed meanwhile", path=str(path)
+            )
     try:
         handle.seek(0)
         data = handle.readall()
@@ -217,8 +221,9 @@ def open_results(
     return rows, ResultsWriter(path, handle)
 
 
-def _open_locked(path: Path, *, create: bool) -> Any:
-    """``path`` opened to read and append (unbuffered), locked for this run; ``None`` if missing and not ``create``.
+def _open_locked(path: Path, *, create: bool) -> io.FileIO | None:
+    """``path`` opened to read and append (unbuffered), locked for this run; ``None`` if it is missing (and, with
+    ``create``, its directory is).
 
     Opened without blocking (a pipe made between the check and here cannot hang it), then checked to be a
     regular file, then locked without waiting.
@@ -227,11 +232,7 @@ def _open_locked(path: Path, *, create: bool) -> Any:
     try:
         descriptor = os.open(path, flags | (os.O_CREAT if create else 0), 0o666)
     except FileNotFoundError:
-        if not create:
-            return None
-        raise ConfigurationError(
-            f"cannot write the results file {path}: its directory was removed", path=str(path)
-        ) from None
+        return None
     except OSError as error:
         raise ConfigurationError(
             f"cannot write the results file {path}: {error.strerror or error}", path=str(path)
@@ -239,7 +240,8 @@ def _open_locked(path: Path, *, create: bool) -> Any:
     handle = os.fdopen(descriptor, "r+b", buffering=0)
     try:
         _require_regular(os.fstat(descriptor).st_mode, path, "results file")
-        os.set_blocking(descriptor, True)
+        if getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(descriptor, True)
         _lock(descriptor, path)
     except BaseException:
         handle.close()
@@ -263,7 +265,9 @@ def _lock(descriptor: int, path: Path) -> None:
         ) from None
     except OSError as error:  # a file system without locks (some network mounts): go on, unprotected
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-            raise
+            raise ConfigurationError(
+                f"cannot lock the results file {path}: {error.strerror or error}", path=str(path)
+            ) from error
         logger.warning(
             "cannot lock %s (%s): two evaluation runs writing it at once would both append rows",
             path,
@@ -289,7 +293,7 @@ class ResultsWriter:
     rerun resumes from it (a partly written last line is redone).
     """
 
-    def __init__(self, path: Path, handle: IO[bytes]) -> None:
+    def __init__(self, path: Path, handle: io.FileIO) -> None:
         self.path = path
         self._handle = handle
 
