@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,23 @@ def test_an_output_that_cannot_be_written_exits_1_with_one_line(
         assert result.returncode == 1, result.stderr
         assert result.stderr.startswith("inference: error: ") and result.stderr.count("\n") == 1
         assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused_and_left_alone(
+    tiny_models: dict[str, TinyModel], tmp_path: Path, repo_root: Path
+) -> None:
+    """The file is written beside the output and renamed into place: over a pipe or /dev/stdout (a symlink to
+    one), that rename would replace the pipe or the link itself (as root, /dev/stdout or /dev/null)."""
+    model = tiny_models["llama"]
+    fifo = tmp_path / "out.gguf"
+    os.mkfifo(fifo)
+    link = tmp_path / "stdout"
+    link.symlink_to(fifo)
+    for output in (fifo, link):
+        result = run_cli(
+            "convert-adapter", model.adapter_dirs["a0"], "--base", model.gguf_path, "-o", output, cwd=repo_root
+        )
+        assert result.returncode == 1, result.stderr
+        assert f"output {output} is not a regular file" in result.stderr and "Traceback" not in result.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.gguf", "stdout"]  # no temporary left

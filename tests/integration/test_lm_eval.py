@@ -285,3 +285,57 @@ def test_the_command_lines_run_lm_eval(tasks: Path, capsys: pytest.CaptureFixtur
     assert re.search(r"tiny_mc.*acc", capsys.readouterr().out)
     assert inference_main(["lm-eval", *argv]) == 0
     assert "acc" in capsys.readouterr().out
+
+
+def test_lm_eval_s_default_device_never_overrides_the_provider_s(
+    tasks: Path, tiny_models: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """lm-eval's command line passes device='cuda:0' when --device is left out; on a CPU-only machine that used
+    to fail with "device 'cuda:0' was requested" although TRANSFORMERS_DEVICE=cpu."""
+    pytest.importorskip("peft")
+    import torch
+
+    from inference.transformers_provider import TransformersProvider
+
+    built: list[TransformersProvider] = []
+    original = TransformersProvider.__init__
+
+    def record(self: TransformersProvider, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(TransformersProvider, "__init__", record)
+    model = tiny_models["qwen2"]
+    common = ["--model", "inference", "--tasks", "tiny_mc", "--include_path", str(tasks)]
+    base = f"provider=transformers,model_name={model.hf_dir},torch_dtype=float32"
+
+    def run(model_args: str, *extra: str) -> tuple[int, str]:
+        status = inference_main(["lm-eval", *common, "--model_args", model_args, *extra])
+        return status, capsys.readouterr().err
+
+    monkeypatch.setenv("TRANSFORMERS_DEVICE", "cpu")
+    status, err = run(base)  # no --device: lm-eval's default is not a request
+    assert status == 0, err
+    assert built[-1].device == "cpu"
+
+    monkeypatch.setenv("TRANSFORMERS_DEVICE", "cuda:0")  # an explicit choice wins over the environment:
+    assert run(base, "--device", "cpu")[0] == 0 and built[-1].device == "cpu"  # lm-eval's --device
+    assert run(f"{base},device=cpu")[0] == 0 and built[-1].device == "cpu"  # model_args (was a TypeError)
+
+    if not torch.cuda.is_available():  # --device cuda:0 given by the user is honoured, so refused here
+        monkeypatch.setenv("TRANSFORMERS_DEVICE", "cpu")
+        status, err = run(base, "--device", "cuda:0")
+        assert status == 1 and "device 'cuda:0' was requested but torch sees no CUDA GPU" in err
+
+
+def test_lm_eval_s_own_arguments_from_python_are_the_caller_s() -> None:
+    lm = InferenceLM.create_from_arg_string("provider=fake,max_concurrency=3", {"device": "cuda:0", "batch_size": 8})
+    try:
+        assert lm.max_concurrency == 3  # model_args win over lm-eval's batch_size
+    finally:
+        lm.close()
+    lm = InferenceLM.create_from_arg_obj({"provider": "fake"}, {"batch_size": 5, "device": None})
+    try:
+        assert lm.max_concurrency == 5
+    finally:
+        lm.close()

@@ -149,3 +149,23 @@ async def test_concurrent_loads_of_weights_under_several_ids_keep_every_director
     assert all(path.exists() for path in live.values()) and len(live) == 5  # id-3, id-4 and the three id-N@2
     for n in range(5):
         assert (await provider.generate("hi", model="m", adapter_id=f"id-{n}")).adapter_id == f"id-{n}"
+
+
+async def test_a_full_disk_names_the_weights_file_and_the_provider_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import safetensors.numpy
+    from safetensors import SafetensorError
+
+    from inference.exceptions import ConfigurationError
+
+    def full(*args: object, **kwargs: object) -> None:  # what safetensors raises on a full disk (measured on tmpfs)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full)
+    provider = RecordingProvider()
+    with pytest.raises(ConfigurationError, match=r"cannot write the adapter weights file .*adapter_model.safetensors: "
+                       r".*No space left on device .*: check that .* is writable and has free space") as refused:
+        await provider.load_adapter("step-1", AdapterWeights(tensors(), CONFIG))
+    assert refused.value.path is not None and not Path(refused.value.path).parent.exists()  # nothing left behind
+    monkeypatch.undo()
+    await provider.load_adapter("step-1", AdapterWeights(tensors(), CONFIG))
+    assert await provider.list_adapters() == ["step-1"]

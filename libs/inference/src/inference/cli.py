@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import importlib.util
 import json
 import os
@@ -95,11 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 success, 1 refused or failed (one line on stderr), 2 usage error, 130 interrupted,
         141 stdout closed early (the rest of the output is dropped quietly).
     """
+    stdout = sys.stdout
+    sys.stdout = _StandardOutput(stdout)  # a refused write names stdout
     try:
         status = _run(argv)
         sys.stdout.flush()  # a closed pipe shows here rather than at exit, where it could not be handled
     except BrokenPipeError:  # stdout's reader went away (``| head``), in any command
         return _stdout_closed()
+    except OSError as error:  # stdout's file refused the text (``> file`` on a full disk)
+        _print_error(f"error: {_os_error_sentence(error)}")
+        _drop_stdout()
+        return 1
+    finally:
+        sys.stdout = stdout
     return status
 
 
@@ -114,6 +123,9 @@ def _run(argv: Sequence[str] | None) -> int:
     except SystemExit as exit_request:  # --help, --version, usage errors: argparse already printed
         code = exit_request.code
         return code if isinstance(code, int) else (0 if code is None else 2)
+    except _UsageError as error:  # a flag's file could not be read (--json-schema)
+        _print_error(f"usage error: {error}")
+        return 2
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
@@ -130,6 +142,8 @@ def _run(argv: Sequence[str] | None) -> int:
         raise  # main's to handle
     except OSError as error:  # the file system refused (a directory that cannot be written, a full disk...)
         _print_error(f"error: {_os_error_sentence(error)}")
+        if error.filename == _StandardOutput.name:
+            _drop_stdout()
         return 1
     except KeyboardInterrupt:
         _print_error("interrupted")
@@ -143,21 +157,55 @@ def _print_error(message: str) -> None:
 
 def _os_error_sentence(error: OSError) -> str:
     where = f"{error.filename}: " if error.filename is not None else ""
+    if error.errno in _DISK_FULL:
+        return f"{where}{error.strerror or error}: free some space and run the command again"
     return f"{where}{error.strerror or error}: check the path and its permissions"
 
 
-def _stdout_closed() -> int:
-    """Stop quietly after the reader of stdout went away (``| head``); the exit status is 128 + SIGPIPE.
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
 
-    Python's recommended handling: point stdout at devnull so that the flush at exit cannot fail again.
-    """
+
+class _StandardOutput:
+    """``sys.stdout`` while a command runs: a write or flush the system refuses (``> file`` on a full disk)
+    names ``standard output`` as its file, so the one-line error says which file is full."""
+
+    name = "standard output"
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return int(self._named(self._stream.write, text))
+
+    def flush(self) -> None:
+        self._named(self._stream.flush)
+
+    def _named(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as error:
+            if error.filename is None and not isinstance(error, BrokenPipeError):
+                error.filename = self.name
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stdout_closed() -> int:
+    """Stop quietly after the reader of stdout went away (``| head``); the exit status is 128 + SIGPIPE."""
+    _drop_stdout()
+    return 128 + int(getattr(signal, "SIGPIPE", 13))  # 13 where the platform has no SIGPIPE (Windows)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at devnull so that the flush at exit cannot fail again (Python's recommended handling)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture): nothing to flush later
         pass
-    return 128 + int(getattr(signal, "SIGPIPE", 13))  # 13 where the platform has no SIGPIPE (Windows)
 
 
 # Shared options --------------------------------------------------------------------------------------------
@@ -222,14 +270,29 @@ def _add_generation_options(command: argparse.ArgumentParser, *, notes: dict[str
     group.add_argument("--model", metavar="NAME", help="model name on the server (in-process providers ignore it)")
     for name, spec in OPTIONS.items():
         note = f" ({notes[name]})" if name in notes else ""
+        flag = spec.flag or f"--{name.replace('_', '-')}"
         group.add_argument(
-            spec.flag or f"--{name.replace('_', '-')}",
+            flag,
             dest=name,
-            type=spec.parse,
+            type=_flag_parser(flag, spec.parse),
             action="append" if spec.repeatable else "store",
             metavar=spec.metavar,
             help=spec.help + ("; repeatable" if spec.repeatable else "") + note,
         )
+
+
+def _flag_parser(flag: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` for argparse, with the SDK's sentence for a value it refuses (a ``--json-schema`` file that cannot
+    be read) as one usage-error line, instead of argparse's usage block and ``invalid ... value``."""
+
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except InferenceError as error:
+            raise _UsageError(f"{flag}: {error}") from None
+
+    read.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its own messages (int, float)
+    return read
 
 
 def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> dict[str, Any]:
@@ -259,8 +322,9 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
         elif generation_keys and key in _GENERATION_TYPES:
             try:
                 value = _GENERATION_TYPES[key](text)
-            except ValueError:
-                raise _UsageError(f"--set {key}={text!r} is not a valid {key}") from None
+            except ValueError as error:  # the SDK's own sentence where it has one (a --json-schema file's problem)
+                detail = f": {error}" if isinstance(error, InferenceError) else ""
+                raise _UsageError(f"--set {key}={text!r} is not a valid {key}{detail}") from None
             repeatable = key in OPTIONS and OPTIONS[key].repeatable
             config[key] = [*config.get(key, []), value] if repeatable else value
         else:
@@ -381,11 +445,12 @@ def _prompt_argument(args: argparse.Namespace) -> Any:
         raise _UsageError("give PROMPT or --messages FILE (one of them)")
     if args.messages is None:
         return args.prompt
+    from inference._core.json_files import read_json_file
+
     try:
-        with open(args.messages, encoding="utf-8") as file:
-            return json.load(file)
-    except json.JSONDecodeError as error:
-        raise _UsageError(f"--messages {args.messages}: not JSON ({error})") from None
+        return read_json_file(args.messages, "the --messages file")
+    except InferenceError as error:  # missing, not UTF-8, not JSON, too deep, a lone surrogate: one line, exit 2
+        raise _UsageError(str(error)) from None
 
 
 def _print_logprobs(logprobs: Sequence[Any]) -> None:
@@ -746,8 +811,11 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from inference.evaluation import TerminalProgress, evaluate_adapters
+    from inference.evaluation import TerminalProgress, evaluate_adapters, summary_csv_path
+    from inference.evaluation.rows import check_file_path
 
+    check_file_path(args.output)  # --output /dev/stdout | cat would hang reading its own pipe: refused first
+    check_file_path(summary_csv_path(args.output), "summary file")
     if args.concurrency < 1:
         raise _UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.adapters_in_flight < 1:

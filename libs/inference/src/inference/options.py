@@ -176,9 +176,15 @@ def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
 
 
 def json_schema_file(path: str) -> dict[str, Any]:
-    """Read the command line's ``--json-schema FILE``: the file's JSON (checked as a schema afterwards)."""
-    with open(path, encoding="utf-8") as file:
-        loaded: dict[str, Any] = json.load(file)
+    """Read the command line's ``--json-schema FILE``: the file's JSON (checked as a schema afterwards).
+
+    Raises:
+        InvalidRequestError: The file cannot be read, is not UTF-8 or not JSON, nests too deeply or holds a lone
+            surrogate; the message names the file and the line.
+    """
+    from inference._core.json_files import read_json_file
+
+    loaded: dict[str, Any] = read_json_file(path, "the JSON schema file")
     return loaded
 
 

@@ -633,6 +633,13 @@ def _write_lora_gguf(
             provider=provider,
             path=str(destination),
         )
+    if destination.exists() and not destination.is_file():  # the rename below would replace /dev/null itself
+        raise AdapterConversionError(
+            f"output {destination} is not a regular file (a pipe or a device such as /dev/stdout): the converted "
+            "adapter is renamed into place, which would replace it; give the path of the .gguf file to write",
+            provider=provider,
+            path=str(destination),
+        )
     _require_writable_directory(destination.parent, "output directory", provider=provider)
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)

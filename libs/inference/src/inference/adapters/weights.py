@@ -8,18 +8,19 @@ here imports torch or numpy until weights are checked or written.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inference.adapters.peft import CONFIG_NAME, check_lora_config
-from inference.exceptions import InvalidAdapterError, MissingDependencyError
+from inference.exceptions import ConfigurationError, InvalidAdapterError, MissingDependencyError
 
 __all__ = ["AdapterWeights"]
 
@@ -117,6 +118,7 @@ class AdapterWeights:
 
         Raises:
             InvalidAdapterError: See :meth:`check`.
+            ConfigurationError: A file cannot be written (a full disk); the message names it.
         """
         config = self.check(provider=provider)
         target = Path(directory)
@@ -129,11 +131,12 @@ class AdapterWeights:
             except ImportError as error:
                 raise _missing(error, provider) from error
 
-            save_torch(
-                {name: torch.as_tensor(t).detach().to("cpu").contiguous() for name, t in self.tensors.items()},
-                str(target / WEIGHTS_NAME),
-                metadata={"format": "pt"},
-            )
+            with _writing(target / WEIGHTS_NAME, provider):
+                save_torch(
+                    {name: torch.as_tensor(t).detach().to("cpu").contiguous() for name, t in self.tensors.items()},
+                    str(target / WEIGHTS_NAME),
+                    metadata={"format": "pt"},
+                )
         else:
             try:
                 import numpy as np
@@ -141,13 +144,35 @@ class AdapterWeights:
             except ImportError as error:
                 raise _missing(error, provider) from error
 
-            save_numpy(
-                {name: np.ascontiguousarray(_as_numpy(t)) for name, t in self.tensors.items()},
-                str(target / WEIGHTS_NAME),
-                metadata={"format": "pt"},
-            )
-        (target / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+            with _writing(target / WEIGHTS_NAME, provider):
+                save_numpy(
+                    {name: np.ascontiguousarray(_as_numpy(t)) for name, t in self.tensors.items()},
+                    str(target / WEIGHTS_NAME),
+                    metadata={"format": "pt"},
+                )
+        with _writing(target / CONFIG_NAME, provider):
+            (target / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
         return target
+
+
+@contextlib.contextmanager
+def _writing(path: Path, provider: str | None) -> Iterator[None]:
+    """A write of ``path`` the system refuses (a full disk) as one error naming the file.
+
+    safetensors reports it as its own ``SafetensorError`` ("I/O error: No space left on device"), naming no file.
+    """
+    try:
+        yield
+    except Exception as error:
+        if not isinstance(error, OSError) and type(error).__name__ != "SafetensorError":
+            raise
+        reason = (error.strerror or str(error)) if isinstance(error, OSError) else str(error)
+        raise ConfigurationError(
+            f"cannot write the adapter weights file {path}: {reason}: check that {path.parent} is writable and "
+            "has free space",
+            provider=provider,
+            path=str(path),
+        ) from error
 
 
 def _plain(value: Any) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from inference.evaluation.identity import ResultsFileMismatchError, adapter_hash, prompt_hash, run_settings
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, adapter_id_for, discover_adapters, load_prompts
 from inference.evaluation.progress import Progress, TerminalProgress
-from inference.evaluation.rows import ROW_FIELDS, read_rows
+from inference.evaluation.rows import ROW_FIELDS, ResultsFileInUseError, read_rows
 from inference.evaluation.runner import DEFAULT_MAX_TOKENS, GENERATION_KEYS, evaluate_adapters, generation_settings
 from inference.evaluation.scoring import SCORERS, Scorer, exact_match, regex_match, resolve_scorer
 from inference.evaluation.summary import AdapterSummary, AdapterTimings, EvaluationSummary, summary_csv_path
@@ -33,6 +33,7 @@ __all__ = [
     "EvalPrompt",
     "EvaluationSummary",
     "Progress",
+    "ResultsFileInUseError",
     "ResultsFileMismatchError",
     "Scorer",
     "TerminalProgress",

@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from inference._core.validation import ADAPTER_ID_PATTERN
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, adapter_id_for
@@ -36,6 +36,7 @@ __all__ = [
     "ResultsFileMismatchError",
     "adapter_hash",
     "candidate_ids",
+    "first_row_per_pair",
     "prompt_hash",
     "reconcile",
     "run_settings",
@@ -49,6 +50,7 @@ HASH_LENGTH = 16
 _CHUNK = 1 << 20
 _ADAPTER_SUFFIXES = (".safetensors", ".gguf")
 _BASE_MODEL_ATTRIBUTES = ("model_path", "model_name", "torch_dtype", "base_model")
+_RowT = TypeVar("_RowT", bound=Mapping[str, Any])
 
 
 class ResultsFileMismatchError(InvalidRequestError):
@@ -168,13 +170,29 @@ def _shorten(candidate: str) -> str:
     return cut if ADAPTER_ID_PATTERN.match(cut) else adapter_id_for(cut)
 
 
+def first_row_per_pair(rows: Iterable[_RowT]) -> list[_RowT]:
+    """The first row of each (adapter id, prompt id) pair, in file order: a pair is counted once.
+
+    A file can hold a pair twice when two runs wrote it at once (before results files were locked); the
+    first row is the one resumption found first, so it is the one summarised and reused.
+    """
+    seen: set[tuple[str, str]] = set()
+    unique: list[_RowT] = []
+    for row in rows:
+        pair = (str(row["adapter_id"]), str(row["prompt_id"]))
+        if pair not in seen:
+            seen.add(pair)
+            unique.append(row)
+    return unique
+
+
 @dataclass(frozen=True)
 class Reconciled:
     """The outcome of :func:`reconcile`.
 
     Attributes:
         specs: The adapters with their final ids (and absolute paths), in run order.
-        reused: The rows of the file that answer a pair of this run (they are not asked again).
+        reused: The rows of the file that answer a pair of this run (they are not asked again), one per pair.
         legacy_rows: Rows of the file written without hashes or settings (reused unchecked).
         belongs: Whether a row answers one of ``specs`` (its id, its path, and its content hash where it
             has one); the summary counts only those rows.
@@ -248,7 +266,7 @@ def reconcile(
     )
     belongs = _row_filter(final, hashes)
     wanted = {prompt.id for prompt in prompts}
-    reused = tuple(row for row in rows if str(row.get("prompt_id")) in wanted and belongs(row))
+    reused = tuple(first_row_per_pair(row for row in rows if str(row.get("prompt_id")) in wanted and belongs(row)))
     if legacy:
         logger.warning(
             "%d rows of %s were written by an older version that recorded no adapter hash, prompt hash or "

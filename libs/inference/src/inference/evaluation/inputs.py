@@ -13,6 +13,7 @@ from typing import Any
 
 from inference._core.validation import ADAPTER_ID_PATTERN
 from inference.exceptions import InvalidRequestError
+from inference.options import require_utf8
 
 __all__ = ["AdapterSpec", "EvalPrompt", "adapter_id_for", "discover_adapters", "load_prompts", "parse_prompts"]
 
@@ -58,20 +59,41 @@ def load_prompts(path: str | os.PathLike[str]) -> list[EvalPrompt]:
     """Read a prompt set: one JSON object per line with ``id``, ``prompt``, optional ``system_prompt``, ``expected``,
     and optional ``choices`` (a list of answers) with ``answer`` (the index of the right one).
 
-    Blank lines are skipped. Ids may be strings or integers (kept as text) and must be unique.
+    The file is UTF-8 (a leading byte-order mark is skipped) and lines end at ``\\n`` (or ``\\r\\n``) only, so
+    U+2028, U+0085 and other Unicode line separators inside a JSON string are text. Blank lines are skipped. Ids
+    may be strings or integers (kept as text) and must be unique.
 
     Raises:
-        InvalidRequestError: The file is missing, a line is not such an object, or an id repeats; the message
-            names the line.
+        InvalidRequestError: The file is missing or not UTF-8, a line is not such an object, a text holds a lone
+            surrogate (``"\\ud800"``), or an id repeats; the message names the file and the line.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as error:
         raise InvalidRequestError(
             f"cannot read the prompt set {path}: {error.strerror or error}", path=str(path)
         ) from error
-    return parse_prompts(text.splitlines(), source=str(path))
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        offset = error.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)  # decode() counts after the mark
+        line = data.count(b"\n", 0, offset) + 1
+        raise InvalidRequestError(
+            f"{path} line {line} is not UTF-8 text (byte 0x{data[offset]:02x} at byte {offset} cannot be decoded): "
+            "save the prompt set as UTF-8",
+            path=str(path),
+        ) from None
+    return parse_prompts(_jsonl_lines(text), source=str(path))
+
+
+def _jsonl_lines(text: str) -> list[str]:
+    """The lines of JSON Lines text: split at ``\\n`` only (a trailing ``\\r`` dropped), as JSON Lines defines them.
+
+    ``str.splitlines`` would also split at U+2028, U+0085 and the other Unicode line separators, which JSON
+    allows raw inside a string.
+    """
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def parse_prompts(lines: Iterable[str], *, source: str = "<prompts>") -> list[EvalPrompt]:
@@ -118,6 +140,10 @@ def _prompt_from_record(record: Any, where: str, source: str) -> EvalPrompt:
             kind = "a string" if required else "a string or null"
             raise InvalidRequestError(f"{where}: {key!r} must be {kind}, got {value!r}", path=source)
     choices, answer = _choices_from_record(record, where, source)
+    texts = {"id": str(prompt_id), **fields, **{f"choices[{i}]": choice for i, choice in enumerate(choices or ())}}
+    for key, text in texts.items():
+        if text is not None:
+            require_utf8(text, f"{where}: {key!r}", lambda message: InvalidRequestError(message, path=source))
     return EvalPrompt(
         str(prompt_id), str(fields["prompt"]), fields["system_prompt"], fields["expected"], choices, answer
     )

@@ -20,7 +20,7 @@ from inference._core.validation import GenerationRequest, validate_adapter_id
 from inference.evaluation.identity import Reconciled, adapter_hash, prompt_hash, reconcile, run_settings
 from inference.evaluation.inputs import AdapterSpec, EvalPrompt, discover_adapters, load_prompts
 from inference.evaluation.progress import Progress
-from inference.evaluation.rows import ResultsWriter, open_results, read_rows, row_key
+from inference.evaluation.rows import ResultsWriter, check_file_path, open_results, read_rows, row_key
 from inference.evaluation.scoring import Scorer, regex_match, resolve_scorer, score_value
 from inference.evaluation.summary import AdapterTimings, EvaluationSummary, summarise, summary_csv_path
 from inference.exceptions import (
@@ -142,8 +142,9 @@ async def evaluate_adapters(
             ``base_url``, provider settings), plus generation settings: ``model``, ``max_tokens`` (default
             256) and the :class:`~inference.options.GenerationOptions` fields (``temperature``, ``stop``...);
             a ``system_prompt`` here is used for the prompts that have none.
-        output: The JSONL results file (created, or resumed if it exists). The CSV summary is written next to
-            it (``results.jsonl`` -> ``results.summary.csv``).
+        output: The JSONL results file (created, or resumed if it exists): a regular file, locked while the run
+            writes it, so a second run on it is refused. The CSV summary is written next to it
+            (``results.jsonl`` -> ``results.summary.csv``).
         provider: Use this provider instead of the one ``provider_config`` names (its generation settings
             still apply). The caller keeps ownership: it is not closed.
         max_concurrency: Most requests in flight at once, per adapter (so up to ``adapters_in_flight *
@@ -170,7 +171,11 @@ async def evaluate_adapters(
             of range (checked before anything runs).
         ResultsFileMismatchError: ``output`` holds rows made with other settings, for another text of a
             prompt, or for another version of an adapter (an :class:`InvalidRequestError`; nothing is written).
-        ConfigurationError: The provider config or the scorer is invalid, or the output cannot be written.
+        ResultsFileInUseError: Another run is writing ``output`` (a :class:`ConfigurationError`, raised at once;
+            nothing is written).
+        ConfigurationError: The provider config or the scorer is invalid, ``output`` (or the CSV summary's path)
+            exists and is not a regular file (a pipe such as ``/dev/stdout``, a device such as ``/dev/null``), or
+            the output cannot be written (a full disk: the message names the file).
         UnsupportedOperationError: The provider cannot load adapters.
         MissingDependencyError: The provider's extra is not installed.
 
@@ -184,6 +189,8 @@ async def evaluate_adapters(
         ('style', 1, 0)
     """
     started = time.monotonic()
+    check_file_path(output)  # a pipe or a device would hang or never end; refused before anything else
+    check_file_path(summary_csv_path(output), "summary file")
     specs, explicit_ids = _adapter_specs(adapters)
     prompt_list = load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else list(prompts)
     if not prompt_list:
@@ -219,8 +226,8 @@ async def evaluate_adapters(
             reconcile(specs, hashes, prompt_list, fingerprint, rows, output=output, explicit_ids=explicit_ids)
         )
 
-    _, writer = open_results(output, check=check)
-    reconciled = checked[0]
+    _, writer = open_results(output, check=check)  # locked: another run on this file is refused here
+    reconciled = checked[-1]  # of the rows read under the lock
     specs = list(reconciled.specs)
     prompt_ids = {prompt.id for prompt in prompt_list}
     done = {row_key(row) for row in reconciled.reused}
@@ -265,18 +272,18 @@ async def evaluate_adapters(
                     raise
 
         await _all_or_cancel([evaluate(spec) for spec in specs])
-    rows = [row for row in read_rows(output) if reconciled.belongs(row)]
-    adapters_summary = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
-    summary = EvaluationSummary(
-        adapters=tuple(adapters_summary),
-        output=Path(output),
-        csv_path=summary_csv_path(output),
-        rows_total=run.rows_total,
-        rows_written=run.rows_written,
-        rows_resumed=resumed,
-        elapsed_s=time.monotonic() - started,
-    )
-    summary.write_csv()
+        rows = [row for row in read_rows(output) if reconciled.belongs(row)]  # still locked: no other run's rows
+        adapters_summary = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
+        summary = EvaluationSummary(
+            adapters=tuple(adapters_summary),
+            output=Path(output),
+            csv_path=summary_csv_path(output),
+            rows_total=run.rows_total,
+            rows_written=run.rows_written,
+            rows_resumed=resumed,
+            elapsed_s=time.monotonic() - started,
+        )
+        summary.write_csv()
     return summary
 
 

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from inference.evaluation.identity import first_row_per_pair
 from inference.evaluation.inputs import AdapterSpec
-from inference.evaluation.rows import row_key
+from inference.evaluation.rows import check_file_path, row_key
 from inference.exceptions import ConfigurationError
 
 __all__ = ["AdapterSummary", "AdapterTimings", "EvaluationSummary", "summarise", "summary_csv_path"]
@@ -156,9 +157,11 @@ class EvaluationSummary:
         """Write the per-adapter figures as CSV (to :attr:`csv_path` by default) and return the path.
 
         Raises:
-            ConfigurationError: The file cannot be written.
+            ConfigurationError: The file cannot be written (the message names it), or the path is not a regular
+                file (a pipe, a device).
         """
         target = Path(path) if path is not None else self.csv_path
+        check_file_path(target, "summary file")
         names = [field.name for field in fields(AdapterSummary)]
         try:
             with open(target, "w", newline="", encoding="utf-8") as handle:
@@ -182,11 +185,13 @@ def summarise(
 ) -> list[AdapterSummary]:
     """Summarise the rows of ``adapters`` x ``prompt_ids`` (other rows in the file are ignored).
 
-    ``timings`` and ``hashes`` (by adapter id) fill the fields of the same names.
+    Each (adapter, prompt) pair counts once: where the file holds a pair twice, its first row
+    (:func:`~inference.evaluation.identity.first_row_per_pair`). ``timings`` and ``hashes`` (by adapter id) fill
+    the fields of the same names.
     """
     wanted = set(prompt_ids)
     by_adapter: dict[str, list[Mapping[str, Any]]] = {adapter.id: [] for adapter in adapters}
-    for row in rows:
+    for row in first_row_per_pair(rows):
         adapter_id, prompt_id = row_key(dict(row))
         if adapter_id in by_adapter and prompt_id in wanted:
             by_adapter[adapter_id].append(row)

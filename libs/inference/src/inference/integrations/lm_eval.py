@@ -24,11 +24,17 @@ Arguments besides the provider's settings:
     adapter_id: The id to load it under (default: the directory or file name, without ``.gguf``).
     model: The model name passed to every call (servers); default the provider's model setting, else ``""``.
     max_concurrency: Requests in flight at once (default: lm-eval's ``batch_size`` when it is a number, else 16).
+
+lm-eval's own ``device`` (its ``--device``) sets the device of a provider that has one (Transformers' ``device``)
+only when the user gave it: lm-eval's command line passes ``cuda:0`` when ``--device`` is left out, and that
+default must not override ``TRANSFORMERS_DEVICE=cpu`` (or the provider's own default, ``cpu``). A ``device`` in
+``model_args`` wins over ``--device``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import sys
@@ -55,7 +61,13 @@ _T = TypeVar("_T")
 
 _OWN_ARGUMENTS = ("provider", "adapter", "adapter_id", "model", "max_concurrency")
 _LM_EVAL_ARGUMENTS = ("batch_size", "max_batch_size", "device")
-"""What lm-eval adds to every model's arguments; ``batch_size`` sets the concurrency, the others do not apply."""
+"""What lm-eval adds to every model's arguments; ``batch_size`` sets the concurrency, ``device`` the device of a
+provider that has that setting (when the user gave it), ``max_batch_size`` does not apply."""
+
+_DEVICE_GIVEN: contextvars.ContextVar[bool | None] = contextvars.ContextVar("inference_lm_eval_device_given")
+"""While :func:`main` runs lm-eval's command line: whether its ``device`` came from the user (``--device``, or
+``device:`` in its ``--config`` file) rather than from lm-eval's default. Unset elsewhere: from Python,
+``simple_evaluate`` passes a device only when its caller gives one."""
 
 
 class _Loop:
@@ -157,6 +169,43 @@ class InferenceLM(_LM):  # type: ignore[misc]
             except BaseException:
                 self.close()
                 raise
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> InferenceLM:
+        """Build the model from lm-eval's ``model_args`` string and its own arguments (see
+        :meth:`create_from_arg_obj`)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(
+        cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
+    ) -> InferenceLM:
+        """Build the model from ``model_args`` and lm-eval's own arguments (``batch_size``, ``max_batch_size``,
+        ``device``).
+
+        ``model_args`` win over lm-eval's arguments of the same name (lm-eval would pass both and fail). lm-eval's
+        ``device`` is used only when the user gave it: its command line's default (``cuda:0``) is dropped, so the
+        provider's own setting (``TRANSFORMERS_DEVICE``, default ``cpu``) applies.
+        """
+        arguments = dict(arg_dict)
+        given = {key: value for key, value in (additional_config or {}).items() if value is not None}
+        device = given.pop("device", None)
+        if device is not None and "device" not in arguments:
+            if _DEVICE_GIVEN.get(None) is False:
+                logger.info(
+                    "lm-eval's default device %r is not used: the provider's device setting applies (give "
+                    "--device or device= in model_args to choose one)",
+                    device,
+                )
+            else:
+                arguments["device"] = device
+        elif device is not None and str(device) != str(arguments["device"]):
+            logger.warning("model_args device=%s is used, not lm-eval's --device %s", arguments["device"], device)
+        for key, value in given.items():
+            arguments.setdefault(key, value)
+        return cls(**arguments)
 
     @staticmethod
     async def _create(provider_class: type, settings: dict[str, Any]) -> InferenceProvider:
@@ -316,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     saved = sys.argv
     sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
+    device_given = _DEVICE_GIVEN.set(_device_given(sys.argv[1:]))
     try:
         cli_evaluate()
     except SystemExit as exit_request:
@@ -323,4 +373,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 1)
     finally:
         sys.argv = saved
+        _DEVICE_GIVEN.reset(device_given)
     return 0
+
+
+def _device_given(argv: Sequence[str]) -> bool:
+    """Whether lm-eval's command line ``argv`` chooses a device: ``--device`` (or an abbreviation argparse takes,
+    such as ``--dev``), or a ``--config``/``-C`` YAML file with a ``device``."""
+    for index, word in enumerate(argv):
+        name, equals, value = word.partition("=")
+        if len(name) > 2 and name.startswith("--") and "--device".startswith(name):
+            return True
+        if name in ("--config", "-C") or (name.startswith("-C") and len(name) > 2):
+            path = value if equals else (name[2:] if name.startswith("-C") and len(name) > 2 else None)
+            if path is None and index + 1 < len(argv):
+                path = argv[index + 1]
+            if path and _config_device(path) is not None:
+                return True
+    return False
+
+
+def _config_device(path: str) -> object:
+    """The ``device`` of an lm-eval YAML config file, or ``None`` (also when it cannot be read: lm-eval says why)."""
+    try:
+        import yaml  # type: ignore[import-untyped]  # lm-eval's own dependency
+
+        with open(path, encoding="utf-8") as file:
+            config = yaml.safe_load(file)
+    except Exception:  # lm-eval reads it next and reports the problem itself
+        return None
+    return config.get("device") if isinstance(config, dict) else None
