@@ -218,3 +218,16 @@ async def test_an_adapter_the_server_lacks_names_the_flag_and_the_provider_goes_
             await provider.generate(PROMPTS[0], model="tiny", max_tokens=0)
         assert (await provider.generate(PROMPTS[0], model="tiny", max_tokens=4, temperature=0)).text
         assert "a2" not in await provider.list_adapters()
+
+
+async def test_repetition_penalty_reaches_llama_server(
+    both: tuple[LlamaCppServerProvider, LlamaCppProvider],
+) -> None:
+    """llama-server reads ``repeat_penalty`` and ignores ``repetition_penalty``: the option map sends the former."""
+    remote, _ = both
+    prompt, settings = "numbers 1 2 3 and", {"max_tokens": 16, "temperature": 0}
+    plain = await remote.generate(prompt, model="tiny", **settings)
+    penalised = await remote.generate(prompt, model="tiny", repetition_penalty=3.0, **settings)
+    assert penalised.text != plain.text  # the penalty did reach the server's sampler
+    # (Its tokens are not compared with in process: llama-server counts the prompt's tokens in the penalty's window,
+    # llama-cpp-python's sampler only the generated ones.)

@@ -7,10 +7,11 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference.exceptions import InvalidRequestError
+from inference.options import OptionMap, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 
@@ -57,12 +58,23 @@ class FakeProvider(InferenceProvider):
     """
 
     name = "fake"
+    options: ClassVar[OptionMap] = {
+        "max_tokens": Sent("words", "the answer has at most max_tokens words"),
+        "system_prompt": Sent("digest", "a different system prompt gives a different answer"),
+        "temperature": Sent("checked", "checked by its rule; a fake's answer depends only on the prompt, system "
+                            "prompt, adapter and seed"),
+        "top_p": Sent("checked", "checked by its rule, as temperature"),
+        "repetition_penalty": Sent("checked", "checked by its rule, as temperature"),
+        "stop": Sent("stop", "the answer is cut at the first stop string"),
+        "seed": Sent("digest", "a different seed gives a different answer"),
+        "top_k": Sent("checked", "checked by its rule, as temperature"),
+        "logprobs": Sent("logprobs", "made-up numbers that depend only on the text and the adapter"),
+        "json_schema": Sent("instance", "a small JSON value valid against the schema"),
+    }
     supports_adapters = True
     hot_swaps_adapters = True
     batches_mixed_adapters = True
     supports_scoring = True
-    supports_logprobs = True
-    supports_json_schema = True
 
     def __init__(self, max_adapters: int | None = None) -> None:
         self.max_adapters = max_adapters

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from inference._core.dependencies import import_optional, missing_dependency
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
@@ -52,6 +52,7 @@ from inference.exceptions import (
     ProviderError,
     UnsupportedOperationError,
 )
+from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 
@@ -147,10 +148,20 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
     """
 
     name = _PROVIDER
+    options: ClassVar[OptionMap] = {
+        "max_tokens": Sent("max_tokens", "the generation loop's limit (Completion)"),
+        "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
+        "temperature": Sent("temp", "llama.cpp's sampler chain"),
+        "top_p": Sent("top_p", "llama.cpp's sampler chain"),
+        "repetition_penalty": Sent("repeat_penalty", "llama.cpp's sampler chain"),
+        "stop": Sent("stop", "stop strings, matched on the decoded text (Completion)"),
+        "seed": Sent("seed", "the request's sampler seed"),
+        "top_k": Sent("top_k", "llama.cpp's sampler chain"),
+        "logprobs": Sent("logits", "log-softmax of the step's logits"),
+        "json_schema": Sent("llguidance", "a token mask per step"),
+    }
     batches_mixed_adapters = False
-    supports_logprobs = True
     supports_scoring = True
-    supports_json_schema = True
     supports_adapter_scales = True
     _backend_label = "llama.cpp"
 

@@ -15,13 +15,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from inference._core.paths import expand_path, path_identity
 from inference._core.validation import GenerationRequest
 from inference._servers.openai_compatible import CHAT, COMPLETIONS, OpenAICompatibleProvider, Replica
 from inference.adapters.gguf import convert_peft_to_gguf_cached
 from inference.exceptions import AdapterNotFoundError, InvalidAdapterError
+from inference.options import OptionMap, Sent
 
 __all__ = ["LlamaCppServerProvider", "ServedAdapter"]
 
@@ -96,13 +97,16 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     """
 
     name = "llamacpp-server"
+    options: ClassVar[OptionMap] = {
+        **OpenAICompatibleProvider.options,
+        "repetition_penalty": Sent("repeat_penalty", "llama-server's name; it ignores repetition_penalty"),
+        "top_k": Sent("top_k"),
+    }
     server_label = "llama-server"
     env_prefix = "LLAMACPP_SERVER"
     model_hint = "llama-server serves the one model it was started with (-m)"
     supports_adapters = True
     hot_swaps_adapters = True
-    supports_logprobs = True
-    supports_json_schema = True
     supports_adapter_scales = True
 
     def __init__(

@@ -10,7 +10,7 @@ import os
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import httpx
 
@@ -33,6 +33,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
+from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
 
@@ -118,9 +119,19 @@ class OllamaProvider(InferenceProvider):
     """
 
     name = "ollama"
+    options: ClassVar[OptionMap] = {
+        "max_tokens": Sent("options.num_predict"),
+        "system_prompt": Sent("messages", "a first message of role system"),
+        "temperature": Sent("options.temperature"),
+        "top_p": Sent("options.top_p"),
+        "repetition_penalty": Sent("options.repeat_penalty", "Ollama's name for the same penalty"),
+        "stop": Sent("options.stop"),
+        "seed": Sent("options.seed"),
+        "top_k": Sent("options.top_k"),
+        "logprobs": Sent("logprobs", "with top_logprobs"),
+        "json_schema": Sent("format"),
+    }
     supports_adapters = True
-    supports_logprobs = True
-    supports_json_schema = True
     hot_swaps_adapters = False
 
     def __init__(

@@ -42,8 +42,6 @@ class OpenAIProvider(OpenAICompatibleProvider):
     server_label = "OpenAI-compatible server"
     env_prefix = "OPENAI"
     supports_adapters = False
-    supports_logprobs = True
-    supports_json_schema = True
 
     def __init__(
         self,

@@ -12,8 +12,10 @@ options reads these fields instead of naming the options:
 - the ``inference`` command's flags and ``--set`` keys;
 - the evaluation runner's settings and the settings recorded in its results file.
 
-Adding an option is adding a field here (type, default, rule, help) and its parameter to those three
-signatures.
+Adding an option is adding a field here (type, default, rule, help), its key to :class:`RequestOptions` (what
+type checkers see in ``**options``), and its entry to every provider's :attr:`~inference.InferenceProvider.options`
+map: how that backend receives it (:class:`Sent`) or why it cannot (:class:`Refused`). A test fails until every
+registered provider declares it.
 
 A frozen dataclass rather than a ``TypedDict`` of settings: options are checked once, at the boundary, into an
 immutable typed value that backends read as attributes (``request.temperature``), and each option's rule and help
@@ -35,11 +37,21 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from inference.exceptions import InvalidRequestError
 
-__all__ = ["MAX_TOP_LOGPROBS", "OPTIONS", "GenerationOptions", "OptionSpec"]
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "OPTIONS",
+    "POSITIONAL_OPTIONS",
+    "GenerationOptions",
+    "OptionMap",
+    "OptionSpec",
+    "Refused",
+    "RequestOptions",
+    "Sent",
+]
 
 Fail = Callable[[str], InvalidRequestError]
 """Builds the error for a message (it carries the provider's name)."""
@@ -295,3 +307,73 @@ class GenerationOptions:
 OPTIONS: Mapping[str, OptionSpec] = {item.name: item.metadata[_SPEC] for item in fields(GenerationOptions)}
 """Option name -> its :class:`OptionSpec`, in the order of :class:`GenerationOptions`' fields."""
 
+
+
+POSITIONAL_OPTIONS = ("max_tokens", "system_prompt", "temperature", "top_p", "repetition_penalty")
+"""The options that are positional parameters of ``generate``, ``stream`` and ``generate_batch`` (after ``prompt``,
+``model`` and ``adapter_id``), as in the first version of the SDK; every other option is keyword-only."""
+
+
+class RequestOptions(TypedDict, total=False):
+    """The keyword-only options of ``generate``, ``stream`` and ``generate_batch`` (their ``**options``).
+
+    One key per field of :class:`GenerationOptions` that is not in :data:`POSITIONAL_OPTIONS`, with the types a
+    caller may pass (a test keeps the two in step). Type checkers and editors check each name and type; at run
+    time the methods' signatures list them as keyword-only parameters with the default ``None``, and an unknown
+    name is a ``TypeError``. Each option's rule is on :class:`GenerationOptions`.
+
+    Attributes:
+        stop: A string or strings that end the generation (not included in the text).
+        seed: Seed for sampling, for reproducible output.
+        top_k: Sample only among the ``top_k`` most likely tokens; ``None`` keeps the backend's default.
+        logprobs: Report each generated token's log-probability and its ``logprobs`` (0-20) most likely
+            alternatives in :attr:`~inference.GenerationResult.logprobs`; ``None`` reports nothing.
+        json_schema: Constrain the text to JSON valid against this schema (a JSON-schema dict, or a pydantic model
+            class). The text then always parses, unless ``finish_reason`` is ``"length"``.
+    """
+
+    stop: str | Sequence[str] | None
+    seed: int | None
+    top_k: int | None
+    logprobs: int | None
+    json_schema: Mapping[str, Any] | type | None
+
+
+@dataclass(frozen=True)
+class Sent:
+    """How a backend receives an option.
+
+    Attributes:
+        field: Where it goes: for a server, the dotted path of the field in the request body
+            (``"options.repeat_penalty"``); in process, the backend's own name for it (``"temp"`` of llama.cpp's
+            sampler, ``"GenerationConfig.top_k"``).
+        note: Anything a user should know (an extension field a server may refuse, a value that is mapped).
+    """
+
+    field: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A backend that cannot honour an option: a request that sets it is an ``UnsupportedOperationError`` before
+    anything is sent.
+
+    Attributes:
+        reason: Why, in a few words (``"llama-server's completions give no log-probabilities"``).
+    """
+
+    reason: str
+
+
+OptionMap = Mapping[str, "Sent | Refused"]
+"""Option name -> how one provider receives it: the table each provider class declares as ``options``."""
+
+
+def option_is_set(name: str, value: object) -> bool:
+    """True when ``value`` is not the option's default (an option left at its default asks nothing of a backend)."""
+    default = _DEFAULTS[name]
+    return bool(value != default)
+
+
+_DEFAULTS: dict[str, Any] = {item.name: item.default for item in fields(GenerationOptions)}

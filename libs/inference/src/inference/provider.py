@@ -4,7 +4,12 @@ Every backend implements the same four async operations. The public methods here
 once, for every provider, and hand a validated :class:`~inference._core.validation.GenerationRequest` to the
 backend's hook (``_generate``, ``_load_adapter``...), so a bad input gets the same typed error everywhere
 and never reaches a server or a model. The generation options, their rules and their help are defined once,
-in :class:`~inference.options.GenerationOptions`; the signatures here list them as the public API.
+in :class:`~inference.options.GenerationOptions`: the first ones are positional parameters here (as in the SDK's
+first version), the others keyword-only, declared once as ``**options: Unpack[RequestOptions]``
+(:class:`~inference.options.RequestOptions`), which type checkers check name by name and which the methods'
+signatures list at run time. Each provider declares in :attr:`InferenceProvider.options` how its backend receives
+each option, or that it refuses it; a request setting a refused option is an ``UnsupportedOperationError`` naming the
+providers that can, before anything is sent.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import difflib
+import inspect
 import itertools
 import logging
 import os
@@ -19,7 +26,7 @@ import shutil
 import tempfile
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -36,10 +43,20 @@ from inference._core.validation import (
 from inference.adapters.stats import ProviderAdapterStats
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.messages import Prompt
-from inference.options import GenerationOptions
+from inference.options import (
+    POSITIONAL_OPTIONS,
+    GenerationOptions,
+    OptionMap,
+    Refused,
+    RequestOptions,
+    Sent,
+    option_is_set,
+)
 from inference.results import BatchItem, GenerationResult, ScoreItem, ScoreResult, StreamEvent, TokenLogprob
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from inference.adapters.weights import AdapterWeights
 
 logger = logging.getLogger("inference")
@@ -87,6 +104,9 @@ class InferenceProvider(ABC):
             adapters at once, each scaled).
         loads_adapter_weights_in_memory: ``load_adapter(id, AdapterWeights(...))`` puts the tensors straight
             into the model; other providers get a temporary PEFT directory written for them.
+        options: How the backend receives each generation option: ``{"temperature": Sent("temperature"),
+            "logprobs": Refused("...")}`` (:class:`~inference.options.Sent`, :class:`~inference.options.Refused`).
+            Every provider declares every option; ``supports_logprobs`` and ``supports_json_schema`` follow from it.
     """
 
     name: ClassVar[str] = "base"
@@ -99,7 +119,14 @@ class InferenceProvider(ABC):
     supports_json_schema: ClassVar[bool] = False
     supports_adapter_scales: ClassVar[bool] = False
     loads_adapter_weights_in_memory: ClassVar[bool] = False
+    options: ClassVar[OptionMap] = {}
     max_adapters: int | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "options" in cls.__dict__:  # the capabilities that are options follow from the declaration
+            cls.supports_logprobs = isinstance(cls.options.get("logprobs"), Sent)
+            cls.supports_json_schema = isinstance(cls.options.get("json_schema"), Sent)
 
     async def generate(
         self,
@@ -111,12 +138,7 @@ class InferenceProvider(ABC):
         temperature: float | None = None,
         top_p: float | None = None,
         repetition_penalty: float | None = None,
-        *,
-        stop: str | list[str] | None = None,
-        seed: int | None = None,
-        top_k: int | None = None,
-        logprobs: int | None = None,
-        json_schema: dict[str, Any] | type | None = None,
+        **options: Unpack[RequestOptions],
     ) -> GenerationResult:
         """Generate a completion for ``prompt``.
 
@@ -133,13 +155,10 @@ class InferenceProvider(ABC):
             temperature: Sampling temperature; ``0`` is greedy. ``None`` keeps the backend's default.
             top_p: Nucleus sampling mass in (0, 1].
             repetition_penalty: Penalty above 1 discourages repeats; ``None`` keeps the default.
-            stop: A string or strings that end the generation (not included in the text).
-            seed: Seed for sampling, for reproducible output.
-            top_k: Sample only among the ``top_k`` most likely tokens; ``None`` keeps the default.
-            logprobs: Report each generated token's log-probability and its ``logprobs`` (0-20) most likely
-                alternatives in :attr:`GenerationResult.logprobs`; ``None`` reports nothing.
-            json_schema: Constrain the text to JSON valid against this schema (a JSON-schema dict, or a pydantic
-                model class). The text then always parses, unless ``finish_reason`` is ``"length"``.
+            **options: The keyword-only options, each described on :class:`~inference.options.RequestOptions`:
+                ``stop``, ``seed``, ``top_k``, ``logprobs`` and ``json_schema``. A name that is no option is a
+                ``TypeError``; an option this provider cannot honour (see :attr:`options`) is an
+                ``UnsupportedOperationError``.
 
         Returns:
             The generated text with token counts and finish reason.
@@ -147,12 +166,12 @@ class InferenceProvider(ABC):
         Raises:
             InvalidRequestError: An argument is invalid (the message names it), a message list is combined with
                 ``system_prompt``, or the backend cannot compile ``json_schema``.
-            UnsupportedOperationError: The provider cannot give ``logprobs``, honour ``json_schema`` or apply
-                adapters with scales.
+            UnsupportedOperationError: The provider cannot honour an option that is set (its :attr:`options` says
+                so), or apply adapters with scales.
             AdapterNotFoundError: ``adapter_id`` (or one of the adapters in it) is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status).
         """
-        request = self._request(locals())
+        request = self._request("generate", locals())
         async with self._request_in_use(request) as sent:
             return _as_asked(await self._generate(sent), _asked_adapter(request))
 
@@ -166,12 +185,7 @@ class InferenceProvider(ABC):
         temperature: float | None = None,
         top_p: float | None = None,
         repetition_penalty: float | None = None,
-        *,
-        stop: str | list[str] | None = None,
-        seed: int | None = None,
-        top_k: int | None = None,
-        logprobs: int | None = None,
-        json_schema: dict[str, Any] | type | None = None,
+        **options: Unpack[RequestOptions],
     ) -> AsyncGenerator[StreamEvent, None]:
         """Generate like :meth:`generate`, yielding text pieces as they are produced.
 
@@ -201,7 +215,7 @@ class InferenceProvider(ABC):
             AdapterNotFoundError: ``adapter_id`` is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
-        request = self._request(locals())
+        request = self._request("stream", locals())
         async with self._request_in_use(request) as sent:
             events = self._stream(sent)
             try:
@@ -221,13 +235,9 @@ class InferenceProvider(ABC):
         top_p: float | None = None,
         repetition_penalty: float | None = None,
         *,
-        stop: str | list[str] | None = None,
-        seed: int | None = None,
-        top_k: int | None = None,
-        logprobs: int | None = None,
-        json_schema: dict[str, Any] | type | None = None,
         max_concurrency: int = 8,
         on_result: Callable[[int, BatchItem], object] | None = None,
+        **options: Unpack[RequestOptions],
     ) -> list[BatchItem]:
         """Generate for every prompt with bounded concurrency; one failure never loses the other results.
 
@@ -254,10 +264,11 @@ class InferenceProvider(ABC):
                 "prompts is one conversation (a list of messages): pass a list of prompts, [messages]",
                 provider=self.name,
             )
-        options = GenerationOptions.taken_from(locals())
+        _check_option_names("generate_batch", options)
+        positional = (max_tokens, system_prompt, temperature, top_p, repetition_penalty)
 
         def generate_one(prompt: Prompt) -> Awaitable[GenerationResult]:
-            return self.generate(prompt, model, adapter_id, **options)
+            return self.generate(prompt, model, adapter_id, *positional, **options)
 
         return await self._run_all("generate_batch", prompts, generate_one, max_concurrency, on_result)
 
@@ -498,18 +509,39 @@ class InferenceProvider(ABC):
     ) -> None:
         await self.aclose()
 
-    def _request(self, arguments: dict[str, Any]) -> GenerationRequest:
-        """The validated request for the arguments of :meth:`generate` or :meth:`stream` (their ``locals()``)."""
+    def _request(self, method: str, arguments: dict[str, Any]) -> GenerationRequest:
+        """The validated request for the arguments of :meth:`generate` or :meth:`stream` (their ``locals()``):
+        every option checked by its rule, and refused here if this provider declares it cannot honour it."""
+        keywords: dict[str, Any] = arguments["options"]
+        _check_option_names(method, keywords)
         adapter_id, scales = split_adapter_choice(arguments["adapter_id"], provider=self.name)
         if scales and not self.supports_adapter_scales:
             raise self._cannot("apply an adapter with a scale, or several adapters at once", "supports_adapter_scales")
-        values = {**arguments, "adapter_id": adapter_id, "adapter_scales": scales}
-        request = GenerationRequest.from_arguments(provider=self.name, **GenerationRequest.taken_from(values))
-        if request.logprobs is not None and not self.supports_logprobs:
-            raise self._cannot("report token logprobs", "supports_logprobs")
-        if request.json_schema is not None and not self.supports_json_schema:
-            raise self._cannot("constrain output to a json_schema", "supports_json_schema")
+        values = {
+            **{name: arguments[name] for name in ("prompt", "model", *POSITIONAL_OPTIONS)},
+            **keywords,
+            "adapter_id": adapter_id,
+            "adapter_scales": scales,
+        }
+        request = GenerationRequest.from_arguments(provider=self.name, **values)
+        for name in GenerationOptions.names():
+            if option_is_set(name, getattr(request, name)):
+                self._require_option(name)
         return request
+
+    def _require_option(self, name: str) -> None:
+        """Refuse option ``name`` if this provider's :attr:`options` says its backend cannot honour it."""
+        how = type(self).options.get(name)
+        if isinstance(how, Sent):
+            return
+        from inference.registry import providers_sending  # the registry imports provider classes lazily
+
+        able = ", ".join(providers_sending(name)) or "none"
+        reason = how.reason if isinstance(how, Refused) else f"{type(self).__name__}.options does not declare it"
+        raise UnsupportedOperationError(
+            f"{type(self).__name__} cannot honour the option {name} ({reason}); providers that can: {able}",
+            provider=self.name,
+        )
 
     def _require_scoring(self, operation: str) -> None:
         if not self.supports_scoring:
@@ -677,12 +709,43 @@ class InferenceProvider(ABC):
         )
 
 
+def _list_options_in_signature(function: Callable[..., Any]) -> None:
+    """Show the keyword-only options of ``**options`` as parameters in ``inspect.signature(function)`` (help(),
+    IDEs that read signatures at run time), each with the default ``None``, before the method's own keyword-only
+    parameters."""
+    signature = inspect.signature(function)
+    kinds = inspect.Parameter
+    parameters = [p for p in signature.parameters.values() if p.kind is not kinds.VAR_KEYWORD]
+    first_keyword = next((i for i, p in enumerate(parameters) if p.kind is kinds.KEYWORD_ONLY), len(parameters))
+    listed = [
+        kinds(name, kinds.KEYWORD_ONLY, default=None, annotation=getattr(annotation, "__forward_arg__", annotation))
+        for name, annotation in RequestOptions.__annotations__.items()
+    ]
+    function.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*parameters[:first_keyword], *listed, *parameters[first_keyword:]]
+    )
+
+
+for _method in (InferenceProvider.generate, InferenceProvider.stream, InferenceProvider.generate_batch):
+    _list_options_in_signature(_method)
+
+
 _IN_MEMORY = "memory://adapter-weights/"
 """The path the registry records for weights kept in memory (no file system path can start so)."""
 _in_memory_numbers = itertools.count(1)
 
 _Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)
 _Answered = TypeVar("_Answered", GenerationResult, ScoreResult)
+
+
+def _check_option_names(method: str, options: Mapping[str, Any]) -> None:
+    """Refuse keyword arguments that are no option, as Python refuses an unexpected keyword argument."""
+    known = GenerationOptions.names()
+    for name in options:
+        if name not in known or name in POSITIONAL_OPTIONS:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close and close[0] != name else ""
+            raise TypeError(f"{method}() got an unexpected keyword argument {name!r}{hint}")
 
 
 def _sent_as(request: _Sent, backend: str | None) -> _Sent:

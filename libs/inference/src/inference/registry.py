@@ -21,6 +21,7 @@ __all__ = [
     "PROVIDER_REGISTRY",
     "ProviderSpec",
     "load_provider_class",
+    "providers_sending",
     "providers_with",
 ]
 
@@ -283,5 +284,23 @@ def providers_with(capability: str) -> list[str]:
         except MissingDependencyError:
             continue
         if getattr(cls, capability, False):
+            able.append(name)
+    return able
+
+
+def providers_sending(option: str) -> list[str]:
+    """The provider types whose class declares that its backend receives ``option`` (a generation option).
+
+    Like :func:`providers_with`, it imports the provider modules whose dependencies are installed: for messages.
+    """
+    from inference.options import Sent
+
+    able: list[str] = []
+    for name in PROVIDER_REGISTRY:
+        try:
+            cls = load_provider_class(name)
+        except MissingDependencyError:
+            continue
+        if isinstance(getattr(cls, "options", {}).get(option), Sent):
             able.append(name)
     return able

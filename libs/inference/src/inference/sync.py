@@ -213,6 +213,7 @@ def _blocking(method: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]
     def call(*args: Any, **kwargs: Any) -> T:
         return run_sync(method(*args, **kwargs))
 
+    call.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]  # the bound method's: no self
     return call
 
 
@@ -221,6 +222,7 @@ def _iterating(method: Callable[..., AsyncIterator[T]]) -> Callable[..., _SyncIt
     def call(*args: Any, **kwargs: Any) -> _SyncIterator[T]:
         return _SyncIterator(method(*args, **kwargs))
 
+    call.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
     return call
 
 

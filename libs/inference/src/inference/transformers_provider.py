@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
@@ -63,6 +63,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
+from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult, TokenLogprob
 
@@ -212,10 +213,20 @@ class TransformersProvider(InProcessProvider[str]):
     """
 
     name = "transformers"
+    options: ClassVar[OptionMap] = {
+        "max_tokens": Sent("GenerationConfig.max_new_tokens", "and a per-row limit in the batch"),
+        "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
+        "temperature": Sent("GenerationConfig.temperature"),
+        "top_p": Sent("GenerationConfig.top_p"),
+        "repetition_penalty": Sent("GenerationConfig.repetition_penalty"),
+        "stop": Sent("stop", "stop strings, matched on the decoded text"),
+        "seed": Sent("torch.manual_seed", "a seeded request runs in a batch of its own"),
+        "top_k": Sent("GenerationConfig.top_k"),
+        "logprobs": Sent("logits processor", "log-softmax of the raw logits"),
+        "json_schema": Sent("llguidance", "a token mask per step"),
+    }
     batches_mixed_adapters = True
     supports_scoring = True
-    supports_logprobs = True
-    supports_json_schema = True
     supports_adapter_scales = True
     loads_adapter_weights_in_memory = True
 

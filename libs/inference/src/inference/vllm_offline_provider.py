@@ -15,7 +15,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
@@ -30,7 +30,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.options import GenerationOptions
+from inference.options import GenerationOptions, OptionMap, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 
@@ -93,13 +93,23 @@ class VLLMOfflineProvider(InferenceProvider):
     """
 
     name = "vllm-offline"
+    options: ClassVar[OptionMap] = {
+        "max_tokens": Sent("SamplingParams.max_tokens"),
+        "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
+        "temperature": Sent("SamplingParams.temperature"),
+        "top_p": Sent("SamplingParams.top_p"),
+        "repetition_penalty": Sent("SamplingParams.repetition_penalty"),
+        "stop": Sent("SamplingParams.stop"),
+        "seed": Sent("SamplingParams.seed"),
+        "top_k": Sent("SamplingParams.top_k"),
+        "logprobs": Sent("SamplingParams.logprobs"),
+        "json_schema": Sent("SamplingParams.structured_outputs"),
+    }
     supports_adapters = True
     hot_swaps_adapters = True
     batches_mixed_adapters = True
     runs_in_process = True
     supports_scoring = True
-    supports_logprobs = True
-    supports_json_schema = True
 
     def __init__(
         self,

@@ -193,8 +193,6 @@ class VLLMProvider(OpenAICompatibleProvider):
     hot_swaps_adapters = True
     batches_mixed_adapters = True
     supports_scoring = True
-    supports_logprobs = True
-    supports_json_schema = True
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
+from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
 
@@ -108,6 +109,18 @@ class OpenAICompatibleProvider(InferenceProvider):
 
     server_label: ClassVar[str] = "OpenAI-compatible server"
     env_prefix: ClassVar[str] = "OPENAI"
+    options: ClassVar[OptionMap] = {
+        "max_tokens": Sent("max_tokens"),
+        "system_prompt": Sent("messages", "a first message of role system; on /v1/completions, text before the prompt"),
+        "temperature": Sent("temperature"),
+        "top_p": Sent("top_p"),
+        "repetition_penalty": Sent("repetition_penalty", "an extension field (vLLM, SGLang); OpenAI refuses it"),
+        "stop": Sent("stop"),
+        "seed": Sent("seed"),
+        "top_k": Sent("top_k", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
+        "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
+        "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
+    }
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
 
     def __init__(self, **arguments: Any) -> None:
@@ -279,7 +292,9 @@ class OpenAICompatibleProvider(InferenceProvider):
             try:
                 try:
                     route = await self._route(replica, request)
-                    arguments = request_arguments(request, route, stream=stream, schema_style=replica.schema_style)
+                    arguments = request_arguments(
+                        request, route, stream=stream, schema_style=replica.schema_style, options=self.options
+                    )
                     answer = await self._create(replica, request, arguments)
                 except ReplicaDown as down:
                     replica.down_until = time.monotonic() + DOWN_SECONDS
@@ -509,29 +524,35 @@ def response_format(schema: Mapping[str, Any], style: str) -> dict[str, Any]:
 
 
 def request_arguments(
-    request: GenerationRequest, route: str = CHAT, *, stream: bool, schema_style: str = "json_schema"
+    request: GenerationRequest,
+    route: str = CHAT,
+    *,
+    stream: bool,
+    schema_style: str = "json_schema",
+    options: OptionMap | None = None,
 ) -> dict[str, Any]:
-    """The JSON body for ``route``: only what the caller set; ``top_k`` and ``repetition_penalty``, which the OpenAI
-    API lacks, as vLLM's extra fields; ``json_schema`` as ``response_format`` (see :func:`response_format`).
+    """The JSON body for ``route``: only what the caller set, each sampling option under the field its provider's
+    ``options`` names (``top_k`` and ``repetition_penalty``, which the OpenAI API lacks, as vLLM's extra fields;
+    llama-server's ``repeat_penalty``); ``json_schema`` as ``response_format`` (see :func:`response_format`).
 
     :data:`CHAT` sends the chat ``messages`` and ``logprobs`` as ``logprobs: true, top_logprobs: k``;
     :data:`COMPLETIONS` sends the plain-text ``prompt`` (the contents separated by blank lines, as for a model
     without a chat template in process) and ``logprobs`` as the number ``k``.
     """
+    fields = OpenAICompatibleProvider.options if options is None else options
     model = request.adapter_id or request.model
-    arguments: dict[str, Any] = {"model": model, "max_tokens": request.max_tokens}
+    arguments: dict[str, Any] = {"model": model}
     if route == CHAT:
         arguments["messages"] = chat_messages(request)
     else:
         arguments["prompt"] = request.plain_prompt
-    if request.temperature is not None:
-        arguments["temperature"] = request.temperature
-    if request.top_p is not None:
-        arguments["top_p"] = request.top_p
+    for name in _SAMPLING:
+        value = getattr(request, name)
+        sent = fields[name]
+        if value is not None and isinstance(sent, Sent):
+            arguments[sent.field] = value
     if request.stop:
         arguments["stop"] = list(request.stop)
-    if request.seed is not None:
-        arguments["seed"] = request.seed
     if request.logprobs is not None and route == CHAT:
         arguments["logprobs"] = True
         arguments["top_logprobs"] = request.logprobs
@@ -539,14 +560,14 @@ def request_arguments(
         arguments["logprobs"] = request.logprobs
     if request.json_schema is not None:
         arguments["response_format"] = response_format(request.json_schema, schema_style)
-    if request.repetition_penalty is not None:
-        arguments["repetition_penalty"] = request.repetition_penalty
-    if request.top_k is not None:
-        arguments["top_k"] = request.top_k
     if stream:
         arguments["stream"] = True
         arguments["stream_options"] = {"include_usage": True}
     return arguments
+
+
+_SAMPLING = ("max_tokens", "temperature", "top_p", "seed", "repetition_penalty", "top_k")
+"""The options sent as one number each, under the field the provider's ``options`` names."""
 
 
 def _field(value: Any, name: str) -> Any:

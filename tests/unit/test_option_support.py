@@ -1,0 +1,224 @@
+"""No option is silently dropped: every provider declares how its backend receives each option, or refuses it.
+
+The declarations (``InferenceProvider.options``) are checked three ways: every registered provider declares every
+option (a new option fails here until each provider maps or refuses it); a refused option is an
+``UnsupportedOperationError`` naming the providers that can, before the backend is called; and each server
+provider's request body carries every option it declares under the field it names.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import AsyncIterator
+from typing import Any, get_type_hints
+
+import httpx
+import pytest
+import respx
+
+from inference._core.validation import GenerationRequest
+from inference.exceptions import UnsupportedOperationError
+from inference.fake_provider import FakeProvider
+from inference.options import POSITIONAL_OPTIONS, GenerationOptions, Refused, RequestOptions, Sent
+from inference.provider import InferenceProvider
+from inference.registry import PROVIDERS, load_provider_class, providers_sending
+from inference.results import GenerationResult, StreamEvent
+
+EVERY_OPTION: dict[str, Any] = {
+    "max_tokens": 7,
+    "system_prompt": "Be brief.",
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "repetition_penalty": 1.1,
+    "stop": ["END"],
+    "seed": 11,
+    "top_k": 5,
+    "logprobs": 2,
+    "json_schema": {"type": "object"},
+}
+
+
+def test_the_test_sets_every_option() -> None:
+    assert set(EVERY_OPTION) == set(GenerationOptions.names())
+
+
+def _provider_classes() -> list[tuple[str, type[InferenceProvider]]]:
+    classes = []
+    for name in PROVIDERS:
+        try:
+            classes.append((name, load_provider_class(name)))
+        except ImportError:  # vllm-offline's class needs vLLM, which lives in .venv-vllm: checked there
+            continue
+    return classes
+
+
+@pytest.mark.parametrize(("name", "cls"), _provider_classes(), ids=lambda value: getattr(value, "__name__", value))
+def test_every_provider_maps_or_refuses_every_option(name: str, cls: type[InferenceProvider]) -> None:
+    declared = dict(cls.options)
+    missing = [option for option in GenerationOptions.names() if option not in declared]
+    assert not missing, f"{cls.__name__}.options neither maps nor refuses {missing}"
+    assert set(declared) == set(GenerationOptions.names()), f"{cls.__name__}.options names no option: {declared}"
+    for option, how in declared.items():
+        assert isinstance(how, (Sent, Refused)), (cls.__name__, option, how)
+        assert (how.field if isinstance(how, Sent) else how.reason).strip(), (cls.__name__, option)
+    assert cls.supports_logprobs is isinstance(declared["logprobs"], Sent)
+    assert cls.supports_json_schema is isinstance(declared["json_schema"], Sent)
+
+
+def test_the_keyword_options_are_the_options_that_are_not_positional() -> None:
+    assert list(RequestOptions.__annotations__) == [
+        name for name in GenerationOptions.names() if name not in POSITIONAL_OPTIONS
+    ]
+    assert get_type_hints(RequestOptions)  # every annotation resolves
+
+
+@pytest.mark.parametrize("method", ["generate", "stream", "generate_batch"])
+def test_each_method_lists_every_option_once_in_its_signature(method: str) -> None:
+    parameters = inspect.signature(getattr(InferenceProvider, method)).parameters
+    assert [name for name in parameters if name in GenerationOptions.names()] == list(GenerationOptions.names())
+    for name in RequestOptions.__annotations__:
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY and parameters[name].default is None
+
+
+class _NoTopK(FakeProvider):
+    """A provider whose backend cannot take top_k (and that records whether its backend was reached)."""
+
+    options = {**FakeProvider.options, "top_k": Refused("this backend samples without a top-k filter")}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = 0
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        self.reached += 1
+        return await super()._generate(request)
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        self.reached += 1
+        async for event in super()._stream(request):
+            yield event
+
+
+async def test_a_refused_option_names_the_option_its_reason_and_who_can_before_anything_is_sent() -> None:
+    provider = _NoTopK()
+    with pytest.raises(UnsupportedOperationError) as caught:
+        await provider.generate("Hi", model="m", top_k=3)
+    message = str(caught.value)
+    assert "top_k" in message and "without a top-k filter" in message
+    assert "providers that can: " in message and "fake" in message.split("providers that can: ")[1]
+    with pytest.raises(UnsupportedOperationError, match="top_k"):
+        async for _ in provider.stream("Hi", model="m", top_k=3):
+            pass
+    results = await provider.generate_batch(["a", "b"], model="m", top_k=3)
+    assert all(isinstance(result, UnsupportedOperationError) for result in results)
+    assert provider.reached == 0
+    assert (await provider.generate("Hi", model="m", top_k=None, max_tokens=2)).text  # left unset: fine
+    assert provider.reached == 1
+
+
+async def test_an_option_a_provider_does_not_declare_is_refused_not_dropped() -> None:
+    class Undeclared(FakeProvider):
+        options = {name: how for name, how in FakeProvider.options.items() if name != "seed"}
+
+    with pytest.raises(UnsupportedOperationError, match=r"seed \(Undeclared.options does not declare it\)"):
+        await Undeclared().generate("Hi", model="m", seed=3)
+
+
+async def test_a_name_that_is_no_option_is_a_type_error_with_a_suggestion() -> None:
+    provider = FakeProvider()
+    with pytest.raises(TypeError, match=r"generate\(\) got an unexpected keyword argument 'top_n' \(did you mean"):
+        await provider.generate("Hi", model="m", top_n=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"generate_batch\(\) got an unexpected keyword argument 'sed'"):
+        await provider.generate_batch(["Hi"], model="m", sed=3)  # type: ignore[call-arg]
+
+
+def test_providers_sending_lists_who_receives_an_option() -> None:
+    assert "fake" in providers_sending("top_k")
+    assert providers_sending("no_such_option") == []
+
+
+def _at(body: dict[str, Any], path: str) -> Any:
+    value: Any = body
+    for part in path.split("."):
+        assert isinstance(value, dict) and part in value, f"{path} is not in the request body {json.dumps(body)}"
+        value = value[part]
+    return value
+
+
+_CHAT_ANSWER = {
+    "id": "x",
+    "object": "chat.completion",
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "{}"},
+            "finish_reason": "stop",
+            "logprobs": {"content": [{"token": "{}", "logprob": -0.1, "top_logprobs": []}]},
+        }
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+
+
+@pytest.mark.parametrize("provider_type", ["vllm", "openai", "llamacpp-server"])
+@respx.mock
+async def test_an_openai_compatible_body_carries_every_option_under_its_declared_field(provider_type: str) -> None:
+    base = "http://127.0.0.1:9/v1" if provider_type != "llamacpp-server" else "http://127.0.0.1:9"
+    root = base if base.endswith("/v1") else f"{base}/v1"
+    chat = respx.post(f"{root}/chat/completions").mock(return_value=httpx.Response(200, json=_CHAT_ANSWER))
+    respx.get(f"{base}/lora-adapters").mock(return_value=httpx.Response(200, json=[]))
+    respx.get(f"{base}/props").mock(  # llama-server: a chat template, so the chat route
+        return_value=httpx.Response(200, json={"chat_template": "{{ messages }}", "model_path": "/models/m.gguf"})
+    )
+    respx.get(f"{root}/models").mock(
+        return_value=httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+    )
+    respx.post(f"{base.removesuffix('/v1')}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [1]}))
+    cls = load_provider_class(provider_type)
+    kwargs: dict[str, Any] = {"base_url": base}
+    if provider_type == "vllm":
+        kwargs["api"] = "chat"
+    provider = cls(**kwargs)
+    try:
+        await provider.generate("Hi", model="m", **EVERY_OPTION)
+    finally:
+        await provider.aclose()
+    body = json.loads(chat.calls.last.request.content)
+    for option, how in cls.options.items():
+        assert isinstance(how, Sent), (provider_type, option)
+        sent = _at(body, how.field)
+        if option in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "top_k"):
+            assert sent == EVERY_OPTION[option], (provider_type, option, sent)
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+@respx.mock
+async def test_the_ollama_body_carries_every_option_under_its_declared_field() -> None:
+    base = "http://127.0.0.1:9"
+    chat = respx.post(f"{base}/api/chat").mock(
+        return_value=httpx.Response(
+            200,
+            json={
+                "model": "m",
+                "message": {"role": "assistant", "content": "{}"},
+                "done": True,
+                "done_reason": "stop",
+                "prompt_eval_count": 3,
+                "eval_count": 1,
+                "logprobs": [{"token": "{}", "logprob": -0.1, "top_logprobs": []}],
+            },
+        )
+    )
+    cls = load_provider_class("ollama")
+    provider = cls(base_url=f"{base}/v1")
+    try:
+        await provider.generate("Hi", model="m", **EVERY_OPTION)
+    finally:
+        await provider.aclose()
+    body = json.loads(chat.calls.last.request.content)
+    for option, how in cls.options.items():
+        assert isinstance(how, Sent), option
+        _at(body, how.field)
+    assert body["options"]["repeat_penalty"] == 1.1 and body["options"]["num_predict"] == 7
