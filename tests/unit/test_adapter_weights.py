@@ -149,3 +149,50 @@ async def test_concurrent_loads_of_weights_under_several_ids_keep_every_director
     assert all(path.exists() for path in live.values()) and len(live) == 5  # id-3, id-4 and the three id-N@2
     for n in range(5):
         assert (await provider.generate("hi", model="m", adapter_id=f"id-{n}")).adapter_id == f"id-{n}"
+
+
+class ReadingProvider(FakeProvider):
+    """A fake that reads the weights at every backend load (evictions' reloads included), as a real backend does:
+    from the directory written for it, or, with ``loads_adapter_weights_in_memory``, from what the base class kept."""
+
+    def __init__(self, *, in_memory: bool) -> None:
+        super().__init__(max_adapters=1)
+        self.in_memory = in_memory
+        self.read: list[dict[str, Any]] = []
+
+    @property  # type: ignore[override]
+    def loads_adapter_weights_in_memory(self) -> bool:  # an instance switch, for the test only
+        return self.in_memory
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        kept = self._adapter_weights_at(adapter_path)
+        if kept is not None:
+            self.read.append({name: np.array(value) for name, value in kept.tensors.items()})
+        elif adapter_id.startswith("live"):
+            from safetensors.numpy import load_file
+
+            self.read.append(load_file(str(Path(adapter_path) / "adapter_model.safetensors")))
+        await super()._load_adapter(adapter_id, adapter_path)
+
+
+@pytest.mark.parametrize("in_memory", [True, False], ids=["kept-in-memory", "written-directory"])
+@pytest.mark.parametrize("training_writes", ["a step", "NaN"])
+async def test_an_adapter_keeps_the_weights_it_was_loaded_with_after_the_caller_changes_them(
+    in_memory: bool, training_writes: str
+) -> None:
+    provider = ReadingProvider(in_memory=in_memory)
+    live = tensors()  # the caller's arrays: a training loop changes them in place after the load
+    original = {name: value.copy() for name, value in live.items()}
+    await provider.load_adapter("live", AdapterWeights(live, CONFIG))
+    for value in live.values():
+        value += 0.5 if training_writes == "a step" else np.nan
+
+    await provider.load_adapter("other", "/adapters/other")  # max_adapters=1: "live" is evicted
+    assert provider.adapter_stats().get("live").state == "evicted"  # type: ignore[union-attr]
+    assert (await provider.generate("hi", model="m", adapter_id="live")).adapter_id == "live"  # loaded again
+
+    assert len(provider.read) == 2  # the first load and the reload after the eviction
+    for read in provider.read:
+        assert read.keys() == original.keys()
+        for name, value in original.items():
+            np.testing.assert_array_equal(read[name], value)

@@ -419,9 +419,9 @@ class InferenceProvider(ABC):
             return
         self._require_adapter_support("load_adapter")
         if self.loads_adapter_weights_in_memory:
-            await asyncio.to_thread(adapter_path.check, provider=self.name)
+            kept = await asyncio.to_thread(_kept_adapter_weights, adapter_path, self.name)
             path = f"{_IN_MEMORY}{next(_in_memory_numbers)}"
-            self._adapter_weights_held[path] = adapter_path
+            self._adapter_weights_held[path] = kept
         else:
             path = await asyncio.to_thread(self._written_adapter_weights, adapter_path)
         pending = self._adapter_weights_pending
@@ -590,6 +590,7 @@ class InferenceProvider(ABC):
 
     def _written_adapter_weights(self, weights: AdapterWeights) -> str:
         """Check ``weights`` and write them to a new private PEFT directory; returns its path (worker thread)."""
+        weights = weights.snapshot()  # what is checked is what is written, whatever the caller's tensors do meanwhile
         directory = tempfile.mkdtemp(prefix="inference-adapter-", dir=self._adapter_weights_dir())
         remove = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)  # at the latest, at exit
         try:
@@ -680,6 +681,18 @@ class InferenceProvider(ABC):
 _IN_MEMORY = "memory://adapter-weights/"
 """The path the registry records for weights kept in memory (no file system path can start so)."""
 _in_memory_numbers = itertools.count(1)
+
+
+def _kept_adapter_weights(weights: AdapterWeights, provider: str) -> AdapterWeights:
+    """The copy of ``weights`` a provider keeps (and loads again after an eviction), checked (worker thread).
+
+    A copy, because the caller's tensors are often live training parameters that change in place afterwards;
+    checked after copying, so what is checked is what is served.
+    """
+    kept = weights.snapshot()
+    kept.check(provider=provider)
+    return kept
+
 
 _Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)
 _Answered = TypeVar("_Answered", GenerationResult, ScoreResult)
