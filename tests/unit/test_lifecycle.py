@@ -432,3 +432,51 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
         assert result.text == await expected_text("a", path, prompt), (prompt, path)
     assert len(set(started_on)) > 2  # the generations did run across several replacements
     assert len(provider.resident_adapters) == 1  # every replaced version was unloaded
+
+
+async def test_a_replace_with_pin_pins_and_a_replace_without_pin_keeps_the_pin() -> None:
+    provider = FakeProvider(max_adapters=1)
+    await provider.load_adapter("a", "/v1/a")
+    await provider.load_adapter("a", "/v2/a", replace=True, pin=True)
+    assert provider.adapter_stats().get("a").pinned  # type: ignore[union-attr]
+    await provider.load_adapter("b", "/adapters/b")  # max_adapters=1: a pinned adapter is never evicted
+    assert "a@2" in provider.resident_adapters
+
+    await provider.load_adapter("a", "/v3/a", replace=True)  # pin=False leaves the id's pin as it is
+    assert provider.adapter_stats().get("a").pinned  # type: ignore[union-attr]
+    await provider.load_adapter("c", "/adapters/c")
+    assert "a@3" in provider.resident_adapters
+
+    await provider.unload_adapter("a")  # an unload forgets the pin: loaded again, the id is not pinned
+    await provider.load_adapter("a", "/v4/a")
+    await provider.load_adapter("d", "/adapters/d")
+    assert not provider.adapter_stats().get("a").pinned and "a" not in provider.resident_adapters  # type: ignore[union-attr]
+
+
+async def test_a_replace_made_while_another_runs_keeps_its_pin() -> None:
+    provider = GatedProvider(max_adapters=1)
+    provider.load_delay = 0.01
+    await provider.load_adapter("a", "/v1/a")
+    await asyncio.gather(
+        provider.load_adapter("a", "/v2/a", replace=True),
+        provider.load_adapter("a", "/v3/a", replace=True, pin=True),  # starts over after the first one
+    )
+    entry = provider.adapter_stats().get("a")
+    assert entry is not None and entry.pinned and provider._adapter_path("a") == "/v3/a"
+
+
+async def test_replacements_keep_max_adapters_resident_through_churn() -> None:
+    provider = FakeProvider(max_adapters=2)
+    ids = ["a", "b", "c", "d"]
+    for round_ in range(6):
+        for index, adapter_id in enumerate(ids):
+            path = f"/v{round_}/{adapter_id}"
+            await provider.load_adapter(adapter_id, path, replace=round_ > 0)
+            assert len(provider.resident_adapters) <= 2, (round_, adapter_id, provider.resident_adapters)
+            if index % 2:  # a request for an adapter replaced earlier (evicted by now) loads it again
+                used = ids[index - 1]
+                result = await provider.generate("p", model="m", adapter_id=used, max_tokens=6)
+                assert result.text == await expected_text(used, f"/v{round_}/{used}", "p")
+                assert len(provider.resident_adapters) <= 2, (round_, used, provider.resident_adapters)
+    stats = provider.adapter_stats()
+    assert stats.resident == 2 and stats.evicted == 2 and await provider.list_adapters() == ids

@@ -401,7 +401,10 @@ class InferenceProvider(ABC):
                 Each ``AdapterWeights`` is new weights: loading one under a loaded id needs ``replace=True``.
             replace: If the id is loaded from another path, unload it (after its requests in flight) and load
                 this path in its place, instead of raising.
-            pin: Never evict this adapter when the provider has a capacity (``max_adapters``).
+            pin: Never evict this adapter when the provider has a capacity (``max_adapters``). The pin belongs to
+                the id: a later load or replacement with ``pin=True`` pins it, one with ``pin=False`` leaves it as
+                it was (a training loop that replaces a pinned id each step keeps it pinned); ``unload_adapter``
+                forgets it.
 
         Raises:
             UnsupportedOperationError: The provider has no adapter support.

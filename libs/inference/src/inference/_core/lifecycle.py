@@ -10,7 +10,11 @@ The registry is the single place that decides:
   unloaded after them; a replacement that fails to load leaves the old adapter as it was;
 - ``unload_adapter`` waits for the adapter's requests in flight, and refuses new ones meanwhile;
 - with a capacity (``max_adapters``), the least recently used adapter that is neither pinned nor in use is
-  evicted from the backend, stays listed, and is loaded again transparently when a request needs it.
+  evicted from the backend, stays listed, and is loaded again transparently when a request needs it; a
+  replacement's new weights count as a load (they take the id's place, so the cap holds once the old ones
+  are unloaded);
+- a pin belongs to the id: ``pin=True`` on a load or a replacement pins it, ``pin=False`` leaves it as it was,
+  an unload forgets it.
 
 Backends only do the real work through two callables, ``load(name, path)`` and ``unload(name)``, which the
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
@@ -337,7 +341,7 @@ class AdapterRegistry:
                     provider=self._provider,
                     path=path,
                 )
-            await self._replace(adapter_id, entry, path, identity)
+            await self._replace(adapter_id, entry, path, identity, pin=pin)
             return
 
     async def unload(self, adapter_id: str) -> None:
@@ -406,20 +410,21 @@ class AdapterRegistry:
 
     # Internals ------------------------------------------------------------------------------------------
 
-    async def _replace(self, adapter_id: str, old: _Entry, path: str, identity: str) -> None:
+    async def _replace(self, adapter_id: str, old: _Entry, path: str, identity: str, *, pin: bool) -> None:
         """Load ``path`` under a new backend name beside the old weights, switch the id to it, then unload the
         old weights once the requests that use them have finished.
 
         The old entry stays the id's record (serving, listed) until the new weights are loaded; a failed load
-        raises and changes nothing. Concurrent replacements of one id take turns.
+        raises and changes nothing. Concurrent replacements of one id take turns. The id stays pinned if it was,
+        and ``pin`` pins it.
         """
         lock = self._replacing.setdefault(adapter_id, asyncio.Lock())
         async with lock:
             restart = self._entries.get(adapter_id) is not old or old.transition is not None or old.unloading
             # (another replacement, an eviction or an unload ran meanwhile: start over with what the id is now)
-            interrupted = None if restart else await self._load_beside(adapter_id, old, path, identity)
+            interrupted = None if restart else await self._load_beside(adapter_id, old, path, identity, pin=pin)
         if restart:
-            await self.load(adapter_id, path, replace=True, pin=old.pinned)
+            await self.load(adapter_id, path, replace=True, pin=pin)
             return
         if interrupted is not None:
             # the caller is gone; finish without it
@@ -427,18 +432,26 @@ class AdapterRegistry:
             raise interrupted
         await self._retire(adapter_id, old)
 
-    async def _load_beside(self, adapter_id: str, old: _Entry, path: str, identity: str) -> BaseException | None:
+    async def _load_beside(
+        self, adapter_id: str, old: _Entry, path: str, identity: str, *, pin: bool
+    ) -> BaseException | None:
         """Load ``path`` under a new backend name while ``old`` serves, then switch the id to it.
+
+        The capacity rule applies as to any load: the new weights take the id's place, so other adapters are
+        evicted until they leave room for one (the old weights, while they drain, are not counted).
 
         Returns the cancellation that arrived after the backend had loaded the new weights (the switch is made
         anyway: the backend holds them), else ``None``. A failed load raises with ``old`` untouched.
         """
         version, self._next_version = self._next_version, self._next_version + 1
-        new = _Entry(path=path, backend=self._versioned(adapter_id, version), identity=identity, pinned=old.pinned)
+        new = _Entry(
+            path=path, backend=self._versioned(adapter_id, version), identity=identity, pinned=old.pinned or pin
+        )
         self._by_backend[new.backend] = new
         interrupted: BaseException | None = None
         try:
             async with self._transition(new):
+                await self._evict_for_one_more(exclude=adapter_id)
                 with self._observed("load", adapter_id, new, replaces=old.backend):
                     await self._finish(new, self._load(new.backend, new.path), resident_after=True)
         except BaseException as error:
