@@ -989,6 +989,8 @@ async def test_weights_from_memory_upload_what_their_directory_uploads(
     assert len(tensors) > 0 and tensors == gguf_tensors(*from_dir.values(), tmp_path)  # the same LoRA tensors
     written = Path(adapters._adapter_path("from-memory") or "")
     assert written.is_dir()
+    # its conversion lives in its private directory, not in the cache that a training loop would fill
+    assert len(list(adapters.adapter_cache_dir.glob("*.gguf"))) == 1 and len(list(written.glob("*.gguf"))) == 1
     result = await adapters.generate("Hi", model=BASE_MODEL, adapter_id="from-memory")
     assert result.model == adapters.derived_model("from-memory")
     await adapters.unload_adapter("from-memory")

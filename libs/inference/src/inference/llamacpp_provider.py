@@ -280,7 +280,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._check_open()
         path = Path(adapter_path)
         if path.is_dir():
-            gguf_path = await asyncio.to_thread(self._convert_peft, path)
+            cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)
+            gguf_path = await asyncio.to_thread(self._convert_peft, path, cache)
         elif path.is_file():
             gguf_path = path
         else:
@@ -314,8 +315,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         if request.seed is not None and not _seed_fits(request.seed):
             raise InvalidRequestError(f"seed {_seed_rule(request.seed)}", provider=self.name)
 
-    def _convert_peft(self, directory: Path) -> Path:
-        """Convert a PEFT directory to a GGUF LoRA for this base model (cached; runs in a helper thread)."""
+    def _convert_peft(self, directory: Path, cache: Path) -> Path:
+        """Convert a PEFT directory to a GGUF LoRA for this base model (cached in ``cache``; runs in a helper
+        thread)."""
         from inference.adapters.gguf import convert_peft_to_gguf_cached
 
         if not self.model_path.is_file():
@@ -326,7 +328,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 path=str(self.model_path),
             )
         try:
-            return Path(convert_peft_to_gguf_cached(directory, self.model_path, self.adapter_cache_dir))
+            return Path(convert_peft_to_gguf_cached(directory, self.model_path, cache))
         except UnicodeError as error:  # e.g. a directory name with undecodable bytes, written into the GGUF
             raise InvalidAdapterError(
                 f"adapter at {os.fspath(directory)!r} could not be converted to GGUF ({error}): rename or move it to a "

@@ -20,6 +20,7 @@ import tempfile
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -605,6 +606,12 @@ class InferenceProvider(ABC):
         self._adapter_weights_pending.add(path)  # before it is listed: a clean-up on the loop must not see it bare
         self._adapter_weight_dirs[path] = remove
         return path
+
+    def _conversion_dir(self, adapter_path: str, cache_dir: Path) -> Path:
+        """Where to keep what the adapter at ``adapter_path`` is converted to (a GGUF LoRA): ``cache_dir``, except
+        for the private directory of :class:`~inference.AdapterWeights`, whose conversions are kept inside it and
+        removed with it (a training loop's weights, new every step, would fill a cache that is never pruned)."""
+        return Path(adapter_path) if adapter_path in self._adapter_weight_dirs else cache_dir
 
     def _remove_unused_adapter_weights(self) -> None:
         """Remove the temporary directories of adapter weights no adapter uses any more (unloaded, replaced,
