@@ -196,3 +196,29 @@ async def test_an_adapter_keeps_the_weights_it_was_loaded_with_after_the_caller_
         assert read.keys() == original.keys()
         for name, value in original.items():
             np.testing.assert_array_equal(read[name], value)
+
+
+async def test_a_closed_provider_writes_nothing_and_vllm_offline_removes_its_directories_at_aclose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from inference.exceptions import ProviderError
+    from inference.vllm_offline_provider import VLLMOfflineProvider
+
+    class WithoutEngine(VLLMOfflineProvider):  # the lifecycle of the offline provider, with no vLLM engine
+        async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+            read_peft_adapter(adapter_path, provider=self.name)
+
+        async def _unload_adapter(self, adapter_id: str) -> None:
+            pass
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    provider = WithoutEngine(model_name="/models/none")
+    await provider.load_adapter("step", AdapterWeights(tensors(), CONFIG))
+    assert len(list(tmp_path.glob("inference-adapter-*"))) == 1
+    await provider.aclose()
+    assert list(tmp_path.iterdir()) == []  # it stayed until exit before
+    with pytest.raises(ProviderError, match="closed"):
+        await provider.load_adapter("step", AdapterWeights(tensors(), CONFIG), replace=True)
+    assert list(tmp_path.iterdir()) == []

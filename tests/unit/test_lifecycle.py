@@ -480,3 +480,36 @@ async def test_replacements_keep_max_adapters_resident_through_churn() -> None:
                 assert len(provider.resident_adapters) <= 2, (round_, used, provider.resident_adapters)
     stats = provider.adapter_stats()
     assert stats.resident == 2 and stats.evicted == 2 and await provider.list_adapters() == ids
+
+
+class ClosingProvider(FakeProvider):
+    """A fake that, like the in-process providers, is unusable once closed."""
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._adapter_registry.clear()
+
+
+@pytest.mark.parametrize("kind", ["closing fake", "vllm-offline"])
+async def test_after_aclose_the_adapter_calls_say_the_provider_is_closed(kind: str) -> None:
+    from inference.exceptions import ProviderError
+    from inference.vllm_offline_provider import VLLMOfflineProvider  # no vLLM needed until its engine starts
+
+    provider = ClosingProvider() if kind == "closing fake" else VLLMOfflineProvider(model_name="/models/none")
+    if isinstance(provider, ClosingProvider):
+        await provider.load_adapter("a", "/adapters/a")
+    await provider.aclose()
+    assert provider.closed
+    with pytest.raises(ProviderError, match="is closed: create a new one"):
+        await provider.list_adapters()  # it answered [] before, as if nothing had ever been loaded
+    with pytest.raises(ProviderError, match="is closed"):
+        await provider.unload_adapter("a")
+    with pytest.raises(ProviderError, match="is closed"):
+        await provider.load_adapter("b", "/adapters/b")
+
+
+async def test_http_providers_stay_usable_after_aclose_and_so_does_list_adapters() -> None:
+    provider = FakeProvider()  # like the HTTP providers, never closed: aclose frees connections only
+    await provider.load_adapter("a", "/adapters/a")
+    await provider.aclose()
+    assert not provider.closed and await provider.list_adapters() == ["a"]

@@ -35,7 +35,7 @@ from inference._core.validation import (
     validate_adapter_id,
 )
 from inference.adapters.stats import ProviderAdapterStats
-from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.exceptions import InvalidRequestError, ProviderError, UnsupportedOperationError
 from inference.messages import Prompt
 from inference.options import GenerationOptions
 from inference.results import BatchItem, GenerationResult, ScoreItem, ScoreResult, StreamEvent, TokenLogprob
@@ -412,6 +412,7 @@ class InferenceProvider(ABC):
             AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false.
             InvalidAdapterError: The adapter is missing, corrupt or unsupported.
             InvalidRequestError: ``adapter_path`` is not a non-empty path the operating system can take.
+            ProviderError: The provider is :attr:`closed`.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
         from inference.adapters.weights import AdapterWeights  # light: no torch or numpy until weights are saved
@@ -419,9 +420,11 @@ class InferenceProvider(ABC):
         if not isinstance(adapter_path, AdapterWeights):
             path = self._adapter_path_argument(adapter_path)
             self._require_adapter_support("load_adapter")
+            self._check_open()
             await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
             return
         self._require_adapter_support("load_adapter")
+        self._check_open()  # before anything is copied or written for a provider that cannot load it
         if self.loads_adapter_weights_in_memory:
             kept = await asyncio.to_thread(_kept_adapter_weights, adapter_path, self.name)
             path = f"{_IN_MEMORY}{next(_in_memory_numbers)}"
@@ -445,16 +448,23 @@ class InferenceProvider(ABC):
         Raises:
             UnsupportedOperationError: The provider has no adapter support.
             AdapterNotFoundError: No adapter with this id is loaded.
+            ProviderError: The provider is :attr:`closed`.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
         self._require_adapter_support("unload_adapter")
+        self._check_open()
         try:
             await self._adapter_registry.unload(adapter_id)
         finally:
             self._remove_unused_adapter_weights()
 
     async def list_adapters(self) -> list[str]:
-        """Return the ids of the loaded adapters (evicted ones included: they reload on use), sorted."""
+        """Return the ids of the loaded adapters (evicted ones included: they reload on use), sorted.
+
+        Raises:
+            ProviderError: The provider is :attr:`closed` (HTTP providers never are: they list what the server has).
+        """
+        self._check_open()
         return sorted(await self._list_adapters())
 
     def adapter_stats(self) -> ProviderAdapterStats:
@@ -490,6 +500,14 @@ class InferenceProvider(ABC):
         ``get_provider`` replaces a cached provider that is closed with a new one.
         """
         return bool(getattr(self, "_closed", False))
+
+    def _check_open(self) -> None:
+        """Refuse a call to a provider that :meth:`aclose` made unusable (:attr:`closed`)."""
+        if self.closed:
+            raise ProviderError(
+                f"this {type(self).__name__} is closed: create a new one (or call get_provider again)",
+                provider=self.name,
+            )
 
     async def __aenter__(self: _ProviderT) -> _ProviderT:
         return self
