@@ -222,3 +222,69 @@ async def test_a_closed_provider_writes_nothing_and_vllm_offline_removes_its_dir
     with pytest.raises(ProviderError, match="closed"):
         await provider.load_adapter("step", AdapterWeights(tensors(), CONFIG), replace=True)
     assert list(tmp_path.iterdir()) == []
+
+
+HOLDER = """
+import asyncio, sys, tempfile
+import numpy as np
+tempfile.tempdir = sys.argv[1]
+from inference import AdapterWeights
+from inference.fake_provider import FakeProvider
+
+async def main():
+    provider = FakeProvider()
+    tensors = {f"base_model.model.model.layers.0.self_attn.q_proj.lora_{side}.weight": np.ones(shape, "float32")
+               for side, shape in (("A", (2, 8)), ("B", (8, 2)))}
+    config = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}
+    await provider.load_adapter("held", AdapterWeights(tensors, config))
+    print(provider._adapter_path("held"), flush=True)
+    sys.stdin.readline()  # held until the test says so, or kills this process
+
+asyncio.run(main())
+"""
+
+
+def start_holder(directory: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A process that loads AdapterWeights into a fake provider and holds them; returns it and their directory."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert process.stdout is not None
+    written = Path(process.stdout.readline().strip())
+    assert written.is_dir() and written.parent == directory, written
+    return process, written
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGKILL and pid checks are POSIX")
+async def test_directories_of_a_killed_process_are_swept_by_the_next_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    killed, abandoned = start_holder(tmp_path)
+    alive, held = start_holder(tmp_path)
+    killed.kill()  # SIGKILL: no clean-up of any kind runs in it
+    killed.communicate()  # it is gone (and reaped), its pipes closed
+    assert abandoned.is_dir()
+    elsewhere = tmp_path / f"inference-adapter-00000000-{killed.pid}-xyz"  # another host's, in a shared directory
+    elsewhere.mkdir()
+    unrelated = tmp_path / "inference-adapter-legacy"  # no owner in its name: never touched
+    unrelated.mkdir()
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    provider = FakeProvider()
+    await provider.load_adapter("next", AdapterWeights(tensors(), CONFIG))  # its first write sweeps
+    ours = Path(provider._adapter_path("next") or "")
+    try:
+        assert not abandoned.exists()
+        assert held.is_dir() and elsewhere.is_dir() and unrelated.is_dir() and ours.is_dir()
+    finally:
+        assert alive.stdin is not None
+        alive.communicate("\n")  # a clean exit removes its own directory
+    assert not held.exists()
+    await provider.unload_adapter("next")
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([elsewhere.name, unrelated.name])

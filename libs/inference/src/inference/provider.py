@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
+from inference._core.scratch import owned_prefix, sweep_abandoned
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
@@ -613,7 +614,12 @@ class InferenceProvider(ABC):
     def _written_adapter_weights(self, weights: AdapterWeights) -> str:
         """Check ``weights`` and write them to a new private PEFT directory; returns its path (worker thread)."""
         weights = weights.snapshot()  # what is checked is what is written, whatever the caller's tensors do meanwhile
-        directory = tempfile.mkdtemp(prefix="inference-adapter-", dir=self._adapter_weights_dir())
+        parent = self._adapter_weights_dir()
+        if not self.__dict__.setdefault("_swept_abandoned_", False):  # once per provider: those of killed processes
+            self.__dict__["_swept_abandoned_"] = True
+            for abandoned in sweep_abandoned(parent):
+                logger.info("removed %s, left behind by a process that is gone", abandoned)
+        directory = tempfile.mkdtemp(prefix=owned_prefix(), dir=parent)
         remove = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)  # at the latest, at exit
         try:
             weights.save(directory, provider=self.name)
