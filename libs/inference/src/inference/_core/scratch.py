@@ -4,8 +4,8 @@ A provider removes such a directory when its adapter is unloaded or replaced, wh
 latest; a process killed with SIGKILL (or by the out-of-memory killer) removes nothing. So each directory's name
 says whose it is, ``inference-adapter-<host>-<pid>-<random>``, and the first write of each provider removes the
 directories whose process is gone: same host (a digest of its name and pid namespace, since a shared directory
-may be seen by other machines and containers), a pid that no process has. A pid that is alive again (reused) keeps its directory: a leftover is
-better than removing another process's adapter.
+may be seen by other machines and containers), a pid that no process has. A pid that is alive again (reused) keeps
+its directory: a leftover is better than removing another process's adapter.
 """
 
 from __future__ import annotations
