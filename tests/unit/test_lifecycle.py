@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -513,3 +514,33 @@ async def test_http_providers_stay_usable_after_aclose_and_so_does_list_adapters
     await provider.load_adapter("a", "/adapters/a")
     await provider.aclose()
     assert not provider.closed and await provider.list_adapters() == ["a"]
+
+
+def write_adapter(directory: Path, weights: bytes) -> str:
+    """A directory with the files of a PEFT adapter (the fake reads nothing; only the files' state matters)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 2}')
+    (directory / "adapter_model.safetensors").write_bytes(weights)
+    return str(directory)
+
+
+async def test_files_changed_in_place_are_never_served_under_the_id_without_a_replace(tmp_path: Path) -> None:
+    """A loop that saves each step into one directory: an eviction must not quietly bring back other weights."""
+    provider = FakeProvider(max_adapters=1)
+    path = write_adapter(tmp_path / "step", b"weights of step 1")
+    await provider.load_adapter("step", path)
+    write_adapter(tmp_path / "step", b"weights of step 2, longer")  # save_pretrained into the same directory
+    (tmp_path / "step" / "adapter_model.gguf").write_bytes(b"a conversion beside them")  # not an adapter file
+
+    await provider.load_adapter("other", "/adapters/other")  # max_adapters=1: "step" is evicted
+    with pytest.raises(InvalidAdapterError, match=r"changed since it was loaded.*replace=True"):
+        await provider.generate("p", model="m", adapter_id="step")  # it reloaded the new files before
+    with pytest.raises(AdapterAlreadyLoadedError, match=r"changed since it was loaded.*replace=True"):
+        await provider.load_adapter("step", path)  # it did nothing before: the old weights went on serving
+    assert provider.backend_loads == 2
+
+    await provider.load_adapter("step", path, replace=True)  # the new files, under the id, as any replace
+    assert (await provider.generate("p", model="m", adapter_id="step")).adapter_id == "step"
+    assert provider.adapter_stats().get("step").replacements == 1  # type: ignore[union-attr]
+    await provider.load_adapter("step", path)  # unchanged since: nothing to do
+    assert provider.backend_loads == 3

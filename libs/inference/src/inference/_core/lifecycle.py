@@ -14,7 +14,11 @@ The registry is the single place that decides:
   replacement's new weights count as a load (they take the id's place, so the cap holds once the old ones
   are unloaded);
 - a pin belongs to the id: ``pin=True`` on a load or a replacement pins it, ``pin=False`` leaves it as it was,
-  an unload forgets it.
+  an unload forgets it;
+- an adapter keeps the weights it was loaded with until it is replaced: where its files are on this machine,
+  their sizes and modification times are noted at load, and files changed in place since are never loaded
+  under the id by an eviction's reload (an error says to replace it) nor ignored by a repeated load (which
+  needs ``replace=True``, and then loads them as any replacement).
 
 Backends only do the real work through two callables, ``load(name, path)`` and ``unload(name)``, which the
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
@@ -33,6 +37,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
@@ -40,8 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference._core.paths import path_identity
+from inference.adapters.peft import CONFIG_NAME, WEIGHT_NAMES
 from inference.adapters.stats import AdapterStats, ProviderAdapterStats
-from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError
+from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError, InvalidAdapterError
 
 logger = logging.getLogger("inference.adapters")
 
@@ -78,6 +84,40 @@ class Discovered:
     path: str
     backend: str
     version: int
+
+
+FilesState = tuple[tuple[str, int, int], ...] | None
+"""The adapter files at a path: (name, size, modification time in ns) each; ``None`` where none can be read here."""
+
+
+def files_state(path: str) -> FilesState:
+    """What the adapter files at ``path`` look like now: a PEFT directory's config and weights, or a file.
+
+    ``None`` for a path this machine cannot read (one on a server, a Hub id, weights kept in memory). Other files
+    in the directory (a GGUF converted beside them) do not count.
+    """
+    try:
+        if os.path.isdir(path):
+            candidates = [os.path.join(path, name) for name in (CONFIG_NAME, *WEIGHT_NAMES)]
+        elif os.path.isfile(path):
+            candidates = [path]
+        else:
+            return None
+        state = []
+        for candidate in candidates:
+            try:
+                info = os.stat(candidate)
+            except FileNotFoundError:
+                continue
+            state.append((os.path.basename(candidate), info.st_size, info.st_mtime_ns))
+    except (OSError, ValueError):
+        return None
+    return tuple(state)
+
+
+def _changed(entry: _Entry) -> bool:
+    """True when the entry's files were noted at load and are not what they were then."""
+    return entry.files is not None and files_state(entry.path) != entry.files
 
 
 _tracer: Any = None  # opentelemetry's tracer once looked up; False when opentelemetry-api is not installed
@@ -162,6 +202,7 @@ class _Entry:
     unloaded: asyncio.Future[None] | None = None
     evicting: bool = False
     loads: int = 0
+    files: FilesState = None
 
     @property
     def state(self) -> AdapterState:
@@ -311,7 +352,7 @@ class AdapterRegistry:
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
-                entry = _Entry(path=path, backend=adapter_id, identity=identity, pinned=pin)
+                entry = _Entry(path=path, backend=adapter_id, identity=identity, pinned=pin, files=files_state(path))
                 self._entries[adapter_id] = entry
                 try:
                     await self._make_resident(adapter_id, entry)
@@ -330,6 +371,16 @@ class AdapterRegistry:
                 await self._wait_unloaded(adapter_id, entry)
                 continue
             if (entry.identity or path_identity(entry.path)) == identity:
+                if _changed(entry):
+                    if not replace:
+                        raise AdapterAlreadyLoadedError(
+                            f"adapter {adapter_id!r} is loaded from {entry.path}, whose files changed since it was "
+                            "loaded: pass replace=True to serve the new files (or unload it first)",
+                            provider=self._provider,
+                            path=path,
+                        )
+                    await self._replace(adapter_id, entry, path, identity, pin=pin)
+                    return
                 entry.pinned = entry.pinned or pin
                 if not entry.resident:
                     await self._make_resident(adapter_id, entry)
@@ -445,7 +496,11 @@ class AdapterRegistry:
         """
         version, self._next_version = self._next_version, self._next_version + 1
         new = _Entry(
-            path=path, backend=self._versioned(adapter_id, version), identity=identity, pinned=old.pinned or pin
+            path=path,
+            backend=self._versioned(adapter_id, version),
+            identity=identity,
+            pinned=old.pinned or pin,
+            files=files_state(path),
         )
         self._by_backend[new.backend] = new
         interrupted: BaseException | None = None
@@ -494,6 +549,14 @@ class AdapterRegistry:
             self._retiring = {task for task in self._retiring if not task.done()}
 
     async def _make_resident(self, adapter_id: str, entry: _Entry) -> None:
+        if _changed(entry):
+            raise InvalidAdapterError(
+                f"adapter {adapter_id!r} was evicted and its files at {entry.path} changed since it was loaded, so "
+                "loading it again would serve other weights under the same id: call load_adapter(..., "
+                "replace=True) to serve the new files, or put back the ones it was loaded from",
+                provider=self._provider,
+                path=entry.path,
+            )
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
             event = "reload" if self._counters.get(adapter_id, _Counters()).loads else "load"
