@@ -306,6 +306,7 @@ class OllamaProvider(InferenceProvider):
 
     async def _create(self, adapter_id: str, adapter_path: str, base: str) -> None:
         """Upload the adapter's files and create its derived model on ``base``; delete one on another base."""
+        self._adapter_registry.refuse_changed(adapter_id)  # created again after a loss: the same weights
         name = derived_model_name(adapter_id, base, provider=self.name)
         info = await self._models.show(base)
         cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)

@@ -342,6 +342,27 @@ class AdapterRegistry:
             pass
         self._record("reload", adapter_id, entry, duration_ms, "ok" if ok else "error", {"healed": True})
 
+    def refuse_changed(self, name: str) -> None:
+        """Raise when the files an adapter (an id, or a backend name in use now) was loaded from changed since:
+        for a backend that loads it again by itself (a server that lost it, another replica).
+
+        Raises:
+            InvalidAdapterError: The files changed in place since the load.
+        """
+        entry = self._entries.get(name) or self._by_backend.get(name)
+        if entry is not None:
+            self._refuse_changed(next((key for key, value in self._entries.items() if value is entry), name), entry)
+
+    def _refuse_changed(self, adapter_id: str, entry: _Entry) -> None:
+        if _changed(entry):
+            raise InvalidAdapterError(
+                f"adapter {adapter_id!r} must be loaded again and its files at {entry.path} changed since it was "
+                "loaded, which would serve other weights under the same id: call load_adapter(..., replace=True) "
+                "to serve the new files, or put back the ones it was loaded from",
+                provider=self._provider,
+                path=entry.path,
+            )
+
     def forget(self, adapter_id: str) -> None:
         """Drop the record without touching the backend (the backend lost the adapter itself)."""
         self._entries.pop(adapter_id, None)
@@ -549,14 +570,7 @@ class AdapterRegistry:
             self._retiring = {task for task in self._retiring if not task.done()}
 
     async def _make_resident(self, adapter_id: str, entry: _Entry) -> None:
-        if _changed(entry):
-            raise InvalidAdapterError(
-                f"adapter {adapter_id!r} was evicted and its files at {entry.path} changed since it was loaded, so "
-                "loading it again would serve other weights under the same id: call load_adapter(..., "
-                "replace=True) to serve the new files, or put back the ones it was loaded from",
-                provider=self._provider,
-                path=entry.path,
-            )
+        self._refuse_changed(adapter_id, entry)
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
             event = "reload" if self._counters.get(adapter_id, _Counters()).loads else "load"
