@@ -92,3 +92,42 @@ async def test_an_evicted_adapter_comes_back_with_the_weights_it_was_loaded_with
     assert logprobs_of(after) == pytest.approx(logprobs_of(before), abs=1e-5)
     await provider.unload_adapter("step")
     await provider.unload_adapter("other")
+
+
+@pytest.mark.parametrize("evicted", [True, False], ids=["evicted", "switched"])
+@pytest.mark.parametrize("hot_swap", [True, False], ids=["hot-swap", "reload-mode"])
+async def test_a_gguf_file_rewritten_in_place_is_never_served_under_the_id_without_a_replace(
+    tiny_models: dict[str, Any], tmp_path: Path, hot_swap: bool, evicted: bool
+) -> None:
+    """An eviction's reload reads the adapter's file again, and so does reload mode at every switch of adapter
+    (it rebuilds the model with ``lora_path``): a file rewritten since must not answer under the id."""
+    import os
+    import shutil
+
+    from inference.adapters.gguf import convert_peft_to_gguf
+    from inference.exceptions import InvalidAdapterError
+
+    model = tiny_models["qwen2"]
+    files = {name: convert_peft_to_gguf(model.adapter_dirs[name], model.gguf_path, tmp_path / f"{name}.gguf")
+             for name in ("a0", "a1")}
+    step = tmp_path / "step.gguf"
+    shutil.copyfile(files["a0"], step)
+    options: dict[str, Any] = {"model": "tiny", "max_tokens": 6, "temperature": 0}
+    async with LlamaCppProvider(
+        model.gguf_path, n_ctx=256, kv_cache_type="f32", hot_swap=hot_swap, max_adapters=1 if evicted else None
+    ) as provider:
+        await provider.load_adapter("step", step)
+        before = (await provider.generate(PROMPT, adapter_id="step", **options)).text
+        await provider.load_adapter("other", files["a1"])
+        other = (await provider.generate(PROMPT, adapter_id="other", **options)).text  # switched (or evicted)
+        assert other != before
+        shutil.copyfile(files["a1"], step)  # the next step's adapter written over the file
+        stat = os.stat(step)
+        os.utime(step, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a later write, whatever the clock
+        if hot_swap and not evicted:  # llama.cpp read the file once, at load: the weights it was loaded with
+            assert (await provider.generate(PROMPT, adapter_id="step", **options)).text == before
+        else:
+            with pytest.raises(InvalidAdapterError, match=r"changed since it was loaded.*replace=True"):
+                await provider.generate(PROMPT, adapter_id="step", **options)  # it answered as a1 before
+        await provider.load_adapter("step", step, replace=True)
+        assert (await provider.generate(PROMPT, adapter_id="step", **options)).text == other
