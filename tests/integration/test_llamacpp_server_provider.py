@@ -206,6 +206,33 @@ async def test_adapters_are_found_by_path_by_content_and_by_file_name(
             await provider.generate(PROMPTS[0], adapter_id="styled", **greedy)
 
 
+async def test_weights_from_memory_the_server_lacks_leave_nothing_in_the_cache(
+    served: tuple[LlamaCppServer, Any, dict[str, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AdapterWeights are converted to be matched by content; a training loop trying them must not fill the cache."""
+    import json
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    from inference import AdapterWeights
+
+    server, model, _ = served
+    directory = model.adapter_dirs["a2"]  # not among the server's --lora files
+    config = json.loads((directory / "adapter_config.json").read_text())
+    weights = AdapterWeights(load_file(str(directory / "adapter_model.safetensors")), config)
+    cache, scratch = tmp_path / "cache", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    async with LlamaCppServerProvider(base_url=server.url, max_retries=0, adapter_cache_dir=cache) as provider:
+        for _ in range(3):
+            with pytest.raises(InvalidAdapterError, match="llama-server loads adapters only at start"):
+                await provider.load_adapter("from-memory", weights)
+        assert await provider.list_adapters() == ["a0", "a1"]
+    assert not cache.exists() or list(cache.iterdir()) == []  # one GGUF per attempt was left there before
+    assert list(scratch.iterdir()) == []
+
+
 async def test_an_adapter_the_server_lacks_names_the_flag_and_the_provider_goes_on(
     served: tuple[LlamaCppServer, Any, dict[str, Path]],
 ) -> None:

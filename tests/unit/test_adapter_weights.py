@@ -169,3 +169,142 @@ async def test_a_full_disk_names_the_weights_file_and_the_provider_goes_on(monke
     monkeypatch.undo()
     await provider.load_adapter("step-1", AdapterWeights(tensors(), CONFIG))
     assert await provider.list_adapters() == ["step-1"]
+
+
+class ReadingProvider(FakeProvider):
+    """A fake that reads the weights at every backend load (evictions' reloads included), as a real backend does:
+    from the directory written for it, or, with ``loads_adapter_weights_in_memory``, from what the base class kept."""
+
+    def __init__(self, *, in_memory: bool) -> None:
+        super().__init__(max_adapters=1)
+        self.in_memory = in_memory
+        self.read: list[dict[str, Any]] = []
+
+    @property  # type: ignore[override]
+    def loads_adapter_weights_in_memory(self) -> bool:  # an instance switch, for the test only
+        return self.in_memory
+
+    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        kept = self._adapter_weights_at(adapter_path)
+        if kept is not None:
+            self.read.append({name: np.array(value) for name, value in kept.tensors.items()})
+        elif adapter_id.startswith("live"):
+            from safetensors.numpy import load_file
+
+            self.read.append(load_file(str(Path(adapter_path) / "adapter_model.safetensors")))
+        await super()._load_adapter(adapter_id, adapter_path)
+
+
+@pytest.mark.parametrize("in_memory", [True, False], ids=["kept-in-memory", "written-directory"])
+@pytest.mark.parametrize("training_writes", ["a step", "NaN"])
+async def test_an_adapter_keeps_the_weights_it_was_loaded_with_after_the_caller_changes_them(
+    in_memory: bool, training_writes: str
+) -> None:
+    provider = ReadingProvider(in_memory=in_memory)
+    live = tensors()  # the caller's arrays: a training loop changes them in place after the load
+    original = {name: value.copy() for name, value in live.items()}
+    await provider.load_adapter("live", AdapterWeights(live, CONFIG))
+    for value in live.values():
+        value += 0.5 if training_writes == "a step" else np.nan
+
+    await provider.load_adapter("other", "/adapters/other")  # max_adapters=1: "live" is evicted
+    assert provider.adapter_stats().get("live").state == "evicted"  # type: ignore[union-attr]
+    assert (await provider.generate("hi", model="m", adapter_id="live")).adapter_id == "live"  # loaded again
+
+    assert len(provider.read) == 2  # the first load and the reload after the eviction
+    for read in provider.read:
+        assert read.keys() == original.keys()
+        for name, value in original.items():
+            np.testing.assert_array_equal(read[name], value)
+
+
+async def test_a_closed_provider_writes_nothing_and_vllm_offline_removes_its_directories_at_aclose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from inference.exceptions import ProviderError
+    from inference.vllm_offline_provider import VLLMOfflineProvider
+
+    class WithoutEngine(VLLMOfflineProvider):  # the lifecycle of the offline provider, with no vLLM engine
+        async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+            read_peft_adapter(adapter_path, provider=self.name)
+
+        async def _unload_adapter(self, adapter_id: str) -> None:
+            pass
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    provider = WithoutEngine(model_name="/models/none")
+    await provider.load_adapter("step", AdapterWeights(tensors(), CONFIG))
+    assert len(list(tmp_path.glob("inference-adapter-*"))) == 1
+    await provider.aclose()
+    assert list(tmp_path.iterdir()) == []  # it stayed until exit before
+    with pytest.raises(ProviderError, match="closed"):
+        await provider.load_adapter("step", AdapterWeights(tensors(), CONFIG), replace=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+HOLDER = """
+import asyncio, sys, tempfile
+import numpy as np
+tempfile.tempdir = sys.argv[1]
+from inference import AdapterWeights
+from inference.fake_provider import FakeProvider
+
+async def main():
+    provider = FakeProvider()
+    tensors = {f"base_model.model.model.layers.0.self_attn.q_proj.lora_{side}.weight": np.ones(shape, "float32")
+               for side, shape in (("A", (2, 8)), ("B", (8, 2)))}
+    config = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}
+    await provider.load_adapter("held", AdapterWeights(tensors, config))
+    print(provider._adapter_path("held"), flush=True)
+    sys.stdin.readline()  # held until the test says so, or kills this process
+
+asyncio.run(main())
+"""
+
+
+def start_holder(directory: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A process that loads AdapterWeights into a fake provider and holds them; returns it and their directory."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert process.stdout is not None
+    written = Path(process.stdout.readline().strip())
+    assert written.is_dir() and written.parent == directory, written
+    return process, written
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGKILL and pid checks are POSIX")
+async def test_directories_of_a_killed_process_are_swept_by_the_next_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    killed, abandoned = start_holder(tmp_path)
+    alive, held = start_holder(tmp_path)
+    killed.kill()  # SIGKILL: no clean-up of any kind runs in it
+    killed.communicate()  # it is gone (and reaped), its pipes closed
+    assert abandoned.is_dir()
+    elsewhere = tmp_path / f"inference-adapter-00000000-{killed.pid}-xyz"  # another host's, in a shared directory
+    elsewhere.mkdir()
+    unrelated = tmp_path / "inference-adapter-legacy"  # no owner in its name: never touched
+    unrelated.mkdir()
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    provider = FakeProvider()
+    await provider.load_adapter("next", AdapterWeights(tensors(), CONFIG))  # its first write sweeps
+    ours = Path(provider._adapter_path("next") or "")
+    try:
+        assert not abandoned.exists()
+        assert held.is_dir() and elsewhere.is_dir() and unrelated.is_dir() and ours.is_dir()
+    finally:
+        assert alive.stdin is not None
+        alive.communicate("\n")  # a clean exit removes its own directory
+    assert not held.exists()
+    await provider.unload_adapter("next")
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([elsewhere.name, unrelated.name])

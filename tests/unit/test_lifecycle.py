@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -432,3 +433,114 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
         assert result.text == await expected_text("a", path, prompt), (prompt, path)
     assert len(set(started_on)) > 2  # the generations did run across several replacements
     assert len(provider.resident_adapters) == 1  # every replaced version was unloaded
+
+
+async def test_a_replace_with_pin_pins_and_a_replace_without_pin_keeps_the_pin() -> None:
+    provider = FakeProvider(max_adapters=1)
+    await provider.load_adapter("a", "/v1/a")
+    await provider.load_adapter("a", "/v2/a", replace=True, pin=True)
+    assert provider.adapter_stats().get("a").pinned  # type: ignore[union-attr]
+    await provider.load_adapter("b", "/adapters/b")  # max_adapters=1: a pinned adapter is never evicted
+    assert "a@2" in provider.resident_adapters
+
+    await provider.load_adapter("a", "/v3/a", replace=True)  # pin=False leaves the id's pin as it is
+    assert provider.adapter_stats().get("a").pinned  # type: ignore[union-attr]
+    await provider.load_adapter("c", "/adapters/c")
+    assert "a@3" in provider.resident_adapters
+
+    await provider.unload_adapter("a")  # an unload forgets the pin: loaded again, the id is not pinned
+    await provider.load_adapter("a", "/v4/a")
+    await provider.load_adapter("d", "/adapters/d")
+    assert not provider.adapter_stats().get("a").pinned and "a" not in provider.resident_adapters  # type: ignore[union-attr]
+
+
+async def test_a_replace_made_while_another_runs_keeps_its_pin() -> None:
+    provider = GatedProvider(max_adapters=1)
+    provider.load_delay = 0.01
+    await provider.load_adapter("a", "/v1/a")
+    await asyncio.gather(
+        provider.load_adapter("a", "/v2/a", replace=True),
+        provider.load_adapter("a", "/v3/a", replace=True, pin=True),  # starts over after the first one
+    )
+    entry = provider.adapter_stats().get("a")
+    assert entry is not None and entry.pinned and provider._adapter_path("a") == "/v3/a"
+
+
+async def test_replacements_keep_max_adapters_resident_through_churn() -> None:
+    provider = FakeProvider(max_adapters=2)
+    ids = ["a", "b", "c", "d"]
+    for round_ in range(6):
+        for index, adapter_id in enumerate(ids):
+            path = f"/v{round_}/{adapter_id}"
+            await provider.load_adapter(adapter_id, path, replace=round_ > 0)
+            assert len(provider.resident_adapters) <= 2, (round_, adapter_id, provider.resident_adapters)
+            if index % 2:  # a request for an adapter replaced earlier (evicted by now) loads it again
+                used = ids[index - 1]
+                result = await provider.generate("p", model="m", adapter_id=used, max_tokens=6)
+                assert result.text == await expected_text(used, f"/v{round_}/{used}", "p")
+                assert len(provider.resident_adapters) <= 2, (round_, used, provider.resident_adapters)
+    stats = provider.adapter_stats()
+    assert stats.resident == 2 and stats.evicted == 2 and await provider.list_adapters() == ids
+
+
+class ClosingProvider(FakeProvider):
+    """A fake that, like the in-process providers, is unusable once closed."""
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._adapter_registry.clear()
+
+
+@pytest.mark.parametrize("kind", ["closing fake", "vllm-offline"])
+async def test_after_aclose_the_adapter_calls_say_the_provider_is_closed(kind: str) -> None:
+    from inference.exceptions import ProviderError
+    from inference.vllm_offline_provider import VLLMOfflineProvider  # no vLLM needed until its engine starts
+
+    provider = ClosingProvider() if kind == "closing fake" else VLLMOfflineProvider(model_name="/models/none")
+    if isinstance(provider, ClosingProvider):
+        await provider.load_adapter("a", "/adapters/a")
+    await provider.aclose()
+    assert provider.closed
+    with pytest.raises(ProviderError, match="is closed: create a new one"):
+        await provider.list_adapters()  # it answered [] before, as if nothing had ever been loaded
+    with pytest.raises(ProviderError, match="is closed"):
+        await provider.unload_adapter("a")
+    with pytest.raises(ProviderError, match="is closed"):
+        await provider.load_adapter("b", "/adapters/b")
+
+
+async def test_http_providers_stay_usable_after_aclose_and_so_does_list_adapters() -> None:
+    provider = FakeProvider()  # like the HTTP providers, never closed: aclose frees connections only
+    await provider.load_adapter("a", "/adapters/a")
+    await provider.aclose()
+    assert not provider.closed and await provider.list_adapters() == ["a"]
+
+
+def write_adapter(directory: Path, weights: bytes) -> str:
+    """A directory with the files of a PEFT adapter (the fake reads nothing; only the files' state matters)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 2}')
+    (directory / "adapter_model.safetensors").write_bytes(weights)
+    return str(directory)
+
+
+async def test_files_changed_in_place_are_never_served_under_the_id_without_a_replace(tmp_path: Path) -> None:
+    """A loop that saves each step into one directory: an eviction must not quietly bring back other weights."""
+    provider = FakeProvider(max_adapters=1)
+    path = write_adapter(tmp_path / "step", b"weights of step 1")
+    await provider.load_adapter("step", path)
+    write_adapter(tmp_path / "step", b"weights of step 2, longer")  # save_pretrained into the same directory
+    (tmp_path / "step" / "adapter_model.gguf").write_bytes(b"a conversion beside them")  # not an adapter file
+
+    await provider.load_adapter("other", "/adapters/other")  # max_adapters=1: "step" is evicted
+    with pytest.raises(InvalidAdapterError, match=r"changed since it was loaded.*replace=True"):
+        await provider.generate("p", model="m", adapter_id="step")  # it reloaded the new files before
+    with pytest.raises(AdapterAlreadyLoadedError, match=r"changed since it was loaded.*replace=True"):
+        await provider.load_adapter("step", path)  # it did nothing before: the old weights went on serving
+    assert provider.backend_loads == 2
+
+    await provider.load_adapter("step", path, replace=True)  # the new files, under the id, as any replace
+    assert (await provider.generate("p", model="m", adapter_id="step")).adapter_id == "step"
+    assert provider.adapter_stats().get("step").replacements == 1  # type: ignore[union-attr]
+    await provider.load_adapter("step", path)  # unchanged since: nothing to do
+    assert provider.backend_loads == 3

@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import json
 import re
+import shutil
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -989,6 +990,8 @@ async def test_weights_from_memory_upload_what_their_directory_uploads(
     assert len(tensors) > 0 and tensors == gguf_tensors(*from_dir.values(), tmp_path)  # the same LoRA tensors
     written = Path(adapters._adapter_path("from-memory") or "")
     assert written.is_dir()
+    # its conversion lives in its private directory, not in the cache that a training loop would fill
+    assert len(list(adapters.adapter_cache_dir.glob("*.gguf"))) == 1 and len(list(written.glob("*.gguf"))) == 1
     result = await adapters.generate("Hi", model=BASE_MODEL, adapter_id="from-memory")
     assert result.model == adapters.derived_model("from-memory")
     await adapters.unload_adapter("from-memory")
@@ -1041,6 +1044,20 @@ async def test_a_derived_model_deleted_behind_our_back_is_created_again(
     del server.models[name]
     _, streamed = await collect(adapters.stream("Hi", model=BASE_MODEL, adapter_id="a0"))
     assert streamed.text == f"from {name}" and len(server.creates) == 3
+
+
+async def test_a_lost_derived_model_whose_files_changed_since_is_not_created_again(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tmp_path: Path
+) -> None:
+    lora = tmp_path / "step.gguf"
+    shutil.copyfile(qwen_lora, lora)
+    await adapters.load_adapter("a0", lora)
+    del server.models[adapters.derived_model("a0")]  # `ollama rm` by someone else
+    with lora.open("ab") as file:
+        file.write(b"\0")  # and the file was rewritten in place since (here: one byte longer)
+    with pytest.raises(InvalidAdapterError, match=r"changed since it was loaded.*replace=True"):
+        await adapters.generate("Hi", model=BASE_MODEL, adapter_id="a0")
+    assert len(server.creates) == 1  # never created again from other weights under the id
 
 
 async def test_adapter_ops_report_a_server_that_is_down(qwen_lora: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import AsyncIterator
-from typing import Any, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 import httpx
 import pytest
@@ -20,7 +20,7 @@ import respx
 from inference._core.validation import GenerationRequest
 from inference.exceptions import UnsupportedOperationError
 from inference.fake_provider import FakeProvider
-from inference.options import POSITIONAL_OPTIONS, GenerationOptions, Refused, RequestOptions, Sent
+from inference.options import POSITIONAL_OPTIONS, GenerationOptions, OptionMap, Refused, RequestOptions, Sent
 from inference.provider import InferenceProvider
 from inference.registry import PROVIDERS, load_provider_class, providers_sending
 from inference.results import GenerationResult, StreamEvent
@@ -84,7 +84,10 @@ def test_each_method_lists_every_option_once_in_its_signature(method: str) -> No
 class _NoTopK(FakeProvider):
     """A provider whose backend cannot take top_k (and that records whether its backend was reached)."""
 
-    options = {**FakeProvider.options, "top_k": Refused("this backend samples without a top-k filter")}
+    options: ClassVar[OptionMap] = {
+        **FakeProvider.options,
+        "top_k": Refused("this backend samples without a top-k filter"),
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -119,7 +122,7 @@ async def test_a_refused_option_names_the_option_its_reason_and_who_can_before_a
 
 async def test_an_option_a_provider_does_not_declare_is_refused_not_dropped() -> None:
     class Undeclared(FakeProvider):
-        options = {name: how for name, how in FakeProvider.options.items() if name != "seed"}
+        options: ClassVar[OptionMap] = {name: how for name, how in FakeProvider.options.items() if name != "seed"}
 
     with pytest.raises(UnsupportedOperationError, match=r"seed \(Undeclared.options does not declare it\)"):
         await Undeclared().generate("Hi", model="m", seed=3)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
@@ -900,6 +901,23 @@ async def test_a_reload_that_fails_is_reported_with_its_cause(provider: VLLMProv
     with pytest.raises(ServerInvalidAdapterError, match="found no adapter at '/adapters/a1'"):
         await provider.generate("Hi", model="base-model", adapter_id="a1")
     assert chat.call_count == 1
+    await generates(provider, mock)
+
+
+async def test_a_lost_adapter_whose_files_changed_since_is_not_loaded_again(
+    provider: VLLMProvider, mock: respx.MockRouter, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """The server restarted, and the directory now holds the next training step: healing would serve it as a1."""
+    directory = tmp_path / "a1"
+    shutil.copytree(tiny_models["qwen2"].adapter_dirs["a1"], directory)
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    chat = mock.post(CHAT).mock(return_value=vllm_error(404, LOST_A1, "NotFoundError", "model"))
+    await provider.load_adapter("a1", directory)
+    with (directory / "adapter_model.safetensors").open("ab") as weights:
+        weights.write(b" ")  # rewritten in place (here: one byte longer)
+    with pytest.raises(InvalidAdapterError, match=r"files at .* changed since it was loaded.*replace=True"):
+        await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert (chat.call_count, load.call_count) == (1, 1)  # no reload of other weights under the id
     await generates(provider, mock)
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inference._core.dependencies import import_optional, missing_dependency
+from inference._core.lifecycle import FilesState, files_state
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
@@ -85,6 +86,7 @@ class _Adapter:
 
     gguf_path: Path
     handle: Any = None  # llama_adapter_lora_p; None in reload mode
+    files: FilesState = None  # reload mode: the file as it was at load, for the rebuilds that read it again
 
 
 @dataclass(frozen=True)
@@ -291,7 +293,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._check_open()
         path = Path(adapter_path)
         if path.is_dir():
-            gguf_path = await asyncio.to_thread(self._convert_peft, path)
+            cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)
+            gguf_path = await asyncio.to_thread(self._convert_peft, path, cache)
         elif path.is_file():
             gguf_path = path
         else:
@@ -325,8 +328,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         if request.seed is not None and not _seed_fits(request.seed):
             raise InvalidRequestError(f"seed {_seed_rule(request.seed)}", provider=self.name)
 
-    def _convert_peft(self, directory: Path) -> Path:
-        """Convert a PEFT directory to a GGUF LoRA for this base model (cached; runs in a helper thread)."""
+    def _convert_peft(self, directory: Path, cache: Path) -> Path:
+        """Convert a PEFT directory to a GGUF LoRA for this base model (cached in ``cache``; runs in a helper
+        thread)."""
         from inference.adapters.gguf import convert_peft_to_gguf_cached
 
         if not self.model_path.is_file():
@@ -337,7 +341,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 path=str(self.model_path),
             )
         try:
-            return Path(convert_peft_to_gguf_cached(directory, self.model_path, self.adapter_cache_dir))
+            return Path(convert_peft_to_gguf_cached(directory, self.model_path, cache))
         except UnicodeError as error:  # e.g. a directory name with undecodable bytes, written into the GGUF
             raise InvalidAdapterError(
                 f"adapter at {os.fspath(directory)!r} could not be converted to GGUF ({error}): rename or move it to a "
@@ -494,8 +498,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         stale = self._resident.pop(adapter_id, None)  # never expected: the registry unloads before loading
         if stale is not None:
             self._free_adapter_blocking(adapter_id, stale)
+        files = None if self._hot_swap else files_state(str(gguf_path))  # before llama.cpp reads it
         handle = self._init_adapter_blocking(gguf_path)
-        self._resident[adapter_id] = _Adapter(gguf_path=gguf_path, handle=handle)
+        self._resident[adapter_id] = _Adapter(gguf_path=gguf_path, handle=handle, files=files)
 
     def _remove_adapter_blocking(self, adapter_id: str) -> None:
         adapter = self._resident.pop(adapter_id, None)
@@ -551,6 +556,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                     "or a llama-cpp-python without the API) does not use: apply one adapter at scale 1",
                     provider=self.name,
                 )
+            if resident:
+                self._refuse_rewritten(adapters[0][0], resident[0])
             llama = self._ensure_model(resident[0].gguf_path if resident else None)
             self._active = adapters
             return llama
@@ -560,6 +567,17 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             self._set_context_adapters(applied)
             self._active = adapters
         return llama
+
+    def _refuse_rewritten(self, name: str, adapter: _Adapter) -> None:
+        """Reload mode rebuilds the model from the adapter's file: refuse one rewritten since its load."""
+        if adapter.files is not None and files_state(str(adapter.gguf_path)) != adapter.files:
+            raise InvalidAdapterError(
+                f"adapter {name.partition('@')[0]!r} must be read again from {adapter.gguf_path} (reload mode rebuilds "
+                "the model at each adapter switch) and the file changed since it was loaded, which would serve "
+                "other weights under the same id: call load_adapter(..., replace=True) to serve the new file",
+                provider=self.name,
+                path=str(adapter.gguf_path),
+            )
 
     def _prompt_tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
         """Token ids per the in-process prompt rule (:mod:`inference._inprocess.base`)."""

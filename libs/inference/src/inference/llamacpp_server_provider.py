@@ -257,7 +257,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             model_path = (await self._server_props(replica)).get("model_path")
             if not isinstance(model_path, str) or not Path(model_path).is_file():
                 return None  # the base model is not readable here: nothing to convert for
-            local = await asyncio.to_thread(convert_peft_to_gguf_cached, local, model_path, self.adapter_cache_dir)
+            cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)
+            local = await asyncio.to_thread(convert_peft_to_gguf_cached, local, model_path, cache)
         if local is None or not local.is_file():
             return None
         digest = await asyncio.to_thread(_sha256, local)

@@ -317,9 +317,11 @@ class OllamaProvider(InferenceProvider):
 
     async def _create(self, adapter_id: str, adapter_path: str, base: str) -> None:
         """Upload the adapter's files and create its derived model on ``base``; delete one on another base."""
+        self._adapter_registry.refuse_changed(adapter_id)  # created again after a loss: the same weights
         name = derived_model_name(adapter_id, base, provider=self.name)
         info = await self._models.show(base)
-        files = await self._models.adapter_files(adapter_path, info)
+        cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)
+        files = await self._models.adapter_files(adapter_path, info, cache_dir=cache)
         digests = {file.name: await self._models.upload_blob(file) for file in files}
         await self._models.create(name, base, digests, adapter_id=adapter_id)
         previous = self._adapter_models.get(adapter_id)

@@ -27,11 +27,13 @@ import tempfile
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
+from inference._core.scratch import owned_prefix, sweep_abandoned
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
@@ -41,7 +43,7 @@ from inference._core.validation import (
     validate_adapter_id,
 )
 from inference.adapters.stats import ProviderAdapterStats
-from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.exceptions import InvalidRequestError, ProviderError, UnsupportedOperationError
 from inference.messages import Prompt
 from inference.options import (
     POSITIONAL_OPTIONS,
@@ -412,13 +414,17 @@ class InferenceProvider(ABC):
                 Each ``AdapterWeights`` is new weights: loading one under a loaded id needs ``replace=True``.
             replace: If the id is loaded from another path, unload it (after its requests in flight) and load
                 this path in its place, instead of raising.
-            pin: Never evict this adapter when the provider has a capacity (``max_adapters``).
+            pin: Never evict this adapter when the provider has a capacity (``max_adapters``). The pin belongs to
+                the id: a later load or replacement with ``pin=True`` pins it, one with ``pin=False`` leaves it as
+                it was (a training loop that replaces a pinned id each step keeps it pinned); ``unload_adapter``
+                forgets it.
 
         Raises:
             UnsupportedOperationError: The provider has no adapter support.
             AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false.
             InvalidAdapterError: The adapter is missing, corrupt or unsupported.
             InvalidRequestError: ``adapter_path`` is not a non-empty path the operating system can take.
+            ProviderError: The provider is :attr:`closed`.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
         from inference.adapters.weights import AdapterWeights  # light: no torch or numpy until weights are saved
@@ -426,13 +432,15 @@ class InferenceProvider(ABC):
         if not isinstance(adapter_path, AdapterWeights):
             path = self._adapter_path_argument(adapter_path)
             self._require_adapter_support("load_adapter")
+            self._check_open()
             await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
             return
         self._require_adapter_support("load_adapter")
+        self._check_open()  # before anything is copied or written for a provider that cannot load it
         if self.loads_adapter_weights_in_memory:
-            await asyncio.to_thread(adapter_path.check, provider=self.name)
+            kept = await asyncio.to_thread(_kept_adapter_weights, adapter_path, self.name)
             path = f"{_IN_MEMORY}{next(_in_memory_numbers)}"
-            self._adapter_weights_held[path] = adapter_path
+            self._adapter_weights_held[path] = kept
         else:
             path = await asyncio.to_thread(self._written_adapter_weights, adapter_path)
         pending = self._adapter_weights_pending
@@ -452,16 +460,23 @@ class InferenceProvider(ABC):
         Raises:
             UnsupportedOperationError: The provider has no adapter support.
             AdapterNotFoundError: No adapter with this id is loaded.
+            ProviderError: The provider is :attr:`closed`.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
         self._require_adapter_support("unload_adapter")
+        self._check_open()
         try:
             await self._adapter_registry.unload(adapter_id)
         finally:
             self._remove_unused_adapter_weights()
 
     async def list_adapters(self) -> list[str]:
-        """Return the ids of the loaded adapters (evicted ones included: they reload on use), sorted."""
+        """Return the ids of the loaded adapters (evicted ones included: they reload on use), sorted.
+
+        Raises:
+            ProviderError: The provider is :attr:`closed` (HTTP providers never are: they list what the server has).
+        """
+        self._check_open()
         return sorted(await self._list_adapters())
 
     def adapter_stats(self) -> ProviderAdapterStats:
@@ -497,6 +512,14 @@ class InferenceProvider(ABC):
         ``get_provider`` replaces a cached provider that is closed with a new one.
         """
         return bool(getattr(self, "_closed", False))
+
+    def _check_open(self) -> None:
+        """Refuse a call to a provider that :meth:`aclose` made unusable (:attr:`closed`)."""
+        if self.closed:
+            raise ProviderError(
+                f"this {type(self).__name__} is closed: create a new one (or call get_provider again)",
+                provider=self.name,
+            )
 
     async def __aenter__(self: _ProviderT) -> _ProviderT:
         return self
@@ -622,7 +645,13 @@ class InferenceProvider(ABC):
 
     def _written_adapter_weights(self, weights: AdapterWeights) -> str:
         """Check ``weights`` and write them to a new private PEFT directory; returns its path (worker thread)."""
-        directory = tempfile.mkdtemp(prefix="inference-adapter-", dir=self._adapter_weights_dir())
+        weights = weights.snapshot()  # what is checked is what is written, whatever the caller's tensors do meanwhile
+        parent = self._adapter_weights_dir()
+        if not self.__dict__.setdefault("_swept_abandoned_", False):  # once per provider: those of killed processes
+            self.__dict__["_swept_abandoned_"] = True
+            for abandoned in sweep_abandoned(parent):
+                logger.info("removed %s, left behind by a process that is gone", abandoned)
+        directory = tempfile.mkdtemp(prefix=owned_prefix(), dir=parent)
         remove = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)  # at the latest, at exit
         try:
             weights.save(directory, provider=self.name)
@@ -633,6 +662,12 @@ class InferenceProvider(ABC):
         self._adapter_weights_pending.add(path)  # before it is listed: a clean-up on the loop must not see it bare
         self._adapter_weight_dirs[path] = remove
         return path
+
+    def _conversion_dir(self, adapter_path: str, cache_dir: Path) -> Path:
+        """Where to keep what the adapter at ``adapter_path`` is converted to (a GGUF LoRA): ``cache_dir``, except
+        for the private directory of :class:`~inference.AdapterWeights`, whose conversions are kept inside it and
+        removed with it (a training loop's weights, new every step, would fill a cache that is never pruned)."""
+        return Path(adapter_path) if adapter_path in self._adapter_weight_dirs else cache_dir
 
     def _remove_unused_adapter_weights(self) -> None:
         """Remove the temporary directories of adapter weights no adapter uses any more (unloaded, replaced,
@@ -733,6 +768,18 @@ for _method in (InferenceProvider.generate, InferenceProvider.stream, InferenceP
 _IN_MEMORY = "memory://adapter-weights/"
 """The path the registry records for weights kept in memory (no file system path can start so)."""
 _in_memory_numbers = itertools.count(1)
+
+
+def _kept_adapter_weights(weights: AdapterWeights, provider: str) -> AdapterWeights:
+    """The copy of ``weights`` a provider keeps (and loads again after an eviction), checked (worker thread).
+
+    A copy, because the caller's tensors are often live training parameters that change in place afterwards;
+    checked after copying, so what is checked is what is served.
+    """
+    kept = weights.snapshot()
+    kept.check(provider=provider)
+    return kept
+
 
 _Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)
 _Answered = TypeVar("_Answered", GenerationResult, ScoreResult)

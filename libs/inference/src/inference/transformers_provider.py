@@ -556,11 +556,12 @@ class TransformersProvider(InProcessProvider[str]):
             self._slot_shapes[peft_name] = shape
 
     def _load_weights_now(self, adapter_id: str, label: str, weights: AdapterWeights) -> None:
-        """Put in-memory LoRA weights straight into the model (no file), checked as a directory is."""
+        """Put in-memory LoRA weights straight into the model (no file): the copy the base class kept and checked at
+        load (a reload after an eviction does not check it again: nothing can have changed it)."""
         loaded = self._ensure_loaded()
         if adapter_id in self._resident:
             self._unload_adapter_now(adapter_id)
-        config = weights.check(provider=self.name)
+        config = weights.config_dict()
         adapter = PeftAdapter(
             path=Path(label),
             weights_path=Path(label),

@@ -160,6 +160,7 @@ class VLLMOfflineProvider(InferenceProvider):
         self._closed = True
         starting, self._starting = self._starting, None
         self._adapter_registry.clear()
+        self._remove_unused_adapter_weights()  # the private directories of AdapterWeights, as in-process providers do
         self._loras.clear()
         if starting is None:
             return

@@ -709,6 +709,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         )
 
     async def _load_on(self, replica: Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> None:
+        self._adapter_registry.refuse_changed(adapter_id)  # a heal, a placement or a reconcile: the same weights
         def not_found(answer: ServerAnswer) -> ServerResponseError:
             if answer.route_missing:
                 return _runtime_lora_disabled(answer)

@@ -10,7 +10,15 @@ The registry is the single place that decides:
   unloaded after them; a replacement that fails to load leaves the old adapter as it was;
 - ``unload_adapter`` waits for the adapter's requests in flight, and refuses new ones meanwhile;
 - with a capacity (``max_adapters``), the least recently used adapter that is neither pinned nor in use is
-  evicted from the backend, stays listed, and is loaded again transparently when a request needs it.
+  evicted from the backend, stays listed, and is loaded again transparently when a request needs it; a
+  replacement's new weights count as a load (they take the id's place, so the cap holds once the old ones
+  are unloaded);
+- a pin belongs to the id: ``pin=True`` on a load or a replacement pins it, ``pin=False`` leaves it as it was,
+  an unload forgets it;
+- an adapter keeps the weights it was loaded with until it is replaced: where its files are on this machine,
+  their sizes and modification times are noted at load, and files changed in place since are never loaded
+  under the id by an eviction's reload (an error says to replace it) nor ignored by a repeated load (which
+  needs ``replace=True``, and then loads them as any replacement).
 
 Backends only do the real work through two callables, ``load(name, path)`` and ``unload(name)``, which the
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
@@ -29,6 +37,7 @@ import asyncio
 import enum
 import itertools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
@@ -36,8 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference._core.paths import path_identity
+from inference.adapters.peft import CONFIG_NAME, WEIGHT_NAMES
 from inference.adapters.stats import AdapterStats, ProviderAdapterStats
-from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError
+from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError, InvalidAdapterError
 
 logger = logging.getLogger("inference.adapters")
 
@@ -74,6 +84,40 @@ class Discovered:
     path: str
     backend: str
     version: int
+
+
+FilesState = tuple[tuple[str, int, int], ...] | None
+"""The adapter files at a path: (name, size, modification time in ns) each; ``None`` where none can be read here."""
+
+
+def files_state(path: str) -> FilesState:
+    """What the adapter files at ``path`` look like now: a PEFT directory's config and weights, or a file.
+
+    ``None`` for a path this machine cannot read (one on a server, a Hub id, weights kept in memory). Other files
+    in the directory (a GGUF converted beside them) do not count.
+    """
+    try:
+        if os.path.isdir(path):
+            candidates = [os.path.join(path, name) for name in (CONFIG_NAME, *WEIGHT_NAMES)]
+        elif os.path.isfile(path):
+            candidates = [path]
+        else:
+            return None
+        state = []
+        for candidate in candidates:
+            try:
+                info = os.stat(candidate)
+            except FileNotFoundError:
+                continue
+            state.append((os.path.basename(candidate), info.st_size, info.st_mtime_ns))
+    except (OSError, ValueError):
+        return None
+    return tuple(state)
+
+
+def _changed(entry: _Entry) -> bool:
+    """True when the entry's files were noted at load and are not what they were then."""
+    return entry.files is not None and files_state(entry.path) != entry.files
 
 
 _tracer: Any = None  # opentelemetry's tracer once looked up; False when opentelemetry-api is not installed
@@ -158,6 +202,7 @@ class _Entry:
     unloaded: asyncio.Future[None] | None = None
     evicting: bool = False
     loads: int = 0
+    files: FilesState = None
 
     @property
     def state(self) -> AdapterState:
@@ -297,6 +342,27 @@ class AdapterRegistry:
             pass
         self._record("reload", adapter_id, entry, duration_ms, "ok" if ok else "error", {"healed": True})
 
+    def refuse_changed(self, name: str) -> None:
+        """Raise when the files an adapter (an id, or a backend name in use now) was loaded from changed since:
+        for a backend that loads it again by itself (a server that lost it, another replica).
+
+        Raises:
+            InvalidAdapterError: The files changed in place since the load.
+        """
+        entry = self._entries.get(name) or self._by_backend.get(name)
+        if entry is not None:
+            self._refuse_changed(next((key for key, value in self._entries.items() if value is entry), name), entry)
+
+    def _refuse_changed(self, adapter_id: str, entry: _Entry) -> None:
+        if _changed(entry):
+            raise InvalidAdapterError(
+                f"adapter {adapter_id!r} must be loaded again and its files at {entry.path} changed since it was "
+                "loaded, which would serve other weights under the same id: call load_adapter(..., replace=True) "
+                "to serve the new files, or put back the ones it was loaded from",
+                provider=self._provider,
+                path=entry.path,
+            )
+
     def forget(self, adapter_id: str) -> None:
         """Drop the record without touching the backend (the backend lost the adapter itself)."""
         self._entries.pop(adapter_id, None)
@@ -307,7 +373,7 @@ class AdapterRegistry:
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
-                entry = _Entry(path=path, backend=adapter_id, identity=identity, pinned=pin)
+                entry = _Entry(path=path, backend=adapter_id, identity=identity, pinned=pin, files=files_state(path))
                 self._entries[adapter_id] = entry
                 try:
                     await self._make_resident(adapter_id, entry)
@@ -326,6 +392,16 @@ class AdapterRegistry:
                 await self._wait_unloaded(adapter_id, entry)
                 continue
             if (entry.identity or path_identity(entry.path)) == identity:
+                if _changed(entry):
+                    if not replace:
+                        raise AdapterAlreadyLoadedError(
+                            f"adapter {adapter_id!r} is loaded from {entry.path}, whose files changed since it was "
+                            "loaded: pass replace=True to serve the new files (or unload it first)",
+                            provider=self._provider,
+                            path=path,
+                        )
+                    await self._replace(adapter_id, entry, path, identity, pin=pin)
+                    return
                 entry.pinned = entry.pinned or pin
                 if not entry.resident:
                     await self._make_resident(adapter_id, entry)
@@ -337,7 +413,7 @@ class AdapterRegistry:
                     provider=self._provider,
                     path=path,
                 )
-            await self._replace(adapter_id, entry, path, identity)
+            await self._replace(adapter_id, entry, path, identity, pin=pin)
             return
 
     async def unload(self, adapter_id: str) -> None:
@@ -406,20 +482,21 @@ class AdapterRegistry:
 
     # Internals ------------------------------------------------------------------------------------------
 
-    async def _replace(self, adapter_id: str, old: _Entry, path: str, identity: str) -> None:
+    async def _replace(self, adapter_id: str, old: _Entry, path: str, identity: str, *, pin: bool) -> None:
         """Load ``path`` under a new backend name beside the old weights, switch the id to it, then unload the
         old weights once the requests that use them have finished.
 
         The old entry stays the id's record (serving, listed) until the new weights are loaded; a failed load
-        raises and changes nothing. Concurrent replacements of one id take turns.
+        raises and changes nothing. Concurrent replacements of one id take turns. The id stays pinned if it was,
+        and ``pin`` pins it.
         """
         lock = self._replacing.setdefault(adapter_id, asyncio.Lock())
         async with lock:
             restart = self._entries.get(adapter_id) is not old or old.transition is not None or old.unloading
             # (another replacement, an eviction or an unload ran meanwhile: start over with what the id is now)
-            interrupted = None if restart else await self._load_beside(adapter_id, old, path, identity)
+            interrupted = None if restart else await self._load_beside(adapter_id, old, path, identity, pin=pin)
         if restart:
-            await self.load(adapter_id, path, replace=True, pin=old.pinned)
+            await self.load(adapter_id, path, replace=True, pin=pin)
             return
         if interrupted is not None:
             # the caller is gone; finish without it
@@ -427,18 +504,30 @@ class AdapterRegistry:
             raise interrupted
         await self._retire(adapter_id, old)
 
-    async def _load_beside(self, adapter_id: str, old: _Entry, path: str, identity: str) -> BaseException | None:
+    async def _load_beside(
+        self, adapter_id: str, old: _Entry, path: str, identity: str, *, pin: bool
+    ) -> BaseException | None:
         """Load ``path`` under a new backend name while ``old`` serves, then switch the id to it.
+
+        The capacity rule applies as to any load: the new weights take the id's place, so other adapters are
+        evicted until they leave room for one (the old weights, while they drain, are not counted).
 
         Returns the cancellation that arrived after the backend had loaded the new weights (the switch is made
         anyway: the backend holds them), else ``None``. A failed load raises with ``old`` untouched.
         """
         version, self._next_version = self._next_version, self._next_version + 1
-        new = _Entry(path=path, backend=self._versioned(adapter_id, version), identity=identity, pinned=old.pinned)
+        new = _Entry(
+            path=path,
+            backend=self._versioned(adapter_id, version),
+            identity=identity,
+            pinned=old.pinned or pin,
+            files=files_state(path),
+        )
         self._by_backend[new.backend] = new
         interrupted: BaseException | None = None
         try:
             async with self._transition(new):
+                await self._evict_for_one_more(exclude=adapter_id)
                 with self._observed("load", adapter_id, new, replaces=old.backend):
                     await self._finish(new, self._load(new.backend, new.path), resident_after=True)
         except BaseException as error:
@@ -481,6 +570,7 @@ class AdapterRegistry:
             self._retiring = {task for task in self._retiring if not task.done()}
 
     async def _make_resident(self, adapter_id: str, entry: _Entry) -> None:
+        self._refuse_changed(adapter_id, entry)
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
             event = "reload" if self._counters.get(adapter_id, _Counters()).loads else "load"

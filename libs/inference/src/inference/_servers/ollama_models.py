@@ -318,8 +318,11 @@ class OllamaModels:
 
     # Adapter files ---------------------------------------------------------------------------------------
 
-    async def adapter_files(self, adapter_path: str, base: BaseModelInfo) -> list[AdapterFile]:
-        """The files Ollama should receive for the adapter at ``adapter_path`` on ``base``.
+    async def adapter_files(
+        self, adapter_path: str, base: BaseModelInfo, *, cache_dir: Path | None = None
+    ) -> list[AdapterFile]:
+        """The files Ollama should receive for the adapter at ``adapter_path`` on ``base``; a conversion is kept in
+        ``cache_dir`` (default: the cache given at construction).
 
         - A file: must be a GGUF LoRA for the base's architecture; sent as it is.
         - A PEFT directory: ``adapter_config.json`` + ``adapter_model.safetensors`` when the base is ``llama``
@@ -348,7 +351,7 @@ class OllamaModels:
                 AdapterFile("adapter_config.json", adapter.path / "adapter_config.json"),
                 AdapterFile("adapter_model.safetensors", adapter.weights_path),
             ]
-        converted = await asyncio.to_thread(self._convert, path, base)
+        converted = await asyncio.to_thread(self._convert, path, base, cache_dir or self._cache_dir)
         return [AdapterFile(converted.name, converted)]
 
     async def _gguf_file(self, path: Path, base: BaseModelInfo) -> AdapterFile:
@@ -365,8 +368,8 @@ class OllamaModels:
         name = path.name if path.suffix == ".gguf" else f"{path.name}.gguf"
         return AdapterFile(name, path)
 
-    def _convert(self, peft_dir: Path, base: BaseModelInfo) -> Path:
-        """Convert a PEFT directory to a GGUF LoRA for ``base`` (blocking; run it in a thread)."""
+    def _convert(self, peft_dir: Path, base: BaseModelInfo, cache_dir: Path) -> Path:
+        """Convert a PEFT directory to a GGUF LoRA for ``base`` into ``cache_dir`` (blocking; run it in a thread)."""
         from inference.adapters.gguf import convert_peft_to_gguf_for_layout_cached, layout_from_metadata
 
         if not base.tensors:
@@ -379,7 +382,7 @@ class OllamaModels:
                 path=str(peft_dir),
             )
         layout = layout_from_metadata(base.name, base.model_info, base.tensors, provider=self._provider)
-        return convert_peft_to_gguf_for_layout_cached(peft_dir, layout, self._cache_dir, provider=self._provider)
+        return convert_peft_to_gguf_for_layout_cached(peft_dir, layout, cache_dir, provider=self._provider)
 
 
 def default_cache_dir() -> Path:

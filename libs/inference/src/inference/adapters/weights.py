@@ -113,6 +113,23 @@ class AdapterWeights:
                 raise refuse(f"hold {name} with NaN or infinite values")
         return config
 
+    def snapshot(self) -> AdapterWeights:
+        """A copy that later changes to the caller's tensors do not reach: what a provider keeps at load.
+
+        ``get_peft_model_state_dict(model)`` gives views of the live training parameters, which the next
+        optimizer step changes in place; an adapter must keep the weights it was loaded with until it is replaced.
+        Each torch tensor is detached and copied to the CPU (an evicted adapter holds no device memory), each
+        numpy array copied, in its own dtype; the config becomes its dict. A value that cannot be copied (not a
+        tensor, or a meta tensor) is kept as it is, for :meth:`check` to refuse with its reason.
+
+        Raises:
+            InvalidAdapterError: The config is neither a ``peft.LoraConfig`` nor a dict.
+        """
+        tensors = self.tensors
+        if isinstance(tensors, Mapping):
+            tensors = {name: _copied(tensor) for name, tensor in tensors.items()}
+        return AdapterWeights(tensors, self.config_dict())
+
     def save(self, directory: str | os.PathLike[str], *, provider: str | None = None) -> Path:
         """Check the weights, then write them as a PEFT adapter directory; returns it.
 
@@ -187,6 +204,19 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def _copied(tensor: Any) -> Any:
+    """``tensor`` copied to the CPU, detached from any autograd graph; as it is when it cannot be copied."""
+    module = type(tensor).__module__
+    try:
+        if module.startswith("torch"):
+            return tensor.detach().to("cpu", copy=True)
+        if module.startswith("numpy"):
+            return tensor.copy()
+    except Exception:  # a meta tensor, a tensor subclass that refuses: check() says what is wrong with it
+        return tensor
+    return tensor
 
 
 def _missing(error: ImportError, provider: str | None) -> MissingDependencyError:
