@@ -74,6 +74,7 @@ def check_messages(value: Sequence[object], name: str, fail: Fail) -> tuple[Mess
 def plain_text(messages: Sequence[Message]) -> str:
     """A conversation as text for a model without a chat template: the contents, separated by blank lines.
 
-    A system message then a user message gives ``"S\\n\\nU"``, as ``system_prompt`` does for such models.
+    A system message then a user message gives ``"S\\n\\nU"``, as ``system_prompt`` does for such models. A message
+    with empty content adds nothing (no blank lines for an empty system prompt).
     """
-    return "\n\n".join(message["content"] for message in messages)
+    return "\n\n".join(message["content"] for message in messages if message["content"])

@@ -559,13 +559,7 @@ def _chat_body(request: GenerationRequest, model: str, *, stream: bool, think: s
 
     ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``.
     """
-    if isinstance(request.prompt, str):
-        messages = []
-        if request.system_prompt is not None:
-            messages.append({"role": "system", "content": request.system_prompt})
-        messages.append({"role": "user", "content": request.prompt})
-    else:
-        messages = [{"role": message["role"], "content": message["content"]} for message in request.messages]
+    messages = request.messages  # the one message rule (GenerationRequest.messages)
     options: dict[str, Any] = {"num_predict": request.max_tokens}
     for key, value in (
         ("temperature", request.temperature),

@@ -180,11 +180,13 @@ class GenerationRequest(GenerationOptions):
 
     @property
     def messages(self) -> list[Message]:
-        """The request as chat messages: the message list, or the system prompt (if any) and the prompt."""
+        """The request as chat messages, the one rule every backend uses: the message list as given, or a system
+        message when ``system_prompt`` is not ``None`` (an empty one too: it stands in for a chat template's default
+        system prompt) and then the prompt as a user message."""
         if isinstance(self.prompt, tuple):
             return [dict(message) for message in self.prompt]  # type: ignore[misc]
         messages: list[Message] = []
-        if self.system_prompt:
+        if self.system_prompt is not None:
             messages.append({"role": "system", "content": self.system_prompt})
         messages.append({"role": "user", "content": self.prompt})
         return messages

@@ -497,17 +497,6 @@ def _model_name(answered: Any, request: GenerationRequest, default: str | None =
     return answered or default or request.adapter_id or request.model
 
 
-def chat_messages(request: GenerationRequest) -> list[dict[str, str]]:
-    """The request's chat messages: the message list as given, or the system prompt (when set) and the prompt."""
-    if isinstance(request.prompt, str):
-        messages = []
-        if request.system_prompt is not None:
-            messages.append({"role": "system", "content": request.system_prompt})
-        messages.append({"role": "user", "content": request.prompt})
-        return messages
-    return [{"role": message["role"], "content": message["content"]} for message in request.messages]
-
-
 SCHEMA_NAME = "output"
 """The name sent with a JSON schema (OpenAI's ``response_format.json_schema.name`` is required)."""
 
@@ -543,7 +532,7 @@ def request_arguments(
     model = request.adapter_id or request.model
     arguments: dict[str, Any] = {"model": model}
     if route == CHAT:
-        arguments["messages"] = chat_messages(request)
+        arguments["messages"] = request.messages  # the one message rule (GenerationRequest.messages)
     else:
         arguments["prompt"] = request.plain_prompt
     for name in _SAMPLING:
