@@ -31,6 +31,12 @@ pytestmark = [
 SCENARIO = Path(__file__).with_name("vllm_offline_scenario.py")
 PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and"]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+SCORE_PAIRS = [
+    ("the quick brown fox", " jumps over the dog"),
+    ("", "Hello, world"),
+    ("Answer: yes", "<|im_end|>"),  # special-token text is that token (one), as on Transformers
+    ("The cafe\u0301 by the sea", " re\u0301sume\u0301"),  # "e" + U+0301: Qwen's tokenizer composes to NFC
+]
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +143,7 @@ async def test_the_adapter_lifecycle(seen: dict[str, Any], local: TransformersPr
 async def test_scores_match_transformers(
     seen: dict[str, Any], local: TransformersProvider, adapter_id: str | None
 ) -> None:
-    for context, continuation in [("the quick brown fox", " jumps over the dog"), ("", "Hello, world")]:
+    for context, continuation in SCORE_PAIRS:
         logprob, count, greedy = seen["scores"][f"{adapter_id}|{context}|{continuation}"]
         ours = await local.score(context, continuation, model="tiny", adapter_id=adapter_id)
         assert count == ours.num_tokens and greedy == ours.is_greedy

@@ -29,6 +29,12 @@ pytestmark = [
 ]
 
 PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and"]
+SCORE_PAIRS = [
+    ("the quick brown fox", " jumps over the dog"),
+    ("", "Hello, world"),
+    ("Answer: yes", "<|im_end|>"),  # special-token text is that token (one), as on Transformers
+    ("The cafe\u0301 by the sea", " re\u0301sume\u0301"),  # "e" + U+0301: Qwen's tokenizer composes to NFC
+]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -71,7 +77,7 @@ async def test_scores_match_transformers(
     both: tuple[VLLMProvider, TransformersProvider, Any], adapter_id: str | None
 ) -> None:
     server, local, _ = both
-    for context, continuation in [("the quick brown fox", " jumps over the dog"), ("", "Hello, world")]:
+    for context, continuation in SCORE_PAIRS:
         remote = await server.score(context, continuation, model="tiny", adapter_id=adapter_id)
         here = await local.score(context, continuation, model="tiny", adapter_id=adapter_id)
         assert remote.num_tokens == here.num_tokens

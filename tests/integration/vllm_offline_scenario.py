@@ -24,6 +24,12 @@ from inference.vllm_offline_provider import VLLMOfflineProvider
 PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and"]
 ADAPTERS: list[str | None] = [None, "a0", "a1"]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+SCORE_PAIRS = [
+    ("the quick brown fox", " jumps over the dog"),
+    ("", "Hello, world"),
+    ("Answer: yes", "<|im_end|>"),  # special-token text is that token (one), as on Transformers
+    ("The cafe\u0301 by the sea", " re\u0301sume\u0301"),  # "e" + U+0301: Qwen's tokenizer composes to NFC
+]
 
 
 def generation(result: GenerationResult) -> dict[str, Any]:
@@ -131,7 +137,7 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
 
     scores: dict[str, Any] = {}
     for adapter_id in (None, "a1"):
-        for context, continuation in [("the quick brown fox", " jumps over the dog"), ("", "Hello, world")]:
+        for context, continuation in SCORE_PAIRS:
             result = await provider.score(context, continuation, model="tiny", adapter_id=adapter_id)
             scores[f"{adapter_id}|{context}|{continuation}"] = [result.logprob, result.num_tokens, result.is_greedy]
         text = "the quick brown fox jumps over the lazy dog. " * 10

@@ -63,3 +63,43 @@ def test_rolling_windows_score_every_token_once_within_the_window(length: int, w
     for piece in windows[1:]:  # every later window conditions on the tokens right before what it scores
         position = tokens.index(piece.scored[0])
         assert piece.tokens[: piece.start] == tuple(tokens[position - piece.start : position])
+
+
+def encode_specials(text: str) -> list[int]:
+    """Like a Hugging Face tokenizer with ``add_special_tokens=False``: ``<s>`` written in the text is BOS."""
+    ids: list[int] = []
+    for index, piece in enumerate(text.split("<s>")):
+        ids.extend([BOS] if index else [])
+        ids.extend(encode(piece))
+    return ids
+
+
+SPECIAL_WITH_BOS = Vocabulary(encode_specials, adds_bos=True, bos_id=BOS, eos_id=EOS)
+SPECIAL_NO_BOS = Vocabulary(encode_specials, adds_bos=False, bos_id=BOS, eos_id=EOS)
+
+
+def test_a_context_that_starts_with_the_bos_token_gets_no_second_one() -> None:
+    # A chat-formatted context ("<bos><start_of_turn>user ...") already has its BOS, as lm-eval's hf model sees it.
+    written = score_tokens(SPECIAL_WITH_BOS, "<s>The cat", " sat", provider="t")
+    assert written == score_tokens(SPECIAL_WITH_BOS, "The cat", " sat", provider="t")
+    assert written.tokens.count(BOS) == 1
+
+
+def test_an_empty_context_and_a_continuation_that_starts_with_the_start_token_score_the_rest() -> None:
+    # lm-eval: the written start token becomes the context, and is not scored after another one.
+    for vocabulary in (SPECIAL_WITH_BOS, SPECIAL_NO_BOS):
+        written = score_tokens(vocabulary, "", "<s>Hello world", provider="t")
+        assert written.tokens[0] == BOS and written.tokens.count(BOS) == 1
+        assert written == score_tokens(vocabulary, "", "Hello world", provider="t")
+
+
+def test_rolling_windows_of_text_that_starts_with_the_start_token_do_not_score_it() -> None:
+    written = rolling_windows(SPECIAL_NO_BOS, "<s>w0 w1 w2 w3 w4", 3, provider="t")
+    assert written == rolling_windows(SPECIAL_NO_BOS, "w0 w1 w2 w3 w4", 3, provider="t")
+    with pytest.raises(InvalidRequestError, match="no tokens"):
+        rolling_windows(SPECIAL_NO_BOS, "<s>", 3, provider="t")
+
+
+def test_special_token_text_later_in_the_text_is_scored_as_that_token() -> None:
+    scored = score_tokens(SPECIAL_NO_BOS, "Answer: yes", "<s>", provider="t")
+    assert scored.scored == (BOS,)

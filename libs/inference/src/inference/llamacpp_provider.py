@@ -42,6 +42,7 @@ from inference._inprocess.constrained import JsonGrammars, SchemaRefused
 from inference._inprocess.llamacpp_batch import BatchEntry, ContinuousBatcher, Started
 from inference._inprocess.llamacpp_completion import Completion, TokenText
 from inference._inprocess.llamacpp_logits import JsonMask, score_sequence
+from inference._inprocess.llamacpp_text import TextEncoder
 from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
 from inference.config import resolve_settings
 from inference.exceptions import (
@@ -238,6 +239,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._loads = 0
         self._grammars: JsonGrammars | None = None  # built on the first json_schema request
         self._tokens: TokenText | None = None  # the loaded model's token helpers
+        self._text: TextEncoder | None = None  # text to token ids as the model's HF tokenizer does it
         self.n_parallel: int = settings["n_parallel"]
         self._batcher = (
             ContinuousBatcher(self.n_parallel, self.n_ctx, min(self._n_batch, self.n_ctx))
@@ -589,10 +591,15 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                     f"the chat template of {self.model_path.name} cannot render this request ({error})",
                     provider=self.name,
                 ) from error
-            return list(llama.tokenize(rendered.encode("utf-8"), add_bos=False, special=True))
-        text = plain_prompt(request)
+            return self._encode(llama, rendered, add_bos=False)
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
-        return list(llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+        return self._encode(llama, plain_prompt(request), add_bos=True)
+
+    def _encode(self, llama: Any, text: str, *, add_bos: bool) -> list[int]:
+        """Token ids of ``text`` as the model's Hugging Face tokenizer makes them (see :class:`TextEncoder`)."""
+        if self._text is None:
+            self._text = TextEncoder.for_model(llama)
+        return self._text.encode(self._llama_cpp(), llama, text, add_bos=add_bos)
 
     def _vocabulary(self, llama: Any) -> Vocabulary:
         """The scoring rule's view of the model's tokenizer (:mod:`inference._core.scoring`)."""
@@ -600,7 +607,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         bos, eos = llama.token_bos(), llama.token_eos()
         return Vocabulary(
-            encode=lambda text: llama.tokenize(text.encode("utf-8"), add_bos=False, special=False),
+            encode=lambda text: self._encode(llama, text, add_bos=False),
             adds_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
             bos_id=bos if bos >= 0 else None,
             eos_id=eos if eos >= 0 else None,

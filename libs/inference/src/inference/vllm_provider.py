@@ -415,8 +415,9 @@ class VLLMProvider(OpenAICompatibleProvider):
             logprob, window_greedy, model = await self._prompt_logprobs(replica, request, window)
             total += logprob
             greedy = greedy and window_greedy
+        count = sum(len(window.scored) for window in windows)  # a start token written in the text is not scored
         return ScoreResult(
-            logprob=total, num_tokens=len(tokens), is_greedy=greedy, model=model, adapter_id=request.adapter_id
+            logprob=total, num_tokens=count, is_greedy=greedy, model=model, adapter_id=request.adapter_id
         )
 
     def _scoring_replica(self) -> Replica:

@@ -4,13 +4,17 @@
 
 1. Trailing whitespace of the context moves to the start of the continuation (``"Q: 2+2 ="`` + ``" 4"``
    scores the same as ``"Q: 2+2 = "`` + ``"4"``): a tokenizer glues a space to the word after it.
-2. ``whole = encode(context + continuation)`` and ``head = encode(context)``, both without special tokens;
-   the continuation's tokens are ``whole[len(head):]`` (lm-eval's rule: a token that merges across the
-   boundary counts as the continuation's).
+2. ``whole = encode(context + continuation)`` and ``head = encode(context)``, both without added special
+   tokens; the continuation's tokens are ``whole[len(head):]`` (lm-eval's rule: a token that merges across the
+   boundary counts as the continuation's). ``encode`` is the model's Hugging Face tokenizer as lm-eval's ``hf``
+   model calls it: text that spells a special token (``"<|im_end|>"``, ``"<bos>"``) is that one token, and the
+   tokenizer's normalizer (Qwen's NFC) applies. Every backend encodes so, llama.cpp included.
 3. The sequence the model reads starts with the model's BOS token when its tokenizer puts one in front of
    every prompt (Gemma, Llama: the rule generation follows too). When it does not and the context is empty,
    it starts with the BOS token anyway (the EOS token for a vocabulary without BOS), so the first
-   continuation token is predicted from something; this is lm-eval's prefix token.
+   continuation token is predicted from something; this is lm-eval's prefix token. Text that already starts
+   with that token (a chat-formatted ``"<bos><start_of_turn>..."``) is not given a second one, as lm-eval does:
+   the written token is the start, and it is never scored.
 
 The model reads ``tokens[:-1]`` and each token from ``tokens[start]`` on is scored by the log-softmax of the
 logits at the position before it. ``score_rolling(text)`` scores all of ``text`` in the windows of
@@ -27,7 +31,7 @@ from inference.exceptions import InvalidRequestError
 __all__ = ["ScoreTokens", "Vocabulary", "rolling_windows", "score_tokens", "too_long"]
 
 Encode = Callable[[str], Sequence[int]]
-"""Text -> token ids, without special tokens."""
+"""Text -> token ids, without added special tokens; special-token text is read as those tokens."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class Vocabulary:
     """What the rule needs to know about a model's tokenizer.
 
     Attributes:
-        encode: Text -> token ids, without special tokens.
+        encode: Text -> token ids as the model's Hugging Face tokenizer gives them without added special tokens
+            (``add_special_tokens=False``): special-token text read as those tokens, its normalizer applied.
         adds_bos: The tokenizer puts ``bos_id`` in front of every prompt.
         bos_id: The BOS token, or ``None``.
         eos_id: The EOS token, or ``None``.
@@ -88,6 +93,8 @@ def score_tokens(vocabulary: Vocabulary, context: str, continuation: str, *, pro
     head = list(vocabulary.encode(context)) if context else []
     whole = list(vocabulary.encode(context + continuation))
     prefix = vocabulary.prefix(context_empty=not head)
+    if prefix and whole[:1] == prefix:  # the text starts with the start token itself: never a second one
+        prefix, head = [], head or whole[:1]
     tokens = (*prefix, *head, *whole[len(head) :])
     start = len(prefix) + len(head)
     if start == 0:
@@ -115,6 +122,8 @@ def rolling_windows(vocabulary: Vocabulary, text: str, max_length: int, *, provi
     """
     tokens = list(vocabulary.encode(text))
     prefix = vocabulary.prefix(context_empty=True)
+    if prefix and tokens[:1] == prefix:  # the text starts with the start token itself: it is the start
+        tokens = tokens[1:]
     if not tokens:
         raise InvalidRequestError("the text has no tokens: there is nothing to score", provider=provider)
     if not prefix:
