@@ -73,6 +73,28 @@ async def test_system_prompt_renders_the_same_on_both(
     assert actual.prompt_tokens == expected.prompt_tokens
 
 
+async def test_an_empty_system_prompt_is_one_empty_system_message_on_both(
+    both_backends: tuple[TransformersProvider, LlamaCppProvider],
+) -> None:
+    """The one message rule: ``system_prompt=""`` sends an empty system message (servers send it too), ``None`` none."""
+    transformers_provider, llamacpp_provider = both_backends
+    arguments: dict[str, Any] = {"model": "tiny", "max_tokens": 10, "temperature": 0.0}
+    empty = [
+        await provider.generate("the quick brown fox", system_prompt="", **arguments)
+        for provider in (transformers_provider, llamacpp_provider)
+    ]
+    listed = await transformers_provider.generate(
+        [{"role": "system", "content": ""}, {"role": "user", "content": "the quick brown fox"}], **arguments
+    )
+    none = await transformers_provider.generate("the quick brown fox", **arguments)
+    assert empty[0].text == empty[1].text == listed.text
+    assert empty[0].prompt_tokens == empty[1].prompt_tokens == listed.prompt_tokens
+    if _arch(llamacpp_provider) == "qwen2":  # ChatML
+        assert empty[0].prompt_tokens != none.prompt_tokens  # the template renders the empty system turn
+    else:
+        assert empty[0].prompt_tokens == none.prompt_tokens  # plain text: an empty system prompt adds nothing
+
+
 SCORE_PAIRS = [
     ("the quick brown fox", " jumps over the lazy dog"),
     ("Once upon a time there was ", "a king"),  # the trailing space moves to the continuation
