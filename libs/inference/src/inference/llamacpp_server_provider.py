@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from inference._core.paths import expand_path, path_identity
+from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
 from inference._servers.openai_compatible import CHAT, COMPLETIONS, OpenAICompatibleProvider, Replica
 from inference.adapters.gguf import convert_peft_to_gguf_cached
@@ -124,7 +125,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
         adapters = sorted(self._adapter_registry.ids())
-        return f"LlamaCppServerProvider(base_url={self.base_url!r}, api_key={key}, adapters={adapters})"
+        return f"LlamaCppServerProvider(base_url={redact_url(self.base_url)!r}, api_key={key}, adapters={adapters})"
 
     async def served_adapters(self) -> list[ServedAdapter]:
         """The adapters the (first) server loaded at start, read again from ``GET /lora-adapters``."""

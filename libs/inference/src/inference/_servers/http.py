@@ -14,7 +14,10 @@ Everything that talks to a server goes through one :class:`ServerClient` per pro
   plain-text 404 of Go servers (Ollama's ``404 page not found``) or of a proxy, as opposed to a backend's
   own JSON error with status 404 ("model not found").
 
-Nothing here logs or formats request headers, so an API key never reaches a message, a repr or a log.
+Nothing here logs or formats request headers, so an API key never reaches a message, a repr or a log; every URL
+shown or logged passes through :func:`~inference._core.redaction.redact_url` first, so credentials written into a
+base URL (``http://user:KEY@host/v1``, ``?api_key=KEY``) do not either. A query in a base URL is sent with every
+request (:func:`api_base` is the URL routes are built on).
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from inference._core.redaction import redact_url
 from inference._core.settings import validate_base_url
 from inference.exceptions import (
     ConfigurationError,
@@ -56,6 +61,7 @@ __all__ = [
     "RetryPolicy",
     "ServerAnswer",
     "ServerClient",
+    "api_base",
     "check_base_url",
     "is_connect_failure",
     "is_route_missing",
@@ -156,15 +162,31 @@ def check_base_url(base_url: str, *, provider: str, env_prefix: str) -> None:
         raise ConfigurationError(str(error), provider=provider, url=base_url) from None
 
 
+def api_base(base_url: str) -> str:
+    """Return ``base_url`` without its query and trailing ``/``: the URL routes are appended to (the query is sent
+    with every request by :class:`ServerClient`).
+
+    Example:
+        >>> api_base("https://gateway.example/v1/?api-version=2")
+        'https://gateway.example/v1'
+    """
+    return base_url.partition("#")[0].partition("?")[0].rstrip("/")
+
+
 def server_root(base_url: str) -> str:
-    """Return ``base_url`` without a trailing ``/v1``: where a server's native routes live.
+    """Return ``base_url`` without its query and a trailing ``/v1``: where a server's native routes live.
 
     Example:
         >>> server_root("http://localhost:11434/v1")
         'http://localhost:11434'
     """
-    base_url = base_url.rstrip("/")
+    base_url = api_base(base_url)
     return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+
+
+def base_url_query(base_url: str) -> tuple[tuple[str, str], ...]:
+    """The parameters of ``base_url``'s query (``?api-version=2``), sent with every request."""
+    return tuple(parse_qsl(urlsplit(base_url).query, keep_blank_values=True))
 
 
 @dataclass(frozen=True)
@@ -235,7 +257,7 @@ class _PooledTransport(httpx.AsyncBaseTransport):
             self._logger.info(
                 "retrying %s %s in %.2f s after %s (retry %d of %d)",
                 request.method,
-                request.url,
+                redact_url(str(request.url)),
                 delay,
                 reason,
                 retry_number,
@@ -261,9 +283,9 @@ class ServerAnswer:
             ``{"detail": "Not Found"}`` 404 or a plain-text ``404 page not found``, as opposed to an
             application's own JSON error with status 404.
         operation: What was asked, for messages ("load adapter 'a1'").
-        where: "<server> at <base URL>", for messages.
+        where: "<server> at <base URL>", for messages (credentials in the URL hidden).
         provider: The provider name.
-        url: The provider's base URL.
+        url: The provider's base URL, credentials hidden.
     """
 
     response: httpx.Response
@@ -299,7 +321,8 @@ class ServerClient:
     Args:
         provider: The provider name (``"vllm"``), carried by errors.
         server: The server's display name (``"vLLM"``), for messages.
-        base_url: The configured base URL, named in messages.
+        base_url: The configured base URL (its credentials hidden wherever it is named, its query sent with every
+            request).
         timeout: Seconds to wait for one answer (connecting waits at most :data:`CONNECT_TIMEOUT_MAX`).
         max_retries: Retries of transient failures.
         env_prefix: Prefix of the provider's environment variables (``"VLLM"``), for hints.
@@ -326,19 +349,22 @@ class ServerClient:
         self.provider = provider
         self.server = server
         self.base_url = base_url
+        self.shown_url = redact_url(base_url)
+        """The base URL as messages, reprs and logs show it: user information and key parameters hidden."""
         self.timeout = float(timeout)
         self.env_prefix = env_prefix
-        self.where = f"{server} at {base_url}"
+        self.where = f"{server} at {self.shown_url}"
         self.retry_policy = dataclasses.replace(retry_policy or RetryPolicy(), max_retries=int(max_retries))
         self.httpx_timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT_MAX))
         self.logger = logging.getLogger(f"inference.{provider}")
         self._headers = dict(headers or {})
+        self._params = base_url_query(base_url)
         _ssl_context()  # made here, once per process, rather than on the event loop at first request
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
-        return f"ServerClient(server={self.server!r}, base_url={self.base_url!r})"
+        return f"ServerClient(server={self.server!r}, base_url={self.shown_url!r})"
 
     @property
     def max_retries(self) -> int:
@@ -352,7 +378,9 @@ class ServerClient:
         if client is None or self._loop is not loop or client.is_closed:
             transport = _PooledTransport(self.retry_policy, self.logger)
             # A client left on another (usually closed) loop cannot be closed from here; drop it.
-            client = httpx.AsyncClient(transport=transport, timeout=self.httpx_timeout, headers=self._headers)
+            client = httpx.AsyncClient(
+                transport=transport, timeout=self.httpx_timeout, headers=self._headers, params=self._params or None
+            )
             self._client, self._loop = client, loop
         return client
 
@@ -419,7 +447,7 @@ class ServerClient:
             f"{self.where} answered {operation} with {problem}: check that {self.env_prefix}_BASE_URL "
             f"(or base_url) points at a {self.server} server",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def error_from_exception(
@@ -442,7 +470,15 @@ class ServerClient:
                 f"{self.where} cannot be asked to {operation}: the URL is not usable ({cause or error}); set "
                 f"{self.env_prefix}_BASE_URL (or base_url) to http://HOST:PORT/v1",
                 provider=self.provider,
-                url=self.base_url,
+                url=self.shown_url,
+            )
+        if isinstance(cause, httpx.LocalProtocolError):  # this request is not valid HTTP: not the server's fault
+            return ConfigurationError(
+                f"{self.where} was not asked to {operation}: the request could not be sent, because a header or the "
+                f"URL holds a character HTTP forbids; check the API key (api_key) and {self.env_prefix}_BASE_URL (or "
+                "base_url)",
+                provider=self.provider,
+                url=self.shown_url,
             )
         if isinstance(cause, httpx.TimeoutException) or (
             openai is not None and isinstance(error, openai.APITimeoutError)
@@ -461,12 +497,12 @@ class ServerClient:
                 f"{self.where} reported an error during {operation}: {error.message}. The server failed; its "
                 "log says why",
                 provider=self.provider,
-                url=self.base_url,
+                url=self.shown_url,
             )
         return ProviderError(
             f"{self.where} failed during {operation}: {type(error).__name__}: {error}",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def _timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
@@ -478,7 +514,7 @@ class ServerClient:
             f"{self.where} did not {what}: check that the server is up and not overloaded, or raise the "
             f"timeout ({self.env_prefix}_TIMEOUT or timeout=)",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def _unavailable_error(self, cause: BaseException) -> ProviderUnavailableError:
@@ -486,10 +522,10 @@ class ServerClient:
         tried = f"{attempts} attempts" if attempts > 1 else "1 attempt"
         detail = str(cause) or type(cause).__name__
         return ProviderUnavailableError(
-            f"nothing answers at {self.base_url} ({detail}; {tried}): start the {self.server} server there, "
+            f"nothing answers at {self.shown_url} ({detail}; {tried}): start the {self.server} server there, "
             f"or point {self.env_prefix}_BASE_URL (or base_url) at the running server",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def _broken_error(self, operation: str, cause: BaseException) -> ProviderUnavailableError:
@@ -498,7 +534,7 @@ class ServerClient:
             f"{self.where} dropped the connection during {operation} ({detail}): the server crashed, "
             "restarted or was stopped while answering; check that it is up (its log says why), then retry",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     @contextlib.asynccontextmanager
@@ -575,7 +611,7 @@ class ServerClient:
                     request=response.request,
                     response=response,
                     provider=self.provider,
-                    url=self.base_url,
+                    url=self.shown_url,
                 )
             yield item
 
@@ -590,7 +626,7 @@ class ServerClient:
             handlers: Backend-specific cases by status; a handler returns ``None`` to fall back to the
                 generic error for that status.
         """
-        answer = _answer(response, operation=operation, where=self.where, provider=self.provider, url=self.base_url)
+        answer = _answer(response, operation=operation, where=self.where, provider=self.provider, url=self.shown_url)
         handler = (handlers or {}).get(answer.status)
         if handler is not None:
             error = handler(answer)

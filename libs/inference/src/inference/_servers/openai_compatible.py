@@ -23,8 +23,16 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.dependencies import import_optional
+from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
-from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure, server_root
+from inference._servers.http import (
+    ErrorHandlers,
+    ServerAnswer,
+    ServerClient,
+    api_base,
+    is_connect_failure,
+    server_root,
+)
 from inference.config import resolve_settings
 from inference.exceptions import (
     InferenceError,
@@ -75,7 +83,7 @@ class Replica:
         self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
         self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
         self.route: asyncio.Future[str] | None = None  # CHAT or COMPLETIONS, once a subclass found out (vLLM)
-        root = base_url.rstrip("/")
+        root = api_base(base_url)
         self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
 
     async def aclose(self) -> None:
@@ -123,7 +131,7 @@ class OpenAICompatibleProvider(InferenceProvider):
 
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
-        return f"{type(self).__name__}(base_url={self.base_url!r}, api_key={key})"
+        return f"{type(self).__name__}(base_url={redact_url(self.base_url)!r}, api_key={key})"
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -286,7 +294,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                     failures.append((replica, down.error))
                     if len(self._replicas) > 1:
                         self._logger.warning(
-                            "%s replica %s is unreachable; trying another", self.server_label, replica.base_url
+                            "%s replica %s is unreachable; trying another", self.server_label, replica.http.shown_url
                         )
                     continue
                 replica.down_until = 0.0
@@ -330,7 +338,7 @@ class OpenAICompatibleProvider(InferenceProvider):
     def _all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
         if len(failures) == 1:
             return failures[0][1]
-        said = "; ".join(f"{replica.base_url}: {error}" for replica, error in failures)
+        said = "; ".join(f"{replica.http.shown_url}: {error}" for replica, error in failures)
         return ProviderUnavailableError(
             f"none of the {len(failures)} {self.server_label} replicas accepts connections ({said}): start them, "
             f"or remove the URLs of stopped servers from {self.env_prefix}_BASE_URL (or base_url)",
@@ -668,7 +676,7 @@ class ServerEvents:
             return ProviderError(
                 f"{http.where} reported an error during {operation}: {message}. The server failed; its log says why",
                 provider=http.provider,
-                url=http.base_url,
+                url=http.shown_url,
             )
 
         events = cls(
