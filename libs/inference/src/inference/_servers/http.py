@@ -4,6 +4,8 @@ Everything that talks to a server goes through one :class:`ServerClient` per pro
 
 - one pooled ``httpx.AsyncClient``, made lazily on the running event loop (and made again when a cached
   provider is reused on another loop, e.g. across ``asyncio.run`` calls);
+- on demand, clients that send every request over one TCP connection (:meth:`ServerClient.one_connection`), for
+  requests that must reach the same server process: a restarted server cannot answer on the old connection;
 - bounded retries with exponential backoff (and ``Retry-After``, capped) for connect errors and the
   statuses 429, 502, 503 and 504 only, in the client's transport, so requests sent by the ``openai``
   client (its own retries off) and by the providers themselves are retried in this one place;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import email.utils
 import functools
@@ -82,6 +85,12 @@ throughput); 32 small pools keep that cost low (see ``scripts/bench_http_overhea
 
 _SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=30.0)
 """Per pool: 32 x 32 = 1024 connections in all, 256 kept alive."""
+
+_ONE_CONNECTION = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30.0)
+"""The pool of a :meth:`ServerClient.one_connection` client."""
+
+ONE_CONNECTION_CLIENTS_KEPT = 16
+"""One-connection clients kept (with their open connections) for the next :meth:`ServerClient.one_connection`."""
 
 
 @functools.cache
@@ -229,14 +238,27 @@ def _parse_retry_after(value: str | None) -> float | None:
 
 
 class _PooledTransport(httpx.AsyncBaseTransport):
-    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504."""
+    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504.
 
-    def __init__(self, policy: RetryPolicy, logger: logging.Logger) -> None:
+    Attributes:
+        last_connection: The connection (httpcore's network stream) the last answer came on, ``None`` when the
+            transport does not say; meaningful for a one-connection transport used by one task at a time.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        logger: logging.Logger,
+        *,
+        shards: int = POOL_SHARDS,
+        limits: httpx.Limits = _SHARD_LIMITS,
+    ) -> None:
         context = _ssl_context()
-        self._pools = [httpx.AsyncHTTPTransport(limits=_SHARD_LIMITS, verify=context) for _ in range(POOL_SHARDS)]
+        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=context) for _ in range(shards)]
         self._next_pool = itertools.cycle(self._pools).__next__
         self._policy = policy
         self._logger = logger
+        self.last_connection: object | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         retry_number = 0
@@ -248,6 +270,7 @@ class _PooledTransport(httpx.AsyncBaseTransport):
                     raise
                 delay, reason = self._policy.delay(retry_number), f"connect error ({error})"
             else:
+                self.last_connection = response.extensions.get("network_stream")
                 if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
                     return response
                 delay = self._policy.delay(retry_number, response.headers.get("retry-after"))
@@ -362,6 +385,9 @@ class ServerClient:
         _ssl_context()  # made here, once per process, rather than on the event loop at first request
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._transport: _PooledTransport | None = None
+        self._single = False  # a one_connection() client: one connection, not the pools
+        self._kept: list[ServerClient] = []  # one-connection clients for the next one_connection()
 
     def __repr__(self) -> str:
         return f"ServerClient(server={self.server!r}, base_url={self.shown_url!r})"
@@ -376,18 +402,57 @@ class ServerClient:
         loop = asyncio.get_running_loop()
         client = self._client
         if client is None or self._loop is not loop or client.is_closed:
-            transport = _PooledTransport(self.retry_policy, self.logger)
+            if self._single:
+                transport = _PooledTransport(self.retry_policy, self.logger, shards=1, limits=_ONE_CONNECTION)
+            else:
+                transport = _PooledTransport(self.retry_policy, self.logger)
             # A client left on another (usually closed) loop cannot be closed from here; drop it.
             client = httpx.AsyncClient(
                 transport=transport, timeout=self.httpx_timeout, headers=self._headers, params=self._params or None
             )
-            self._client, self._loop = client, loop
+            self._client, self._loop, self._transport = client, loop, transport
+        return client
+
+    @property
+    def connection(self) -> object | None:
+        """The connection the last answer came on (httpcore's network stream), ``None`` when unknown.
+
+        For a :meth:`one_connection` client: two answers that came on the same connection (``is``) came from the
+        same server process.
+        """
+        return self._transport.last_connection if self._transport is not None else None
+
+    @contextlib.asynccontextmanager
+    async def one_connection(self) -> AsyncIterator[ServerClient]:
+        """A client of the same server that sends its requests one at a time over one TCP connection.
+
+        For a sequence of requests that must reach one server process (read a server's state, then send a request
+        that depends on it): compare :attr:`connection` after each answer. The connection is made again only when
+        it was closed (by the server, a restart, a keep-alive limit), which then shows as another
+        :attr:`connection`. The client is kept for a later call, with its connection open.
+        """
+        client = self._kept.pop() if self._kept else self._single_connection_client()
+        try:
+            yield client
+        finally:
+            if len(self._kept) < ONE_CONNECTION_CLIENTS_KEPT:
+                self._kept.append(client)
+            else:
+                await client.aclose()
+
+    def _single_connection_client(self) -> ServerClient:
+        client = copy.copy(self)
+        client._client, client._loop, client._transport = None, None, None
+        client._single, client._kept = True, []
         return client
 
     async def aclose(self) -> None:
-        """Close the pooled client if it belongs to the running loop; forget it either way."""
+        """Close the pooled client (and kept one-connection clients) of the running loop; forget them either way."""
         client, loop = self._client, self._loop
-        self._client, self._loop = None, None
+        self._client, self._loop, self._transport = None, None, None
+        kept, self._kept = self._kept, []
+        for single in kept:
+            await single.aclose()
         if client is not None and loop is asyncio.get_running_loop():
             await client.aclose()
 

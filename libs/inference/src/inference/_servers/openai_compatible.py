@@ -404,20 +404,24 @@ class OpenAICompatibleProvider(InferenceProvider):
         arguments: dict[str, Any],
         *,
         reloaded_from: str | None = None,
+        http: ServerClient | None = None,
     ) -> Any:
         """POST ``arguments`` to their route (``/completions`` when they carry a ``prompt``, else
         ``/chat/completions``): the parsed JSON answer, or for a stream an open :class:`ServerEvents`.
 
+        ``http`` sends it (a :meth:`~ServerClient.one_connection` client); by default the replica's pooled client.
+
         Raises:
             InferenceError: The request failed, mapped by status with :meth:`_generation_handlers`.
         """
+        http = http or replica.http
         url = replica.urls[COMPLETIONS if "prompt" in arguments else CHAT]
         operation = operation_of(request)
         handlers = self._generation_handlers(request, reloaded_from)
         if arguments.get("stream"):
-            return await ServerEvents.open(replica.http, url, arguments, operation=operation, handlers=handlers)
-        response = await replica.http.request("POST", url, operation=operation, json_body=arguments, handlers=handlers)
-        return replica.http.parse_json(response, operation=operation)
+            return await ServerEvents.open(http, url, arguments, operation=operation, handlers=handlers)
+        response = await http.request("POST", url, operation=operation, json_body=arguments, handlers=handlers)
+        return http.parse_json(response, operation=operation)
 
     def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
         def not_found(answer: ServerAnswer) -> ServerResponseError | None:
