@@ -64,6 +64,7 @@ __all__ = [
     "RetryPolicy",
     "ServerAnswer",
     "ServerClient",
+    "a_server",
     "api_base",
     "check_base_url",
     "is_connect_failure",
@@ -153,6 +154,18 @@ def is_route_missing(response: httpx.Response) -> bool:
         match = re.search(r"<(title|h1)[^>]*>([^<]*)<", text, re.IGNORECASE)
         text = match.group(2).strip() if match else text
     return _ROUTE_MISSING_TEXT.fullmatch(text) is not None
+
+
+def a_server(server: str) -> str:
+    """``server`` (a display name: ``"vLLM"``, ``"OpenAI-compatible server"``, ``"llama-server"``) as a noun phrase
+    with its article, without a doubled "server".
+
+    Example:
+        >>> a_server("vLLM"), a_server("Ollama"), a_server("OpenAI-compatible server"), a_server("llama-server")
+        ('a vLLM server', 'an Ollama server', 'an OpenAI-compatible server', 'a llama-server')
+    """
+    phrase = server if server.lower().endswith("server") else f"{server} server"
+    return f"{'an' if phrase[:1].lower() in 'aeiou' else 'a'} {phrase}"
 
 
 def check_base_url(base_url: str, *, provider: str, env_prefix: str) -> None:
@@ -510,7 +523,7 @@ class ServerClient:
         """An answer that does not follow the protocol, with a hint about the base URL."""
         return ProtocolError(
             f"{self.where} answered {operation} with {problem}: check that {self.env_prefix}_BASE_URL "
-            f"(or base_url) points at a {self.server} server",
+            f"(or base_url) points at {a_server(self.server)}",
             provider=self.provider,
             url=self.shown_url,
         )
@@ -586,8 +599,9 @@ class ServerClient:
         attempts = self.max_retries + 1
         tried = f"{attempts} attempts" if attempts > 1 else "1 attempt"
         detail = str(cause) or type(cause).__name__
+        server = a_server(self.server).partition(" ")[2]  # "vLLM server", "llama-server"
         return ProviderUnavailableError(
-            f"nothing answers at {self.shown_url} ({detail}; {tried}): start the {self.server} server there, "
+            f"nothing answers at {self.shown_url} ({detail}; {tried}): start the {server} there, "
             f"or point {self.env_prefix}_BASE_URL (or base_url) at the running server",
             provider=self.provider,
             url=self.shown_url,
@@ -707,7 +721,7 @@ class ServerClient:
         if answer.route_missing:
             hint = (
                 f"the server has no route {answer.response.request.url.path}; check that "
-                f"{self.env_prefix}_BASE_URL (or base_url) points at a {self.server} server"
+                f"{self.env_prefix}_BASE_URL (or base_url) points at {a_server(self.server)}"
             )
         elif status in (401, 403):
             hint = "the server refused the credentials; check the API key it expects"
