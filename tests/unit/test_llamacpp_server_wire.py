@@ -202,7 +202,7 @@ async def test_a_server_that_keeps_restarting_fails_the_request_instead_of_guess
     answers = (chat("?", on=object()) for _ in range(RESTART_ATTEMPTS))
     route = mock.post(f"{URL}/v1/chat/completions").mock(side_effect=answers)
     await provider.load_adapter("style", "/srv/a1.gguf")
-    with pytest.raises(ProviderUnavailableError, match="restarted .* between reading its adapter list and answering"):
+    with pytest.raises(ProviderUnavailableError, match=r"restarted .* between reading its adapter list and answering"):
         await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)
     assert route.call_count == RESTART_ATTEMPTS
     assert sum("answered on another connection" in record.getMessage() for record in caplog.records) == 3
