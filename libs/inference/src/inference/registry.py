@@ -126,10 +126,17 @@ _SPECS = (
         extra="openai",
         packages=("httpx",),
         server=True,
-        settings=_with_api_key(
-            _server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API"),
-            Setting("api_key", "OPENAI_API_KEY", None, "secret",
-                    "API key sent as a bearer token; never logged", none_means="no key"),
+        settings=(
+            *_with_api_key(
+                _server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API"),
+                Setting("api_key", "OPENAI_API_KEY", None, "secret",
+                        "API key sent as a bearer token; never logged", none_means="no key"),
+            ),
+            Setting("api", "OPENAI_API", "auto", "str",
+                    "Route of generations: auto (chat; /v1/completions with the plain text once a server refuses chat "
+                    "for want of a chat template), chat, or completions (for a model without a chat template, which "
+                    "some servers answer with empty text on chat)",
+                    choices=("auto", "chat", "completions")),
         ),
     ),
     ProviderSpec(

@@ -288,7 +288,15 @@ class OpenAICompatibleProvider(InferenceProvider):
                 try:
                     route = await self._route(replica, request)
                     arguments = request_arguments(request, route, stream=stream, schema_style=replica.schema_style)
-                    answer = await self._create(replica, request, arguments)
+                    try:
+                        answer = await self._create(replica, request, arguments)
+                    except ServerResponseError as refused:
+                        other = self._other_route(replica, route, refused)
+                        if other is None:
+                            raise
+                        route = other
+                        arguments = request_arguments(request, route, stream=stream, schema_style=replica.schema_style)
+                        answer = await self._create(replica, request, arguments)
                 except ReplicaDown as down:
                     replica.down_until = time.monotonic() + DOWN_SECONDS
                     failures.append((replica, down.error))
@@ -316,6 +324,14 @@ class OpenAICompatibleProvider(InferenceProvider):
             ReplicaDown: Finding out needed the replica, and it did not accept the connection.
         """
         return CHAT
+
+    def _other_route(self, replica: Replica, route: str, refused: ServerResponseError) -> str | None:
+        """The route to send a request again on after ``replica`` refused it on ``route``; ``None`` (here): none.
+
+        The OpenAI provider's ``api="auto"`` goes to :data:`COMPLETIONS` when chat is refused for want of a chat
+        template.
+        """
+        return None
 
     def _replicas_for(self, request: GenerationRequest) -> list[Replica]:
         """The replicas to try for ``request``, in order (least busy first; vLLM places adapters on demand)."""
