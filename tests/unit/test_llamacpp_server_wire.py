@@ -148,9 +148,10 @@ async def test_a_restart_between_the_list_and_the_request_sends_it_again_with_th
     answer came on a new connection, and the list read there says a1 is id 0): that answer, made with a0, is not
     used; the request goes again with id 0, on the connection the new list came on."""
     old, new = object(), object()
-    mock.get(f"{URL}/lora-adapters").mock(
-        side_effect=[adapters(*A0_A1), adapters(*A0_A1, on=old), adapters(*A1_A0, on=new), adapters(*A1_A0, on=new)]
-    )
+    mock.get(f"{URL}/lora-adapters").mock(side_effect=[
+        adapters(*A0_A1), adapters(*A0_A1, on=old), adapters(*A1_A0, on=new), adapters(*A1_A0, on=new),
+        adapters(*A1_A0, on=new),
+    ])
     route = mock.post(f"{URL}/v1/chat/completions").mock(side_effect=[chat("made with a0", on=new), chat("a1", on=new)])
     await provider.load_adapter("style", "/srv/a1.gguf")
     result = await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)
@@ -180,7 +181,7 @@ async def test_a_stream_on_another_connection_is_closed_and_sent_again(
 ) -> None:
     old, new = object(), object()
     mock.get(f"{URL}/lora-adapters").mock(
-        side_effect=[adapters(*A0_A1), adapters(*A0_A1, on=old), adapters(*A1_A0, on=new)]
+        side_effect=[adapters(*A0_A1), adapters(*A0_A1, on=old), adapters(*A1_A0, on=new), adapters(*A1_A0, on=new)]
     )
     route = mock.post(f"{URL}/v1/chat/completions").mock(
         side_effect=[chat_stream("made with a0", on=new), chat_stream("a1", on=new)]
@@ -214,10 +215,34 @@ async def test_a_list_after_which_the_server_closes_the_connection_is_read_again
     """``Connection: close`` (llama-server's keep-alive limit) on the list: the request would go on another
     connection, so the list is read again first; the request then goes once."""
     first, second = object(), object()
-    listing = mock.get(f"{URL}/lora-adapters").mock(
-        side_effect=[adapters(*A0_A1), adapters(*A0_A1, on=first, close=True), adapters(*A0_A1, on=second)]
-    )
+    listing = mock.get(f"{URL}/lora-adapters").mock(side_effect=[
+        adapters(*A0_A1), adapters(*A0_A1, on=first, close=True), adapters(*A0_A1, on=second),
+        adapters(*A0_A1, on=second),
+    ])
     route = mock.post(f"{URL}/v1/chat/completions").mock(side_effect=[chat("a1", on=second)])
     await provider.load_adapter("style", "/srv/a1.gguf")
     assert (await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)).text == "a1"
-    assert listing.call_count == 3 and route.call_count == 1
+    assert listing.call_count == 4 and route.call_count == 1
+
+
+async def test_behind_a_proxy_a_list_that_changed_around_the_answer_drops_it(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter
+) -> None:
+    """A proxy keeps one connection to us whatever it does upstream: the connection says nothing, the list read
+    after the answer does. A whole answer is sent again; a stream, whose pieces are out, ends with an error."""
+    proxy = object()
+    mock.get(f"{URL}/lora-adapters").mock(side_effect=[
+        adapters(*A0_A1), adapters(*A0_A1, on=proxy), adapters(*A1_A0, on=proxy), adapters(*A1_A0, on=proxy),
+        adapters(*A1_A0, on=proxy), adapters(*A1_A0, on=proxy), adapters(*A0_A1, on=proxy),
+    ])
+    route = mock.post(f"{URL}/v1/chat/completions").mock(
+        side_effect=[chat("made with a0", on=proxy), chat("a1", on=proxy), chat_stream("a1 again", on=proxy)]
+    )
+    await provider.load_adapter("style", "/srv/a1.gguf")
+    assert (await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)).text == "a1"
+    assert lora_of(route.calls[1]) == [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}]
+    pieces: list[object] = []
+    with pytest.raises(ProviderUnavailableError, match="during a stream, whose pieces may come from another adapter"):
+        async for event in provider.stream("Hi", model="tiny", adapter_id="style", max_tokens=4):
+            pieces.append(event)
+    assert pieces == ["a1 again"]  # given before the end showed the list had changed; no result after them

@@ -93,8 +93,7 @@ def _get_or_create(provider_type: str, overrides: Mapping[str, Any]) -> Inferenc
     except TypeError:
         unhashable = sorted(name for name, value in settings.items() if not isinstance(value, _PLAIN))
         raise ConfigurationError(  # names the settings, never their values (one may be an API key)
-            f"the {provider_type} settings must be plain values (strings, numbers): {', '.join(unhashable)} "
-            "is not",
+            f"the {provider_type} settings must be plain values (strings, numbers): {', '.join(unhashable)} is not",
             provider=provider_type,
         ) from None
     with _cache_lock:

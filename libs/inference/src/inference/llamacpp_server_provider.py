@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,16 +149,19 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         http: ServerClient | None = None,
     ) -> Any:
         """Send the request with the ``lora`` field that applies exactly its adapters (or none), over the connection
-        the server's adapter list was just read on.
+        the server's adapter list was just read on, and check the list again after the answer.
 
         The ``lora`` field names adapters by position, and nothing in the request lets llama-server check that a
         position is the file meant: a server restarted with its ``--lora`` files in another order would apply
         another adapter. So the list is read and the request sent over one TCP connection
         (:meth:`~inference._servers.http.ServerClient.one_connection`); a restart closes it, so an answer that came
-        on that connection came from the process whose list gave the ids. An answer that came on another
-        connection (the server restarted, or closed the connection, in between) is used only when the list read
-        again on its connection is the same; a stream on another connection is closed at once. Either way the
-        request is then sent again with the new list, up to :data:`RESTART_ATTEMPTS` times.
+        on that connection came from the process whose list gave the ids. The list is read again after the answer
+        (after a stream's last event), for what the connection cannot tell (a proxy between this process and the
+        server keeps its own connections to it). An answer is used when the list is the same both times and the
+        answer came on the first list's connection (or the second list came on the answer's); otherwise it is
+        dropped (a stream on another connection is closed at once) and the request sent again with the new list,
+        up to :data:`RESTART_ATTEMPTS` times. A stream whose list changed by its end has given its pieces already:
+        its end is a :class:`~inference.exceptions.ProviderUnavailableError` instead of a result.
 
         Raises:
             AdapterNotFoundError: The server (restarted) has no longer an adapter the request applies.
@@ -174,14 +177,22 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                 body = self._with_lora(replica, request, arguments, served)
                 answer = await super()._call(replica, request, body, reloaded_from=reloaded_from, http=pinned)
                 answered_on = pinned.connection
-                if answered_on is listed_on is not None or (stream and answered_on is None):
-                    # One connection, one server process: the ids are those of its list. (A stream on an HTTP
-                    # stack that does not say which connection, a mocked one, is taken as it is.)
-                    return _HeldEvents(answer, held.pop_all()) if stream else answer
+                same_process = answered_on is listed_on  # (both None: an HTTP stack that does not say, a mock)
+                if stream and same_process:
+
+                    async def check(served: list[ServedAdapter] = served) -> None:
+                        if await self._read_served(replica, pinned, again=False) != served:
+                            raise self._restarted_error(
+                                replica, "during a stream, whose pieces may come from another adapter: generate again"
+                            )
+
+                    return _HeldEvents(answer, held.pop_all(), check)
                 if stream:
                     await answer.aclose()  # the server stops generating
-                elif await self._read_served(replica, pinned) == served and pinned.connection is answered_on:
-                    return answer  # the process that answered lists the same adapters in the same order
+                else:
+                    again = await self._read_served(replica, pinned, again=False)
+                    if again == served and (same_process or pinned.connection is answered_on):
+                        return answer  # the process that answered lists the same adapters in the same order
                 self._logger.warning(
                     "%s answered on another connection than the one its adapter list was read on (it restarted?): "
                     "sending the request again with the list read again",
@@ -189,10 +200,16 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                 )
         finally:
             await held.aclose()  # a no-op once a stream holds the connection
-        raise ProviderUnavailableError(
-            f"{replica.http.where} restarted (or closed the connection) between reading its adapter list and "
-            f"answering, {RESTART_ATTEMPTS} times in a row; its answers were not used, since llama-server numbers "
-            "adapters by position and a restarted server may number them otherwise. Retry once the server is up",
+        raise self._restarted_error(
+            replica,
+            f"between reading its adapter list and answering, {RESTART_ATTEMPTS} times in a row; its answers "
+            "were not used. Retry once the server is up",
+        )
+
+    def _restarted_error(self, replica: Replica, when: str) -> ProviderUnavailableError:
+        return ProviderUnavailableError(
+            f"{replica.http.where} restarted (or closed the connection) {when} (llama-server numbers adapters by "
+            "position, and a restarted server may number them otherwise)",
             provider=self.name,
             url=replica.http.shown_url,
         )
@@ -280,16 +297,19 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             props = self._props[replica.base_url] = body if isinstance(body, dict) else {}
         return props
 
-    async def _read_served(self, replica: Replica, http: ServerClient | None = None) -> list[ServedAdapter]:
+    async def _read_served(
+        self, replica: Replica, http: ServerClient | None = None, *, again: bool = True
+    ) -> list[ServedAdapter]:
         """``GET /lora-adapters``, sent by ``http`` (by default the replica's pooled client).
 
-        An answer that says the server closes the connection after it (``Connection: close``: a keep-alive limit)
-        is asked again, so that the request that uses the list can go on the same connection.
+        With ``http`` and ``again``, an answer that says the server closes the connection after it (``Connection:
+        close``: a keep-alive limit) is asked again, so that the request that uses the list can go on the same
+        connection.
         """
         operation = "list the server's LoRA adapters"
         http = http or replica.http
         response = await http.request("GET", f"{replica.root}/lora-adapters", operation=operation)
-        if http is not replica.http and response.headers.get("connection", "").lower() == "close":
+        if again and http is not replica.http and response.headers.get("connection", "").lower() == "close":
             response = await http.request("GET", f"{replica.root}/lora-adapters", operation=operation)
         body = http.parse_json(response, operation=operation)
         try:
@@ -333,15 +353,22 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
 
 
 class _HeldEvents:
-    """A stream's events, holding the connection they come on until the stream is closed."""
+    """A stream's events, holding the connection they come on until the stream is closed; ``check`` runs after the
+    last event (it raises to end the stream with an error instead)."""
 
-    def __init__(self, events: Any, held: contextlib.AsyncExitStack) -> None:
+    def __init__(self, events: Any, held: contextlib.AsyncExitStack, check: Callable[[], Awaitable[None]]) -> None:
         self._events = events
         self._held = held
+        self._check = check
 
     def __aiter__(self) -> AsyncIterator[Any]:
-        iterator: AsyncIterator[Any] = self._events.__aiter__()
-        return iterator
+        return self._checked()
+
+    async def _checked(self) -> AsyncIterator[Any]:
+        async for event in self._events:
+            yield event
+        await self._events.aclose()  # the answer is read: its connection is free for the check's request
+        await self._check()
 
     async def aclose(self) -> None:
         """Close the answer (the server stops generating), then give the connection back."""
