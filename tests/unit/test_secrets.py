@@ -227,3 +227,13 @@ async def test_the_query_of_a_base_url_is_sent_with_every_request() -> None:
         result = await provider.generate("hello", model="m")
     assert result.text == "hi"
     assert dict(route.calls.last.request.url.params) == {"api-version": "2024-06-01", "key": SECRET}
+
+
+def test_a_bad_key_given_with_set_is_a_usage_error_that_does_not_show_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from inference.cli import main
+
+    assert main(["generate", "hi", "--provider", "openai", "--base-url", BASE, "--set", f"api_key={SECRET}\n"]) == 2
+    captured = capsys.readouterr()
+    assert "ends with a newline" in captured.err and SECRET not in captured.out + captured.err

@@ -255,8 +255,9 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
         if key in settings:
             try:
                 config[key] = settings[key].parse(text)
-            except ValueError as error:
-                raise _UsageError(f"--set {key}={text!r}: {error}") from None
+            except ValueError as error:  # a key is never shown, nor the credentials of a URL
+                shown = "(not shown)" if settings[key].kind == "secret" else redact_url(repr(text))
+                raise _UsageError(f"--set {key}={shown}: {error}") from None
         elif generation_keys and key in _GENERATION_TYPES:
             try:
                 value = _GENERATION_TYPES[key](text)
