@@ -255,9 +255,9 @@ async def test_after_a_restart_that_reorders_the_adapters_each_answer_is_the_rig
 ) -> None:
     """Six restarts of the real server, the ``--lora`` files swapped each time; after each, requests for a0, a1 and
     the base model, whole and streamed. In odd rounds the server restarts while it is idle; in even rounds it
-    restarts after a request was built and before it reached the server (the request's ids were read from the old
-    process's list, and the answer comes from the new one). Every answer equals its adapter's answer from before
-    the restarts, or is an error; never another adapter's."""
+    restarts under the round's first request (an adapter's, whole or streamed), after the request was built and
+    before it reached the server: its ids were read from the old process's list, and the new process answers.
+    Every answer equals its adapter's answer from before the restarts, or is an error; never another adapter's."""
     server, files = restartable
     greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 10, "temperature": 0}
     prompt = PROMPTS[0]
@@ -279,27 +279,30 @@ async def test_after_a_restart_that_reorders_the_adapters_each_answer_is_the_rig
         expected = {a: (await provider.generate(prompt, adapter_id=a, **greedy)).text for a in ADAPTERS}
         assert len(set(expected.values())) == 3  # each adapter answers differently: a swap would show
         orders = [[files["a1"], files["a0"]], [files["a0"], files["a1"]]] * 3
+        firsts = {0: ("a1", False), 2: ("a0", True), 4: ("a1", True)}  # the request an even round restarts under
         right, failed = 0, 0
         for round_number, order in enumerate(orders):
-            for adapter_id in ADAPTERS:
-                for streamed in (False, True):
-                    if round_number % 2 == 0:
-                        pending["restart"] = order  # under the next request
-                    elif adapter_id is None and not streamed:
-                        await asyncio.to_thread(server.restart, order)  # idle, just before this round
-                    try:
-                        if streamed:
-                            events = [e async for e in provider.stream(prompt, adapter_id=adapter_id, **greedy)]
-                            text = events[-1].text  # type: ignore[union-attr]
-                        else:
-                            text = (await provider.generate(prompt, adapter_id=adapter_id, **greedy)).text
-                    except InferenceError:
-                        failed += 1
-                        continue
-                    # (a last token inside a UTF-8 character: U+FFFD in a whole answer, left out of a stream)
-                    assert text.replace("\ufffd", "") == expected[adapter_id].replace("\ufffd", ""), (
-                        round_number, adapter_id, streamed
-                    )
-                    right += 1
+            requests = [(adapter_id, streamed) for adapter_id in ADAPTERS for streamed in (False, True)]
+            if round_number % 2 == 0:
+                first = firsts[round_number]
+                requests = [first, *(item for item in requests if item != first)]
+                pending["restart"] = order  # under the first request
+            else:
+                await asyncio.to_thread(server.restart, order)  # idle, just before this round
+            for adapter_id, streamed in requests:
+                try:
+                    if streamed:
+                        events = [e async for e in provider.stream(prompt, adapter_id=adapter_id, **greedy)]
+                        text = events[-1].text  # type: ignore[union-attr]
+                    else:
+                        text = (await provider.generate(prompt, adapter_id=adapter_id, **greedy)).text
+                except InferenceError:
+                    failed += 1
+                    continue
+                # (a last token inside a UTF-8 character: U+FFFD in a whole answer, left out of a stream)
+                assert text.replace("\ufffd", "") == expected[adapter_id].replace("\ufffd", ""), (
+                    round_number, adapter_id, streamed
+                )
+                right += 1
             assert pending["restart"] is None  # the restart happened under a request
     assert right >= 30, (right, failed)  # a restart under a request is sent again, not failed
