@@ -9,7 +9,9 @@ Each round of the loop runs three steps, and each step's output feeds the next:
    and the notes.
 
 After each round a pure-Python check reads the draft; if it rejects it (empty, or cut off by ``max_tokens``),
-its feedback goes into the next round's plan, up to ``--max-rounds``. Which backend a step uses is only
+its feedback goes into the next round's plan, up to ``--max-rounds``. A model step whose output a later step
+needs (the plan) must not answer with empty text: the loop stops and says why (:class:`EmptyAnswerError`), and a
+run whose last draft is still empty ends with an error, not "done". Which backend a step uses is only
 configuration: :func:`inference.get_provider_for_step` turns each step's config into a (cached) provider, so
 moving a step to Ollama, Transformers or another server is a change of its dict, not of the loop.
 
@@ -18,6 +20,10 @@ Run it against the tiny test models and a local ``llama_cpp.server``::
     python -m llama_cpp.server --model tiny.gguf --port 8000 &
     python examples/agent_loop.py --model-path tiny.gguf --base-url http://127.0.0.1:8000/v1 \\
         --adapter path/to/peft-adapter
+
+A model without a chat template in its GGUF (the demo's Gemma 3 270M) cannot chat: ``llama_cpp.server`` answers
+chat requests for it with empty text. Give such a planner ``--api completions``, which sends the plain text to
+``/v1/completions``.
 
 Every option has an environment variable (``--help`` lists them). In your own tests, set every step's
 ``provider`` to ``"fake"`` (see ``tests/unit/test_agent_loop_logic.py``).
@@ -57,6 +63,26 @@ def key_words(text: str, limit: int = 6) -> str:
     return ", ".join(seen) if seen else "(no key words)"
 
 
+class EmptyAnswerError(Exception):
+    """A model step answered with empty text where a later step needs its output; the message says why."""
+
+
+def why_empty(step_name: str, provider: Any, result: GenerationResult) -> str:
+    """What to say about a model step that answered with empty text: what came back, and what to change."""
+    said = (
+        f"step {step_name!r} got an empty answer from the {provider.name} provider ({result.completion_tokens} "
+        f"tokens, finish_reason {result.finish_reason!r})"
+    )
+    route = getattr(provider, "api", None)  # the server providers' route setting (vllm, openai)
+    if route is not None and route != "completions":
+        return (
+            f"{said}: a model without a chat template (such as the demo's Gemma GGUF on llama_cpp.server) answers "
+            "nothing on the chat route; run with --api completions (the step's 'api' setting, VLLM_API or "
+            "OPENAI_API), which sends the plain text to /v1/completions, or serve the model with a chat template"
+        )
+    return f"{said}: the model ended its answer at once; check the model, the prompt and max_tokens"
+
+
 def check_draft(draft: GenerationResult) -> str | None:
     """Accept a draft that has text and ended on its own; otherwise return feedback for the next round."""
     if not draft.text.strip():
@@ -76,23 +102,28 @@ def default_steps(
     model_path: str | None,
     adapter_path: str | None,
     max_tokens: int = 48,
+    api: str | None = None,
 ) -> list[StepConfig]:
     """The three step configs of the example (planner on the server, tool, writer in process with an adapter).
 
     Each model step is a config as :func:`get_provider_for_step` takes it (``provider`` plus that provider's
     settings) with the step's own keys beside it: ``name``, ``model``, ``prompt`` (a template filled with
     ``{task}``, ``{feedback}`` and the outputs of earlier steps by name), ``max_tokens``, and optionally
-    ``adapter_id`` + ``adapter_path``.
+    ``adapter_id`` + ``adapter_path``. ``api`` is the planner's route (``"completions"`` for a model without a chat
+    template; by default the provider's own setting).
     """
+    plan: StepConfig = {
+        "name": "plan",
+        "provider": "vllm",
+        "base_url": base_url,
+        "model": server_model,
+        "prompt": "Task: {task}\n{feedback}Write a three-point plan for the answer.",
+        "max_tokens": max_tokens,
+    }
+    if api is not None:
+        plan["api"] = api
     return [
-        {
-            "name": "plan",
-            "provider": "vllm",
-            "base_url": base_url,
-            "model": server_model,
-            "prompt": "Task: {task}\n{feedback}Write a three-point plan for the answer.",
-            "max_tokens": max_tokens,
-        },
+        plan,
         {"name": "notes", "tool": "key_words", "input": "plan"},
         {
             "name": "write",
@@ -120,6 +151,7 @@ class StepRecord:
         output: The text it produced.
         seconds: Wall time of the step.
         result: The model's full result (``None`` for a tool step).
+        empty: Why the model answered with empty text (:func:`why_empty`), ``None`` when it gave text.
     """
 
     round: int
@@ -130,6 +162,7 @@ class StepRecord:
     output: str
     seconds: float
     result: GenerationResult | None = None
+    empty: str | None = None
 
 
 @dataclass
@@ -208,6 +241,9 @@ class AgentLoop:
             max_tokens=step.get("max_tokens", 64),
             temperature=step.get("temperature", 0.0),
         )
+        empty = why_empty(step["name"], provider, result) if not result.text.strip() else None
+        if empty is not None and self._needed_later(step):
+            raise EmptyAnswerError(empty)
         return StepRecord(
             round_number,
             step["name"],
@@ -217,7 +253,15 @@ class AgentLoop:
             result.text,
             time.perf_counter() - started,
             result,
+            empty,
         )
+
+    def _needed_later(self, step: Mapping[str, Any]) -> bool:
+        """Whether a later step reads ``step``'s output (as its ``input``, or as ``{name}`` in its prompt)."""
+        name = step["name"]
+        steps = list(self.steps)
+        later = steps[next(index for index, other in enumerate(steps) if other is step) + 1 :]
+        return any(other.get("input") == name or f"{{{name}}}" in str(other.get("prompt", "")) for other in later)
 
 
 def print_step(record: StepRecord) -> None:
@@ -257,6 +301,13 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("AGENT_SERVER_MODEL", "default"),
         help="model name sent to the server (env AGENT_SERVER_MODEL; llama_cpp.server accepts any)",
     )
+    parser.add_argument(
+        "--api",
+        choices=("auto", "chat", "completions"),
+        default=os.environ.get("AGENT_API"),
+        help="the planner's route: completions for a model without a chat template (env AGENT_API; default: "
+        "VLLM_API, else auto)",
+    )
     parser.add_argument("--task", default=DEFAULT_TASK, help="what the agent is asked to do")
     parser.add_argument("--max-rounds", type=int, default=2, help="most rounds of plan/notes/write (default 2)")
     parser.add_argument("--max-tokens", type=int, default=48, help="most tokens per model step (default 48)")
@@ -278,16 +329,20 @@ async def main(argv: Sequence[str] | None = None) -> int:
         model_path=arguments.model_path,
         adapter_path=arguments.adapter,
         max_tokens=arguments.max_tokens,
+        api=arguments.api,
     )
     print(f"task: {arguments.task}")
     try:
         async with AgentLoop(steps, max_rounds=arguments.max_rounds, on_step=print_step) as agent:
             records = await agent.run(arguments.task)
-    except InferenceError as error:
+    except (InferenceError, EmptyAnswerError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     rounds = records[-1].round
     final = records[-1] if records[-1].result is not None else records[-2]
+    if final.empty is not None:  # no answer: say so, never "done"
+        print(f"error: no answer after {rounds} round(s): {final.empty}", file=sys.stderr)
+        return 1
     print(f"done after {rounds} round(s); answer: {' '.join(final.output.split())!r}")
     return 0
 

@@ -128,16 +128,28 @@ def llama_server(tiny_qwen2_gguf: Path) -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def llama_server_without_template(tiny_models: dict[str, object]) -> Iterator[str]:
+    """A ``llama_cpp.server`` serving the tiny Llama GGUF, which has no chat template; yields its /v1 base URL."""
+    pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server]")
+    server = LlamaServer(tiny_models["llama"].gguf_path)  # type: ignore[attr-defined]
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def start_llama_server(tiny_qwen2_gguf: Path) -> Iterator[Callable[..., LlamaServer]]:
     """Start extra short-lived servers (e.g. to kill one); every server started is stopped at teardown.
 
-    Call it as ``start(n_ctx=512, port=None)``: ``port`` reuses a port (a server restarted in place).
+    Call it as ``start(n_ctx=512, port=None, model=None)``: ``port`` reuses a port (a server restarted in place);
+    ``model`` serves another GGUF than the tiny Qwen2.
     """
     servers: list[LlamaServer] = []
 
-    def start(*, n_ctx: int = 512, port: int | None = None) -> LlamaServer:
-        server = LlamaServer(tiny_qwen2_gguf, n_ctx=n_ctx, port=port)
+    def start(*, n_ctx: int = 512, port: int | None = None, model: Path | None = None) -> LlamaServer:
+        server = LlamaServer(model or tiny_qwen2_gguf, n_ctx=n_ctx, port=port)
         servers.append(server)
         return server
 

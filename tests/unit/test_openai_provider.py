@@ -283,3 +283,87 @@ def test_a_base_url_that_holds_no_url_is_a_configuration_error(base_url: str) ->
 
     with pytest.raises(ConfigurationError, match="holds no URL"):
         OpenAIProvider(base_url=base_url)
+
+
+# The route: chat, or plain-text completions for a model without a chat template --------------------------------
+
+COMPLETIONS = f"{BASE}/completions"
+NO_TEMPLATE = (  # vLLM's 400 to chat on a model without a chat template
+    "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template if "
+    "the tokenizer does not define one."
+)
+
+
+def no_template() -> httpx.Response:
+    return httpx.Response(
+        400, json={"error": {"message": NO_TEMPLATE, "type": "BadRequestError", "param": None, "code": 400}}
+    )
+
+
+def text_completion(text: str) -> httpx.Response:
+    return httpx.Response(200, json={
+        "id": "cmpl-1", "object": "text_completion", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 22, "completion_tokens": 4, "total_tokens": 26},
+    })
+
+
+async def test_api_completions_sends_the_plain_text_to_v1_completions(
+    mock: respx.MockRouter, clean_env: pytest.MonkeyPatch
+) -> None:
+    clean_env.setenv("OPENAI_API", "completions")
+    chat = mock.post(CHAT).mock(return_value=completion())
+    events = [{"id": "cmpl-1", "object": "text_completion", "created": 1, "model": MODEL,
+               "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}]}
+              for piece, finish in ((" 1.", None), (" Pack", "length"))]
+    stream = "".join(f"data: {json.dumps(event)}\n\n" for event in events) + "data: [DONE]\n\n"
+    sse = httpx.Response(200, text=stream, headers={"Content-Type": "text/event-stream"})
+    route = mock.post(COMPLETIONS).mock(side_effect=[text_completion(" 1. Pack water"), sse])
+    async with OpenAIProvider(base_url=BASE) as provider:
+        assert provider.api == "completions"
+        result = await provider.generate("Plan a hike.", model=MODEL, system_prompt="Be brief.", max_tokens=4)
+        streamed = [event async for event in provider.stream("Plan a hike.", model=MODEL, max_tokens=4)]
+    assert result.text == " 1. Pack water" and result.finish_reason == "length"
+    assert sent(route, 0) == {"model": MODEL, "max_tokens": 4, "prompt": "Be brief.\n\nPlan a hike."}
+    assert sent(route, 1)["prompt"] == "Plan a hike." and sent(route, 1)["stream"] is True
+    assert streamed[:-1] == [" 1.", " Pack"]
+    assert isinstance(streamed[-1], GenerationResult) and streamed[-1].text == " 1. Pack"
+    assert chat.call_count == 0
+
+
+async def test_api_auto_chats_and_moves_to_completions_once_chat_is_refused_for_want_of_a_template(
+    mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    chat = mock.post(CHAT).mock(return_value=no_template())
+    route = mock.post(COMPLETIONS).mock(return_value=text_completion("text"))
+    caplog.set_level(logging.INFO, logger="inference.openai")
+    async with OpenAIProvider(base_url=BASE) as provider:
+        assert provider.api == "auto"
+        first = await provider.generate("Hello", model=MODEL, max_tokens=4)
+        second = await provider.generate("Hello", model=MODEL, max_tokens=4)
+    assert first.text == second.text == "text"
+    assert chat.call_count == 1 and route.call_count == 2  # refused once, then straight to completions
+    assert any("no chat template" in record.getMessage() for record in caplog.records)
+
+
+async def test_api_chat_names_the_setting_when_the_server_has_no_chat_template(mock: respx.MockRouter) -> None:
+    mock.post(CHAT).mock(return_value=no_template())
+    async with OpenAIProvider(base_url=BASE, api="chat") as provider:
+        with pytest.raises(ServerResponseError, match="OPENAI_API=completions") as caught:
+            await provider.generate("Hello", model=MODEL, max_tokens=4)
+    assert caught.value.status_code == 400
+
+
+async def test_api_auto_keeps_other_400s_as_they_are(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
+    mock.post(CHAT).mock(return_value=openai_error(400, "Unrecognized request argument: top_k", "invalid_request"))
+    route = mock.post(COMPLETIONS).mock(return_value=text_completion("never"))
+    with pytest.raises(ServerResponseError, match="Unrecognized request argument"):
+        await provider.generate("Hello", model=MODEL, max_tokens=4, top_k=5)
+    assert route.call_count == 0
+
+
+def test_api_is_one_of_auto_chat_completions() -> None:
+    from inference.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"setting api='legacy'.*one of 'auto', 'chat', 'completions'"):
+        OpenAIProvider(base_url=BASE, api="legacy")

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+from typing import Any
 
 import httpx
 import pytest
 import respx
 
-from inference.exceptions import InferenceError
+from inference.exceptions import ConfigurationError, InferenceError
 from inference.factory import get_provider
+from inference.provider import InferenceProvider
+from inference.registry import load_provider_class
 
 SECRET = "sk-do-not-leak-7f3a9c"
 BASE = "http://127.0.0.1:8100/v1"
+
+
+def build(provider_type: str, **settings: Any) -> InferenceProvider:
+    """A new provider of ``provider_type`` (not the factory's cached one)."""
+    provider: InferenceProvider = load_provider_class(provider_type)(**settings)
+    return provider
 
 
 def _closed_port() -> int:
@@ -69,3 +79,161 @@ async def test_api_key_never_leaks_into_repr_errors_or_logs(
     texts += [record.getMessage() for record in caplog.records]
     leaks = [text for text in texts if SECRET in text]
     assert not leaks  # ... and never shown
+
+
+# Keys are checked when the provider is built -----------------------------------------------------------------
+
+KEYED = {"vllm": "VLLM_API_KEY", "openai": "OPENAI_API_KEY", "llamacpp-server": "LLAMACPP_SERVER_API_KEY"}
+"""The server providers that send an API key, and the variable each reads it from."""
+
+BAD_KEYS = {
+    "a trailing newline (a key read from a file)": (SECRET + "\n", "ends with a newline"),
+    "a Windows line end": (SECRET + "\r\n", "ends with a newline"),
+    "a leading blank": (" " + SECRET, "starts with whitespace"),
+    "a control character inside": (SECRET[:5] + "\x1b" + SECRET[5:], "control character (U+001B) at position 5"),
+    "a character outside ASCII": (SECRET + "é", "outside ASCII"),
+}
+
+
+@pytest.mark.parametrize("problem", list(BAD_KEYS))
+@pytest.mark.parametrize("provider_type", list(KEYED))
+@pytest.mark.parametrize("origin", ["argument", "environment"])
+def test_a_key_no_header_can_carry_is_refused_when_the_provider_is_built_without_showing_it(
+    provider_type: str, problem: str, origin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """httpx would copy the whole header ("Illegal header value b'Bearer sk-...\\n'") into the error of the first
+    request, which blamed a server crash; the key is refused at once instead, and never quoted."""
+    key, reason = BAD_KEYS[problem]
+    if origin == "environment":
+        monkeypatch.setenv(KEYED[provider_type], key)
+        settings: dict[str, object] = {}
+    else:
+        settings = {"api_key": key}
+    with pytest.raises(ConfigurationError) as caught:
+        build(provider_type, base_url=BASE, **settings)
+    message = str(caught.value)
+    assert reason in message
+    assert (KEYED[provider_type] if origin == "environment" else "argument api_key") in message
+    assert SECRET not in message and SECRET not in repr(caught.value) and SECRET not in repr(caught.value.__dict__)
+    assert caught.value.__cause__ is None and caught.value.__context__ is None  # nothing chained quotes it either
+
+
+@pytest.mark.parametrize("provider_type", list(KEYED))
+def test_a_good_key_is_sent_as_it_is(provider_type: str) -> None:
+    provider = build(provider_type, base_url=BASE, api_key=SECRET)
+    assert provider._api_key == SECRET  # type: ignore[attr-defined]
+    assert SECRET not in repr(provider)
+
+
+# Credentials written into a base URL -------------------------------------------------------------------------
+
+SERVER_TYPES = ["vllm", "openai", "ollama", "llamacpp-server"]
+
+
+def _url_with_credentials(port: int) -> str:
+    return f"http://admin:{SECRET}@127.0.0.1:{port}/v1?api_key={SECRET}-2&key={SECRET}-3&model=m&token={SECRET}-4"
+
+
+def _texts_of(error: BaseException) -> list[str]:
+    texts = [str(error), repr(error), str(getattr(error, "url", ""))]
+    cause = error.__cause__
+    while cause is not None:
+        texts += [str(cause), repr(cause)]
+        cause = cause.__cause__
+    return texts
+
+
+@pytest.mark.parametrize("provider_type", SERVER_TYPES)
+async def test_credentials_in_a_base_url_are_used_but_never_shown(
+    provider_type: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused connection on loopback (with one retry, which is logged): the repr, the error and its causes,
+    and every log record name the host and port, with the user information and key parameters as ``***``."""
+    caplog.set_level(logging.DEBUG)
+    port = _closed_port()
+    provider = build(provider_type, base_url=_url_with_credentials(port), max_retries=1)
+    with pytest.raises(InferenceError) as caught:
+        await provider.generate("hello", model="m")
+    await provider.aclose()
+    texts = [repr(provider), *_texts_of(caught.value), *(record.getMessage() for record in caplog.records)]
+    assert any("retrying" in record.getMessage() for record in caplog.records)  # the retry log was written
+    assert not [text for text in texts if SECRET in text]
+    shown = f"http://***@127.0.0.1:{port}/v1?api_key=***&key=***&model=m&token=***"
+    assert shown in str(caught.value) and caught.value.url == shown
+
+
+@pytest.mark.parametrize("provider_type", SERVER_TYPES)
+def test_an_unusable_base_url_with_credentials_is_refused_without_them(provider_type: str) -> None:
+    for url in (f"http://admin:{SECRET}\n@127.0.0.1:8100/v1", f"http://admin:{SECRET} x@127.0.0.1:8100/v1",
+                f"http://admin:{SECRET}@127.0.0.1:99999/v1?api_key={SECRET}"):
+        with pytest.raises(ConfigurationError) as caught:
+            build(provider_type, base_url=url)
+        assert not [text for text in _texts_of(caught.value) if SECRET in text], url
+        assert "***@127.0.0.1" in str(caught.value)
+
+
+def test_inference_providers_shows_urls_without_their_credentials(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inference.cli import main
+
+    port = _closed_port()
+    monkeypatch.setenv("OPENAI_BASE_URL", _url_with_credentials(port))
+    arguments = ["providers", "--vllm-url", _url_with_credentials(port), "--timeout", "1"]
+    for output in (["--json"], []):
+        assert main([*arguments, *output]) == 0
+        captured = capsys.readouterr()
+        assert SECRET not in captured.out + captured.err
+        assert f"http://***@127.0.0.1:{port}/v1?api_key=***" in captured.out
+    monkeypatch.setenv("VLLM_API_KEY", SECRET + "\n")  # a bad key: the report says so, without the key
+    assert main(["providers", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert SECRET not in captured.out + captured.err and "VLLM_API_KEY cannot be sent" in captured.out
+
+
+async def test_a_request_httpx_cannot_send_is_not_blamed_on_the_server_nor_quoted() -> None:
+    """A header HTTP forbids (built past the settings' check): h11 refuses to write it, and its message quotes the
+    header. The error says the request was not sent, names the settings, and quotes nothing."""
+    from inference._servers.http import ServerClient
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = ServerClient(provider="openai", server="OpenAI-compatible server", base_url=f"http://127.0.0.1:{port}/v1",
+                          timeout=5, max_retries=0, env_prefix="OPENAI",
+                          headers={"Authorization": f"Bearer {SECRET}\n"})
+    try:
+        with pytest.raises(ConfigurationError) as caught:
+            await client.request("GET", f"http://127.0.0.1:{port}/v1/models", operation="list models")
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    assert "could not be sent" in str(caught.value) and "crashed" not in str(caught.value)
+    assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
+
+
+async def test_the_query_of_a_base_url_is_sent_with_every_request() -> None:
+    """``?api-version=...`` (or a gateway's ``?key=``) stays on the request; routes go under the path."""
+    base = "http://gateway.test/v1?api-version=2024-06-01&key=" + SECRET
+    provider = build("openai", base_url=base)
+    with respx.mock(assert_all_called=True) as router:
+        route = router.post("http://gateway.test/v1/chat/completions").mock(
+            return_value=httpx.Response(200, json={
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                "model": "m", "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}))
+        result = await provider.generate("hello", model="m")
+    assert result.text == "hi"
+    assert dict(route.calls.last.request.url.params) == {"api-version": "2024-06-01", "key": SECRET}
+
+
+def test_a_bad_key_given_with_set_is_a_usage_error_that_does_not_show_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from inference.cli import main
+
+    assert main(["generate", "hi", "--provider", "openai", "--base-url", BASE, "--set", f"api_key={SECRET}\n"]) == 2
+    captured = capsys.readouterr()
+    assert "ends with a newline" in captured.err and SECRET not in captured.out + captured.err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference._core.redaction import redact_url
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
     AdapterNotFoundError,
@@ -52,7 +53,7 @@ class ServerResponseError(ProviderError, _HTTPStatusBase):
         request: The ``httpx.Request`` that was sent.
         response: The ``httpx.Response`` that came back.
         provider: Name of the provider.
-        url: The server's base URL.
+        url: The server's base URL (kept with its credentials hidden).
     """
 
     def __init__(
@@ -70,7 +71,7 @@ class ServerResponseError(ProviderError, _HTTPStatusBase):
         _HTTPStatusBase.__init__(self, message, request=request, response=response)
         self.message = message
         self.provider = provider
-        self.url = url
+        self.url = redact_url(url) if url is not None else None
         self.path = path
 
     @property

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inference import __version__
+from inference._core.redaction import redact_url
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
 from inference.exceptions import AdapterNotFoundError, ConfigurationError, InferenceError
 from inference.options import OPTIONS
@@ -317,8 +318,9 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
         if key in settings:
             try:
                 config[key] = settings[key].parse(text)
-            except ValueError as error:
-                raise _UsageError(f"--set {key}={text!r}: {error}") from None
+            except ValueError as error:  # a key is never shown, nor the credentials of a URL
+                shown = "(not shown)" if settings[key].kind == "secret" else redact_url(repr(text))
+                raise _UsageError(f"--set {key}={shown}: {error}") from None
         elif generation_keys and key in _GENERATION_TYPES:
             try:
                 value = _GENERATION_TYPES[key](text)
@@ -897,6 +899,8 @@ def _providers(args: argparse.Namespace) -> int:
     for report in reports:
         if report["name"] in reachability:
             report["reachable"], report["detail"] = reachability[report["name"]]
+        if report["base_url"]:
+            report["base_url"] = redact_url(report["base_url"])  # shown: credentials in the URL hidden
     if args.json:
         _print_json({"providers": reports})
         return 0
@@ -939,7 +943,7 @@ def _provider_report(name: str, url: str | None) -> dict[str, Any]:
         if not url and not os.environ.get(base_url_setting.env_var) and not _on_this_machine(settings["base_url"]):
             report["base_url"] = None  # a remote default (https://api.openai.com/v1): not contacted unasked
             report["detail"] = (
-                f"not checked: the default {settings['base_url']} is remote; give --{name}-url or set "
+                f"not checked: the default {redact_url(settings['base_url'])} is remote; give --{name}-url or set "
                 f"{base_url_setting.env_var}"
             )
     elif spec.model_setting:
@@ -971,6 +975,8 @@ def _model_detail(model: str | None, variable: str) -> str:
 async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[bool, str | None]]:
     try:
         import httpx
+
+        from inference._servers.http import api_base, base_url_query
     except ImportError:
         return {name: (False, "cannot check: httpx is not installed") for name in urls}
 
@@ -978,13 +984,13 @@ async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[b
         reachable, notes = True, []
         for url in base_url.split(","):
             try:
-                response = await client.get(f"{url}/models")
+                response = await client.get(f"{api_base(url)}/models", params=base_url_query(url))
             except httpx.HTTPError as error:
                 reachable = False
-                notes.append(f"{url}: {type(error).__name__}")
+                notes.append(f"{redact_url(url)}: {type(error).__name__}")
                 continue
             if response.status_code >= 400:  # something answers: reachable, but say what it said
-                notes.append(f"{url}: answered HTTP {response.status_code}")
+                notes.append(f"{redact_url(url)}: answered HTTP {response.status_code}")
         return reachable, "; ".join(notes) or None
 
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:  # no proxy, as the providers

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from inference._core.redaction import redact_url
+
 __all__ = [
     "AdapterAlreadyLoadedError",
     "AdapterConversionError",
@@ -71,7 +73,8 @@ class InferenceError(Exception):
     Args:
         message: A sentence that says what went wrong and what to do.
         provider: Name of the provider involved (``"vllm"``, ``"llamacpp"``...), if any.
-        url: The server URL involved, if any.
+        url: The server URL involved, if any (kept with its credentials hidden: user information and key
+            parameters read ``***``).
         path: The file or directory involved, if any.
     """
 
@@ -86,7 +89,7 @@ class InferenceError(Exception):
         super().__init__(message)
         self.message = message
         self.provider = provider
-        self.url = url
+        self.url = redact_url(url) if url is not None else None
         self.path = path
 
     def __str__(self) -> str:

@@ -21,6 +21,7 @@ __all__ = ["aclose_all_providers", "clear_provider_cache", "get_provider", "get_
 _CacheKey = tuple[str, tuple[tuple[str, Any], ...]]
 _cache: dict[_CacheKey, InferenceProvider] = {}
 _cache_lock = threading.Lock()
+_PLAIN = (str, int, float, bool, type(None))
 
 
 def get_provider(provider_type: str | None = None, base_url: str | None = None) -> InferenceProvider:
@@ -101,8 +102,9 @@ def _resolved(provider_type: str, overrides: Mapping[str, Any]) -> tuple[_CacheK
     try:
         hash(key)
     except TypeError:
-        raise ConfigurationError(
-            f"the {provider_type} settings must be plain values (strings, numbers), got {settings!r}",
+        unhashable = sorted(name for name, value in settings.items() if not isinstance(value, _PLAIN))
+        raise ConfigurationError(  # names the settings, never their values (one may be an API key)
+            f"the {provider_type} settings must be plain values (strings, numbers): {', '.join(unhashable)} is not",
             provider=provider_type,
         ) from None
     return key, settings

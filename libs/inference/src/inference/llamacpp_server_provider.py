@@ -9,19 +9,21 @@ to add when the server lacks it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from inference._core.paths import expand_path, path_identity
+from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
+from inference._servers.http import ServerClient
 from inference._servers.openai_compatible import CHAT, COMPLETIONS, OpenAICompatibleProvider, Replica
 from inference.adapters.gguf import convert_peft_to_gguf_cached
-from inference.exceptions import AdapterNotFoundError, InvalidAdapterError
+from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
 from inference.options import OptionMap, Sent
 
 __all__ = ["LlamaCppServerProvider", "ServedAdapter"]
@@ -34,8 +36,9 @@ FALLBACK_TEMPLATE = (
 )
 """The ChatML template llama-server reports (and uses) for a model whose GGUF has none."""
 
-SERVED_TTL_SECONDS = 1.0
-"""How long a reading of a server's ``GET /lora-adapters`` is used before it is read again."""
+RESTART_ATTEMPTS = 3
+"""Times a request is sent, each time with the adapter list read again, while its answers come from another server
+process than the list it used (the server restarted in between); then it fails."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,12 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     Every generation sends the server's whole adapter list in its ``lora`` field: scale 1 for the adapter asked for
     (or each adapter's own scale, for ``adapter_id=[("math", 1.0), ("style", 0.5)]``), 0 for the others (all 0 for
     the base model), so a server started without ``--lora-init-without-apply`` still
-    answers each request with exactly its adapter. On a server with adapters, ``cache_prompt`` is turned off:
+    answers each request with exactly its adapter. llama-server names adapters by position only, and a server
+    restarted with its ``--lora`` flags in another order numbers them otherwise, so the list is read again for every
+    request, over the TCP connection the request then goes on (a restart closes it): an answer is used only when it
+    comes from the server process whose list gave its ids, else the request is sent again with the new list (see
+    :meth:`_call`); a restarted server without the adapter is an
+    :class:`~inference.exceptions.AdapterNotFoundError`. On a server with adapters, ``cache_prompt`` is turned off:
     llama-server reuses a slot's cached prompt across requests for different adapters (llama.cpp#26207), which
     silently mixes the previous request's adapter into the answer. Requests for different adapters may run at once
     (in different slots). ``list_adapters`` lists the ids you loaded and, under their file names, the other
@@ -121,14 +129,13 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         for replica in self._replicas:  # the OpenAI-compatible routes, whether base_url ends with /v1 or not
             replica.urls = {CHAT: f"{replica.root}/v1/chat/completions", COMPLETIONS: f"{replica.root}/v1/completions"}
         self.adapter_cache_dir = expand_path(adapter_cache_dir or "~/.cache/inference-adapters")
-        self._served: dict[str, tuple[float, list[ServedAdapter]]] = {}  # replica URL -> (when read, its adapters)
         self._props: dict[str, dict[str, Any]] = {}  # replica URL -> its GET /props
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
 
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
         adapters = sorted(self._adapter_registry.ids())
-        return f"LlamaCppServerProvider(base_url={self.base_url!r}, api_key={key}, adapters={adapters})"
+        return f"LlamaCppServerProvider(base_url={redact_url(self.base_url)!r}, api_key={key}, adapters={adapters})"
 
     async def served_adapters(self) -> list[ServedAdapter]:
         """The adapters the (first) server loaded at start, read again from ``GET /lora-adapters``."""
@@ -136,9 +143,85 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
 
     # Generation ---------------------------------------------------------------------------------------------
 
-    async def _create(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
-        """The request with the ``lora`` field that applies exactly the adapter asked for (or none)."""
-        served = await self._served_recently(replica)
+    async def _call(
+        self,
+        replica: Replica,
+        request: GenerationRequest,
+        arguments: dict[str, Any],
+        *,
+        reloaded_from: str | None = None,
+        http: ServerClient | None = None,
+    ) -> Any:
+        """Send the request with the ``lora`` field that applies exactly its adapters (or none), over the connection
+        the server's adapter list was just read on, and check the list again after the answer.
+
+        The ``lora`` field names adapters by position, and nothing in the request lets llama-server check that a
+        position is the file meant: a server restarted with its ``--lora`` files in another order would apply
+        another adapter. So the list is read and the request sent over one TCP connection
+        (:meth:`~inference._servers.http.ServerClient.one_connection`); a restart closes it, so an answer that came
+        on that connection came from the process whose list gave the ids. The list is read again after the answer
+        (after a stream's last event), for what the connection cannot tell (a proxy between this process and the
+        server keeps its own connections to it). An answer is used when the list is the same both times and the
+        answer came on the first list's connection (or the second list came on the answer's); otherwise it is
+        dropped (a stream on another connection is closed at once) and the request sent again with the new list,
+        up to :data:`RESTART_ATTEMPTS` times. A stream whose list changed by its end has given its pieces already:
+        its end is a :class:`~inference.exceptions.ProviderUnavailableError` instead of a result.
+
+        Raises:
+            AdapterNotFoundError: The server (restarted) has no longer an adapter the request applies.
+            ProviderUnavailableError: The server kept restarting between the adapter list and the answer.
+        """
+        stream = bool(arguments.get("stream"))
+        held = contextlib.AsyncExitStack()  # the connection, until the answer is read (a stream: until it is closed)
+        pinned = await held.enter_async_context((http or replica.http).one_connection())
+        try:
+            for _ in range(RESTART_ATTEMPTS):
+                served = await self._read_served(replica, pinned)
+                listed_on = pinned.connection
+                body = self._with_lora(replica, request, arguments, served)
+                answer = await super()._call(replica, request, body, reloaded_from=reloaded_from, http=pinned)
+                answered_on = pinned.connection
+                same_process = answered_on is listed_on  # (both None: an HTTP stack that does not say, a mock)
+                if stream and same_process:
+
+                    async def check(served: list[ServedAdapter] = served) -> None:
+                        if await self._read_served(replica, pinned, again=False) != served:
+                            raise self._restarted_error(
+                                replica, "during a stream, whose pieces may come from another adapter: generate again"
+                            )
+
+                    return _HeldEvents(answer, held.pop_all(), check)
+                if stream:
+                    await answer.aclose()  # the server stops generating
+                else:
+                    again = await self._read_served(replica, pinned, again=False)
+                    if again == served and (same_process or pinned.connection is answered_on):
+                        return answer  # the process that answered lists the same adapters in the same order
+                self._logger.warning(
+                    "%s answered on another connection than the one its adapter list was read on (it restarted?): "
+                    "sending the request again with the list read again",
+                    replica.http.where,
+                )
+        finally:
+            await held.aclose()  # a no-op once a stream holds the connection
+        raise self._restarted_error(
+            replica,
+            f"between reading its adapter list and answering, {RESTART_ATTEMPTS} times in a row; its answers "
+            "were not used. Retry once the server is up",
+        )
+
+    def _restarted_error(self, replica: Replica, when: str) -> ProviderUnavailableError:
+        return ProviderUnavailableError(
+            f"{replica.http.where} restarted (or closed the connection) {when} (llama-server numbers adapters by "
+            "position, and a restarted server may number them otherwise)",
+            provider=self.name,
+            url=replica.http.shown_url,
+        )
+
+    def _with_lora(
+        self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any], served: list[ServedAdapter]
+    ) -> dict[str, Any]:
+        """``arguments`` with the ``lora`` field that applies exactly the request's adapters, by ``served``'s ids."""
         scales: dict[int, float] = {}  # server index -> scale, for every adapter the request applies
         for adapter_id, scale in request.adapters:
             chosen = self._matched.get(adapter_id)
@@ -156,7 +239,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             # llama-server reuses a slot's cached prompt across requests for different adapters (llama.cpp#26207):
             # the answer would be computed partly with the previous request's adapter. Off, for correctness.
             body["cache_prompt"] = False
-        return await super()._create(replica, request, body)
+        return body
 
     async def _route(self, replica: Replica, request: GenerationRequest) -> str:
         """Chat when the server's model has a chat template of its own (``GET /props``), else plain-text completions.
@@ -218,21 +301,21 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             props = self._props[replica.base_url] = body if isinstance(body, dict) else {}
         return props
 
-    async def _served_recently(self, replica: Replica) -> list[ServedAdapter]:
-        """The replica's adapters, read again when the last reading is older than :data:`SERVED_TTL_SECONDS`.
+    async def _read_served(
+        self, replica: Replica, http: ServerClient | None = None, *, again: bool = True
+    ) -> list[ServedAdapter]:
+        """``GET /lora-adapters``, sent by ``http`` (by default the replica's pooled client).
 
-        A restarted server may list its adapters in another order, and the ``lora`` field names them by position,
-        so the list is never trusted for long.
+        With ``http`` and ``again``, an answer that says the server closes the connection after it (``Connection:
+        close``: a keep-alive limit) is asked again, so that the request that uses the list can go on the same
+        connection.
         """
-        read = self._served.get(replica.base_url)
-        if read is not None and time.monotonic() - read[0] < SERVED_TTL_SECONDS:
-            return read[1]
-        return await self._read_served(replica)
-
-    async def _read_served(self, replica: Replica) -> list[ServedAdapter]:
         operation = "list the server's LoRA adapters"
-        response = await replica.http.request("GET", f"{replica.root}/lora-adapters", operation=operation)
-        body = replica.http.parse_json(response, operation=operation)
+        http = http or replica.http
+        response = await http.request("GET", f"{replica.root}/lora-adapters", operation=operation)
+        if again and http is not replica.http and response.headers.get("connection", "").lower() == "close":
+            response = await http.request("GET", f"{replica.root}/lora-adapters", operation=operation)
+        body = http.parse_json(response, operation=operation)
         try:
             served = [
                 ServedAdapter(index=int(entry["id"]), path=str(entry["path"]), name=_file_name(str(entry["path"])))
@@ -242,7 +325,6 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             raise replica.http.protocol_error(
                 operation, f"an adapter list that is not llama-server's ({error!r})"
             ) from error
-        self._served[replica.base_url] = (time.monotonic(), served)
         return served
 
     async def _match(self, replica: Replica, served: list[ServedAdapter], adapter_path: str) -> ServedAdapter | None:
@@ -273,6 +355,32 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         if path.is_dir():
             return f"<the GGUF of `inference convert-adapter {adapter_path} --base <the server's model>`>"
         return adapter_path
+
+
+class _HeldEvents:
+    """A stream's events, holding the connection they come on until the stream is closed; ``check`` runs after the
+    last event (it raises to end the stream with an error instead)."""
+
+    def __init__(self, events: Any, held: contextlib.AsyncExitStack, check: Callable[[], Awaitable[None]]) -> None:
+        self._events = events
+        self._held = held
+        self._check = check
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._checked()
+
+    async def _checked(self) -> AsyncIterator[Any]:
+        async for event in self._events:
+            yield event
+        await self._events.aclose()  # the answer is read: its connection is free for the check's request
+        await self._check()
+
+    async def aclose(self) -> None:
+        """Close the answer (the server stops generating), then give the connection back."""
+        try:
+            await self._events.aclose()
+        finally:
+            await self._held.aclose()
 
 
 def _file_name(path: str) -> str:

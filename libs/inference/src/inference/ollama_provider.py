@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import httpx
 
 from inference._core.paths import directory_problem, expand_path
+from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest, validate_adapter_id
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, server_root
 from inference._servers.ollama_models import (
@@ -187,7 +188,7 @@ class OllamaProvider(InferenceProvider):
 
     def __repr__(self) -> str:
         base = f", base_model={self.base_model!r}" if self.base_model else ""
-        return f"OllamaProvider(base_url={self.base_url!r}{base})"
+        return f"OllamaProvider(base_url={redact_url(self.base_url)!r}{base})"
 
     @property
     def timeout(self) -> float:

@@ -97,7 +97,7 @@ _SPECS = (
         settings=(
             *_with_api_key(
                 _server_settings("VLLM", "http://localhost:8100/v1", "OpenAI-compatible base URL of the vLLM server"),
-                Setting("api_key", "VLLM_API_KEY", None, "str",
+                Setting("api_key", "VLLM_API_KEY", None, "secret",
                         "API key sent as a bearer token (vLLM --api-key); never logged", none_means="no key"),
             ),
             Setting("max_lora_rank", "VLLM_MAX_LORA_RANK", 16, "int",
@@ -127,10 +127,17 @@ _SPECS = (
         extra="openai",
         packages=("httpx",),
         server=True,
-        settings=_with_api_key(
-            _server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API"),
-            Setting("api_key", "OPENAI_API_KEY", None, "str",
-                    "API key sent as a bearer token; never logged", none_means="no key"),
+        settings=(
+            *_with_api_key(
+                _server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API"),
+                Setting("api_key", "OPENAI_API_KEY", None, "secret",
+                        "API key sent as a bearer token; never logged", none_means="no key"),
+            ),
+            Setting("api", "OPENAI_API", "auto", "str",
+                    "Route of generations: auto (chat; /v1/completions with the plain text once a server refuses chat "
+                    "for want of a chat template), chat, or completions (for a model without a chat template, which "
+                    "some servers answer with empty text on chat)",
+                    choices=("auto", "chat", "completions")),
         ),
     ),
     ProviderSpec(
@@ -184,7 +191,7 @@ _SPECS = (
         server=True,
         settings=_with_api_key(
             _server_settings("LLAMACPP_SERVER", "http://localhost:8080", "Base URL of llama.cpp's llama-server"),
-            Setting("api_key", "LLAMACPP_SERVER_API_KEY", None, "str",
+            Setting("api_key", "LLAMACPP_SERVER_API_KEY", None, "secret",
                     "API key sent as a bearer token (llama-server --api-key); never logged", none_means="no key"),
         ),
     ),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference._core.lifecycle import Discovered, parse_versioned_name
+from inference._core.redaction import redact_url
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, is_connect_failure
@@ -75,7 +76,7 @@ class ReplicaReconciliation:
     """What :meth:`VLLMProvider.reconcile_adapters` found and did on one replica.
 
     Attributes:
-        base_url: The replica's base URL.
+        base_url: The replica's base URL (credentials in it hidden).
         reloaded: Adapters the provider had loaded that the server had lost, loaded again.
         failed: Adapters the server had lost that could not be loaded again (the log says why).
         unexpected: LoRA adapters the server serves that this provider did not load (``--lora-modules``,
@@ -233,7 +234,7 @@ class VLLMProvider(OpenAICompatibleProvider):
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
         adapters = sorted(self._adapter_registry.ids())
-        return f"VLLMProvider(base_url={self.base_url!r}, api_key={key}, adapters={adapters})"
+        return f"VLLMProvider(base_url={redact_url(self.base_url)!r}, api_key={key}, adapters={adapters})"
 
     # Generation: the shared OpenAI-compatible path, plus self-healing and vLLM's adapter errors ----------
 
@@ -899,7 +900,7 @@ class VLLMProvider(OpenAICompatibleProvider):
             raise other[0] if other else self._all_down(failures)
         for replica, error in failures:
             logger.warning(
-                "vLLM replica %s did not list its adapters (%s); using the others' lists", replica.base_url, error
+                "vLLM replica %s did not list its adapters (%s); using the others' lists", replica.http.shown_url, error
             )
         return answered
 
@@ -952,7 +953,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         try:
             served = set(await self._served_adapters(replica))
         except InferenceError as error:
-            return ReplicaReconciliation(base_url=replica.base_url, error=str(error))
+            return ReplicaReconciliation(base_url=replica.http.shown_url, error=str(error))
         reloaded: list[str] = []
         failed: list[str] = []
         for adapter_id in sorted(set(expected) - served):
@@ -971,7 +972,7 @@ class VLLMProvider(OpenAICompatibleProvider):
             else:
                 reloaded.append(adapter_id)
         return ReplicaReconciliation(
-            base_url=replica.base_url,
+            base_url=replica.http.shown_url,
             reloaded=tuple(reloaded),
             failed=tuple(failed),
             unexpected=tuple(sorted(served - set(expected))),

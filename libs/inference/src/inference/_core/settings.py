@@ -16,6 +16,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from inference._core.paths import directory_problem, expand_path, path_text_problem
+from inference._core.redaction import redact_url, secret_problem
 from inference.exceptions import ConfigurationError
 
 __all__ = ["Setting", "SettingKind", "validate_base_url"]
@@ -33,25 +34,27 @@ def validate_base_url(url: str, *, source: str) -> str:
     if not isinstance(url, str):
         if isinstance(url, (list, tuple)) and url:
             return ",".join(validate_base_url(item, source=source) for item in url)
-        raise ConfigurationError(f"{source} must be a URL string or a list of URLs, got {url!r}")
+        raise ConfigurationError(f"{source} must be a URL string or a list of URLs, got {redact_url(repr(url))}")
     if "," in url:
         items = [item.strip() for item in url.split(",") if item.strip()]
         if not items:
             raise ConfigurationError(
-                f"{source} {url!r} holds no URL: give one base URL, or several separated by commas", url=url
+                f"{source} {redact_url(repr(url))} holds no URL: give one base URL, or several separated by commas",
+                url=url,
             )
         return ",".join(validate_base_url(item, source=source) for item in items)
     url = url.strip()
+    shown = redact_url(repr(url))  # the URL as messages show it: credentials hidden
     try:
         parts = urlsplit(url)
     except ValueError as error:  # e.g. "Invalid IPv6 URL" for 'http://[::1/v1'
         raise ConfigurationError(
-            f"{source} {url!r} is not a valid base URL ({error}): write it like 'http://localhost:8100/v1'",
+            f"{source} {shown} is not a valid base URL ({error}): write it like 'http://localhost:8100/v1'",
             url=url,
         ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigurationError(
-            f"{source} {url!r} is not a valid base URL: write it with a scheme and host, "
+            f"{source} {shown} is not a valid base URL: write it with a scheme and host, "
             "for example 'http://localhost:8100/v1'",
             url=url,
         )
@@ -68,7 +71,7 @@ def validate_base_url(url: str, *, source: str) -> str:
                 problem = f"{parts.hostname!r} is not a host name or address"
     if problem is not None:
         raise ConfigurationError(
-            f"{source} {url!r} is not a valid base URL: {problem}; write it like 'http://localhost:8100/v1'",
+            f"{source} {shown} is not a valid base URL: {problem}; write it like 'http://localhost:8100/v1'",
             url=url,
         )
     return url.rstrip("/")
@@ -103,9 +106,10 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-SettingKind = Literal["str", "int", "float", "url", "path", "directory"]
-"""What a setting's values are: text, an integer, a finite number, base URL(s), a file path, or a directory
-that files are written into (checked to be creatable and writable, nothing created)."""
+SettingKind = Literal["str", "secret", "int", "float", "url", "path", "directory"]
+"""What a setting's values are: text, a secret (an API key: checked to be sendable in a header, never shown), an
+integer, a finite number, base URL(s), a file path, or a directory that files are written into (checked to be
+creatable and writable, nothing created)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,8 @@ class Setting:
             noun = "a file path"
         elif self.kind == "directory":
             noun = "a directory this process can create or write into"
+        elif self.kind == "secret":
+            noun = "printable ASCII without whitespace at its ends"
         elif self.choices:
             noun = "one of " + ", ".join(repr(choice) for choice in self.choices)
         else:
@@ -204,6 +210,8 @@ class Setting:
         if self.kind == "url":
             source = f"environment variable {self.env_var}" if origin == "environment" else f"argument {self.key}"
             return validate_base_url(value, source=source)
+        if self.kind == "secret":
+            return self._secret(value, origin, provider)
         if self.kind in ("int", "float"):
             return self._number(value, origin, provider)
         if self.kind in ("path", "directory"):
@@ -236,6 +244,19 @@ class Setting:
         if too_low or (self.maximum is not None and number > self.maximum):
             raise self._invalid(value, origin, provider)
         return float(number) if self.kind == "float" else int(number)
+
+    def _secret(self, value: Any, origin: str, provider: str | None) -> str:
+        """A key that can be sent in a header as it is; the message about a bad one never quotes it."""
+        problem = secret_problem(value) if isinstance(value, str) else f"it is a {type(value).__name__}, not text"
+        if problem is None:
+            return str(value)
+        where = f"environment variable {self.env_var}" if origin == "environment" else f"argument {self.key}"
+        owner = f"the {provider} " if provider else "the "
+        raise ConfigurationError(
+            f"{where} cannot be sent as {owner}API key: {problem}. Fix the key where it is set (its value is not "
+            "shown here)",
+            provider=provider,
+        )
 
     def _path(self, value: Any, origin: str, provider: str | None) -> str:
         text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None

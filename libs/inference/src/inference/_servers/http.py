@@ -4,6 +4,8 @@ Everything that talks to a server goes through one :class:`ServerClient` per pro
 
 - one pooled ``httpx.AsyncClient``, made lazily on the running event loop (and made again when a cached
   provider is reused on another loop, e.g. across ``asyncio.run`` calls);
+- on demand, clients that send every request over one TCP connection (:meth:`ServerClient.one_connection`), for
+  requests that must reach the same server process: a restarted server cannot answer on the old connection;
 - bounded retries with exponential backoff (and ``Retry-After``, capped) for connect errors and the
   statuses 429, 502, 503 and 504 only, in the client's transport, so requests sent by the ``openai``
   client (its own retries off) and by the providers themselves are retried in this one place;
@@ -14,13 +16,17 @@ Everything that talks to a server goes through one :class:`ServerClient` per pro
   plain-text 404 of Go servers (Ollama's ``404 page not found``) or of a proxy, as opposed to a backend's
   own JSON error with status 404 ("model not found").
 
-Nothing here logs or formats request headers, so an API key never reaches a message, a repr or a log.
+Nothing here logs or formats request headers, so an API key never reaches a message, a repr or a log; every URL
+shown or logged passes through :func:`~inference._core.redaction.redact_url` first, so credentials written into a
+base URL (``http://user:KEY@host/v1``, ``?api_key=KEY``) do not either. A query in a base URL is sent with every
+request (:func:`api_base` is the URL routes are built on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import email.utils
 import functools
@@ -36,9 +42,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from inference._core.redaction import redact_url
 from inference._core.settings import validate_base_url
 from inference.exceptions import (
     ConfigurationError,
@@ -56,6 +64,8 @@ __all__ = [
     "RetryPolicy",
     "ServerAnswer",
     "ServerClient",
+    "a_server",
+    "api_base",
     "check_base_url",
     "is_connect_failure",
     "is_route_missing",
@@ -76,6 +86,12 @@ throughput); 32 small pools keep that cost low (see ``scripts/bench_http_overhea
 
 _SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=30.0)
 """Per pool: 32 x 32 = 1024 connections in all, 256 kept alive."""
+
+_ONE_CONNECTION = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30.0)
+"""The pool of a :meth:`ServerClient.one_connection` client."""
+
+ONE_CONNECTION_CLIENTS_KEPT = 16
+"""One-connection clients kept (with their open connections) for the next :meth:`ServerClient.one_connection`."""
 
 
 @functools.cache
@@ -140,6 +156,18 @@ def is_route_missing(response: httpx.Response) -> bool:
     return _ROUTE_MISSING_TEXT.fullmatch(text) is not None
 
 
+def a_server(server: str) -> str:
+    """``server`` (a display name: ``"vLLM"``, ``"OpenAI-compatible server"``, ``"llama-server"``) as a noun phrase
+    with its article, without a doubled "server".
+
+    Example:
+        >>> a_server("vLLM"), a_server("Ollama"), a_server("OpenAI-compatible server"), a_server("llama-server")
+        ('a vLLM server', 'an Ollama server', 'an OpenAI-compatible server', 'a llama-server')
+    """
+    phrase = server if server.lower().endswith("server") else f"{server} server"
+    return f"{'an' if phrase[:1].lower() in 'aeiou' else 'a'} {phrase}"
+
+
 def check_base_url(base_url: str, *, provider: str, env_prefix: str) -> None:
     """Refuse a base URL that no request could be sent to, naming the setting to fix.
 
@@ -156,15 +184,31 @@ def check_base_url(base_url: str, *, provider: str, env_prefix: str) -> None:
         raise ConfigurationError(str(error), provider=provider, url=base_url) from None
 
 
+def api_base(base_url: str) -> str:
+    """Return ``base_url`` without its query and trailing ``/``: the URL routes are appended to (the query is sent
+    with every request by :class:`ServerClient`).
+
+    Example:
+        >>> api_base("https://gateway.example/v1/?api-version=2")
+        'https://gateway.example/v1'
+    """
+    return base_url.partition("#")[0].partition("?")[0].rstrip("/")
+
+
 def server_root(base_url: str) -> str:
-    """Return ``base_url`` without a trailing ``/v1``: where a server's native routes live.
+    """Return ``base_url`` without its query and a trailing ``/v1``: where a server's native routes live.
 
     Example:
         >>> server_root("http://localhost:11434/v1")
         'http://localhost:11434'
     """
-    base_url = base_url.rstrip("/")
+    base_url = api_base(base_url)
     return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+
+
+def base_url_query(base_url: str) -> tuple[tuple[str, str], ...]:
+    """The parameters of ``base_url``'s query (``?api-version=2``), sent with every request."""
+    return tuple(parse_qsl(urlsplit(base_url).query, keep_blank_values=True))
 
 
 @dataclass(frozen=True)
@@ -207,14 +251,27 @@ def _parse_retry_after(value: str | None) -> float | None:
 
 
 class _PooledTransport(httpx.AsyncBaseTransport):
-    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504."""
+    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504.
 
-    def __init__(self, policy: RetryPolicy, logger: logging.Logger) -> None:
+    Attributes:
+        last_connection: The connection (httpcore's network stream) the last answer came on, ``None`` when the
+            transport does not say; meaningful for a one-connection transport used by one task at a time.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        logger: logging.Logger,
+        *,
+        shards: int = POOL_SHARDS,
+        limits: httpx.Limits = _SHARD_LIMITS,
+    ) -> None:
         context = _ssl_context()
-        self._pools = [httpx.AsyncHTTPTransport(limits=_SHARD_LIMITS, verify=context) for _ in range(POOL_SHARDS)]
+        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=context) for _ in range(shards)]
         self._next_pool = itertools.cycle(self._pools).__next__
         self._policy = policy
         self._logger = logger
+        self.last_connection: object | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         retry_number = 0
@@ -226,6 +283,7 @@ class _PooledTransport(httpx.AsyncBaseTransport):
                     raise
                 delay, reason = self._policy.delay(retry_number), f"connect error ({error})"
             else:
+                self.last_connection = response.extensions.get("network_stream")
                 if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
                     return response
                 delay = self._policy.delay(retry_number, response.headers.get("retry-after"))
@@ -235,7 +293,7 @@ class _PooledTransport(httpx.AsyncBaseTransport):
             self._logger.info(
                 "retrying %s %s in %.2f s after %s (retry %d of %d)",
                 request.method,
-                request.url,
+                redact_url(str(request.url)),
                 delay,
                 reason,
                 retry_number,
@@ -261,9 +319,9 @@ class ServerAnswer:
             ``{"detail": "Not Found"}`` 404 or a plain-text ``404 page not found``, as opposed to an
             application's own JSON error with status 404.
         operation: What was asked, for messages ("load adapter 'a1'").
-        where: "<server> at <base URL>", for messages.
+        where: "<server> at <base URL>", for messages (credentials in the URL hidden).
         provider: The provider name.
-        url: The provider's base URL.
+        url: The provider's base URL, credentials hidden.
     """
 
     response: httpx.Response
@@ -299,7 +357,8 @@ class ServerClient:
     Args:
         provider: The provider name (``"vllm"``), carried by errors.
         server: The server's display name (``"vLLM"``), for messages.
-        base_url: The configured base URL, named in messages.
+        base_url: The configured base URL (its credentials hidden wherever it is named, its query sent with every
+            request).
         timeout: Seconds to wait for one answer (connecting waits at most :data:`CONNECT_TIMEOUT_MAX`).
         max_retries: Retries of transient failures.
         env_prefix: Prefix of the provider's environment variables (``"VLLM"``), for hints.
@@ -326,19 +385,25 @@ class ServerClient:
         self.provider = provider
         self.server = server
         self.base_url = base_url
+        self.shown_url = redact_url(base_url)
+        """The base URL as messages, reprs and logs show it: user information and key parameters hidden."""
         self.timeout = float(timeout)
         self.env_prefix = env_prefix
-        self.where = f"{server} at {base_url}"
+        self.where = f"{server} at {self.shown_url}"
         self.retry_policy = dataclasses.replace(retry_policy or RetryPolicy(), max_retries=int(max_retries))
         self.httpx_timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT_MAX))
         self.logger = logging.getLogger(f"inference.{provider}")
         self._headers = dict(headers or {})
+        self._params = base_url_query(base_url)
         _ssl_context()  # made here, once per process, rather than on the event loop at first request
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._transport: _PooledTransport | None = None
+        self._single = False  # a one_connection() client: one connection, not the pools
+        self._kept: list[ServerClient] = []  # one-connection clients for the next one_connection()
 
     def __repr__(self) -> str:
-        return f"ServerClient(server={self.server!r}, base_url={self.base_url!r})"
+        return f"ServerClient(server={self.server!r}, base_url={self.shown_url!r})"
 
     @property
     def max_retries(self) -> int:
@@ -350,16 +415,57 @@ class ServerClient:
         loop = asyncio.get_running_loop()
         client = self._client
         if client is None or self._loop is not loop or client.is_closed:
-            transport = _PooledTransport(self.retry_policy, self.logger)
+            if self._single:
+                transport = _PooledTransport(self.retry_policy, self.logger, shards=1, limits=_ONE_CONNECTION)
+            else:
+                transport = _PooledTransport(self.retry_policy, self.logger)
             # A client left on another (usually closed) loop cannot be closed from here; drop it.
-            client = httpx.AsyncClient(transport=transport, timeout=self.httpx_timeout, headers=self._headers)
-            self._client, self._loop = client, loop
+            client = httpx.AsyncClient(
+                transport=transport, timeout=self.httpx_timeout, headers=self._headers, params=self._params or None
+            )
+            self._client, self._loop, self._transport = client, loop, transport
+        return client
+
+    @property
+    def connection(self) -> object | None:
+        """The connection the last answer came on (httpcore's network stream), ``None`` when unknown.
+
+        For a :meth:`one_connection` client: two answers that came on the same connection (``is``) came from the
+        same server process.
+        """
+        return self._transport.last_connection if self._transport is not None else None
+
+    @contextlib.asynccontextmanager
+    async def one_connection(self) -> AsyncIterator[ServerClient]:
+        """A client of the same server that sends its requests one at a time over one TCP connection.
+
+        For a sequence of requests that must reach one server process (read a server's state, then send a request
+        that depends on it): compare :attr:`connection` after each answer. The connection is made again only when
+        it was closed (by the server, a restart, a keep-alive limit), which then shows as another
+        :attr:`connection`. The client is kept for a later call, with its connection open.
+        """
+        client = self._kept.pop() if self._kept else self._single_connection_client()
+        try:
+            yield client
+        finally:
+            if len(self._kept) < ONE_CONNECTION_CLIENTS_KEPT:
+                self._kept.append(client)
+            else:
+                await client.aclose()
+
+    def _single_connection_client(self) -> ServerClient:
+        client = copy.copy(self)
+        client._client, client._loop, client._transport = None, None, None
+        client._single, client._kept = True, []
         return client
 
     async def aclose(self) -> None:
-        """Close the pooled client if it belongs to the running loop; forget it either way."""
+        """Close the pooled client (and kept one-connection clients) of the running loop; forget them either way."""
         client, loop = self._client, self._loop
-        self._client, self._loop = None, None
+        self._client, self._loop, self._transport = None, None, None
+        kept, self._kept = self._kept, []
+        for single in kept:
+            await single.aclose()
         if client is not None and loop is asyncio.get_running_loop():
             await client.aclose()
 
@@ -417,9 +523,9 @@ class ServerClient:
         """An answer that does not follow the protocol, with a hint about the base URL."""
         return ProtocolError(
             f"{self.where} answered {operation} with {problem}: check that {self.env_prefix}_BASE_URL "
-            f"(or base_url) points at a {self.server} server",
+            f"(or base_url) points at {a_server(self.server)}",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def error_from_exception(
@@ -442,7 +548,15 @@ class ServerClient:
                 f"{self.where} cannot be asked to {operation}: the URL is not usable ({cause or error}); set "
                 f"{self.env_prefix}_BASE_URL (or base_url) to http://HOST:PORT/v1",
                 provider=self.provider,
-                url=self.base_url,
+                url=self.shown_url,
+            )
+        if isinstance(cause, httpx.LocalProtocolError):  # this request is not valid HTTP: not the server's fault
+            return ConfigurationError(
+                f"{self.where} was not asked to {operation}: the request could not be sent, because a header or the "
+                f"URL holds a character HTTP forbids; check the API key (api_key) and {self.env_prefix}_BASE_URL (or "
+                "base_url)",
+                provider=self.provider,
+                url=self.shown_url,
             )
         if isinstance(cause, httpx.TimeoutException) or (
             openai is not None and isinstance(error, openai.APITimeoutError)
@@ -461,12 +575,12 @@ class ServerClient:
                 f"{self.where} reported an error during {operation}: {error.message}. The server failed; its "
                 "log says why",
                 provider=self.provider,
-                url=self.base_url,
+                url=self.shown_url,
             )
         return ProviderError(
             f"{self.where} failed during {operation}: {type(error).__name__}: {error}",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def _timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
@@ -478,18 +592,19 @@ class ServerClient:
             f"{self.where} did not {what}: check that the server is up and not overloaded, or raise the "
             f"timeout ({self.env_prefix}_TIMEOUT or timeout=)",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def _unavailable_error(self, cause: BaseException) -> ProviderUnavailableError:
         attempts = self.max_retries + 1
         tried = f"{attempts} attempts" if attempts > 1 else "1 attempt"
         detail = str(cause) or type(cause).__name__
+        server = a_server(self.server).partition(" ")[2]  # "vLLM server", "llama-server"
         return ProviderUnavailableError(
-            f"nothing answers at {self.base_url} ({detail}; {tried}): start the {self.server} server there, "
+            f"nothing answers at {self.shown_url} ({detail}; {tried}): start the {server} there, "
             f"or point {self.env_prefix}_BASE_URL (or base_url) at the running server",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     def _broken_error(self, operation: str, cause: BaseException) -> ProviderUnavailableError:
@@ -498,7 +613,7 @@ class ServerClient:
             f"{self.where} dropped the connection during {operation} ({detail}): the server crashed, "
             "restarted or was stopped while answering; check that it is up (its log says why), then retry",
             provider=self.provider,
-            url=self.base_url,
+            url=self.shown_url,
         )
 
     @contextlib.asynccontextmanager
@@ -575,7 +690,7 @@ class ServerClient:
                     request=response.request,
                     response=response,
                     provider=self.provider,
-                    url=self.base_url,
+                    url=self.shown_url,
                 )
             yield item
 
@@ -590,7 +705,7 @@ class ServerClient:
             handlers: Backend-specific cases by status; a handler returns ``None`` to fall back to the
                 generic error for that status.
         """
-        answer = _answer(response, operation=operation, where=self.where, provider=self.provider, url=self.base_url)
+        answer = _answer(response, operation=operation, where=self.where, provider=self.provider, url=self.shown_url)
         handler = (handlers or {}).get(answer.status)
         if handler is not None:
             error = handler(answer)
@@ -606,7 +721,7 @@ class ServerClient:
         if answer.route_missing:
             hint = (
                 f"the server has no route {answer.response.request.url.path}; check that "
-                f"{self.env_prefix}_BASE_URL (or base_url) points at a {self.server} server"
+                f"{self.env_prefix}_BASE_URL (or base_url) points at {a_server(self.server)}"
             )
         elif status in (401, 403):
             hint = "the server refused the credentials; check the API key it expects"

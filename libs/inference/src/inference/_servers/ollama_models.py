@@ -283,7 +283,7 @@ class OllamaModels:
                 request=response.request,
                 response=response,
                 provider=self._provider,
-                url=self._http.base_url,
+                url=self._http.shown_url,
             )
 
         def on_error_status(answer: ServerAnswer) -> ServerResponseError | None:

@@ -23,8 +23,16 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.dependencies import import_optional
+from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
-from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure, server_root
+from inference._servers.http import (
+    ErrorHandlers,
+    ServerAnswer,
+    ServerClient,
+    api_base,
+    is_connect_failure,
+    server_root,
+)
 from inference.config import resolve_settings
 from inference.exceptions import (
     InferenceError,
@@ -76,7 +84,7 @@ class Replica:
         self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
         self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
         self.route: asyncio.Future[str] | None = None  # CHAT or COMPLETIONS, once a subclass found out (vLLM)
-        root = base_url.rstrip("/")
+        root = api_base(base_url)
         self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
 
     async def aclose(self) -> None:
@@ -136,7 +144,7 @@ class OpenAICompatibleProvider(InferenceProvider):
 
     def __repr__(self) -> str:
         key = "***" if self._api_key else "None"
-        return f"{type(self).__name__}(base_url={self.base_url!r}, api_key={key})"
+        return f"{type(self).__name__}(base_url={redact_url(self.base_url)!r}, api_key={key})"
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -295,13 +303,23 @@ class OpenAICompatibleProvider(InferenceProvider):
                     arguments = request_arguments(
                         request, route, stream=stream, schema_style=replica.schema_style, options=self.options
                     )
-                    answer = await self._create(replica, request, arguments)
+                    try:
+                        answer = await self._create(replica, request, arguments)
+                    except ServerResponseError as refused:
+                        other = self._other_route(replica, route, refused)
+                        if other is None:
+                            raise
+                        route = other
+                        arguments = request_arguments(
+                            request, route, stream=stream, schema_style=replica.schema_style, options=self.options
+                        )
+                        answer = await self._create(replica, request, arguments)
                 except ReplicaDown as down:
                     replica.down_until = time.monotonic() + DOWN_SECONDS
                     failures.append((replica, down.error))
                     if len(self._replicas) > 1:
                         self._logger.warning(
-                            "%s replica %s is unreachable; trying another", self.server_label, replica.base_url
+                            "%s replica %s is unreachable; trying another", self.server_label, replica.http.shown_url
                         )
                     continue
                 replica.down_until = 0.0
@@ -324,6 +342,14 @@ class OpenAICompatibleProvider(InferenceProvider):
         """
         return CHAT
 
+    def _other_route(self, replica: Replica, route: str, refused: ServerResponseError) -> str | None:
+        """The route to send a request again on after ``replica`` refused it on ``route``; ``None`` (here): none.
+
+        The OpenAI provider's ``api="auto"`` goes to :data:`COMPLETIONS` when chat is refused for want of a chat
+        template.
+        """
+        return None
+
     def _replicas_for(self, request: GenerationRequest) -> list[Replica]:
         """The replicas to try for ``request``, in order (least busy first; vLLM places adapters on demand)."""
         return self._replicas_in_order()
@@ -345,7 +371,7 @@ class OpenAICompatibleProvider(InferenceProvider):
     def _all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
         if len(failures) == 1:
             return failures[0][1]
-        said = "; ".join(f"{replica.base_url}: {error}" for replica, error in failures)
+        said = "; ".join(f"{replica.http.shown_url}: {error}" for replica, error in failures)
         return ProviderUnavailableError(
             f"none of the {len(failures)} {self.server_label} replicas accepts connections ({said}): start them, "
             f"or remove the URLs of stopped servers from {self.env_prefix}_BASE_URL (or base_url)",
@@ -411,20 +437,24 @@ class OpenAICompatibleProvider(InferenceProvider):
         arguments: dict[str, Any],
         *,
         reloaded_from: str | None = None,
+        http: ServerClient | None = None,
     ) -> Any:
         """POST ``arguments`` to their route (``/completions`` when they carry a ``prompt``, else
         ``/chat/completions``): the parsed JSON answer, or for a stream an open :class:`ServerEvents`.
 
+        ``http`` sends it (a :meth:`~ServerClient.one_connection` client); by default the replica's pooled client.
+
         Raises:
             InferenceError: The request failed, mapped by status with :meth:`_generation_handlers`.
         """
+        http = http or replica.http
         url = replica.urls[COMPLETIONS if "prompt" in arguments else CHAT]
         operation = operation_of(request)
         handlers = self._generation_handlers(request, reloaded_from)
         if arguments.get("stream"):
-            return await ServerEvents.open(replica.http, url, arguments, operation=operation, handlers=handlers)
-        response = await replica.http.request("POST", url, operation=operation, json_body=arguments, handlers=handlers)
-        return replica.http.parse_json(response, operation=operation)
+            return await ServerEvents.open(http, url, arguments, operation=operation, handlers=handlers)
+        response = await http.request("POST", url, operation=operation, json_body=arguments, handlers=handlers)
+        return http.parse_json(response, operation=operation)
 
     def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
         def not_found(answer: ServerAnswer) -> ServerResponseError | None:
@@ -678,7 +708,7 @@ class ServerEvents:
             return ProviderError(
                 f"{http.where} reported an error during {operation}: {message}. The server failed; its log says why",
                 provider=http.provider,
-                url=http.base_url,
+                url=http.shown_url,
             )
 
         events = cls(

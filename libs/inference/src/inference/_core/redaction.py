@@ -1,0 +1,71 @@
+"""What may be shown of a URL or an API key: credentials are hidden wherever a URL is printed, logged or raised.
+
+A base URL can carry credentials (``http://user:KEY@host/v1``, ``...?api_key=KEY``); :func:`redact_url` is the one
+function every ``repr``, error message, log line and ``inference providers`` line passes a URL through.
+:func:`secret_problem` says why a key cannot be sent in a header, without quoting it. This module imports nothing
+of the SDK, so the error tree can use it.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+__all__ = ["HIDDEN", "redact_url", "secret_problem"]
+
+HIDDEN = "***"
+"""What stands in for a hidden credential."""
+
+_USERINFO = re.compile(r"(?P<lead>://)(?P<userinfo>[^/?#'\"]*@)|(?P<start>^|(?<=[\s,'\"(]))[^/?#\s,'\"]*@")
+"""The ``user:password@`` of a URL: after its scheme (whatever it holds, whitespace too), or at the start of a URL
+written without one."""
+
+_PARAMETER = re.compile(r"(?P<lead>[?&;#])(?P<name>[^=&;#\s,'\"]+)=(?P<value>[^&;#\s,'\"]*)")
+"""A ``name=value`` of a query (or of a fragment, where OAuth puts ``access_token``)."""
+
+_SENSITIVE = re.compile(r"key|token|secret|passw|pwd|auth|sig|credential|session|cookie|jwt", re.IGNORECASE)
+"""Parameter names whose values are credentials (``api_key``, ``key``, ``access_token``, ``X-Amz-Signature``...)."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` (or several, comma-separated) with its user information and credential parameters hidden.
+
+    Example:
+        >>> redact_url("http://user:sk-1@127.0.0.1:8100/v1?api_key=sk-2&model=m")
+        'http://***@127.0.0.1:8100/v1?api_key=***&model=m'
+    """
+    if not isinstance(url, str):
+        return url
+    hidden = _USERINFO.sub(lambda match: f"{match['lead'] or ''}{HIDDEN}@", url)
+    return _PARAMETER.sub(_hide_parameter, hidden)
+
+
+def _hide_parameter(match: re.Match[str]) -> str:
+    name = match["name"]
+    if not match["value"] or _SENSITIVE.search(unquote(name)) is None:
+        return match.group(0)
+    return f"{match['lead']}{name}={HIDDEN}"
+
+
+def secret_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent as an API key in an HTTP header, in words that never quote it; else ``None``.
+
+    A key must have no whitespace at its ends (a key read from a file keeps its newline), no control characters and
+    no characters outside ASCII (HTTP header values are ASCII).
+
+    Example:
+        >>> secret_problem("sk-abc\\n")
+        'it ends with a newline (a key read from a file keeps its trailing newline: strip it)'
+    """
+    if value != value.rstrip():
+        if value.endswith(("\n", "\r")):
+            return "it ends with a newline (a key read from a file keeps its trailing newline: strip it)"
+        return "it ends with whitespace (strip it)"
+    if value != value.lstrip():
+        return "it starts with whitespace (strip it)"
+    for position, char in enumerate(value):
+        if ord(char) < 32 or ord(char) == 127:
+            return f"it holds a control character (U+{ord(char):04X}) at position {position}"
+        if ord(char) > 126:
+            return f"it holds a character outside ASCII at position {position} (HTTP headers are ASCII)"
+    return None
