@@ -136,15 +136,11 @@ def _number_or_none(minimum: float, maximum: float, *, exclusive_minimum: bool =
     def check(value: object, name: str, fail: Fail) -> float | None:
         if value is None:
             return None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Real)  # numpy's scalars too (np.float32(0.7))
-            or math.isnan(value)
-            or (value <= minimum if exclusive_minimum else value < minimum)
-            or value > maximum
-        ):
+        # numpy's scalars are numbers too (np.float32(0.7))
+        number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+        if math.isnan(number) or (number <= minimum if exclusive_minimum else number < minimum) or number > maximum:
             raise fail(f"{name} must be a number in {bound}{minimum:g}, {maximum:g}] or None, got {value!r}")
-        return float(value)
+        return number
 
     return check
 
