@@ -101,3 +101,29 @@ async def test_replacing_with_weights_in_a_loop_serves_each_step_and_refuses_a_w
     assert (await provider.generate(PROMPTS[0], adapter_id="step", **GREEDY)).text == expected["a2"]
     assert provider.adapter_stats().get("step").replacements == 3  # type: ignore[union-attr]
     await provider.unload_adapter("step")
+
+
+async def test_target_modules_as_a_regex_and_numpy_scales_are_taken_as_peft_and_floats_are(
+    provider: InferenceProvider, tiny_models: dict[str, Any]
+) -> None:
+    """PEFT accepts target_modules as one regular expression (matched against the whole module name); a training
+    loop's scales are often numpy scalars. Both used to be refused."""
+    import numpy as np
+
+    directory = tiny_models["qwen2"].adapter_dirs["a1"]
+    listed = weights_of(directory)
+    pattern = rf".*\.({'|'.join(listed.config['target_modules'])})"
+    await provider.load_adapter("listed", listed)
+    await provider.load_adapter("pattern", AdapterWeights(listed.tensors, {**listed.config, "target_modules": pattern}))
+    try:
+        for prompt in PROMPTS:
+            expected = (await provider.generate(prompt, adapter_id="listed", **GREEDY)).text
+            assert (await provider.generate(prompt, adapter_id="pattern", **GREEDY)).text == expected
+            half = (await provider.generate(prompt, adapter_id=("listed", 0.5), **GREEDY)).text
+            assert (await provider.generate(prompt, adapter_id=("listed", np.float32(0.5)), **GREEDY)).text == half
+        narrow = AdapterWeights(listed.tensors, {**listed.config, "target_modules": r".*\.q_proj"})
+        with pytest.raises(InvalidAdapterError, match="not among target_modules"):  # v_proj... are not q_proj
+            await provider.load_adapter("narrow", narrow)
+    finally:
+        await provider.unload_adapter("listed")
+        await provider.unload_adapter("pattern")

@@ -54,6 +54,12 @@ def _retargeted(source: Path, target: Path, old: str, new: str) -> Path:
     return target
 
 
+def _nested_config(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    (target / "adapter_config.json").write_text("[" * 50_000 + "]" * 50_000)
+    return target
+
+
 def _corrupt_weights(source: Path, target: Path) -> Path:
     shutil.copytree(source, target)
     (target / "adapter_model.safetensors").write_bytes(b"\x00\x01 not safetensors")
@@ -111,6 +117,13 @@ CATALOGUE: list[tuple[str, Case, type[InferenceError], str]] = [
     ("adapter targets a module the model lacks", _load(lambda p: p["missing_module"]), InvalidAdapterError,
      "mlp_fc9"),
     ("GGUF LoRA of another architecture", _load(lambda p: p["llama_gguf_lora"]), InvalidAdapterError, "llama"),
+    ("lora_alpha beyond float32", _load(lambda p: p["alpha_1e39"]), InvalidAdapterError, "float32 can hold"),
+    ("r that is not the weights' rank", _load(lambda p: p["huge_rank"]), InvalidAdapterError,
+     "with rank 1099511627776"),
+    ("rank_pattern with a bad regex", _load(lambda p: p["bad_pattern"]), InvalidAdapterError,
+     "not a valid regular expression"),
+    ("adapter_config.json nested too deeply", _load(lambda p: p["nested"]), InvalidAdapterError, "nested too deeply"),
+    ("adapter scale beyond float32", _generate(adapter_id=("a0", 1e39)), InvalidRequestError, "float32 can hold"),
     ("same id, another path", _same_id_other_path, AdapterAlreadyLoadedError, "replace=True"),
     ("unload of an unknown id", _unload_unknown, AdapterNotFoundError, "not loaded"),
 ]
@@ -136,6 +149,10 @@ async def setup(
         "corrupt": _corrupt_weights(a0, tmp / "corrupt"),
         "dora": _adapter_copy(a0, tmp / "dora", use_dora=True),
         "bias": _adapter_copy(a0, tmp / "bias", bias="all"),
+        "alpha_1e39": _adapter_copy(a0, tmp / "alpha_1e39", lora_alpha=1e39),
+        "huge_rank": _adapter_copy(a0, tmp / "huge_rank", r=2**40),
+        "bad_pattern": _adapter_copy(a0, tmp / "bad_pattern", rank_pattern={"q_proj(": 4}),
+        "nested": _nested_config(a0, tmp / "nested"),
         "missing_module": _retargeted(a0, tmp / "missing_module", "q_proj", "mlp_fc9"),
         "llama_gguf_lora": convert_peft_to_gguf(llama.adapter_dirs["a0"], llama.gguf_path, tmp / "llama-a0.gguf"),
     }

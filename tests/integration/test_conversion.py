@@ -390,3 +390,91 @@ def test_read_lora_gguf_architecture(tiny_models: dict[str, TinyModel], tmp_path
     with pytest.raises(InvalidAdapterError, match="not a readable GGUF file") as caught:
         gguf_conversion.read_lora_gguf_architecture(tmp_path / "text.gguf", provider="ollama")
     assert caught.value.provider == "ollama"
+
+
+def test_a_deeply_nested_safetensors_header_is_refused_as_corrupt(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    header = b"[" * 100_000 + b"]" * 100_000
+    (adapter_copy / "adapter_model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(InvalidAdapterError, match="nested too deeply"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+
+
+@pytest.mark.parametrize(("value", "dtype"), [(float("nan"), "float32"), (float("inf"), "float16"), (1e39, "float64")])
+def test_weights_that_are_not_finite_in_float32_are_refused(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path, value: float, dtype: str
+) -> None:
+    """They would convert, load and answer with NaN logits (an empty text) on llama.cpp."""
+    from safetensors.numpy import load_file
+
+    tensors = {key: array.astype(dtype) for key, array in load_file(adapter_copy / "adapter_model.safetensors").items()}
+    first = sorted(tensors)[0]
+    tensors[first][0, 0] = value
+    _write_weights(adapter_copy, tensors)
+    with pytest.raises(InvalidAdapterError, match="NaN or infinite values") as caught:
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+    assert first.removeprefix("base_model.model.").removesuffix(".lora_A.weight") in str(caught.value)
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_an_alpha_that_float32_rounds_to_zero_is_refused(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """llama.cpp reads alpha 0 as "no alpha / rank at all": the adapter would apply at full strength, not ~0."""
+    _edit_config(adapter_copy, lora_alpha=1e-50)
+    with pytest.raises(AdapterConversionError, match="would change nothing"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+
+
+def test_a_folded_scale_beyond_float32_is_refused(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    _edit_config(adapter_copy, lora_alpha=1e-30, alpha_pattern={"q_proj": 3e38})
+    with pytest.raises(AdapterConversionError, match="overflow float32"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_a_rank_that_pytorch_weights_do_not_have_is_refused(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """A .bin file has no header to read first: its rank is checked once the converter has read it."""
+    import torch
+    from safetensors.torch import load_file
+
+    weights = adapter_copy / "adapter_model.safetensors"
+    torch.save(load_file(weights), adapter_copy / "adapter_model.bin")
+    weights.unlink()
+    _edit_config(adapter_copy, r=4)
+    with pytest.raises(InvalidAdapterError, match=r"with rank 4 \(its r\)"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+
+
+def test_a_regex_target_string_converts_like_the_list_it_names(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    import gguf
+    import numpy as np
+
+    model = tiny_models["qwen2"]
+    listed = convert_peft_to_gguf(adapter_copy, model.gguf_path, tmp_path / "listed.gguf")
+    targets = json.loads((adapter_copy / "adapter_config.json").read_text())["target_modules"]
+    _edit_config(adapter_copy, target_modules=rf".*\.({'|'.join(targets)})")
+    pattern = convert_peft_to_gguf(adapter_copy, model.gguf_path, tmp_path / "pattern.gguf")
+    first, second = gguf.GGUFReader(listed), gguf.GGUFReader(pattern)
+    assert [t.name for t in first.tensors] == [t.name for t in second.tensors]
+    for one, other in zip(first.tensors, second.tensors, strict=True):
+        np.testing.assert_array_equal(one.data, other.data)
+
+
+def test_a_gguf_header_with_arrays_nested_too_deep_is_not_readable(tmp_path: Path) -> None:
+    import struct
+
+    depth = 100_000
+    nested = struct.pack("<IQ", 9, 1) * depth + struct.pack("<IQ", 4, 0)  # array of array of ... of no uint32
+    key = b"general.architecture"
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 9) + nested
+    (tmp_path / "deep.gguf").write_bytes(body)
+    with pytest.raises(InvalidAdapterError, match="nests arrays more than 16 deep"):
+        gguf_conversion.read_lora_gguf_architecture(tmp_path / "deep.gguf")

@@ -369,7 +369,9 @@ def broken_adapters(qwen2: Any, tmp_path: Path) -> dict[str, tuple[Path, str]]:
     return {
         "missing directory": (tmp_path / "nowhere", "does not exist"),
         "corrupt safetensors": (garbage, "corrupt"),
-        "weights that disagree with the config": (wrong_rank, "could not be loaded"),
+        # read from the safetensors header before PEFT builds layers of the stated rank (r=2**40 was 281 TB)
+        "weights that disagree with the config": (wrong_rank, r"with rank 4 \(its r\)"),
+        "PyTorch weights that disagree with the config": (pickled_wrong_rank(a0, tmp_path), "could not be loaded"),
         "wrong base model": (wrong_base_adapter(tmp_path / "wrong_base"), "trained for another base model"),
         "DoRA": (copy_adapter(a0, tmp_path / "dora", lambda config: config.update(use_dora=True)), "DoRA"),
         "missing target module": (copy_adapter(a0, tmp_path / "target", add_missing_target), "vision_proj"),
@@ -391,8 +393,18 @@ async def test_bad_adapters_are_refused_with_typed_errors_and_the_provider_keeps
         assert got.text == expected, case
 
 
+def pickled_wrong_rank(source: Path, tmp_path: Path) -> Path:
+    """Weights of rank 8 in adapter_model.bin (no header to read first) under r=4: PEFT itself fails to load them."""
+    from safetensors.torch import load_file
+
+    target = copy_adapter(source, tmp_path / "pickled_wrong_rank", lambda config: config.update(r=4))
+    torch.save(load_file(target / "adapter_model.safetensors"), target / "adapter_model.bin")
+    (target / "adapter_model.safetensors").unlink()
+    return target
+
+
 async def test_a_failed_first_adapter_leaves_the_plain_model_intact(qwen2: Any, tmp_path: Path) -> None:
-    wrong_rank = copy_adapter(qwen2.adapter_dirs["a0"], tmp_path / "wrong_rank", lambda config: config.update(r=4))
+    wrong_rank = pickled_wrong_rank(qwen2.adapter_dirs["a0"], tmp_path)
     async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
         expected = (await fresh.generate(PROMPTS[1], model="", max_tokens=8, temperature=0)).text
         with pytest.raises(InvalidAdapterError, match="could not be loaded"):

@@ -170,3 +170,15 @@ def test_a_conversion_cache_dir_that_is_a_file_is_a_configuration_error(tmp_path
     for cache_dir in (a_file, a_file / "below"):
         with pytest.raises(ConfigurationError, match=rf"adapter cache directory {cache_dir} .*choose a directory"):
             convert_peft_to_gguf_for_layout_cached(adapter, layout, cache_dir)
+
+
+async def test_an_unknown_adapter_among_thousands_names_a_few_of_them() -> None:
+    from inference.exceptions import AdapterNotFoundError
+
+    provider = FakeProvider()
+    for number in range(2000):
+        await provider.load_adapter(f"adapter-{number:04d}", f"/adapters/{number}")
+    with pytest.raises(AdapterNotFoundError) as caught:
+        await provider.generate("hi", model="m", adapter_id="missing")
+    message = str(caught.value)
+    assert "adapter-0000, adapter-0001" in message and "and 1995 more" in message and len(message) < 400

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import pytest
 
 from inference._core.validation import adapters_label, split_adapter_choice
@@ -21,6 +23,12 @@ from inference.exceptions import InvalidRequestError
         (("math", 0), (None, (("math", 0.0),))),
         ([("math", 1.0), ("style", -0.5)], (None, (("math", 1.0), ("style", -0.5)))),
         ([["math", 2], ["style", 0.25]], (None, (("math", 2.0), ("style", 0.25)))),
+        # numpy scalars and other real numbers are numbers (a training loop's scales often are np.float32)
+        (("math", np.float32(0.5)), (None, (("math", 0.5),))),
+        ([("math", np.float64(0.25)), ("style", np.int64(2))], (None, (("math", 0.25), ("style", 2.0)))),
+        (("math", np.float32(1.0)), ("math", ())),
+        (("math", Fraction(1, 4)), (None, (("math", 0.25),))),
+        (("math", -3.4e38), (None, (("math", -3.4e38),))),
     ],
 )
 def test_each_shape_splits_into_an_id_or_scales(choice: Any, expected: Any) -> None:
@@ -35,6 +43,11 @@ def test_each_shape_splits_into_an_id_or_scales(choice: Any, expected: Any) -> N
         ([("math", float("inf"))], "finite number"),
         ([("math", "1")], "finite number"),
         ([("math", True)], "finite number"),
+        ([("math", np.bool_(True))], "finite number"),
+        ([("math", np.float32("nan"))], "finite number"),
+        # beyond float32 the backends' scale becomes infinity: refused, not a NaN answer
+        ([("math", 1e39)], "float32 can hold"),
+        (("math", -1e300), "float32 can hold"),
         ([("math", 1.0), ("math", 0.5)], "appears twice"),
         ([("../etc", 1.0)], "is not valid"),
         ([("math", 1.0, 2.0)], "is not an \\(id, scale\\) pair"),

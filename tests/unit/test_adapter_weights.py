@@ -94,6 +94,24 @@ async def test_replacing_weights_removes_the_old_directory_and_each_weights_obje
             "target_modules",
         ),
         (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_A.weight": np.full((2, 8), np.nan)}), CONFIG), "NaN"),
+        # values, dtypes and objects no backend can compute with
+        (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_A.weight": np.full((2, 8), 1e39)}), CONFIG),
+         "beyond float32's range"),
+        (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_A.weight": np.ones((2, 8), "int64")}), CONFIG),
+         "of dtype int64: LoRA matrices are floating point"),
+        (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_A.weight": np.ones((2, 8), "complex64")}), CONFIG),
+         "of dtype complex64"),
+        (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_A.weight": np.full((2, 8), object())}), CONFIG),
+         "of dtype object"),
+        (AdapterWeights(tensors(**{f"{PREFIX}.q_proj.lora_A.weight": [[0.0] * 8] * 2}), CONFIG),
+         "as a list: give a torch tensor or a numpy array"),
+        # config numbers and patterns
+        (AdapterWeights(tensors(), {**CONFIG, "lora_alpha": 1e39}), "float32 can hold"),
+        (AdapterWeights(tensors(), {**CONFIG, "r": 2**40}), "with rank 1099511627776 \\(its r\\)"),
+        (AdapterWeights(tensors(), {**CONFIG, "rank_pattern": {"q_proj": 4}}), "rank_pattern\\['q_proj'\\]"),
+        (AdapterWeights(tensors(), {**CONFIG, "rank_pattern": {"(q_proj": 2}}), "not a valid regular expression"),
+        (AdapterWeights(tensors(), {**CONFIG, "alpha_pattern": {"q_proj": "big"}}), "alpha_pattern\\['q_proj'\\]"),
+        (AdapterWeights(tensors(), {**CONFIG, "target_modules": r".*\.q_proj"}), "not among target_modules"),
     ],
 )
 async def test_bad_weights_are_refused_before_the_backend_and_the_provider_keeps_serving(
@@ -308,3 +326,46 @@ async def test_directories_of_a_killed_process_are_swept_by_the_next_provider(
     assert not held.exists()
     await provider.unload_adapter("next")
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([elsewhere.name, unrelated.name])
+
+
+def test_torch_tensors_of_other_dtypes_or_without_data_are_refused() -> None:
+    torch = pytest.importorskip("torch")
+    as_torch = {name: torch.from_numpy(value) for name, value in tensors().items()}
+    name = f"{PREFIX}.q_proj.lora_A.weight"
+    for bad, message in [
+        (torch.empty((2, 8), device="meta"), "on torch's meta device"),
+        (torch.ones((2, 8), dtype=torch.int32), "of dtype int32"),
+        (torch.ones((2, 8), dtype=torch.bool), "of dtype bool"),
+        (torch.full((2, 8), 1e39, dtype=torch.float64), "beyond float32's range"),
+    ]:
+        with pytest.raises(InvalidAdapterError, match=message) as caught:
+            AdapterWeights({**as_torch, name: bad}, CONFIG).check(provider="fake")
+        assert name in str(caught.value) and caught.value.provider == "fake"
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):  # floating point tensors of any width are fine
+        AdapterWeights({key: value.to(dtype) for key, value in as_torch.items()}, CONFIG).check()
+
+
+async def test_a_regex_target_string_is_accepted_as_peft_accepts_it() -> None:
+    provider = RecordingProvider()
+    await provider.load_adapter("re", AdapterWeights(tensors(), {**CONFIG, "target_modules": r".*\.(q_proj|v_proj)"}))
+    written = json.loads((provider.seen["re"] / "adapter_config.json").read_text())
+    assert written["target_modules"] == r".*\.(q_proj|v_proj)"
+    all_linear = AdapterWeights(tensors(), {**CONFIG, "target_modules": "all-linear"})
+    assert all_linear.check()["target_modules"] == "all-linear"
+
+
+def test_a_deeply_nested_config_is_refused_with_a_sentence() -> None:
+    nested: dict[str, Any] = {}
+    for _ in range(100_000):
+        nested = {"inner": nested}
+    with pytest.raises(InvalidAdapterError, match="nested too deeply"):
+        AdapterWeights(tensors(), {**CONFIG, "extra": nested}).check()
+
+
+def test_a_refusal_lists_a_few_of_200_000_target_modules() -> None:
+    targets = [f"module_{n}" for n in range(200_000)]
+    weights = AdapterWeights(tensors(), {**CONFIG, "target_modules": targets})
+    with pytest.raises(InvalidAdapterError) as caught:
+        weights.check()
+    message = str(caught.value)
+    assert "module_0, module_1" in message and "and 199995 more" in message and len(message) < 600

@@ -222,6 +222,24 @@ async def test_malformed_json_is_a_protocol_error() -> None:
     await client.aclose()
 
 
+async def test_json_nested_too_deeply_is_malformed_not_a_recursion_error() -> None:
+    """A hostile or broken server's JSON nested 100,000 deep: json raises RecursionError, which escaped raw."""
+    client = make_client(max_retries=0)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with respx.mock:
+        respx.get(f"{BASE}/thing").mock(return_value=httpx.Response(200, content=deep))
+        respx.get(f"{BASE}/error").mock(return_value=httpx.Response(404, content=deep))
+        respx.post(f"{BASE}/lines").mock(return_value=httpx.Response(200, stream=LineStream([deep + b"\n"])))
+        response = await client.request("GET", f"{BASE}/thing", operation="read the thing")
+        with pytest.raises(ProtocolError, match="malformed JSON"):
+            client.parse_json(response, operation="read the thing")
+        with pytest.raises(ServerResponseError, match="404"):
+            await client.request("GET", f"{BASE}/error", operation="read the error")
+        with pytest.raises(ProtocolError, match="a line that is not JSON"):
+            await read_all(client, f"{BASE}/lines")
+    await client.aclose()
+
+
 async def test_handlers_choose_the_error_by_status_and_fall_back_to_the_generic_one() -> None:
     client = make_client()
 

@@ -215,3 +215,20 @@ def test_eval_stop_flags_add_to_the_stop_strings_given_with_set(tmp_path: Path) 
     assert main([*argv, "--provider", "fake", "--no-progress", "--set=stop=END", "--stop", "STOP"]) == 0
     row = json.loads(output.read_text().splitlines()[0])
     assert row["settings"]["stop"] == ["END", "STOP"]  # --stop did not drop the --set one
+
+
+def test_numpy_numbers_are_numbers_and_come_out_as_python_ones() -> None:
+    """A training loop's numbers are often numpy scalars: np.float32(0.7) is a temperature, np.int64(8) a count."""
+    np = pytest.importorskip("numpy")
+    options = GenerationOptions.from_arguments(
+        provider="test", max_tokens=np.int64(8), temperature=np.float32(0.5), top_p=np.float64(0.9),
+        seed=np.int32(3), top_k=np.uint8(5), logprobs=np.int16(2),
+    )
+    assert (options.max_tokens, options.temperature, options.top_p) == (8, 0.5, 0.9)
+    assert (options.seed, options.top_k, options.logprobs) == (3, 5, 2)
+    assert all(type(value) in (int, float) for value in (options.max_tokens, options.temperature, options.seed))
+    with pytest.raises(InvalidRequestError, match="max_tokens must be a positive integer"):
+        GenerationOptions.from_arguments(provider="test", max_tokens=np.bool_(True))
+    with pytest.raises(InvalidRequestError, match="stop must be") as caught:
+        GenerationOptions.from_arguments(provider="test", stop=["x"] * 200_000 + [""])
+    assert len(str(caught.value)) < 400  # not 200,000 strings in one message

@@ -160,3 +160,91 @@ def test_an_invalid_alpha_is_refused(tmp_path: Path, alpha: Any) -> None:
 )
 def test_missing_targets_are_refused(tmp_path: Path, targets: Any) -> None:
     assert "no usable target_modules" in str(refusal(make_adapter(tmp_path, target_modules=targets)))
+
+
+def write_lora_weights(directory: Path, ranks: dict[str, int]) -> None:
+    """A real safetensors file with one lora_A/lora_B pair of the given rank per module."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    prefix = "base_model.model.model.layers.0.self_attn"
+    tensors = {}
+    for module, rank in ranks.items():
+        tensors[f"{prefix}.{module}.lora_A.weight"] = np.zeros((rank, 16), "float32")
+        tensors[f"{prefix}.{module}.lora_B.weight"] = np.zeros((16, rank), "float32")
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+
+
+def test_weights_of_the_configured_rank_are_accepted(tmp_path: Path) -> None:
+    directory = make_adapter(tmp_path, rank_pattern={"q_proj": 4})
+    write_lora_weights(directory, {"q_proj": 4, "v_proj": 8})
+    assert read_peft_adapter(directory).rank == 8
+
+
+@pytest.mark.parametrize(
+    ("changes", "ranks", "hint"),
+    [
+        ({"r": 2**40}, {"q_proj": 8, "v_proj": 8}, "with rank 1099511627776 (its r)"),  # Transformers: 281 TB first
+        ({"r": 4}, {"q_proj": 8, "v_proj": 8}, "with rank 4 (its r)"),  # llama.cpp: another scale, silently
+        ({"rank_pattern": {"v_proj": 2}}, {"q_proj": 8, "v_proj": 4}, "with rank 2 (its rank_pattern['v_proj'])"),
+        ({"rank_pattern": {r"layers\.0\.self_attn\.q_proj": 4}}, {"q_proj": 8, "v_proj": 8}, "rank_pattern["),
+        ({}, {"q_proj": 8, "v_proj": 4}, "v_proj with lora_A (4, 16)"),
+    ],
+)
+def test_a_rank_the_weights_do_not_have_is_refused_from_the_header(
+    tmp_path: Path, changes: dict[str, Any], ranks: dict[str, int], hint: str
+) -> None:
+    directory = make_adapter(tmp_path, **changes)
+    write_lora_weights(directory, ranks)
+    message = str(refusal(directory))
+    assert hint in message and "lora_B" in message and "PeftModel.save_pretrained" in message
+
+
+@pytest.mark.parametrize(
+    ("changes", "hint"),
+    [
+        ({"lora_alpha": 1e39}, "float32 can hold"),
+        ({"lora_alpha": -1e39}, "float32 can hold"),
+        ({"rank_pattern": {"q_proj": 0}}, "rank_pattern['q_proj'] = 0: expected a positive integer"),
+        ({"rank_pattern": {"q_proj": "8"}}, "expected a positive integer"),
+        ({"rank_pattern": ["q_proj", 8]}, "rank_pattern that is a list"),
+        ({"rank_pattern": {"q_proj(": 4}}, "rank_pattern entry 'q_proj(' that is not a valid regular expression"),
+        ({"alpha_pattern": {"[q": 4}}, "alpha_pattern entry '[q' that is not a valid regular expression"),
+        ({"alpha_pattern": {"q_proj": 1e39}}, "float32 can hold"),
+        ({"alpha_pattern": {"q_proj": None}}, "alpha_pattern['q_proj'] = None"),
+        ({"alpha_pattern": "q_proj"}, "alpha_pattern that is a str"),
+        ({"target_modules": ".*(q_proj"}, "target_modules entry '.*(q_proj' that is not a valid regular expression"),
+    ],
+)
+def test_bad_numbers_and_patterns_are_refused_with_a_sentence(
+    tmp_path: Path, changes: dict[str, Any], hint: str
+) -> None:
+    message = str(refusal(make_adapter(tmp_path, **changes)))
+    assert hint in message and message.startswith("adapter at ")
+
+
+def test_a_regex_target_string_is_accepted_as_peft_takes_it(tmp_path: Path) -> None:
+    adapter = read_peft_adapter(make_adapter(tmp_path, target_modules=r".*\.(q_proj|v_proj)"))
+    assert adapter.target_modules == (r".*\.(q_proj|v_proj)",)
+
+
+def test_a_deeply_nested_config_is_refused(tmp_path: Path) -> None:
+    directory = make_adapter(tmp_path)
+    (directory / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert "nested too deeply" in str(refusal(directory))
+
+
+def test_a_deeply_nested_safetensors_header_is_left_to_the_backends_without_a_recursion_error(tmp_path: Path) -> None:
+    directory = make_adapter(tmp_path)
+    header = b"[" * 100_000 + b"]" * 100_000
+    (directory / "adapter_model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    assert read_peft_adapter(directory).rank == 8  # not a rank check's business: the converter calls it corrupt
+
+
+def test_a_long_list_is_shortened_in_the_message(tmp_path: Path) -> None:
+    modules = [f"layer_{n}" for n in range(200_000)]
+    message = str(refusal(make_adapter(tmp_path, modules_to_save=modules)))
+    assert "layer_0, layer_1" in message and "and 199995 more" in message and len(message) < 500
+    (tmp_path / "b").mkdir()
+    message = str(refusal(make_adapter(tmp_path / "b", target_modules=[*modules, 7])))
+    assert "and 199996 more" in message and len(message) < 500

@@ -24,6 +24,7 @@ import asyncio
 import ctypes
 import functools
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -37,11 +38,11 @@ from inference._core.dependencies import import_optional, missing_dependency
 from inference._core.lifecycle import FilesState, files_state
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
-from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
+from inference._inprocess.base import InProcessProvider, chat_messages, non_finite_logits, plain_prompt
 from inference._inprocess.constrained import JsonGrammars, SchemaRefused
 from inference._inprocess.llamacpp_batch import BatchEntry, ContinuousBatcher, Started
 from inference._inprocess.llamacpp_completion import Completion, TokenText
-from inference._inprocess.llamacpp_logits import JsonMask, score_sequence
+from inference._inprocess.llamacpp_logits import JsonMask, clear_memory, score_sequence
 from inference._inprocess.llamacpp_text import TextEncoder
 from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
 from inference.config import resolve_settings
@@ -615,7 +616,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
     def _score_blocking(self, request: ScoreRequest, rolling: bool) -> ScoreResult:
         """Score on the worker thread: each sequence evaluated once, with the request's adapter active."""
-        llama = self._activate(((request.adapter_id, 1.0),) if request.adapter_id is not None else ())
+        adapters: AdapterScales = ((request.adapter_id, 1.0),) if request.adapter_id is not None else ()
+        llama = self._activate(adapters)
         vocabulary = self._vocabulary(llama)
         sequences: list[ScoreTokens]
         if rolling:
@@ -630,6 +632,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         logprob, greedy, count = 0.0, True, 0
         for sequence in sequences:
             value, is_greedy = score_sequence(self._llama_cpp(), numpy, llama, sequence)
+            if not math.isfinite(value):  # NaN or infinite logits: finite ones give a finite log-softmax
+                raise non_finite_logits(self.name, adapters)
             logprob, greedy, count = logprob + value, greedy and is_greedy, count + len(sequence.scored)
         return ScoreResult(logprob, count, greedy, model=self.model_name, adapter_id=request.adapter_id)
 
@@ -684,12 +688,16 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         llama = self._activate(request.adapters)
         prompt, completion = self._prepare(llama, request, sink)
         tokens = llama.generate(prompt, **self._sampling(llama, request, completion))
+        failed = True
         try:
             for token in tokens:
                 if cancel.is_set() or completion.add(token, lambda: completion.tokens.logits(llama.ctx, -1)):
                     break
+            failed = False
         finally:
             tokens.close()  # released here, on the worker thread, not whenever it is collected
+            if failed:  # NaN logits leave NaN in the KV cache, which would poison the next requests
+                clear_memory(self._llama_cpp(), llama)
         return completion.result(model=self.model_name, prompt_tokens=len(prompt))
 
     def _prepare(self, llama: Any, request: GenerationRequest, sink: PieceSink | None) -> tuple[list[int], Completion]:
@@ -705,7 +713,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             )
         if self._tokens is None or self._tokens.llama is not llama:
             numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
-            self._tokens = TokenText(self._llama_cpp(), numpy, llama)
+            self._tokens = TokenText(self._llama_cpp(), numpy, llama, self.name)
         mask = self._json_mask(llama, request)
         return prompt, Completion(request, self._tokens, sink, min(request.max_tokens, room), mask)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
@@ -115,10 +116,16 @@ def require_utf8(text: str, name: str, fail: Fail) -> None:
         ) from None
 
 
+def _integer(value: object) -> int | None:
+    """``value`` as an ``int`` when it is an integer that is not a bool (numpy's integers too: ``np.int64(5)``)."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+
+
 def _positive_int(value: object, name: str, fail: Fail) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = _integer(value)
+    if number is None or number < 1:
         raise fail(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return number
 
 
 def _int_or_none(minimum: int | None) -> Check:
@@ -127,9 +134,10 @@ def _int_or_none(minimum: int | None) -> Check:
     def check(value: object, name: str, fail: Fail) -> int | None:
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        number = _integer(value)
+        if number is None or (minimum is not None and number < minimum):
             raise fail(f"{name} must be {what} or None, got {value!r}")
-        return value
+        return number
 
     return check
 
@@ -140,15 +148,11 @@ def _number_or_none(minimum: float, maximum: float, *, exclusive_minimum: bool =
     def check(value: object, name: str, fail: Fail) -> float | None:
         if value is None:
             return None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or math.isnan(value)
-            or (value <= minimum if exclusive_minimum else value < minimum)
-            or value > maximum
-        ):
+        # numpy's scalars are numbers too (np.float32(0.7))
+        number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+        if math.isnan(number) or (number <= minimum if exclusive_minimum else number < minimum) or number > maximum:
             raise fail(f"{name} must be a number in {bound}{minimum:g}, {maximum:g}] or None, got {value!r}")
-        return float(value)
+        return number
 
     return check
 
@@ -156,12 +160,13 @@ def _number_or_none(minimum: float, maximum: float, *, exclusive_minimum: bool =
 def _logprobs(value: object, name: str, fail: Fail) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+    number = _integer(value)
+    if number is None or not 0 <= number <= MAX_TOP_LOGPROBS:
         raise fail(
             f"{name} must be an integer in 0..{MAX_TOP_LOGPROBS} (how many alternatives to report per token) "
             f"or None, got {value!r}"
         )
-    return value
+    return number
 
 
 def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
@@ -206,7 +211,7 @@ def _stop_sequences(value: object, name: str, fail: Fail) -> tuple[str, ...]:
     single = isinstance(value, str)
     sequences = [value] if isinstance(value, str) else value
     if not isinstance(sequences, Sequence) or not all(isinstance(s, str) and s for s in sequences):
-        raise fail(f"{name} must be a non-empty string or a list of non-empty strings, got {value!r}")
+        raise fail(f"{name} must be a non-empty string or a list of non-empty strings, got {repr(value)[:200]}")
     for index, sequence in enumerate(sequences):
         require_utf8(sequence, name if single else f"{name}[{index}]", fail)
     return tuple(sequences)

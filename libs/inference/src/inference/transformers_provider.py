@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
-from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
-from inference._inprocess.base import InProcessProvider, chat_messages, plain_prompt
+from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest, listed
+from inference._inprocess.base import InProcessProvider, chat_messages, non_finite_logits, plain_prompt
 from inference._inprocess.batching import (
     BatchQueue,
     BatchRow,
@@ -147,6 +147,7 @@ class _Outputs:
     tokens: list[list[int]]
     logprobs: _LogprobRecorder | None
     grammar: GrammarRows | None
+    finite: _FiniteRows | None = None
 
 
 @dataclass(eq=False)
@@ -562,12 +563,13 @@ class TransformersProvider(InProcessProvider[str]):
         if adapter_id in self._resident:
             self._unload_adapter_now(adapter_id)
         config = weights.config_dict()
+        targets = config["target_modules"]  # a list of names, or one regular expression
         adapter = PeftAdapter(
             path=Path(label),
             weights_path=Path(label),
             rank=config["r"],
             alpha=float(config.get("lora_alpha", 8)),
-            target_modules=tuple(sorted(config["target_modules"])),
+            target_modules=tuple(sorted(targets)) if isinstance(targets, list) else (targets,),
             base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
             config=config,
         )
@@ -724,7 +726,7 @@ class TransformersProvider(InProcessProvider[str]):
         if missing:
             raise self._invalid(
                 adapter,
-                f"targets modules that {loaded.name} does not have ({', '.join(missing)}): "
+                f"targets modules that {loaded.name} does not have ({listed(missing)}): "
                 "it was trained for another model architecture",
             )
 
@@ -941,6 +943,9 @@ class TransformersProvider(InProcessProvider[str]):
         if any(row.matcher is not None for row in rows):
             grammar = GrammarRows(torch, [row.matcher for row in rows], width, limits)
             processors.append(grammar)
+        finite = _FiniteRows(torch, len(rows), min(loaded.eos_ids, default=loaded.pad_id))
+        processors.insert(0, finite.check)  # the raw logits, before any penalty or mask
+        processors.append(finite.force)  # last: sampling never sees the logits of a failed row
         config = transformers.GenerationConfig(
             max_new_tokens=max(limits),
             do_sample=sampling.do_sample,
@@ -964,6 +969,7 @@ class TransformersProvider(InProcessProvider[str]):
         ]
         if grammar is not None:
             criteria.append(grammar.stops)
+        criteria.append(finite.stops)
         if watch is not None:
             criteria.append(watch)
         with torch.inference_mode():
@@ -979,11 +985,13 @@ class TransformersProvider(InProcessProvider[str]):
         if recorder is not None:
             recorder.finish(new_tokens)
         tokens = [[int(token) for token in row] for row in new_tokens.tolist()]
-        return _Outputs(tokens, recorder, grammar)
+        return _Outputs(tokens, recorder, grammar, finite)
 
     def _result(self, loaded: _LoadedModel, row: _Row, outputs: _Outputs, index: int) -> GenerationResult:
         request = row.entry.request
         tokens, grammar = outputs.tokens[index], outputs.grammar
+        if outputs.finite is not None and outputs.finite.failed(index, self._steps(loaded, row, outputs, index)):
+            raise non_finite_logits(self.name, request.adapters)
         ended = None
         if grammar is not None and row.matcher is not None:
             error = grammar.errors[index]
@@ -1015,6 +1023,15 @@ class TransformersProvider(InProcessProvider[str]):
             completion_tokens=completion_tokens,
             logprobs=logprobs,
         )
+
+    @staticmethod
+    def _steps(loaded: _LoadedModel, row: _Row, outputs: _Outputs, index: int) -> int:
+        """How many of ``generate``'s steps made the row's tokens (up to its end token, JSON end or limit); the
+        steps after those only padded it while other rows went on."""
+        tokens = outputs.tokens[index][: row.limit]
+        steps = next((position + 1 for position, token in enumerate(tokens) if token in loaded.eos_ids), len(tokens))
+        ended = None if outputs.grammar is None else outputs.grammar.ended[index]
+        return steps if ended is None else min(steps, ended)
 
     # Scores (worker thread) --------------------------------------------------------------------------
 
@@ -1072,6 +1089,9 @@ class TransformersProvider(InProcessProvider[str]):
                     failed.setdefault(index, error)
                 continue
             for (index, _), (logprob, count, greedy) in zip(chunk, scored, strict=True):
+                if not math.isfinite(logprob):  # NaN or infinite logits (finite ones give a finite log-softmax)
+                    failed.setdefault(index, non_finite_logits(self.name, _adapters_of(batch[index].request)))
+                    continue
                 before = totals.get(index, (0.0, 0, True))
                 totals[index] = (before[0] + logprob, before[1] + count, before[2] and greedy)
         for index, job in enumerate(batch):
@@ -1130,7 +1150,9 @@ class TransformersProvider(InProcessProvider[str]):
                 row_logits = logits[row, columns, :].float()
                 logprobs = torch.log_softmax(row_logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
                 greedy = bool((row_logits.argmax(dim=-1) == targets).all())
-                results.append((math.fsum(logprobs.double().tolist()), len(targets), greedy))
+                lowest, highest = torch.aminmax(row_logits, dim=-1)
+                usable = bool((torch.isfinite(highest) & (highest > lowest)).all())  # else NaN: _run_scores refuses it
+                results.append((math.fsum(logprobs.double().tolist()) if usable else math.nan, len(targets), greedy))
         return results
 
     def _as_inference_error(self, error: BaseException) -> BaseException:
@@ -1141,6 +1163,62 @@ class TransformersProvider(InProcessProvider[str]):
         )
         wrapped.__cause__ = error
         return wrapped
+
+
+class _FiniteRows:
+    """Two logits processors of a ``generate`` (the first and the last) and a stopping criterion: end the rows
+    whose logits are not finite.
+
+    A row whose raw logits have no finite maximum (a NaN, +infinity) or are all equal (an RMS norm of an
+    overflowed sum of squares is 0, and so is every logit) has no next token to read from them: an adapter or a
+    scale too large for the model's numbers. :meth:`check` records the first such step; :meth:`force` makes the
+    row's logits a sure end token (so it ends there, streams nothing more, and sampling never sees a NaN:
+    ``torch.multinomial`` would fail the whole batch); its request fails with :class:`~inference.ProviderError`,
+    and the other rows go on.
+
+    Args:
+        torch: The torch module.
+        rows: The batch's rows.
+        end_token: The token a failed row is given (an end-of-sequence token where the model has one).
+    """
+
+    def __init__(self, torch: Any, rows: int, end_token: int) -> None:
+        self.torch = torch
+        self.end_token = end_token
+        self.first_bad: list[int | None] = [None] * rows
+        self._step = 0
+        self._bad: Any = None  # this step's failed rows (a bool tensor), or None
+
+    def check(self, input_ids: Any, scores: Any) -> Any:
+        """The first processor: record the rows whose raw logits are unusable at this step."""
+        lowest, highest = self.torch.aminmax(scores, dim=-1)
+        bad = ~self.torch.isfinite(highest) | (highest <= lowest)
+        self._bad = None
+        if bool(bad.any()):
+            self._bad = bad
+            for row in bad.nonzero().flatten().tolist():
+                if self.first_bad[row] is None:
+                    self.first_bad[row] = self._step
+        self._step += 1
+        return scores
+
+    def force(self, input_ids: Any, scores: Any) -> Any:
+        """The last processor: the rows :meth:`check` found this step get a sure end token."""
+        if self._bad is None:
+            return scores
+        forced = self.torch.full_like(scores[:1], float("-inf"))
+        forced[0, self.end_token] = 0.0
+        return self.torch.where(self._bad[:, None], forced, scores)
+
+    def stops(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        """Stopping criterion: a row is done once its logits were not finite."""
+        flags = [step is not None for step in self.first_bad]
+        return self.torch.tensor(flags, dtype=self.torch.bool, device=input_ids.device)
+
+    def failed(self, row: int, steps: int) -> bool:
+        """Whether ``row``'s logits were not finite within its first ``steps`` steps (the ones that made its tokens)."""
+        step = self.first_bad[row]
+        return step is not None and step < steps
 
 
 class _StreamWatch:
@@ -1302,6 +1380,10 @@ def _slot_shape(config: dict[str, Any]) -> str | None:
     if isinstance(kept.get("target_modules"), list):
         kept["target_modules"] = sorted(kept["target_modules"])
     return json.dumps(kept, sort_keys=True, default=str)
+
+
+def _adapters_of(request: ScoreRequest) -> AdapterScales:
+    return () if request.adapter_id is None else ((request.adapter_id, 1.0),)
 
 
 def _drop(entry: PendingRequest) -> None:

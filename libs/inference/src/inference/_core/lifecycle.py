@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference._core.paths import path_identity
+from inference._core.validation import listed
 from inference.adapters.peft import CONFIG_NAME, WEIGHT_NAMES
 from inference.adapters.stats import AdapterStats, ProviderAdapterStats
 from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError, InvalidAdapterError
@@ -745,6 +746,6 @@ class AdapterRegistry:
         if entry is not None and entry.unloading:
             message = f"adapter {adapter_id!r} is being unloaded: load it again before using it"
         else:
-            loaded = ", ".join(sorted(self.ids())) or "none"
+            loaded = listed(sorted(self.ids())) or "none"
             message = f"adapter {adapter_id!r} is not loaded (loaded: {loaded}): call load_adapter first"
         return AdapterNotFoundError(message, provider=self._provider)

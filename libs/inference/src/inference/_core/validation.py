@@ -7,8 +7,9 @@ request's own fields (prompt, model, adapter id) and the adapter id rule the lif
 from __future__ import annotations
 
 import math
+import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,6 +21,27 @@ _RequestT = TypeVar("_RequestT", bound="GenerationRequest")
 
 ADAPTER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """Adapter ids: letters, digits, ``.``, ``_`` and ``-``; no path separators, spaces or shell characters."""
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: a scale or an alpha above it becomes infinity in the backends (float32 or narrower)."""
+
+
+def listed(items: Iterable[object], *, limit: int = 5) -> str:
+    """Items for an error message: the first ``limit``, then how many more (a refusal never lists 200,000 names)."""
+    shown: list[str] = []
+    more = 0
+    for item in items:
+        if len(shown) < limit:
+            text = item if isinstance(item, str) else repr(item)
+            shown.append(text if len(text) <= 100 else text[:97] + "...")
+        else:
+            more += 1
+    return ", ".join(shown) + (f" and {more} more" if more else "")
+
+
+def is_real_number(value: object) -> bool:
+    """A real number that is not a bool: ``int``, ``float``, numpy's scalars (``np.float32(0.5)``), ``Fraction``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def validate_adapter_id(adapter_id: object, *, provider: str) -> str:
@@ -52,7 +74,8 @@ def split_adapter_choice(value: object, *, provider: str) -> tuple[str | None, A
     """Split an :data:`AdapterChoice` into ``(adapter_id, scales)``: one of them is empty.
 
     A plain id (or one pair with scale 1) is ``(id, ())``, the base model ``(None, ())``; anything else
-    ``(None, pairs)``, with each id checked, each scale a finite number, and no id twice.
+    ``(None, pairs)``, with each id checked, each scale a finite real number (numpy scalars too) that float32
+    can hold, and no id twice.
 
     Raises:
         InvalidRequestError: The value is not one of these shapes, or an id or a scale is invalid.
@@ -85,13 +108,12 @@ def _is_pair(value: object) -> bool:
         isinstance(value, tuple)
         and len(value) == 2
         and isinstance(value[0], str)
-        and isinstance(value[1], (int, float))
-        and not isinstance(value[1], bool)
+        and is_real_number(value[1])
     )
 
 
 def _adapter_scales(value: object, name: str, fail: Fail) -> AdapterScales:
-    """Checked ``(id, scale)`` pairs: valid ids, finite scales (as floats), no id twice."""
+    """Checked ``(id, scale)`` pairs: valid ids, finite scales that float32 can hold (as floats), no id twice."""
     if not isinstance(value, tuple):
         raise fail(f"{name} scales must be a tuple of (id, scale) pairs, got {type(value).__name__}")
     checked: list[tuple[str, float]] = []
@@ -100,8 +122,11 @@ def _adapter_scales(value: object, name: str, fail: Fail) -> AdapterScales:
             raise fail(f"{_CHOICE_RULE}; {item!r} is not an (id, scale) pair")
         adapter_id, scale = item
         _adapter_id(adapter_id, name, fail)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-            raise fail(f"the scale of adapter {adapter_id!r} must be a finite number, got {scale!r}")
+        if not is_real_number(scale) or not math.isfinite(scale) or abs(scale) > FLOAT32_MAX:
+            raise fail(
+                f"the scale of adapter {adapter_id!r} must be a finite number that float32 can hold "
+                f"(at most {FLOAT32_MAX:.4g} in size), got {scale!r}"
+            )
         checked.append((adapter_id, float(scale)))
     ids = [adapter_id for adapter_id, _ in checked]
     repeated = sorted({adapter_id for adapter_id in ids if ids.count(adapter_id) > 1})

@@ -20,12 +20,12 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from inference._core.validation import GenerationRequest
+from inference._core.validation import AdapterScales, GenerationRequest, adapters_label, listed
 from inference._inprocess.worker import ModelWorker
 from inference.exceptions import AdapterNotFoundError, ConfigurationError, InvalidRequestError, ProviderError
 from inference.provider import InferenceProvider
 
-__all__ = ["InProcessProvider", "chat_messages", "plain_prompt"]
+__all__ = ["InProcessProvider", "chat_messages", "non_finite_logits", "plain_prompt"]
 
 ResidentT = TypeVar("ResidentT")
 """What a provider keeps per adapter resident in its backend (a llama.cpp handle, a PEFT adapter name)."""
@@ -40,6 +40,27 @@ def plain_prompt(request: GenerationRequest) -> str:
     """The text of a request for a model without a chat template: the messages' contents, blank-line separated
     (for a string prompt: system prompt, blank line, prompt)."""
     return request.plain_prompt
+
+
+def non_finite_logits(provider: str, adapters: AdapterScales) -> ProviderError:
+    """The error of a request whose logits hold a NaN or an infinity, or are all equal (what a float32 overflow
+    inside the model leaves): no token or score can be read from them.
+
+    An adapter (its weights, ``lora_alpha`` or scale) too large for the model's numbers does this; every backend
+    fails such a request with this error instead of answering an empty text or a NaN score.
+    """
+    if not adapters:
+        used = "the base model"
+    elif len(adapters) == 1 and adapters[0][1] == 1.0:
+        used = f"adapter {adapters[0][0]!r}"
+    else:
+        used = f"adapters {adapters_label(adapters)}"
+    return ProviderError(
+        f"the model's logits are not finite (NaN, infinity, or all equal after an overflow) for this request with "
+        f"{used}: an adapter's weights, lora_alpha or scale are too large for the model's numbers; lower the scale "
+        "or check the adapter (the provider is still usable)",
+        provider=provider,
+    )
 
 
 class InProcessProvider(InferenceProvider, Generic[ResidentT]):
@@ -141,7 +162,7 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
     def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
         return AdapterNotFoundError(
             f"adapter {adapter_id!r} is not loaded in {self._backend_label}: call load_adapter first "
-            f"(resident: {', '.join(sorted(self._resident)) or 'none'})",
+            f"(resident: {listed(sorted(self._resident)) or 'none'})",
             provider=self.name,
         )
 

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from inference._core.validation import AdapterScales, GenerationRequest
 from inference._inprocess.llamacpp_completion import Completion
+from inference._inprocess.llamacpp_logits import clear_memory
 from inference._inprocess.streaming import PieceSink
 from inference.provider import GenerationResult
 
@@ -126,6 +127,7 @@ class ContinuousBatcher:
         self._lock = threading.Lock()
         self._waiting: list[BatchEntry] = []
         self._running: list[_Sequence] = []
+        self._stale = False  # a sequence failed: its cells may hold NaN, wiped once no sequence runs
         self.steps = 0
         """``llama_decode`` calls made so far (benchmarks read it)."""
 
@@ -289,10 +291,18 @@ class ContinuousBatcher:
         result: GenerationResult | None = None,
         error: BaseException | None = None,
     ) -> None:
-        """Take a sequence out of the loop: free its cells and sampler, and answer its caller."""
+        """Take a sequence out of the loop: free its cells and sampler, and answer its caller.
+
+        A sequence that failed (NaN logits...) may leave NaN in its cells' values, which freeing does not wipe:
+        once no sequence runs, the cache is cleared (:func:`~inference._inprocess.llamacpp_logits.clear_memory`).
+        """
         self._running.remove(sequence)
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llama.ctx), sequence.seq_id, -1, -1)
         sequence.started.sampler.close()
+        self._stale = self._stale or error is not None
+        if self._stale and not self._running:
+            clear_memory(llama_cpp, llama)
+            self._stale = False
         future = sequence.entry.future
         if future.done():
             return

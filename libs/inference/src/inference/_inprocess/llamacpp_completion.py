@@ -7,7 +7,10 @@ in one decode loop, :mod:`inference._inprocess.llamacpp_batch`) feed each sample
 - an end-of-generation token ends it (``finish_reason="stop"``) and is not part of the text;
 - a stop string ends it; the text stops before it, and the token that completed it has no logprob entry;
 - a JSON-schema mask that is complete ends it (``"stop"``);
-- otherwise it ends after its token limit (``"length"``).
+- otherwise it ends after its token limit (``"length"``);
+- logits that are not finite (NaN, infinity, or all equal: an adapter or scale too large for the model's
+  numbers) fail it with :class:`~inference.ProviderError` before their token counts, whatever token the sampler
+  drew from them.
 
 Text is decoded incrementally from each token's bytes, so a character split over two tokens appears once
 whole, and pieces (see :class:`~inference._inprocess.streaming.PieceAssembler`) never show a stop string.
@@ -20,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from inference._core.validation import GenerationRequest
-from inference._inprocess.llamacpp_logits import JsonMask, token_logprob
+from inference._inprocess.base import non_finite_logits
+from inference._inprocess.llamacpp_logits import JsonMask, finite_logits, token_logprob
 from inference._inprocess.streaming import PieceAssembler, PieceSink
 from inference.provider import GenerationResult
 from inference.results import TokenLogprob
@@ -35,12 +39,14 @@ class TokenText:
         llama_cpp: The ``llama_cpp`` module.
         numpy: The ``numpy`` module.
         llama: The ``Llama`` object.
+        provider: The provider's name, for errors.
     """
 
-    def __init__(self, llama_cpp: Any, numpy: Any, llama: Any) -> None:
+    def __init__(self, llama_cpp: Any, numpy: Any, llama: Any, provider: str = "llamacpp") -> None:
         self.llama_cpp = llama_cpp
         self.numpy = numpy
         self.llama = llama
+        self.provider = provider
         self.vocab = llama_cpp.llama_model_get_vocab(llama.model)
         self.n_vocab: int = llama.n_vocab()
 
@@ -97,15 +103,21 @@ class Completion:
 
         Args:
             token: The sampled token.
-            logits: Gives the raw logits that chose it (called only when logprobs were asked for).
+            logits: Gives the raw logits that chose it (checked to be finite; read for logprobs).
+
+        Raises:
+            ProviderError: The logits are not finite: no token can be read from them.
         """
+        row = None if logits is None else logits()
+        if row is not None and not finite_logits(self.tokens.numpy, row):
+            raise non_finite_logits(self.tokens.provider, self.request.adapters)
         self.generated.append(token)
         if self.tokens.is_end(token):
             self.finish_reason = "stop"
             return True
-        if self.logprobs is not None and logits is not None:
+        if self.logprobs is not None and row is not None:
             self.logprobs.append(
-                token_logprob(self.tokens.numpy, logits(), token, self.request.logprobs or 0, self.tokens.shown)
+                token_logprob(self.tokens.numpy, row, token, self.request.logprobs or 0, self.tokens.shown)
             )
         self._text += self._decoder.decode(self.tokens.raw_bytes(token))  # byte pieces concatenate to the text
         cut = self._pieces.update(self._text)

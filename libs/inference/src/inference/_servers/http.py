@@ -142,7 +142,7 @@ def is_route_missing(response: httpx.Response) -> bool:
         return False
     try:
         body = json.loads(response.content) if response.content else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         body = None
     else:
         if isinstance(body, dict):
@@ -516,7 +516,7 @@ class ServerClient:
         """
         try:
             return json.loads(response.content)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
             raise self.protocol_error(operation, f"malformed JSON ({error})") from error
 
     def protocol_error(self, operation: str, problem: str) -> ProtocolError:
@@ -679,7 +679,7 @@ class ServerClient:
                 continue
             try:
                 item = json.loads(line)
-            except ValueError as error:
+            except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
                 raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
             if isinstance(item, dict) and "error" in item:
                 message = _server_message(item)
@@ -743,7 +743,7 @@ def _answer(response: httpx.Response, *, operation: str, where: str, provider: s
     body: Any = None
     try:
         body = json.loads(response.content) if response.content else None
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     message = _server_message(body) if body is not None else response.text.strip()
     return ServerAnswer(

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from inference._core.paths import directory_problem, expand_path
-from inference.adapters.peft import PeftAdapter, check_base_model, read_peft_adapter
+from inference.adapters.peft import PeftAdapter, check_base_model, check_ranks, pattern_key, read_peft_adapter
 from inference.exceptions import AdapterConversionError, ConfigurationError, InvalidAdapterError
 
 __all__ = [
@@ -283,6 +283,7 @@ def _read_gguf_architecture(path: Path) -> str | None:
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _SMALL_ARRAY = 4096
+_MAX_ARRAY_NESTING = 16  # arrays of arrays: a header nested deeper is not a model's (and would exhaust the stack)
 
 
 @functools.lru_cache(maxsize=8)
@@ -316,7 +317,7 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, 
             position += length
             return text
 
-        def take_value(value_type: int) -> Any:
+        def take_value(value_type: int, depth: int = 0) -> Any:
             nonlocal position
             if value_type in _GGUF_SCALARS:
                 return take(_GGUF_SCALARS[value_type])
@@ -324,11 +325,13 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, 
                 return take_string()
             if value_type != _GGUF_ARRAY:
                 raise ValueError(f"unknown metadata value type {value_type}")
+            if depth >= _MAX_ARRAY_NESTING:
+                raise ValueError(f"its metadata nests arrays more than {_MAX_ARRAY_NESTING} deep")
             item_type, count = take("<I"), take("<Q")
             if item_type in _GGUF_SCALARS and count > _SMALL_ARRAY:
                 position += count * struct.calcsize(_GGUF_SCALARS[item_type])
                 return None
-            items = [take_value(item_type) for _ in range(count)]
+            items = [take_value(item_type, depth + 1) for _ in range(count)]
             return items if count <= _SMALL_ARRAY else None
 
         if bytes(data[:4]) != b"GGUF":
@@ -522,19 +525,20 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
         raise refuse("it was trained with fan_in_fan_out=true (GPT-2 style Conv1D), which is not supported")
     if config.get("lora_bias"):
         raise refuse("it trains LoRA biases (lora_bias=true), which llama.cpp cannot apply")
-    alpha_pattern = config.get("alpha_pattern") or {}
-    if not isinstance(alpha_pattern, dict) or not all(
-        isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha)
-        for alpha in alpha_pattern.values()
-    ):
-        raise refuse(f"its alpha_pattern {alpha_pattern!r} is not a map of module patterns to numbers")
-    if adapter.alpha <= 0:
+    # alpha_pattern and the range of lora_alpha were checked by read_peft_adapter. The file holds alpha as float32:
+    # one that rounds to 0 there would make llama.cpp apply no alpha / rank at all.
+    if _file_alpha(adapter) <= 0:
         raise refuse(f"its lora_alpha is {adapter.alpha:g}, so it would change nothing")
 
     arch_enum = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == layout.architecture), None)
     if arch_enum is None:
         raise refuse(f"the installed gguf package has no tensor name map for the architecture {layout.architecture!r}")
     weights = _load_weights(adapter, provider)
+
+    def refuse_invalid(reason: str) -> InvalidAdapterError:
+        return InvalidAdapterError(f"adapter at {adapter.path} {reason}", provider=provider, path=str(adapter.path))
+
+    check_ranks(adapter.config, {key: tuple(array.shape) for key, array in weights.items()}, refuse_invalid)
     # Map layer numbers past the base's last block too, so that they are reported as missing by name.
     layer_numbers = [int(number) for key in weights for number in re.findall(r"\.layers\.(\d+)\.", key)]
     name_map = gguf.get_tensor_name_map(arch_enum, max([layout.block_count, *(n + 1 for n in layer_numbers)]))
@@ -555,6 +559,11 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
         if set(pair) != {"A", "B"}:
             raise refuse(f"module {module} has lora_{next(iter(pair))} without its partner matrix")
         lora_a, lora_b = (np.asarray(pair[which], dtype=np.float32) for which in ("A", "B"))
+        if not (np.isfinite(lora_a).all() and np.isfinite(lora_b).all()):
+            raise refuse_invalid(
+                f"holds NaN or infinite values (or values beyond float32's range) in the LoRA matrices of {module}: "
+                "the adapter cannot compute anything; train or save it again"
+            )
         if lora_a.ndim != 2 or lora_b.ndim != 2 or lora_a.shape[0] != lora_b.shape[1]:
             raise refuse(
                 f"module {module} has lora_A {lora_a.shape} and lora_B {lora_b.shape}, which are not the "
@@ -574,7 +583,13 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
                 f"{'x'.join(str(dim) for dim in base_shape)} in the base model: the adapter was trained for "
                 "another model"
             )
-        lora_b = lora_b * _b_factor(adapter, rank=lora_a.shape[0], alpha=_module_alpha(adapter, module))
+        with np.errstate(over="ignore"):  # a scale that overflows float32 is refused just below
+            lora_b = lora_b * _b_factor(adapter, rank=lora_a.shape[0], alpha=_module_alpha(adapter, module))
+        if not np.isfinite(lora_b).all():
+            raise refuse(
+                f"module {module}'s scale (its alpha / r, folded into lora_B) makes its lora_B overflow float32: "
+                "lower its alpha_pattern entry or raise lora_alpha"
+            )
         lora_b = _permute_for_llama_cpp(lora_b, base_name, layout, refuse)
         out[f"{base_name}.lora_a"] = np.ascontiguousarray(lora_a)
         out[f"{base_name}.lora_b"] = np.ascontiguousarray(lora_b, dtype=np.float32)
@@ -587,23 +602,25 @@ def _gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provide
 
 
 def _b_factor(adapter: PeftAdapter, *, rank: int, alpha: float | None = None) -> float:
-    """What ``lora_B`` must be multiplied by so that llama.cpp's ``alpha / rank`` (one alpha for the whole file)
-    equals PEFT's scale for this module: its own alpha (``alpha_pattern``), over ``rank`` or rsLoRA's
+    """What ``lora_B`` must be multiplied by so that llama.cpp's ``alpha / rank`` (one alpha for the whole file, as
+    float32) equals PEFT's scale for this module: its own alpha (``alpha_pattern``), over ``rank`` or rsLoRA's
     ``sqrt(rank)``."""
     module_alpha = adapter.alpha if alpha is None else alpha
     peft_scale = module_alpha / (math.sqrt(rank) if adapter.config.get("use_rslora") else rank)
-    return peft_scale * rank / adapter.alpha
+    return peft_scale * rank / _file_alpha(adapter)
+
+
+def _file_alpha(adapter: PeftAdapter) -> float:
+    """``lora_alpha`` as the GGUF file holds it (float32): what llama.cpp divides by the rank."""
+    return float(struct.unpack("<f", struct.pack("<f", adapter.alpha))[0])
 
 
 def _module_alpha(adapter: PeftAdapter, module: str) -> float:
     """The alpha PEFT uses for ``module`` (a state-dict module name): the first ``alpha_pattern`` key that
     matches its end on a ``.`` boundary, as PEFT's ``get_pattern_key`` matches, else ``lora_alpha``."""
     pattern: dict[str, float] = adapter.config.get("alpha_pattern") or {}
-    name = module.removeprefix("base_model.model.")
-    for key, alpha in pattern.items():
-        if re.match(rf"(.*\.)?({key})$", name):
-            return float(alpha)
-    return adapter.alpha
+    key = pattern_key(pattern, module)
+    return adapter.alpha if key is None else float(pattern[key])
 
 
 def _permute_for_llama_cpp(lora_b: Any, base_name: str, layout: BaseModelLayout, refuse: Any) -> Any:
@@ -659,7 +676,7 @@ def _write_lora_gguf(
         writer = gguf.GGUFWriter(temporary, architecture)
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(adapter.alpha))
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, _file_alpha(adapter))
         # A directory name with undecodable bytes (kept by surrogateescape) cannot be written as UTF-8 text.
         writer.add_name(adapter.path.resolve().name.encode("utf-8", "replace").decode("utf-8"))
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -723,6 +740,8 @@ def _read_safetensors(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
         header = json.loads(data[8 : 8 + header_size])
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise _corrupt(adapter, "the header is not valid JSON", provider) from error
+    except RecursionError:
+        raise _corrupt(adapter, "the header is JSON nested too deeply", provider) from None
     if not isinstance(header, dict):
         raise _corrupt(adapter, "the header is not a JSON object", provider)
     body = memoryview(data)[8 + header_size :]
@@ -754,7 +773,8 @@ def _read_safetensors(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
         array = np.frombuffer(body[start:end], dtype=numpy_dtype).reshape(shape)
         if dtype_name == "BF16":
             array = (array.astype(np.uint32) << 16).view(np.float32)
-        arrays[name] = array.astype(np.float32)
+        with np.errstate(over="ignore"):  # F64 values beyond float32 become infinity, refused with the NaNs later
+            arrays[name] = array.astype(np.float32)
     return arrays
 
 

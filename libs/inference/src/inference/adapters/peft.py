@@ -12,20 +12,37 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inference._core.paths import expand_path, path_identity
+from inference._core.validation import FLOAT32_MAX, is_real_number, listed
 from inference.exceptions import InvalidAdapterError
 
-__all__ = ["PeftAdapter", "base_model_type", "check_base_model", "check_lora_config", "read_peft_adapter"]
+__all__ = [
+    "PeftAdapter",
+    "base_model_type",
+    "check_base_model",
+    "check_lora_config",
+    "check_ranks",
+    "pattern_key",
+    "read_peft_adapter",
+    "read_safetensors_shapes",
+    "targets_module",
+]
 
 logger = logging.getLogger("inference.adapters")
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHT_NAMES = ("adapter_model.safetensors", "adapter_model.bin")
+
+# A LoRA matrix in a PEFT state dict: base_model.model.<module>.lora_A.weight (.lora_A.<adapter name>.weight
+# in some saves).
+_LORA_MATRIX = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<side>[AB])(?:\.[^.]+)?\.weight$")
+_MAX_SAFETENSORS_HEADER = 100_000_000  # safetensors' own limit on the header's size
 
 
 @dataclass(frozen=True)
@@ -60,8 +77,9 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
     """Read ``adapter_config.json`` of a PEFT LoRA directory and refuse what no backend here can serve.
 
     Checks: the directory exists and holds ``adapter_config.json`` and ``adapter_model.safetensors``
-    (or ``.bin``); ``peft_type`` is ``LORA``; no DoRA; ``bias`` is ``"none"``; no ``modules_to_save``;
-    ``r`` is a positive integer; ``lora_alpha`` is a finite number; ``target_modules`` is given.
+    (or ``.bin``); the config as :func:`check_lora_config` checks it; and, from the safetensors header (no
+    tensor data is read), that each LoRA pair has the rank ``r`` (or its ``rank_pattern`` entry) says
+    (:func:`check_ranks`), so a wrong ``r`` is refused before a backend builds anything of that rank.
 
     Args:
         path: The adapter directory (a leading ``~`` is expanded).
@@ -89,6 +107,8 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise refuse(f"has an unreadable {CONFIG_NAME} ({error})") from error
+    except RecursionError:  # arrays or objects nested thousands deep: no adapter config looks like that
+        raise refuse(f"has a {CONFIG_NAME} nested too deeply to be an adapter config") from None
     if not isinstance(config, dict):
         raise refuse(f"has a {CONFIG_NAME} that is not a JSON object")
     try:
@@ -99,6 +119,9 @@ def read_peft_adapter(path: str | os.PathLike[str], *, provider: str | None = No
         raise refuse(f"has no weights file ({' or '.join(WEIGHT_NAMES)})")
 
     rank, alpha, targets = check_lora_config(config, refuse)
+    shapes = read_safetensors_shapes(weights) if weights.suffix == ".safetensors" else None
+    if shapes is not None:  # an unreadable file is left to the backends, which report what is wrong with it
+        check_ranks(config, shapes, refuse)
     return PeftAdapter(
         path=directory,
         weights_path=weights,
@@ -115,31 +138,145 @@ def check_lora_config(
 ) -> tuple[int, float, list[str]]:
     """Refuse a LoRA config no backend here can serve; return its rank, alpha and target modules.
 
-    ``refuse(reason)`` builds the error (its message starts with what the adapter is).
+    Checks: ``peft_type`` is ``LORA``; no DoRA; ``bias`` is ``"none"``; no ``modules_to_save``; ``r`` is a
+    positive integer; ``lora_alpha`` is a finite number float32 can hold; ``target_modules`` is a list of
+    names or one regular expression (as PEFT takes it); ``rank_pattern`` maps regular expressions to positive
+    integers and ``alpha_pattern`` to numbers float32 can hold. ``refuse(reason)`` builds the error (its message
+    starts with what the adapter is).
     """
     peft_type = str(config.get("peft_type", "")).upper()
     if peft_type != "LORA":
-        raise refuse(f"is a {peft_type or 'untyped'} adapter: only LoRA adapters (peft_type LORA) are supported")
+        raise refuse(f"is a {peft_type[:40] or 'untyped'} adapter: only LoRA adapters (peft_type LORA) are supported")
     if config.get("use_dora"):
         raise refuse("uses DoRA (use_dora=true), which these backends cannot serve: train a plain LoRA")
     if config.get("bias", "none") != "none":
         raise refuse(f"trains biases (bias={config.get('bias')!r}): only bias='none' is supported")
     if config.get("modules_to_save"):
-        raise refuse(
-            f"saves whole modules (modules_to_save={config['modules_to_save']!r}): only LoRA weights are supported"
-        )
+        saved = config["modules_to_save"]
+        shown = listed(saved) if isinstance(saved, list) else repr(saved)[:100]
+        raise refuse(f"saves whole modules (modules_to_save={shown}): only LoRA weights are supported")
     rank = config.get("r")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise refuse(f"has an invalid rank r={rank!r}: expected a positive integer")
     alpha = config.get("lora_alpha", 8)  # PEFT's LoraConfig default
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-        raise refuse(f"has an invalid lora_alpha={alpha!r}: expected a finite number")
+    if not _fits_float32(alpha):
+        raise refuse(f"has an invalid lora_alpha={alpha!r}: expected a finite number {_FLOAT32_RULE}")
     targets = config.get("target_modules")
     if isinstance(targets, str):
+        if targets:
+            _require_pattern(targets, "target_modules", targets, refuse)
         targets = [targets]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
-        raise refuse(f"has no usable target_modules ({targets!r})")
+        shown = listed(targets) if isinstance(targets, list) else repr(targets)[:100]
+        raise refuse(f"has no usable target_modules ({shown}): give module names or one regular expression")
+    for name, rule, valid in (
+        ("rank_pattern", "a positive integer", lambda value: isinstance(value, int) and not isinstance(value, bool)
+         and value >= 1),
+        ("alpha_pattern", f"a finite number {_FLOAT32_RULE}", _fits_float32),
+    ):
+        patterns = config.get(name) or {}
+        if not isinstance(patterns, dict):
+            raise refuse(f"has a {name} that is a {type(patterns).__name__}, not a map of module patterns to values")
+        for key, value in patterns.items():
+            _require_pattern(key, name, rf"(.*\.)?({key})$", refuse)
+            if not valid(value):
+                raise refuse(f"has {name}[{key[:100]!r}] = {repr(value)[:100]}: expected {rule}")
     return rank, float(alpha), targets
+
+
+_FLOAT32_RULE = f"that float32 can hold (at most {FLOAT32_MAX:.4g} in size)"
+
+
+def _fits_float32(value: object) -> bool:
+    return is_real_number(value) and math.isfinite(value) and abs(value) <= FLOAT32_MAX  # type: ignore[arg-type]
+
+
+def _require_pattern(key: object, name: str, pattern: str, refuse: Callable[[str], InvalidAdapterError]) -> None:
+    """Refuse a key of ``rank_pattern``/``alpha_pattern`` (or a ``target_modules`` string) that PEFT could not use
+    as the regular expression it builds from it."""
+    if not isinstance(key, str) or not key:
+        raise refuse(f"has a {name} key {repr(key)[:100]}: expected a module name or regular expression")
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError) as error:
+        raise refuse(f"has a {name} entry {key[:100]!r} that is not a valid regular expression ({error})") from None
+
+
+def pattern_key(patterns: Mapping[str, Any], module: str) -> str | None:
+    r"""The ``rank_pattern``/``alpha_pattern`` key PEFT applies to ``module``, or ``None`` (then ``r``/``lora_alpha``).
+
+    As PEFT's ``get_pattern_key``: the first key that matches the end of the module's name on a ``.`` boundary
+    (``re.match(rf"(.*\.)?({key})$", name)``), where ``name`` is the module's name in the model (a state-dict
+    name without its ``base_model.model.`` prefix).
+    """
+    name = module.removeprefix("base_model.model.")
+    return next((key for key in patterns if re.match(rf"(.*\.)?({key})$", name)), None)
+
+
+def targets_module(config: Mapping[str, Any], module: str) -> bool:
+    """Whether ``target_modules`` covers ``module`` (a state-dict module name), as PEFT decides: a string is a
+    regular expression the whole name must match (``"all-linear"``: every linear layer), a list holds names
+    the module's name equals or ends with (after a ``.``)."""
+    targets = config.get("target_modules")
+    name = module.removeprefix("base_model.model.")
+    if isinstance(targets, str):
+        return targets == "all-linear" or re.fullmatch(targets, name) is not None
+    return any(name == target or name.endswith("." + target) for target in targets or ())
+
+
+def check_ranks(
+    config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], refuse: Callable[[str], InvalidAdapterError]
+) -> None:
+    """Refuse LoRA matrices whose rank is not the one the config gives their module (``r`` or ``rank_pattern``).
+
+    ``shapes`` maps state-dict names (``...q_proj.lora_A.weight``) to shapes; other names, and matrices that are
+    not 2-D or lack their partner, are left to the checks that look at them. ``lora_A`` is ``(rank, in)`` and
+    ``lora_B`` ``(out, rank)``. A config whose ``r`` is not the tensors' rank would make one backend scale the
+    adapter by the wrong ``alpha / r`` and another allocate the stated rank first (``r=2**40``: 281 TB).
+    """
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, shape in shapes.items():
+        match = _LORA_MATRIX.match(name)
+        if match is not None and len(shape) == 2:
+            pairs.setdefault(match["module"], {})[match["side"]] = tuple(shape)
+    rank_pattern = config.get("rank_pattern") or {}
+    for module, sides in sorted(pairs.items()):
+        if set(sides) != {"A", "B"}:
+            continue
+        key = pattern_key(rank_pattern, module)
+        expected, source = (config["r"], "r") if key is None else (rank_pattern[key], f"rank_pattern[{key!r}]")
+        if sides["A"][0] != expected or sides["B"][1] != expected:
+            raise refuse(
+                f"has {module} with lora_A {sides['A']} and lora_B {sides['B']}: with rank {expected} (its {source}), "
+                f"lora_A is ({expected}, in_features) and lora_B (out_features, {expected}); the config does not "
+                "describe these weights: save the adapter again with PeftModel.save_pretrained, or correct its "
+                "r / rank_pattern"
+            )
+
+
+def read_safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape from a safetensors file's header, without reading any tensor data.
+
+    Returns ``None`` when the file has no readable safetensors header (too short, a header that is not a JSON
+    object, or one nested too deeply); entries without a list of sizes as their shape are skipped.
+    """
+    try:
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            size = int.from_bytes(prefix, "little")
+            if len(prefix) < 8 or size > _MAX_SAFETENSORS_HEADER:
+                return None
+            header = json.loads(handle.read(size))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, entry in header.items():
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if isinstance(shape, list) and all(isinstance(size, int) and not isinstance(size, bool) for size in shape):
+            shapes[name] = tuple(shape)
+    return shapes
 
 
 # Architecture names that differ between transformers' model_type and GGUF's general.architecture, or that
@@ -173,7 +310,7 @@ def base_model_type(adapter: PeftAdapter) -> str | None:
         if config_file is None or not config_file.is_file():
             return None
         model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):  # unreadable or not a JSON object: nothing to compare
+    except (OSError, ValueError, AttributeError, RecursionError):  # unreadable or not a JSON object: nothing to compare
         return None
     return model_type if isinstance(model_type, str) and model_type else None
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.adapters.peft import CONFIG_NAME, check_lora_config
+from inference._core.validation import FLOAT32_MAX, listed
+from inference.adapters.peft import CONFIG_NAME, check_lora_config, check_ranks, targets_module
 from inference.exceptions import ConfigurationError, InvalidAdapterError, MissingDependencyError
 
 __all__ = ["AdapterWeights"]
@@ -59,7 +60,12 @@ class AdapterWeights:
             raise InvalidAdapterError(
                 f"AdapterWeights.config must be a peft.LoraConfig or a dict, got {type(self.config).__name__}"
             )
-        plain = _plain(dict(raw))
+        try:
+            plain = _plain(dict(raw))
+        except RecursionError:
+            raise InvalidAdapterError(
+                "AdapterWeights.config is nested too deeply to be a LoRA config: give a peft.LoraConfig or its dict"
+            ) from None
         plain.setdefault("peft_type", "LORA")
         return plain  # type: ignore[no-any-return]
 
@@ -67,9 +73,12 @@ class AdapterWeights:
         """Refuse weights no backend can serve, as :func:`~inference.adapters.peft.read_peft_adapter` refuses a
         directory; return the config dict.
 
-        Checks the config (LoRA, no DoRA, ``bias='none'``, rank, alpha, target modules), then every tensor:
-        named ``<module>.lora_A.weight`` / ``<module>.lora_B.weight`` in pairs, 2-D, finite sizes, the rank
-        (``r`` or its ``rank_pattern`` entry) on the shared side, and the module among ``target_modules``.
+        Checks the config (see :func:`~inference.adapters.peft.check_lora_config`), then every tensor: named
+        ``<module>.lora_A.weight`` / ``<module>.lora_B.weight`` in pairs, a torch tensor or numpy array of
+        floating point numbers (float16, bfloat16 for torch, float32 or float64) that holds its values (not on
+        torch's meta device), 2-D, non-empty, the rank (``r`` or its ``rank_pattern`` entry) on the shared side,
+        the module among ``target_modules`` (names, or one regular expression, as PEFT matches them), and every
+        value finite and within float32's range.
 
         Raises:
             InvalidAdapterError: The message says which tensor or setting is wrong.
@@ -79,38 +88,39 @@ class AdapterWeights:
             return InvalidAdapterError(f"adapter weights in memory {reason}", provider=provider)
 
         config = self.config_dict()
-        rank, _, targets = check_lora_config(config, refuse)
+        check_lora_config(config, refuse)
         if not isinstance(self.tensors, Mapping) or not self.tensors:
             raise refuse("have no tensors: give get_peft_model_state_dict(model)'s dict")
-        rank_pattern = config.get("rank_pattern") or {}
-        shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        sides: dict[str, set[str]] = {}
         for name, tensor in self.tensors.items():
             match = _LORA_KEY.match(name) if isinstance(name, str) else None
             if match is None:
                 raise refuse(
-                    f"hold a tensor {name!r} that is not a LoRA matrix (<module>.lora_A.weight or .lora_B.weight); "
-                    "pass the state dict of get_peft_model_state_dict(model)"
+                    f"hold a tensor {repr(name)[:100]} that is not a LoRA matrix (<module>.lora_A.weight or "
+                    ".lora_B.weight); pass the state dict of get_peft_model_state_dict(model)"
                 )
-            shape = tuple(int(size) for size in getattr(tensor, "shape", ()))
+            problem = _tensor_problem(tensor)
+            if problem is not None:
+                raise refuse(f"hold {name} {problem}")
+            shape = tuple(int(size) for size in tensor.shape)
             if len(shape) != 2 or not all(size > 0 for size in shape):
                 raise refuse(f"hold {name} with shape {shape}: LoRA matrices are 2-D and non-empty")
-            shapes.setdefault(match["module"], {})[match["side"]] = shape
-        for module, sides in sorted(shapes.items()):
-            if set(sides) != {"A", "B"}:
-                missing = "lora_B" if "A" in sides else "lora_A"
+            shapes[name] = shape
+            sides.setdefault(match["module"], set()).add(match["side"])
+        for module, found in sorted(sides.items()):
+            if found != {"A", "B"}:
+                missing = "lora_B" if "A" in found else "lora_A"
                 raise refuse(f"hold no {module}.{missing}.weight for its pair")
-            short = module.rsplit(".", 1)[-1]
-            if not any(module == t or module.endswith("." + t) or short == t for t in targets):
-                raise refuse(f"hold {module}, which is not among target_modules={targets}")
-            expected = next((r for key, r in rank_pattern.items() if re.search(rf"(^|\.){key}$", module)), rank)
-            if sides["A"][0] != expected or sides["B"][1] != expected:
-                raise refuse(
-                    f"hold {module} with lora_A {sides['A']} and lora_B {sides['B']}: with rank {expected}, lora_A "
-                    f"is ({expected}, in_features) and lora_B (out_features, {expected})"
-                )
+            if not targets_module(config, module):
+                targets = config["target_modules"]
+                shown = repr(targets[:100]) if isinstance(targets, str) else f"[{listed(targets)}]"
+                raise refuse(f"hold {module}, which is not among target_modules={shown}")
+        check_ranks(config, shapes, refuse)
         for name, tensor in self.tensors.items():
-            if not _all_finite(tensor):
-                raise refuse(f"hold {name} with NaN or infinite values")
+            problem = _value_problem(tensor)
+            if problem is not None:
+                raise refuse(f"hold {name} with {problem}")
         return config
 
     def snapshot(self) -> AdapterWeights:
@@ -239,15 +249,52 @@ def _as_numpy(tensor: Any) -> Any:
     return np.asarray(tensor)
 
 
-def _all_finite(tensor: Any) -> bool:
+_TORCH_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+_NUMPY_FLOATS = frozenset({"float16", "float32", "float64"})
+
+
+def _tensor_problem(tensor: Any) -> str | None:
+    """What makes ``tensor`` unusable as a LoRA matrix on every backend (its type, dtype or device), or ``None``."""
+    if type(tensor).__module__.startswith("torch"):
+        if getattr(tensor, "is_meta", False):
+            return "on torch's meta device, which holds no values: pass tensors with their data"
+        dtype = str(getattr(tensor, "dtype", "")).removeprefix("torch.")
+        allowed = _TORCH_FLOATS
+    else:
+        if not hasattr(tensor, "shape"):
+            return f"as a {type(tensor).__name__}: give a torch tensor or a numpy array"
+        try:
+            dtype = str(_as_numpy(tensor).dtype)
+        except (TypeError, ValueError) as error:
+            return f"as a {type(tensor).__name__} numpy cannot read ({error}): give a torch tensor or a numpy array"
+        allowed = _NUMPY_FLOATS
+    if dtype not in allowed:
+        return (
+            f"of dtype {dtype}: LoRA matrices are floating point numbers ({', '.join(sorted(allowed))}); "
+            "convert them, e.g. tensor.float()"
+        )
+    return None
+
+
+def _value_problem(tensor: Any) -> str | None:
+    """``"NaN or infinite values"``, values float32 cannot hold (float64 above its range), or ``None``."""
     if type(tensor).__module__.startswith("torch"):
         try:
             import torch
         except ImportError as error:
             raise _missing(error, None) from error
-        return bool(torch.isfinite(tensor).all())
-    try:
-        import numpy as np
-    except ImportError as error:
-        raise _missing(error, None) from error
-    return bool(np.isfinite(np.asarray(tensor)).all())
+        if not bool(torch.isfinite(tensor).all()):
+            return "NaN or infinite values"
+        largest = float(tensor.detach().abs().max())
+    else:
+        try:
+            import numpy as np
+        except ImportError as error:
+            raise _missing(error, None) from error
+        array = np.asarray(tensor)
+        if not bool(np.isfinite(array).all()):
+            return "NaN or infinite values"
+        largest = float(np.abs(array).max())
+    if largest > FLOAT32_MAX:
+        return f"values up to {largest:.4g}, beyond float32's range (which the backends compute in): scale them down"
+    return None
