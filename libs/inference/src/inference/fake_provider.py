@@ -225,9 +225,9 @@ def _instance(schema: Any, words: list[str], root: Mapping[str, Any], depth: int
 def _check_instance(text: str, schema: Mapping[str, Any], provider: str) -> None:
     """Refuse, with a sentence, a schema the fake's small generator could not satisfy (a ``pattern``, a
     ``format``...): it never returns JSON that does not validate."""
-    from jsonschema.validators import validator_for
+    from inference._core.json_schemas import validator
 
-    error = next(iter(validator_for(schema)(schema).iter_errors(json.loads(text))), None)
+    error = next(iter(validator(schema).iter_errors(json.loads(text))), None)  # never fetches a remote $ref
     if error is not None:
         raise InvalidRequestError(
             f"the fake provider cannot produce JSON for this schema ({error.message}); it knows type, "

@@ -153,26 +153,13 @@ def _logprobs(value: object, name: str, fail: Fail) -> int | None:
 
 
 def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
-    """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``)."""
+    """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``);
+    see :func:`inference._core.json_schemas.checked_schema` for what is refused."""
     if value is None:
         return None
-    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):
-        value = value.model_json_schema()  # type: ignore[attr-defined]
-    if not isinstance(value, Mapping):
-        raise fail(f"{name} must be a JSON-schema dict or a pydantic model class, got {type(value).__name__}")
-    try:
-        schema: dict[str, Any] = json.loads(json.dumps(value))
-    except (TypeError, ValueError) as error:
-        raise fail(f"{name} must be JSON (dicts, lists, strings, numbers, booleans, None): {error}") from None
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
+    from inference._core.json_schemas import checked_schema
 
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as error:
-        where = "/".join(str(part) for part in error.path) or "the top level"
-        raise fail(f"{name} is not a valid JSON schema: {error.message} (at {where})") from None
-    return schema
+    return checked_schema(value, name, fail)
 
 
 def json_schema_file(path: str) -> dict[str, Any]:
@@ -221,7 +208,8 @@ class GenerationOptions:
         metavar="R", parse=float,
     )
     stop: tuple[str, ...] = spec_field(
-        (), check=_stop_sequences, help="a string that ends the generation (not included in the text)",
+        (), check=_stop_sequences,
+        help="a string that ends the generation (not included in the text); ignored with json_schema",
         metavar="TEXT", repeatable=True,
     )
     seed: int | None = spec_field(

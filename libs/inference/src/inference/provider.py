@@ -133,13 +133,15 @@ class InferenceProvider(ABC):
             temperature: Sampling temperature; ``0`` is greedy. ``None`` keeps the backend's default.
             top_p: Nucleus sampling mass in (0, 1].
             repetition_penalty: Penalty above 1 discourages repeats; ``None`` keeps the default.
-            stop: A string or strings that end the generation (not included in the text).
+            stop: A string or strings that end the generation (not included in the text). Not with
+                ``json_schema``, whose JSON decides where the text ends.
             seed: Seed for sampling, for reproducible output.
             top_k: Sample only among the ``top_k`` most likely tokens; ``None`` keeps the default.
             logprobs: Report each generated token's log-probability and its ``logprobs`` (0-20) most likely
                 alternatives in :attr:`GenerationResult.logprobs`; ``None`` reports nothing.
             json_schema: Constrain the text to JSON valid against this schema (a JSON-schema dict, or a pydantic
-                model class). The text then always parses, unless ``finish_reason`` is ``"length"``.
+                model class). The text then always parses and validates, unless ``finish_reason`` is
+                ``"length"``. Not with ``stop``. Its ``$ref`` must point inside it (nothing is fetched).
 
         Returns:
             The generated text with token counts and finish reason.
@@ -150,11 +152,12 @@ class InferenceProvider(ABC):
             UnsupportedOperationError: The provider cannot give ``logprobs``, honour ``json_schema`` or apply
                 adapters with scales.
             AdapterNotFoundError: ``adapter_id`` (or one of the adapters in it) is not loaded.
-            ProviderError: The backend failed (unavailable, timeout, error status).
+            ProviderError: The backend failed (unavailable, timeout, error status), or its text for a
+                ``json_schema`` does not parse or validate although it finished (``finish_reason`` ``"stop"``).
         """
         request = self._request(locals())
         async with self._request_in_use(request) as sent:
-            return _as_asked(await self._generate(sent), _asked_adapter(request))
+            return _as_asked(self._kept_to_schema(request, await self._generate(sent)), _asked_adapter(request))
 
     async def stream(
         self,
@@ -206,7 +209,10 @@ class InferenceProvider(ABC):
             events = self._stream(sent)
             try:
                 async for event in events:
-                    yield event if isinstance(event, str) else _as_asked(event, _asked_adapter(request))
+                    if isinstance(event, str):
+                        yield event
+                    else:
+                        yield _as_asked(self._kept_to_schema(request, event), _asked_adapter(request))
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
 
@@ -510,6 +516,15 @@ class InferenceProvider(ABC):
         if request.json_schema is not None and not self.supports_json_schema:
             raise self._cannot("constrain output to a json_schema", "supports_json_schema")
         return request
+
+    def _kept_to_schema(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+        """``result``, once its text is checked against the request's ``json_schema`` (when it has one and the
+        text is complete): a backend's text that does not parse or validate is a :class:`ProviderError`."""
+        if request.json_schema is not None and result.finish_reason != "length":
+            from inference._core.json_schemas import check_answer
+
+            check_answer(result.text, request.json_schema, provider=self.name)
+        return result
 
     def _require_scoring(self, operation: str) -> None:
         if not self.supports_scoring:
