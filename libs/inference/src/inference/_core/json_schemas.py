@@ -85,14 +85,15 @@ def checked_schema(value: object, name: str, fail: _Fail) -> dict[str, Any]:
         raise fail(
             f"{name} must be JSON (dicts with string keys, lists, strings, finite numbers, booleans, None): {error}"
         ) from None
-    from jsonschema.exceptions import SchemaError
     from jsonschema.validators import validator_for
 
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as error:
-        where = "/".join(str(part) for part in error.path) or "the top level"
-        raise fail(f"{name} is not a valid JSON schema: {error.message} (at {where})") from None
+    # check_schema(), with the meta-schema's own references resolved by the local-only registry as well
+    meta_schema = validator_for(schema).META_SCHEMA
+    meta = validator_for(meta_schema)
+    checker = meta(meta_schema, format_checker=meta.FORMAT_CHECKER, registry=_local_registry())
+    for problem in checker.iter_errors(schema):
+        where = "/".join(str(part) for part in problem.path) or "the top level"
+        raise fail(f"{name} is not a valid JSON schema: {problem.message} (at {where})")
     _References(schema, name, fail).check()
     return schema
 
