@@ -8,7 +8,8 @@ vLLM and OpenAI providers:
 - a schema without a finite value (``{"$ref": "#"}``, a -> b -> a, a required property that contains itself) is an
   ``InvalidRequestError`` naming the cycle (it used to answer ``''`` with ``"stop"``), and the provider goes on;
 - a server whose grammar does not enforce the schema (``llama_cpp.server`` ignores ``minimum``/``maximum``) gives a
-  ``ProviderError``, never an invalid text reported as finished.
+  ``ProviderError``, never an invalid text reported as finished; nor is free text from a route that ignores the
+  schema (``llama_cpp.server``'s ``/v1/completions``) returned as a JSON cut by ``max_tokens``.
 
 llama.cpp's own ``llama-server`` is checked in test_llamacpp_server_provider.py, the rules themselves in
 tests/unit/test_json_schema_rules.py.
@@ -161,3 +162,12 @@ async def test_a_server_answer_the_schema_does_not_allow_is_an_error(llama_serve
         with pytest.raises(ProviderError, match="greater than the maximum of 1001"):
             await streamed(server, prompt="A number", **asked)
         assert (await server.generate("A number", model="tiny-qwen2", max_tokens=4, temperature=0.0)).text
+
+
+async def test_a_route_that_ignores_the_schema_is_an_error_not_free_text(llama_server: str) -> None:
+    # llama_cpp.server's /v1/completions ignores response_format: the tiny model writes free text until max_tokens.
+    async with VLLMProvider(base_url=llama_server, api="completions") as server:
+        with pytest.raises(ProviderError, match="stops being JSON at character"):
+            await server.generate("Describe a person", model="tiny-qwen2", max_tokens=40, temperature=0.0,
+                                  json_schema=SERVED_PERSON)
+        assert (await server.generate("Describe a person", model="tiny-qwen2", max_tokens=4, temperature=0.0)).text

@@ -276,6 +276,26 @@ async def test_a_finished_text_that_does_not_validate_is_a_provider_error(text: 
     assert (await provider.generate("x", model="m")).text == text  # without a schema nothing is checked
 
 
-async def test_a_text_cut_by_max_tokens_is_returned_as_length() -> None:
-    result = await CuttingProvider('{"name"', "length").generate("x", model="m", json_schema=PERSON)
-    assert (result.text, result.finish_reason) == ('{"name"', "length")
+@pytest.mark.parametrize("text", ['{"name"', '{"name": "An', '{"name": "A\\u00', '{"name": "Ann", "age": 1', " ", ""])
+async def test_a_text_cut_by_max_tokens_is_returned_as_length(text: str) -> None:
+    result = await CuttingProvider(text, "length").generate("x", model="m", json_schema=PERSON)
+    assert (result.text, result.finish_reason) == (text, "length")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (" always the same", 1),  # free text: the server ignored the schema
+        ("the", 0),
+        ('{"name": tru e', 9),
+        ('{"name": "Ann\n', 13),
+        ('{"age": 01', 8),
+        ('[1,]', 3),
+        ('{"a": 1} {', 9),
+    ],
+)
+async def test_a_text_cut_by_max_tokens_that_is_not_json_is_a_provider_error(text: str, where: int) -> None:
+    provider = CuttingProvider(text, "length")
+    with pytest.raises(ProviderError, match=f"stops being JSON at character {where}:"):
+        await provider.generate("x", model="m", json_schema=PERSON)
+    assert (await provider.generate("x", model="m")).text == text

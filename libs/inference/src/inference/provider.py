@@ -518,12 +518,13 @@ class InferenceProvider(ABC):
         return request
 
     def _kept_to_schema(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
-        """``result``, once its text is checked against the request's ``json_schema`` (when it has one and the
-        text is complete): a backend's text that does not parse or validate is a :class:`ProviderError`."""
-        if request.json_schema is not None and result.finish_reason != "length":
+        """``result``, once its text is checked against the request's ``json_schema`` (when it has one): a finished
+        text that does not parse or validate, or a cut one that is not the beginning of JSON, is a
+        :class:`ProviderError`."""
+        if request.json_schema is not None:
             from inference._core.json_schemas import check_answer
 
-            check_answer(result.text, request.json_schema, provider=self.name)
+            check_answer(result.text, request.json_schema, result.finish_reason, provider=self.name)
         return result
 
     def _require_scoring(self, operation: str) -> None:
