@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 import pytest_asyncio
 
@@ -172,6 +174,23 @@ async def test_a_system_prompt_reaches_the_model_as_in_process(
     remote, local = both
     arguments: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "temperature": 0, "system_prompt": "Be brief."}
     assert (await remote.generate(PROMPTS[1], **arguments)).text == (await local.generate(PROMPTS[1], **arguments)).text
+
+
+async def test_a_stop_string_in_the_json_does_not_cut_it(both: tuple[LlamaCppServerProvider, LlamaCppProvider]) -> None:
+    # llama-server applies stop strings to a json_schema answer too (it cut '{"name"'): none is sent with a schema.
+    remote, _ = both
+    schema = {
+        "type": "object",
+        "properties": {"name": {"enum": ["Ann", "Bob"]}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    asked: dict[str, Any] = {"model": "tiny", "adapter_id": "a1", "max_tokens": 120, "temperature": 0}
+    whole = await remote.generate(PROMPTS[1], json_schema=schema, **asked)
+    stopped = await remote.generate(PROMPTS[1], json_schema=schema, stop=[":", '"', ","], **asked)
+    assert whole.finish_reason == "stop", f"the JSON did not finish in 120 tokens: {whole.text!r}"
+    assert (stopped.text, stopped.finish_reason) == (whole.text, "stop")
+    jsonschema.validate(json.loads(whole.text), schema)
 
 
 async def test_concurrent_mixed_adapter_requests_equal_their_single_answers(

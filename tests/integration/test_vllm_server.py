@@ -156,6 +156,11 @@ async def test_json_schema_output_validates(both: tuple[VLLMProvider, Transforme
             json_schema=schema,
         )
         jsonschema.validate(json.loads(result.text), schema)
+        stopped = await server.generate(  # vLLM applies stop strings to structured output: none is sent with it
+            "Describe it as JSON.", model="tiny", adapter_id="a1", max_tokens=60, temperature=1.0, seed=seed,
+            json_schema=schema, stop=[":", '"'],
+        )
+        assert (stopped.text, stopped.finish_reason) == (result.text, result.finish_reason)
 
 
 async def test_the_default_max_tokens_fits_the_server_s_context(

@@ -39,6 +39,13 @@ EVERY_OPTION: dict[str, Any] = {
 }
 
 
+_TWO_REQUESTS = (
+    {name: value for name, value in EVERY_OPTION.items() if name != "json_schema"},
+    {"json_schema": EVERY_OPTION["json_schema"], "logprobs": 2},
+)
+"""Every option over two requests: ``stop`` is not applied with a ``json_schema`` (the JSON decides the end)."""
+
+
 def test_the_test_sets_every_option() -> None:
     assert set(EVERY_OPTION) == set(GenerationOptions.names())
 
@@ -185,16 +192,19 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
         kwargs["api"] = "chat"
     provider = cls(**kwargs)
     try:
-        await provider.generate("Hi", model="m", **EVERY_OPTION)
+        bodies = []
+        for options in _TWO_REQUESTS:  # stop does not go with json_schema: each in a request of its own
+            await provider.generate("Hi", model="m", **options)
+            bodies.append(json.loads(chat.calls.last.request.content))
     finally:
         await provider.aclose()
-    body = json.loads(chat.calls.last.request.content)
     for option, how in cls.options.items():
         assert isinstance(how, Sent), (provider_type, option)
+        body = bodies[1] if option == "json_schema" else bodies[0]
         sent = _at(body, how.field)
         if option in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "top_k"):
             assert sent == EVERY_OPTION[option], (provider_type, option, sent)
-    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert bodies[0]["messages"][0] == {"role": "system", "content": "Be brief."}
 
 
 @respx.mock
@@ -217,11 +227,13 @@ async def test_the_ollama_body_carries_every_option_under_its_declared_field() -
     cls = load_provider_class("ollama")
     provider = cls(base_url=f"{base}/v1")
     try:
-        await provider.generate("Hi", model="m", **EVERY_OPTION)
+        bodies = []
+        for options in _TWO_REQUESTS:
+            await provider.generate("Hi", model="m", **options)
+            bodies.append(json.loads(chat.calls.last.request.content))
     finally:
         await provider.aclose()
-    body = json.loads(chat.calls.last.request.content)
     for option, how in cls.options.items():
         assert isinstance(how, Sent), option
-        _at(body, how.field)
-    assert body["options"]["repeat_penalty"] == 1.1 and body["options"]["num_predict"] == 7
+        _at(bodies[1] if option == "json_schema" else bodies[0], how.field)
+    assert bodies[0]["options"]["repeat_penalty"] == 1.1 and bodies[0]["options"]["num_predict"] == 7

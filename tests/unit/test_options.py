@@ -116,7 +116,9 @@ def test_the_request_is_the_options_plus_prompt_model_and_adapter() -> None:
     request = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, **EVERY_OPTION_SET)
     assert isinstance(request, GenerationOptions)
     assert (request.prompt, request.model, request.adapter_id) == ("Hi", "", None)
-    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": ("END", "STOP")}
+    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": ()}  # no stop string cuts the schema's JSON
+    without_schema = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, stop=["END", "STOP"])
+    assert without_schema.stop == ("END", "STOP")
     assert GenerationRequest("Hi", "m").max_tokens == 4096  # prompt and model stay positional
     with pytest.raises(InvalidRequestError, match="prompt must be a string"):
         GenerationRequest.from_arguments(provider="test", prompt=3, model="m", temperature=-1)
@@ -175,7 +177,7 @@ def test_eval_takes_every_option_from_flags_or_set_into_the_results(tmp_path: Pa
     assert main([*argv, "--provider", "fake", "--no-progress", *settings]) == 0
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     recorded = {name: rows[0]["settings"][name] for name in OPTIONS}
-    assert recorded == EVERY_OPTION_SET
+    assert recorded == {**EVERY_OPTION_SET, "stop": []}  # the run's settings: no stop string with a json_schema
     with_run_system, with_own_system = sorted(rows, key=lambda row: row["prompt_id"])
     assert with_run_system["output"] != with_own_system["output"]
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import respx
 
-from inference.exceptions import InvalidRequestError, ProtocolError, UnsupportedOperationError
+from inference.exceptions import InvalidRequestError, ProtocolError, ProviderError, UnsupportedOperationError
 from inference.ollama_provider import OllamaProvider
 from inference.openai_provider import OpenAIProvider
 from inference.provider import GenerationResult
@@ -171,6 +171,25 @@ async def test_a_stream_gathers_the_logprobs_of_every_chunk_into_the_result(mock
     assert pieces == ["Hel", "lo"]
     assert isinstance(final, GenerationResult)
     assert final.logprobs == (TokenLogprob("Hel", -0.1, (("Hel", -0.1),)), TokenLogprob("lo", -0.2, (("lo", -0.2),)))
+
+
+async def test_no_stop_string_is_sent_with_a_schema_and_a_cut_answer_is_an_error(mock: respx.MockRouter) -> None:
+    # vLLM applies stop strings to structured output too: sent '}', it answers the JSON cut there, as "stop".
+    route = mock.post(f"{BASE}/chat/completions").mock(
+        side_effect=[chat_completion('{"answer": 6}', None, tokens=5), chat_completion('{"answer"', None, tokens=3)]
+    )
+    ollama = mock.post(f"{OLLAMA}/api/chat").mock(
+        return_value=httpx.Response(200, json=ollama_line('{"answer":6}', None, done=True))
+    )
+    async with VLLMProvider(base_url=BASE, max_retries=0) as provider:
+        result = await provider.generate("Hi", model="base-model", max_tokens=8, json_schema=SCHEMA, stop=[":", "}"])
+        assert "stop" not in sent(route) and result.text == '{"answer": 6}'
+        with pytest.raises(ProviderError, match=r"not complete JSON .*'\{\"answer\"'"):
+            await provider.generate("Hi", model="base-model", max_tokens=8, json_schema=SCHEMA)
+    async with OllamaProvider(base_url=f"{OLLAMA}/v1", max_retries=0) as provider:
+        await provider.generate("Hi", model="qwen", max_tokens=8, json_schema=SCHEMA, stop="}")
+        await provider.generate("Hi", model="qwen", max_tokens=8, stop="}")
+    assert "stop" not in sent(ollama, 0)["options"] and sent(ollama, 1)["options"]["stop"] == ["}"]
 
 
 async def test_a_server_without_chat_logprobs_is_named(mock: respx.MockRouter) -> None:

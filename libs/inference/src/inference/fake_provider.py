@@ -203,9 +203,11 @@ def _instance(schema: Any, words: list[str], root: Mapping[str, Any], depth: int
     pydantic schema uses: type, properties, required, items, enum, const, anyOf/oneOf, $ref, minimum, minItems)."""
     if not isinstance(schema, Mapping) or depth > 8:
         return None
-    if "$ref" in schema and str(schema["$ref"]).startswith("#/"):
+    ref = str(schema.get("$ref", ""))
+    if ref == "#" or ref.startswith("#/"):
         target: Any = root
-        for part in str(schema["$ref"])[2:].split("/"):
+        for part in ref[2:].split("/") if ref != "#" else ():
+            part = part.replace("~1", "/").replace("~0", "~")
             target = target.get(part, {}) if isinstance(target, Mapping) else {}
         return _instance(target, words, root, depth + 1)
     if "const" in schema:
@@ -219,8 +221,12 @@ def _instance(schema: Any, words: list[str], root: Mapping[str, Any], depth: int
     kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
     word = words[depth % len(words)] if words else "fake"
     if kind == "object":
-        properties = schema.get("properties", {})
-        return {name: _instance(sub, words[1:] + words[:1], root, depth + 1) for name, sub in properties.items()}
+        properties, required = schema.get("properties", {}), schema.get("required", ())
+        return {  # optional properties near the top only: a recursive schema ends
+            name: _instance(sub, words[1:] + words[:1], root, depth + 1)
+            for name, sub in properties.items()
+            if name in required or depth < 3
+        }
     if kind == "array":
         count = max(int(schema.get("minItems", 1)), 0) if "maxItems" not in schema else min(1, schema["maxItems"])
         return [_instance(schema.get("items", {}), words, root, depth + 1) for _ in range(count)]
@@ -237,9 +243,9 @@ def _instance(schema: Any, words: list[str], root: Mapping[str, Any], depth: int
 def _check_instance(text: str, schema: Mapping[str, Any], provider: str) -> None:
     """Refuse, with a sentence, a schema the fake's small generator could not satisfy (a ``pattern``, a
     ``format``...): it never returns JSON that does not validate."""
-    from jsonschema.validators import validator_for
+    from inference._core.json_schemas import validator
 
-    error = next(iter(validator_for(schema)(schema).iter_errors(json.loads(text))), None)
+    error = next(iter(validator(schema).iter_errors(json.loads(text))), None)  # never fetches a remote $ref
     if error is not None:
         raise InvalidRequestError(
             f"the fake provider cannot produce JSON for this schema ({error.message}); it knows type, "

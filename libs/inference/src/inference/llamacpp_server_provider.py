@@ -234,6 +234,11 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                 )
             scales[index] = scale
         body = {**arguments, "model": request.model}
+        if "response_format" in body and "prompt" in body:
+            # /v1/completions ignores response_format (llama-server reads it on the chat route only) and would
+            # answer free text; its own json_schema field applies on every route.
+            del body["response_format"]
+            body["json_schema"] = dict(request.json_schema or {})
         if served:
             body["lora"] = [{"id": entry.index, "scale": scales.get(entry.index, 0.0)} for entry in served]
             # llama-server reuses a slot's cached prompt across requests for different adapters (llama.cpp#26207):

@@ -33,7 +33,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -170,26 +169,13 @@ def _logprobs(value: object, name: str, fail: Fail) -> int | None:
 
 
 def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
-    """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``)."""
+    """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``);
+    see :func:`inference._core.json_schemas.checked_schema` for what is refused."""
     if value is None:
         return None
-    if isinstance(value, type) and callable(getattr(value, "model_json_schema", None)):
-        value = value.model_json_schema()  # type: ignore[attr-defined]
-    if not isinstance(value, Mapping):
-        raise fail(f"{name} must be a JSON-schema dict or a pydantic model class, got {type(value).__name__}")
-    try:
-        schema: dict[str, Any] = json.loads(json.dumps(value))
-    except (TypeError, ValueError) as error:
-        raise fail(f"{name} must be JSON (dicts, lists, strings, numbers, booleans, None): {error}") from None
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
+    from inference._core.json_schemas import checked_schema
 
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as error:
-        where = "/".join(str(part) for part in error.path) or "the top level"
-        raise fail(f"{name} is not a valid JSON schema: {error.message} (at {where})") from None
-    return schema
+    return checked_schema(value, name, fail)
 
 
 def json_schema_file(path: str) -> dict[str, Any]:
@@ -244,7 +230,8 @@ class GenerationOptions:
         metavar="R", parse=float,
     )
     stop: tuple[str, ...] = spec_field(
-        (), check=_stop_sequences, help="a string that ends the generation (not included in the text)",
+        (), check=_stop_sequences,
+        help="a string that ends the generation (not included in the text); ignored with json_schema",
         metavar="TEXT", repeatable=True,
     )
     seed: int | None = spec_field(
@@ -328,13 +315,15 @@ class RequestOptions(TypedDict, total=False):
     name is a ``TypeError``. Each option's rule is on :class:`GenerationOptions`.
 
     Attributes:
-        stop: A string or strings that end the generation (not included in the text).
+        stop: A string or strings that end the generation (not included in the text). Not with ``json_schema``,
+            whose JSON decides where the text ends.
         seed: Seed for sampling, for reproducible output.
         top_k: Sample only among the ``top_k`` most likely tokens; ``None`` keeps the backend's default.
         logprobs: Report each generated token's log-probability and its ``logprobs`` (0-20) most likely
             alternatives in :attr:`~inference.GenerationResult.logprobs`; ``None`` reports nothing.
         json_schema: Constrain the text to JSON valid against this schema (a JSON-schema dict, or a pydantic model
-            class). The text then always parses, unless ``finish_reason`` is ``"length"``.
+            class). The text then always parses and validates, unless ``finish_reason`` is ``"length"``. Not with
+            ``stop``. Its ``$ref`` must point inside it (nothing is fetched).
     """
 
     stop: str | Sequence[str] | None

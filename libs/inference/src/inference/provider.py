@@ -171,11 +171,12 @@ class InferenceProvider(ABC):
             UnsupportedOperationError: The provider cannot honour an option that is set (its :attr:`options` says
                 so), or apply adapters with scales.
             AdapterNotFoundError: ``adapter_id`` (or one of the adapters in it) is not loaded.
-            ProviderError: The backend failed (unavailable, timeout, error status).
+            ProviderError: The backend failed (unavailable, timeout, error status), or its text for a
+                ``json_schema`` does not parse or validate although it finished (``finish_reason`` ``"stop"``).
         """
         request = self._request("generate", locals())
         async with self._request_in_use(request) as sent:
-            return _as_asked(await self._generate(sent), _asked_adapter(request))
+            return _as_asked(self._kept_to_schema(request, await self._generate(sent)), _asked_adapter(request))
 
     async def stream(
         self,
@@ -222,7 +223,10 @@ class InferenceProvider(ABC):
             events = self._stream(sent)
             try:
                 async for event in events:
-                    yield event if isinstance(event, str) else _as_asked(event, _asked_adapter(request))
+                    if isinstance(event, str):
+                        yield event
+                    else:
+                        yield _as_asked(self._kept_to_schema(request, event), _asked_adapter(request))
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
 
@@ -565,6 +569,16 @@ class InferenceProvider(ABC):
             f"{type(self).__name__} cannot honour the option {name} ({reason}); providers that can: {able}",
             provider=self.name,
         )
+
+    def _kept_to_schema(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+        """``result``, once its text is checked against the request's ``json_schema`` (when it has one): a finished
+        text that does not parse or validate, or a cut one that is not the beginning of JSON, is a
+        :class:`ProviderError`."""
+        if request.json_schema is not None:
+            from inference._core.json_schemas import check_answer
+
+            check_answer(result.text, request.json_schema, result.finish_reason, provider=self.name)
+        return result
 
     def _require_scoring(self, operation: str) -> None:
         if not self.supports_scoring:

@@ -42,7 +42,9 @@ class GenerationResult:
         token_count: Prompt tokens plus completion tokens; ``None`` when the backend did not report the prompt's
             tokens (a server that sends no usage in a stream).
         finish_reason: ``"stop"`` (end of sequence or a stop string) or ``"length"`` (``max_tokens`` reached).
-            With ``json_schema``, ``"length"`` means the JSON may be cut short; ``"stop"`` means it is complete.
+            With ``json_schema``, ``"length"`` means the JSON may be cut short (the text is the beginning of a JSON
+            text); ``"stop"`` means it is complete and valid against the schema (a backend text that is not is a
+            ``ProviderError``, never a result).
         prompt_tokens: Tokens in the prompt as the backend counted them; ``None`` when it did not say.
         completion_tokens: Tokens generated.
         logprobs: One :class:`TokenLogprob` per generated token when the request asked for ``logprobs``,

@@ -10,7 +10,7 @@ import math
 import numbers
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from inference.exceptions import InvalidRequestError
@@ -191,6 +191,10 @@ class GenerationRequest(GenerationOptions):
         """Check every field (see :meth:`GenerationOptions.from_arguments`) and how the prompt and the system
         prompt go together.
 
+        With a ``json_schema``, the request has no ``stop`` strings: the output ends where the schema's JSON is
+        complete, and a stop string could only cut the JSON short (servers such as vLLM and llama-server would
+        cut it and call it finished). No backend receives them, so the text parses on every provider.
+
         Raises:
             InvalidRequestError: A field is invalid, or ``system_prompt`` is given with a message list.
         """
@@ -201,6 +205,8 @@ class GenerationRequest(GenerationOptions):
                 "its first message, {'role': 'system', 'content': ...}",
                 provider=provider,
             )
+        if request.json_schema is not None and request.stop:
+            request = replace(request, stop=())
         return request
 
     @property
