@@ -152,3 +152,19 @@ def test_no_step_key_is_mistaken_for_a_setting() -> None:
     """The step's own keys are never settings of a provider (besides base_url, the servers' own)."""
     keys = {setting.key for settings in SETTINGS.values() for setting in settings}
     assert STEP_KEYS & keys == {"base_url"}
+
+
+SWITCHES = [(name, setting) for name, settings in SETTINGS.items() for setting in settings if setting.kind == "bool"]
+
+
+@pytest.mark.parametrize(("provider", "setting"), SWITCHES, ids=[setting.env_var for _, setting in SWITCHES])
+def test_every_switch_reads_the_usual_words_and_refuses_the_rest(provider: str, setting: Any) -> None:
+    for text, value in [(" TRUE ", True), ("1", True), ("yes", True), ("on", True), ("False", False), ("0", False),
+                        ("no", False), ("off", False)]:
+        assert resolve_settings(provider, {}, {setting.env_var: text})[setting.key] is value
+        assert resolve_settings(provider, {setting.key: text}, {})[setting.key] is value
+    for bad in ("maybe", "2", 1, [True]):
+        with pytest.raises(ConfigurationError, match=rf"{setting.key} must be true or false"):
+            resolve_settings(provider, {setting.key: bad}, {})
+    with pytest.raises(ConfigurationError, match=rf"environment variable {setting.env_var}='maybe'"):
+        resolve_settings(provider, {}, {setting.env_var: "maybe"})

@@ -279,7 +279,10 @@ class Setting:
         why = reason or f"{self.key} must be {self.rule}"
         if not isinstance(value, (str, int, float, os.PathLike)):  # a list, a dict... from a step config
             why = f"settings take plain values (strings, numbers), not a {type(value).__name__}: {why}"
-        default = repr(self.default) if self.default not in (None, "") else self.none_means or "none"
+        if isinstance(self.default, bool):
+            default = str(self.default).lower()
+        else:
+            default = repr(self.default) if self.default not in (None, "") else self.none_means or "none"
         owner = f"{provider} " if provider else ""
         if origin == "environment":
             message = (
