@@ -224,7 +224,8 @@ def test_a_provider_that_cannot_score_is_named(tasks: Path) -> None:
 
 
 def test_an_unknown_model_arg_is_a_configuration_error() -> None:
-    with pytest.raises(ConfigurationError, match=r"n_cxt are not settings of the llamacpp provider; valid: .*n_ctx"):
+    pattern = r"n_cxt are not settings of the llamacpp provider \(did you mean n_ctx\?\); valid: .*kv_cache_type"
+    with pytest.raises(ConfigurationError, match=pattern):
         InferenceLM(provider="llamacpp", model_path="base.gguf", n_cxt=512)
 
 

@@ -170,7 +170,10 @@ def test_a_last_draft_that_stays_empty_is_an_error_not_done(
     agent_loop: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     steps = fake_steps(agent_loop)
-    steps[2] = {**steps[2], "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0}
+    steps[2] = {  # the llama.cpp step's model_path would be another provider's setting: a refused step key
+        **{key: value for key, value in steps[2].items() if key != "model_path"},
+        "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0,
+    }
     monkeypatch.setattr(agent_loop, "default_steps", lambda **arguments: steps)
     monkeypatch.delenv("OPENAI_API", raising=False)
     with respx.mock(assert_all_called=True) as router:
@@ -186,7 +189,10 @@ def test_a_last_draft_that_stays_empty_is_an_error_not_done(
 async def test_an_empty_answer_nobody_reads_is_left_to_the_check(agent_loop: ModuleType) -> None:
     """The writer's empty draft goes to the check (feedback for the next round), as before."""
     steps = fake_steps(agent_loop)
-    steps[2] = {**steps[2], "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0}
+    steps[2] = {  # the llama.cpp step's model_path would be another provider's setting: a refused step key
+        **{key: value for key, value in steps[2].items() if key != "model_path"},
+        "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0,
+    }
     with respx.mock(assert_all_called=True) as router:
         router.post(f"{PLANNER}/v1/chat/completions").mock(return_value=llama_cpp_server_empty_chat())
         async with agent_loop.AgentLoop(steps, max_rounds=2) as agent:

@@ -8,18 +8,21 @@ configuration docs list exactly these variables.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from inference._core.settings import Setting, SettingKind, validate_base_url
 from inference.exceptions import ConfigurationError, UnknownProviderError
+from inference.options import OPTIONS
 from inference.registry import PROVIDER_REGISTRY, PROVIDERS
 
 __all__ = [
     "DEFAULT_PROVIDER",
     "PROVIDER_ENV_VAR",
     "SETTINGS",
+    "STEP_KEYS",
     "Setting",
     "SettingKind",
     "resolve_provider_type",
@@ -34,6 +37,16 @@ DEFAULT_PROVIDER = "vllm"
 
 SETTINGS: dict[str, tuple[Setting, ...]] = {name: spec.settings for name, spec in PROVIDERS.items()}
 """Settings per provider type, in constructor-argument order (from :data:`inference.registry.PROVIDERS`)."""
+
+STEP_KEYS: frozenset[str] = frozenset(
+    {"provider", "base_url", "model", "name", "prompt", "messages", "adapter", "adapter_id", "adapter_path", "tool",
+     "input", *OPTIONS}
+)
+"""Keys a step config may carry for the step itself besides its provider's settings: never refused, never read
+as settings (the generation options, ``model``, ``prompt``, ``adapter_id``...)."""
+
+_CLOSE_MATCH = 0.8
+"""How alike (difflib's ratio) a key must be to a setting to be taken for a misspelling of it (``n_ctxx``)."""
 
 
 def validate_setting(provider_type: str, key: str, value: Any, *, origin: str = "argument") -> Any:
@@ -87,7 +100,8 @@ def resolve_settings(
     Args:
         provider_type: A registered provider type.
         overrides: Explicit values (arguments or step-config keys); ``None`` values count as absent.
-            Keys that are not settings of this provider are ignored, so a step config may carry other keys.
+            Other keys are left to the step (``model``, ``prompt``...; see :func:`check_step_keys`), except a
+            key that looks like a setting the provider does not have, which is refused.
         environ: The environment to read (``os.environ`` when omitted).
 
     Every value is checked against its setting's rule (:meth:`Setting.check`), whichever source gave it.
@@ -95,8 +109,10 @@ def resolve_settings(
     Raises:
         ConfigurationError: A value breaks its setting's rule (wrong type, out of range, not finite, a
             malformed base URL, a directory that cannot be written); the sentence names the argument or
-            the environment variable.
+            the environment variable. Or a key is a setting of another provider, or a misspelt setting
+            (:func:`check_step_keys`).
     """
+    check_step_keys(provider_type, overrides)
     environ = os.environ if environ is None else environ
     resolved: dict[str, Any] = {}
     for setting in SETTINGS[provider_type]:
@@ -108,6 +124,43 @@ def resolve_settings(
             value = setting.check(setting.default, origin="default", provider=provider_type)
         resolved[setting.key] = value
     return resolved
+
+
+def check_step_keys(provider_type: str, step_config: Mapping[str, Any]) -> None:
+    """Refuse a step-config key that would be dropped although the user meant it as a provider setting.
+
+    A step config holds the provider's settings beside the step's own keys (:data:`STEP_KEYS`, or any other
+    name), so an unknown key cannot simply be refused. What is refused is a key, with a value other than
+    ``None``, that is
+
+    * a setting of another provider but not of this one (``kv_cache_type`` for ``transformers``; except for a
+      stand-in such as ``fake``, which replaces any provider in tests with only ``provider`` changed), or
+    * so close to one of this provider's settings that it must be a misspelling (``n_ctxx``).
+
+    Either would leave the provider built with other settings than the user wrote.
+
+    Raises:
+        ConfigurationError: Naming the key, the provider's settings and the setting it probably meant.
+    """
+    own = [setting.key for setting in SETTINGS[provider_type]]
+    stand_in = PROVIDERS[provider_type].stand_in
+    for key, value in step_config.items():
+        if value is None or not isinstance(key, str) or key in own or key in STEP_KEYS:
+            continue
+        owners = [] if stand_in else [name for name, settings in SETTINGS.items() if key in _keys(settings)]
+        close = difflib.get_close_matches(key, own, n=1, cutoff=_CLOSE_MATCH)
+        if not owners and not close:
+            continue
+        valid = f"the {provider_type} provider's settings are {', '.join(own) or 'none'}"
+        if owners:
+            plural = "s" if len(owners) > 1 else ""
+            reason = (
+                f"{key!r} is a setting of the {', '.join(owners)} provider{plural}, not of {provider_type}, so it "
+                f"would be ignored: remove it, or use provider {owners[0]!r}"
+            )
+        else:
+            reason = f"{key!r} is not a setting of the {provider_type} provider; did you mean {close[0]!r}?"
+        raise ConfigurationError(f"step config: {reason} ({valid})", provider=provider_type)
 
 
 def render_env_example() -> str:
@@ -127,8 +180,7 @@ def render_env_example() -> str:
             continue
         lines += ["", f"# --- {provider_type} ---"]
         for setting in settings:
-            default = "" if setting.default is None else setting.default
-            lines += [f"# {setting.description} ({setting.rule})", f"# {setting.env_var}={default}"]
+            lines += [f"# {setting.description} ({setting.rule})", f"# {setting.env_var}={_shown(setting.default)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -142,9 +194,20 @@ def render_configuration_table() -> str:
     ]
     for provider_type, settings in SETTINGS.items():
         for setting in settings:
-            default = "" if setting.default in (None, "") else f"`{setting.default}`"
+            default = "" if setting.default in (None, "") else f"`{_shown(setting.default)}`"
             rows.append(
                 f"| {provider_type} | `{setting.key}` | `{setting.env_var}` | {default} | {setting.description} "
                 f"| {setting.rule} |"
             )
     return "\n".join(rows) + "\n"
+
+
+def _keys(settings: tuple[Setting, ...]) -> set[str]:
+    return {setting.key for setting in settings}
+
+
+def _shown(default: Any) -> str:
+    """A default as the environment variable would spell it (``false``, not ``False``; ``None``: empty)."""
+    if isinstance(default, bool):
+        return str(default).lower()
+    return "" if default is None else str(default)

@@ -52,11 +52,20 @@ def get_provider_for_step(step_config: Mapping[str, Any]) -> InferenceProvider:
     Args:
         step_config: ``{"provider": ..., "base_url": ..., <provider settings>}``. The provider settings are
             the keys of ``inference.config.SETTINGS[provider]`` (``model_path``, ``n_ctx``, ``device``...).
-            Other keys are ignored, so the step may carry its own (``model``, ``prompt``...).
+            Other keys are left to the step (``model``, ``prompt``, ``adapter_id``, the generation options...),
+            except one that looks like a setting this provider lacks: a setting of another provider
+            (``kv_cache_type`` for ``transformers``) or a misspelt one (``n_ctxx``) is refused, so that the
+            provider is never built with other settings than the step says.
 
     Example:
         >>> get_provider_for_step({"provider": "fake"}) is get_provider("fake")
         True
+
+    Raises:
+        UnknownProviderError: ``provider`` is not a provider type.
+        ConfigurationError: A setting breaks its rule, or a key is another provider's setting or a misspelt
+            setting (the message names the key, the provider's settings and the closest one).
+        MissingDependencyError: The provider's extra is not installed.
     """
     if not isinstance(step_config, Mapping):
         raise ConfigurationError(f"step_config must be a mapping, got {type(step_config).__name__}")

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 from inference._core.validation import GenerationRequest, ScoreRequest
+from inference.config import resolve_settings
 from inference.exceptions import InvalidRequestError
 from inference.options import OptionMap, Sent
 from inference.provider import InferenceProvider
@@ -40,7 +41,8 @@ class FakeProvider(InferenceProvider):
     ``stream`` yields the text word by word.
 
     Args:
-        max_adapters: Most adapters kept "resident" before the least recently used is evicted.
+        max_adapters: Most adapters kept "resident" before the least recently used is evicted; else
+            ``FAKE_MAX_ADAPTERS``; else no limit.
 
     Attributes:
         backend_loads: How many times an adapter was loaded into the (imaginary) backend, evictions'
@@ -77,7 +79,7 @@ class FakeProvider(InferenceProvider):
     supports_scoring = True
 
     def __init__(self, max_adapters: int | None = None) -> None:
-        self.max_adapters = max_adapters
+        self.max_adapters = resolve_settings("fake", {"max_adapters": max_adapters})["max_adapters"]
         self._resident: dict[str, str] = {}
         self.backend_loads = 0
         self.backend_unloads = 0

@@ -133,18 +133,21 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             ``n_ctx`` cells too (a request joins when its prompt plus ``max_tokens`` fits what the others left).
             ``1`` runs requests one at a time. See :mod:`inference._inprocess.llamacpp_batch`.
         kv_cache_type: KV cache precision, one of :data:`KV_CACHE_TYPES` (``"f32"`` makes results match
-            other backends to 1e-5); ``None`` keeps llama.cpp's default (f16).
+            other backends to 1e-5 on unquantized weights); else ``LLAMACPP_KV_CACHE_TYPE``; else llama.cpp's
+            default (f16).
         seed: Sampling seed for requests that give none, in ``[0, MAX_SEED]`` (:data:`MAX_SEED` is
-            ``2**32 - 2``); ``None`` draws a fresh one per request.
-        n_threads: CPU threads for generation; ``None`` lets llama-cpp-python choose.
-        flash_attn: Flash attention (``llama-server`` turns it on where the backend supports it; llama-cpp-python
-            leaves it off). On a CPU it makes batched decoding about 5-10% faster, but then a request's tokens in a
-            batch may differ from its tokens alone (its attention is summed in another order); off, they are equal
-            with an f32 KV cache.
-        n_batch: Prompt tokens evaluated per batch.
+            ``2**32 - 2``); ``None`` draws a fresh one per request. Not a setting: a step config's ``seed`` is
+            the requests' own.
+        n_threads: CPU threads for generation; else ``LLAMACPP_N_THREADS``; else llama-cpp-python's choice.
+        flash_attn: Flash attention; else ``LLAMACPP_FLASH_ATTN``; else off (``llama-server`` turns it on where
+            the backend supports it; llama-cpp-python leaves it off). On a CPU it makes batched decoding about
+            5-10% faster, but then a request's tokens in a batch may differ from its tokens alone (its attention
+            is summed in another order); off, they are equal with an f32 KV cache.
+        n_batch: Prompt tokens evaluated per batch; else ``LLAMACPP_N_BATCH``; else 512.
         hot_swap: ``False`` forces the reload-with-``lora_path`` fallback (rebuilds the model whenever the
-            adapter changes); it is used anyway when llama.cpp lacks the adapter API.
-        verbose: Let llama.cpp print its logs.
+            adapter changes); else ``LLAMACPP_HOT_SWAP``; else ``True``. The fallback is used anyway when
+            llama.cpp lacks the adapter API.
+        verbose: Let llama.cpp print its logs; else ``LLAMACPP_VERBOSE``; else ``False``.
 
     Raises:
         ConfigurationError: No model path is given by argument or environment, or a setting is invalid.
@@ -181,10 +184,10 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         kv_cache_type: str | None = None,
         seed: int | None = None,
         n_threads: int | None = None,
-        flash_attn: bool = False,
-        n_batch: int = 512,
-        hot_swap: bool = True,
-        verbose: bool = False,
+        flash_attn: bool | None = None,
+        n_batch: int | None = None,
+        hot_swap: bool | None = None,
+        verbose: bool | None = None,
     ) -> None:
         given = {
             "model_path": os.fspath(model_path) if model_path is not None else None,
@@ -193,6 +196,12 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             "adapter_cache_dir": os.fspath(adapter_cache_dir) if adapter_cache_dir is not None else None,
             "max_adapters": max_adapters,
             "n_parallel": n_parallel,
+            "kv_cache_type": kv_cache_type,
+            "n_threads": n_threads,
+            "n_batch": n_batch,
+            "flash_attn": flash_attn,
+            "hot_swap": hot_swap,
+            "verbose": verbose,
         }
         settings = resolve_settings(_PROVIDER, {k: v for k, v in given.items() if v is not None})
         if not settings["model_path"]:
@@ -208,13 +217,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             )
         super().__init__(  # checks max_adapters; the worker thread starts on first use
             max_adapters=settings["max_adapters"],
-            worker_initializer=functools.partial(_set_thread_log_mode, verbose),
+            worker_initializer=functools.partial(_set_thread_log_mode, settings["verbose"]),
         )
-        if kv_cache_type is not None and kv_cache_type not in KV_CACHE_TYPES:
-            raise ConfigurationError(
-                f"kv_cache_type {kv_cache_type!r} is not known: use one of {', '.join(KV_CACHE_TYPES)}",
-                provider=_PROVIDER,
-            )
         if seed is not None and not _seed_fits(seed):
             raise ConfigurationError(f"seed {_seed_rule(seed)}", provider=_PROVIDER)
         if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: the first call imports it
@@ -223,13 +227,13 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self.n_ctx: int = settings["n_ctx"]
         self.n_gpu_layers: int = settings["n_gpu_layers"]
         self.adapter_cache_dir = Path(settings["adapter_cache_dir"] or DEFAULT_ADAPTER_CACHE_DIR)
-        self.kv_cache_type = kv_cache_type
+        self.kv_cache_type: str | None = settings["kv_cache_type"]
         self.seed = seed
-        self._n_threads = n_threads
-        self._flash_attn = flash_attn
-        self._n_batch = n_batch
-        self._verbose = verbose
-        self._hot_swap_requested = hot_swap
+        self._n_threads: int | None = settings["n_threads"]
+        self._flash_attn: bool = settings["flash_attn"]
+        self._n_batch: int = settings["n_batch"]
+        self._verbose: bool = settings["verbose"]
+        self._hot_swap_requested: bool = settings["hot_swap"]
         # Worker-thread state (touched only from inside self._worker.run calls).
         self._llama: Any = None
         self._info: _ModelInfo | None = None

@@ -97,7 +97,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         timeout: Seconds to wait for one answer; else ``LLAMACPP_SERVER_TIMEOUT``; else 120.
         max_retries: Retries of connect errors and 429/502/503/504; else ``LLAMACPP_SERVER_MAX_RETRIES``; else 2.
         adapter_cache_dir: Where PEFT directories are converted to GGUF for matching; else
-            ``~/.cache/inference-adapters``.
+            ``LLAMACPP_SERVER_ADAPTER_CACHE_DIR``; else ``~/.cache/inference-adapters``.
 
     Example:
         >>> LlamaCppServerProvider(base_url="http://127.0.0.1:8080")
@@ -125,10 +125,13 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         max_retries: int | None = None,
         adapter_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        super().__init__(
+            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
+            adapter_cache_dir=None if adapter_cache_dir is None else os.fspath(adapter_cache_dir),
+        )
         for replica in self._replicas:  # the OpenAI-compatible routes, whether base_url ends with /v1 or not
             replica.urls = {CHAT: f"{replica.root}/v1/chat/completions", COMPLETIONS: f"{replica.root}/v1/completions"}
-        self.adapter_cache_dir = expand_path(adapter_cache_dir or "~/.cache/inference-adapters")
+        self.adapter_cache_dir = expand_path(self._settings["adapter_cache_dir"] or "~/.cache/inference-adapters")
         self._props: dict[str, dict[str, Any]] = {}  # replica URL -> its GET /props
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
 

@@ -112,7 +112,8 @@ class OllamaProvider(InferenceProvider):
             ``text``.
         base_model: The Ollama model adapters are applied to (``"llama3.2"``); else ``OLLAMA_BASE_MODEL``.
             ``load_adapter(..., base_model=...)`` overrides it per adapter.
-        adapter_cache_dir: Where PEFT adapters converted to GGUF are cached; else ``~/.cache/inference-adapters``.
+        adapter_cache_dir: Where PEFT adapters converted to GGUF are cached; else ``OLLAMA_ADAPTER_CACHE_DIR``;
+            else ``~/.cache/inference-adapters``.
 
     Example:
         >>> OllamaProvider(base_url="http://127.0.0.1:11434/v1")
@@ -153,6 +154,7 @@ class OllamaProvider(InferenceProvider):
                 "max_retries": max_retries,
                 "base_model": base_model,
                 "think": think,
+                "adapter_cache_dir": None if adapter_cache_dir is None else os.fspath(adapter_cache_dir),
             },
         )
         self.base_url: str = settings["base_url"]
@@ -168,7 +170,7 @@ class OllamaProvider(InferenceProvider):
         )
         self.native_url = server_root(self.base_url)
         self._chat_url = f"{self.native_url}/api/chat"
-        cache_dir = expand_path(adapter_cache_dir) if adapter_cache_dir is not None else default_cache_dir()
+        cache_dir = expand_path(settings["adapter_cache_dir"] or default_cache_dir())
         self.adapter_cache_dir = cache_dir
         problem = directory_problem(self.adapter_cache_dir)
         if problem is not None:

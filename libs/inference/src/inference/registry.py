@@ -42,6 +42,8 @@ class ProviderSpec:
         settings: Its settings (constructor arguments, environment variables, defaults), in constructor order.
         server: It talks to a server at ``base_url`` (adapters it loads live on the server).
         model_setting: The setting that names the model to load in process (what ``--model-path`` sets).
+        stand_in: It stands in for any provider in tests, so a step config written for another provider works
+            with only ``provider`` changed: other providers' settings are ignored instead of refused.
     """
 
     name: str
@@ -52,6 +54,7 @@ class ProviderSpec:
     settings: tuple[Setting, ...] = ()
     server: bool = False
     model_setting: str | None = None
+    stand_in: bool = False
 
     @property
     def module(self) -> str:
@@ -79,6 +82,12 @@ def _max_adapters(prefix: str) -> Setting:
     return Setting("max_adapters", f"{prefix}_MAX_ADAPTERS", None, "int",
                    "Most adapters kept loaded; least recently used ones are evicted and reloaded on use",
                    minimum=1, none_means="no limit")
+
+
+def _adapter_cache_dir(prefix: str, what: str) -> Setting:
+    """``adapter_cache_dir``, read from ``<prefix>_ADAPTER_CACHE_DIR``: where converted adapters are kept."""
+    return Setting("adapter_cache_dir", f"{prefix}_ADAPTER_CACHE_DIR", None, "directory", what,
+                   none_means="~/.cache/inference-adapters")
 
 
 def _with_api_key(settings: tuple[Setting, ...], api_key: Setting) -> tuple[Setting, ...]:
@@ -159,6 +168,7 @@ _SPECS = (
                     "thinking models: auto (the model's default), true, false (no thinking, the whole budget for "
                     "the answer), or low/medium/high (gpt-oss)",
                     choices=("auto", "true", "false", "low", "medium", "high")),
+            _adapter_cache_dir("OLLAMA", "Where PEFT adapters converted to GGUF are cached before they are uploaded"),
         ),
     ),
     ProviderSpec(
@@ -174,12 +184,24 @@ _SPECS = (
             Setting("n_ctx", "LLAMACPP_N_CTX", 4096, "int", "Context size in tokens", minimum=1),
             Setting("n_gpu_layers", "LLAMACPP_N_GPU_LAYERS", -1, "int",
                     "Layers offloaded to the GPU (-1 = all; ignored on CPU-only builds)", minimum=-1),
-            Setting("adapter_cache_dir", "LLAMACPP_ADAPTER_CACHE_DIR", None, "directory",
-                    "Where PEFT adapters converted to GGUF are cached",
-                    none_means="~/.cache/inference-adapters"),
+            _adapter_cache_dir("LLAMACPP", "Where PEFT adapters converted to GGUF are cached"),
             _max_adapters("LLAMACPP"),
             Setting("n_parallel", "LLAMACPP_N_PARALLEL", 4, "int",
                     "Requests decoded together in one batch (continuous batching; 1 = one at a time)", minimum=1),
+            Setting("kv_cache_type", "LLAMACPP_KV_CACHE_TYPE", None, "str",
+                    "KV cache precision (f32 makes scores match Transformers on unquantized weights)",
+                    choices=("f32", "f16", "q4_0", "q8_0", "bf16"), none_means="llama.cpp's default, f16"),
+            Setting("n_threads", "LLAMACPP_N_THREADS", None, "int", "CPU threads for generation", minimum=1,
+                    none_means="llama-cpp-python's choice"),
+            Setting("n_batch", "LLAMACPP_N_BATCH", 512, "int", "Prompt tokens evaluated per llama_decode call",
+                    minimum=1),
+            Setting("flash_attn", "LLAMACPP_FLASH_ATTN", False, "bool",
+                    "Flash attention (faster batched decoding; a request's tokens in a batch may then differ from "
+                    "its tokens alone)"),
+            Setting("hot_swap", "LLAMACPP_HOT_SWAP", True, "bool",
+                    "Swap adapters with llama.cpp's adapter API (false: rebuild the model whenever the adapter "
+                    "changes, a fallback)"),
+            Setting("verbose", "LLAMACPP_VERBOSE", False, "bool", "Let llama.cpp print its own logs"),
         ),
     ),
     ProviderSpec(
@@ -189,10 +211,14 @@ _SPECS = (
         extra="llamacpp-server",
         packages=("httpx", "gguf", "numpy"),
         server=True,
-        settings=_with_api_key(
-            _server_settings("LLAMACPP_SERVER", "http://localhost:8080", "Base URL of llama.cpp's llama-server"),
-            Setting("api_key", "LLAMACPP_SERVER_API_KEY", None, "secret",
-                    "API key sent as a bearer token (llama-server --api-key); never logged", none_means="no key"),
+        settings=(
+            *_with_api_key(
+                _server_settings("LLAMACPP_SERVER", "http://localhost:8080", "Base URL of llama.cpp's llama-server"),
+                Setting("api_key", "LLAMACPP_SERVER_API_KEY", None, "secret",
+                        "API key sent as a bearer token (llama-server --api-key); never logged", none_means="no key"),
+            ),
+            _adapter_cache_dir("LLAMACPP_SERVER", "Where PEFT adapters are converted to GGUF to match them with the "
+                               "server's --lora files"),
         ),
     ),
     ProviderSpec(
@@ -246,6 +272,8 @@ _SPECS = (
         name="fake",
         target="inference.fake_provider:FakeProvider",
         summary="deterministic answers with no dependencies, for your own tests",
+        settings=(_max_adapters("FAKE"),),
+        stand_in=True,
     ),
 )
 

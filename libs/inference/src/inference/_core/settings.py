@@ -106,10 +106,13 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-SettingKind = Literal["str", "secret", "int", "float", "url", "path", "directory"]
+SettingKind = Literal["str", "secret", "int", "float", "bool", "url", "path", "directory"]
 """What a setting's values are: text, a secret (an API key: checked to be sendable in a header, never shown), an
-integer, a finite number, base URL(s), a file path, or a directory that files are written into (checked to be
-creatable and writable, nothing created)."""
+integer, a finite number, a switch (``true``/``false``), base URL(s), a file path, or a directory that files are
+written into (checked to be creatable and writable, nothing created)."""
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+"""How the text of a ``bool`` setting reads (stripped, lower-cased)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,8 @@ class Setting:
                 noun += f" above {self.minimum:g}" if self.exclusive_minimum else f" of at least {self.minimum:g}"
             elif self.maximum is not None:
                 noun += f" of at most {self.maximum:g}"
+        elif self.kind == "bool":
+            noun = "true or false"
         elif self.kind == "url":
             noun = "an http(s) base URL, or several separated by commas"
         elif self.kind == "path":
@@ -190,8 +195,9 @@ class Setting:
     def check(self, value: Any, *, origin: str = "argument", provider: str | None = None) -> Any:
         """Return ``value`` in its canonical form if it follows the rule, else raise.
 
-        A string given for a number is parsed as the environment variable's text would be, so step configs
-        read from text files work. Numbers of ``float`` settings are returned as ``float``; texts with
+        A string given for a number or a switch is parsed as the environment variable's text would be
+        (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off`` for a switch), so step configs read from
+        text files work. Numbers of ``float`` settings are returned as ``float``; texts with
         ``choices`` or a ``pattern`` stripped and lower-cased; paths with ``~`` expanded; ``""`` as ``None``
         where ``None`` is allowed.
 
@@ -214,6 +220,12 @@ class Setting:
             return self._secret(value, origin, provider)
         if self.kind in ("int", "float"):
             return self._number(value, origin, provider)
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
+                return _BOOLEANS[value.strip().lower()]
+            raise self._invalid(value, origin, provider)
         if self.kind in ("path", "directory"):
             return self._path(value, origin, provider)
         if not isinstance(value, str):
@@ -288,7 +300,10 @@ class Setting:
         why = reason or f"{self.key} must be {self.rule}"
         if not isinstance(value, (str, int, float, os.PathLike)):  # a list, a dict... from a step config
             why = f"settings take plain values (strings, numbers), not a {type(value).__name__}: {why}"
-        default = repr(self.default) if self.default not in (None, "") else self.none_means or "none"
+        if isinstance(self.default, bool):
+            default = str(self.default).lower()
+        else:
+            default = repr(self.default) if self.default not in (None, "") else self.none_means or "none"
         owner = f"{provider} " if provider else ""
         if origin == "environment":
             message = (

@@ -2,8 +2,8 @@
 
 Importing this module registers the model ``inference`` with lm-eval (``import inference`` never imports it).
 Its ``model_args`` are a provider type, that provider's settings (the keys of ``.env.example`` in lower case, as
-``get_provider_for_step`` takes them) or other arguments of its constructor (``kv_cache_type``), and optionally an
-adapter::
+``get_provider_for_step`` takes them, ``kv_cache_type`` included) or other arguments of its constructor
+(``seed``), and optionally an adapter::
 
     lm-eval --model inference --model_args provider=llamacpp,model_path=base.gguf,adapter=adapters/math ...
     inference lm-eval --model inference --model_args provider=transformers,model_name=models/base ...
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import difflib
 import inspect
 import logging
 import sys
@@ -139,9 +140,12 @@ class InferenceLM(_LM):  # type: ignore[misc]
         parameters = set(inspect.signature(provider_class).parameters) - keys
         unknown = sorted(set(arguments) - keys - parameters - set(_OWN_ARGUMENTS) - set(_LM_EVAL_ARGUMENTS))
         if unknown:
+            valid = sorted(keys | parameters | set(_OWN_ARGUMENTS))
+            close = [match for key in unknown for match in difflib.get_close_matches(key, valid, n=1, cutoff=0.8)]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigurationError(
-                f"model_args {', '.join(unknown)} are not settings of the {provider_type} provider; valid: "
-                f"{', '.join(sorted(keys | parameters | set(_OWN_ARGUMENTS)))}",
+                f"model_args {', '.join(unknown)} are not settings of the {provider_type} provider{hint}; valid: "
+                f"{', '.join(valid)}",
                 provider=provider_type,
             )
         settings = resolve_settings(provider_type, {key: arguments[key] for key in keys if key in arguments})
