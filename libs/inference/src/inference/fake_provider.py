@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 from inference._core.validation import GenerationRequest, ScoreRequest
-from inference.config import resolve_settings
+from inference.adapters.source import AdapterSource
 from inference.exceptions import InvalidRequestError
 from inference.options import OptionMap, Sent
 from inference.provider import InferenceProvider
@@ -79,7 +79,8 @@ class FakeProvider(InferenceProvider):
     supports_scoring = True
 
     def __init__(self, max_adapters: int | None = None) -> None:
-        self.max_adapters = resolve_settings("fake", {"max_adapters": max_adapters})["max_adapters"]
+        super().__init__(locals())
+        self.max_adapters = self._settings["max_adapters"]
         self._resident: dict[str, str] = {}
         self.backend_loads = 0
         self.backend_unloads = 0
@@ -103,7 +104,8 @@ class FakeProvider(InferenceProvider):
             yield piece
         yield result
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         await asyncio.sleep(0)
         self._resident[adapter_id] = adapter_path
         self.backend_loads += 1

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import functools
 import importlib.util
 import math
 import os
@@ -45,7 +44,7 @@ from inference._inprocess.llamacpp_completion import Completion, TokenText
 from inference._inprocess.llamacpp_logits import JsonMask, clear_memory, score_sequence
 from inference._inprocess.llamacpp_text import TextEncoder
 from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
-from inference.config import resolve_settings
+from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     ConfigurationError,
     InferenceError,
@@ -189,21 +188,10 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         hot_swap: bool | None = None,
         verbose: bool | None = None,
     ) -> None:
-        given = {
-            "model_path": os.fspath(model_path) if model_path is not None else None,
-            "n_ctx": n_ctx,
-            "n_gpu_layers": n_gpu_layers,
-            "adapter_cache_dir": os.fspath(adapter_cache_dir) if adapter_cache_dir is not None else None,
-            "max_adapters": max_adapters,
-            "n_parallel": n_parallel,
-            "kv_cache_type": kv_cache_type,
-            "n_threads": n_threads,
-            "n_batch": n_batch,
-            "flash_attn": flash_attn,
-            "hot_swap": hot_swap,
-            "verbose": verbose,
-        }
-        settings = resolve_settings(_PROVIDER, {k: v for k, v in given.items() if v is not None})
+        super().__init__(  # checks max_adapters; the worker thread starts on first use
+            locals(), worker_initializer=lambda: _set_thread_log_mode(self._verbose)
+        )
+        settings = self._settings
         if not settings["model_path"]:
             raise ConfigurationError(
                 "the llamacpp provider needs a GGUF model: pass model_path=... or set LLAMACPP_MODEL_PATH",
@@ -215,10 +203,6 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 f"got {settings['n_ctx']!r}",
                 provider=_PROVIDER,
             )
-        super().__init__(  # checks max_adapters; the worker thread starts on first use
-            max_adapters=settings["max_adapters"],
-            worker_initializer=functools.partial(_set_thread_log_mode, settings["verbose"]),
-        )
         if seed is not None and not _seed_fits(seed):
             raise ConfigurationError(f"seed {_seed_rule(seed)}", provider=_PROVIDER)
         if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: the first call imports it
@@ -295,8 +279,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._check_open()
         return await self._worker.run(self._score_blocking, request, True)
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into llama.cpp (first load, or again after an eviction: the conversion is cached)."""
+        adapter_path = source.path
         self._check_open()
         path = Path(adapter_path)
         if path.is_dir():

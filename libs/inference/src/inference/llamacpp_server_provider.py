@@ -23,6 +23,7 @@ from inference._core.validation import GenerationRequest
 from inference._servers.http import ServerClient
 from inference._servers.openai_compatible import CHAT, COMPLETIONS, OpenAICompatibleProvider, Replica
 from inference.adapters.gguf import convert_peft_to_gguf_cached
+from inference.adapters.source import AdapterSource
 from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
 from inference.options import OptionMap, Sent
 
@@ -262,8 +263,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
 
     # Adapters -----------------------------------------------------------------------------------------------
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Find the adapter among every replica's preloaded ones; record the server's path for it."""
+        adapter_path = source.path
         found: str | None = None
         for replica in self._replicas:
             served = await self._read_served(replica)

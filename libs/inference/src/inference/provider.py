@@ -19,12 +19,8 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
-import itertools
 import logging
 import os
-import shutil
-import tempfile
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +29,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
-from inference._core.scratch import owned_prefix, sweep_abandoned
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
@@ -42,6 +37,8 @@ from inference._core.validation import (
     split_adapter_choice,
     validate_adapter_id,
 )
+from inference._core.weights_store import AdapterWeightsStore
+from inference.adapters.source import AdapterSource
 from inference.adapters.stats import ProviderAdapterStats
 from inference.exceptions import InvalidRequestError, ProviderError, UnsupportedOperationError
 from inference.messages import Prompt
@@ -123,6 +120,39 @@ class InferenceProvider(ABC):
     loads_adapter_weights_in_memory: ClassVar[bool] = False
     options: ClassVar[OptionMap] = {}
     max_adapters: int | None = None
+
+    def __init__(self, arguments: Mapping[str, Any] | None = None) -> None:
+        """Set up what every provider holds: its settings, its adapter registry and the adapter weights it keeps.
+
+        Subclasses call it first, with their constructor's arguments: ``super().__init__(locals())``.
+
+        Args:
+            arguments: The constructor's arguments by name. Those that are settings of this provider type in
+                :data:`inference.registry.PROVIDERS` are resolved (argument, else environment variable, else
+                default; ``None`` counts as not given) into ``self._settings``; others are left to the subclass.
+
+        Raises:
+            ConfigurationError: A setting breaks its rule; the sentence names the argument or the variable.
+        """
+        from inference.config import SETTINGS, resolve_settings
+
+        keys = {setting.key for setting in SETTINGS.get(self.name, ())}
+        given = {
+            key: os.fspath(value) if isinstance(value, os.PathLike) else value
+            for key, value in (arguments or {}).items()
+            if key in keys and value is not None
+        }
+        self._settings: dict[str, Any] = resolve_settings(self.name, given) if keys else {}
+        self._closed = False
+        self._adapter_weights = AdapterWeightsStore(self.name, self, parent=self._adapter_weights_dir)
+        self._adapter_registry = AdapterRegistry(
+            self.name,
+            load=self._load_adapter,
+            unload=self._unload_adapter,
+            capacity=lambda: self.max_adapters,
+            discover=self._discover_adapter,
+            versioned=self._versioned_adapter_name,
+        )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -431,28 +461,37 @@ class InferenceProvider(ABC):
             ProviderError: The provider is :attr:`closed`.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
+        await self._load_source(adapter_id, adapter_path, replace=replace, pin=pin)
+
+    async def _load_source(
+        self,
+        adapter_id: str,
+        adapter_path: str | os.PathLike[str] | AdapterWeights,
+        *,
+        replace: bool,
+        pin: bool,
+        base_model: str | None = None,
+    ) -> None:
+        """Make the :class:`~inference.adapters.source.AdapterSource` of ``adapter_path`` (weights are copied, and
+        written to a private directory for a backend that reads files) and load it under ``adapter_id``."""
         from inference.adapters.weights import AdapterWeights  # light: no torch or numpy until weights are saved
 
         if not isinstance(adapter_path, AdapterWeights):
-            path = self._adapter_path_argument(adapter_path)
+            source = AdapterSource(self._adapter_path_argument(adapter_path), base_model=base_model)
             self._require_adapter_support("load_adapter")
             self._check_open()
-            await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
+            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin)
             return
         self._require_adapter_support("load_adapter")
         self._check_open()  # before anything is copied or written for a provider that cannot load it
-        if self.loads_adapter_weights_in_memory:
-            kept = await asyncio.to_thread(_kept_adapter_weights, adapter_path, self.name)
-            path = f"{_IN_MEMORY}{next(_in_memory_numbers)}"
-            self._adapter_weights_held[path] = kept
-        else:
-            path = await asyncio.to_thread(self._written_adapter_weights, adapter_path)
-        pending = self._adapter_weights_pending
-        pending.add(path)  # a concurrent call's clean-up must not remove it before the registry records it
+        store = self._adapter_weights.kept if self.loads_adapter_weights_in_memory else self._adapter_weights.written
+        source = await asyncio.to_thread(store, adapter_path)
+        if base_model is not None:
+            source = dataclasses.replace(source, base_model=base_model)
         try:
-            await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
+            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin)
         finally:
-            pending.discard(path)
+            self._adapter_weights.recorded(source)
             self._remove_unused_adapter_weights()
 
     async def unload_adapter(self, adapter_id: str) -> None:
@@ -515,7 +554,7 @@ class InferenceProvider(ABC):
         HTTP providers stay usable after ``aclose`` (they open new connections), so they never report closed.
         ``get_provider`` replaces a cached provider that is closed with a new one.
         """
-        return bool(getattr(self, "_closed", False))
+        return self._closed
 
     def _check_open(self) -> None:
         """Refuse a call to a provider that :meth:`aclose` made unusable (:attr:`closed`)."""
@@ -632,8 +671,10 @@ class InferenceProvider(ABC):
         """Score the whole ``request.continuation`` in windows (providers with ``supports_scoring``)."""
         raise self._cannot("score_rolling", "supports_scoring")
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        """Load the adapter into the backend. The registry never calls it twice at once for one id."""
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        """Load the adapter into the backend under ``adapter_id`` (its backend name), from ``source``: a path, or
+        weights kept in memory where ``loads_adapter_weights_in_memory``. The registry never calls it twice at once
+        for one name, and calls it again with the same source to reload an evicted adapter."""
         raise self._unsupported("load_adapter")
 
     async def _unload_adapter(self, adapter_id: str) -> None:
@@ -657,82 +698,19 @@ class InferenceProvider(ABC):
         system's temporary directory). A server that reads adapters from its own filesystem needs a shared one."""
         return None
 
-    def _written_adapter_weights(self, weights: AdapterWeights) -> str:
-        """Check ``weights`` and write them to a new private PEFT directory; returns its path (worker thread)."""
-        weights = weights.snapshot()  # what is checked is what is written, whatever the caller's tensors do meanwhile
-        parent = self._adapter_weights_dir()
-        if not self.__dict__.setdefault("_swept_abandoned_", False):  # once per provider: those of killed processes
-            self.__dict__["_swept_abandoned_"] = True
-            for abandoned in sweep_abandoned(parent):
-                logger.info("removed %s, left behind by a process that is gone", abandoned)
-        directory = tempfile.mkdtemp(prefix=owned_prefix(), dir=parent)
-        remove = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)  # at the latest, at exit
-        try:
-            weights.save(directory, provider=self.name)
-        except BaseException:
-            remove()
-            raise
-        path = normalise_path(directory)
-        self._adapter_weights_pending.add(path)  # before it is listed: a clean-up on the loop must not see it bare
-        self._adapter_weight_dirs[path] = remove
-        return path
-
     def _conversion_dir(self, adapter_path: str, cache_dir: Path) -> Path:
         """Where to keep what the adapter at ``adapter_path`` is converted to (a GGUF LoRA): ``cache_dir``, except
-        for the private directory of :class:`~inference.AdapterWeights`, whose conversions are kept inside it and
-        removed with it (a training loop's weights, new every step, would fill a cache that is never pruned)."""
-        return Path(adapter_path) if adapter_path in self._adapter_weight_dirs else cache_dir
+        for the private directory of :class:`~inference.AdapterWeights`, whose conversions are removed with it."""
+        return self._adapter_weights.conversion_dir(adapter_path, cache_dir)
 
     def _remove_unused_adapter_weights(self) -> None:
-        """Remove the temporary directories of adapter weights no adapter uses any more (unloaded, replaced,
-        failed to load, or the provider closed)."""
-        dirs, in_memory = self._adapter_weight_dirs, self._adapter_weights_held
-        if not dirs and not in_memory:
-            return
-        held = self._adapter_registry.paths() | self._adapter_weights_pending
-        for path in [path for path in dirs if path not in held]:
-            dirs.pop(path)()
-        for path in [path for path in in_memory if path not in held]:
-            del in_memory[path]
-
-    def _adapter_weights_at(self, adapter_path: str) -> AdapterWeights | None:
-        """The weights behind an adapter path, when it names weights kept in memory
-        (``loads_adapter_weights_in_memory``); else ``None`` (a real path)."""
-        return self._adapter_weights_held.get(adapter_path) if adapter_path.startswith(_IN_MEMORY) else None
-
-    @property
-    def _adapter_weights_pending(self) -> set[str]:
-        pending: set[str] = self.__dict__.setdefault("_adapter_weights_pending_", set())
-        return pending
-
-    @property
-    def _adapter_weights_held(self) -> dict[str, AdapterWeights]:
-        held: dict[str, AdapterWeights] = self.__dict__.setdefault("_adapter_weights_held_", {})
-        return held
-
-    @property
-    def _adapter_weight_dirs(self) -> dict[str, weakref.finalize[Any, Any]]:
-        dirs: dict[str, weakref.finalize[Any, Any]] = self.__dict__.setdefault("_adapter_weight_dirs_", {})
-        return dirs
+        """Remove the weights and private directories no adapter uses any more (unloaded, replaced, failed to load,
+        or the provider closed)."""
+        self._adapter_weights.remove_unused(self._adapter_registry.paths())
 
     def _adapter_path(self, adapter_id: str) -> str | None:
         """The path ``adapter_id`` was loaded from (for backends that must load it again)."""
         return self._adapter_registry.path_of(adapter_id)
-
-    @property
-    def _adapter_registry(self) -> AdapterRegistry:
-        registry: AdapterRegistry | None = self.__dict__.get("_registry_instance")
-        if registry is None:
-            registry = AdapterRegistry(
-                self.name,
-                load=self._load_adapter,
-                unload=self._unload_adapter,
-                capacity=lambda: self.max_adapters,
-                discover=self._discover_adapter,
-                versioned=self._versioned_adapter_name,
-            )
-            self.__dict__["_registry_instance"] = registry
-        return registry
 
     def _request_in_use(self, request: GenerationRequest) -> contextlib.AbstractAsyncContextManager[GenerationRequest]:
         """Hold every adapter of ``request`` loaded while it runs; gives the request as the backend receives it."""
@@ -777,22 +755,6 @@ def _list_options_in_signature(function: Callable[..., Any]) -> None:
 
 for _method in (InferenceProvider.generate, InferenceProvider.stream, InferenceProvider.generate_batch):
     _list_options_in_signature(_method)
-
-
-_IN_MEMORY = "memory://adapter-weights/"
-"""The path the registry records for weights kept in memory (no file system path can start so)."""
-_in_memory_numbers = itertools.count(1)
-
-
-def _kept_adapter_weights(weights: AdapterWeights, provider: str) -> AdapterWeights:
-    """The copy of ``weights`` a provider keeps (and loads again after an eviction), checked (worker thread).
-
-    A copy, because the caller's tensors are often live training parameters that change in place afterwards;
-    checked after copying, so what is checked is what is served.
-    """
-    kept = weights.snapshot()
-    kept.check(provider=provider)
-    return kept
 
 
 _Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)

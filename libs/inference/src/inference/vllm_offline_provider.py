@@ -22,7 +22,7 @@ from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, sc
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._inprocess.hf_prompt import prompt_token_ids
 from inference.adapters.peft import read_peft_adapter
-from inference.config import resolve_settings
+from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     InferenceError,
     InvalidAdapterError,
@@ -122,16 +122,8 @@ class VLLMOfflineProvider(InferenceProvider):
         max_adapters: int | None = None,
         **engine_arguments: Any,
     ) -> None:
-        given = {
-            "model_name": None if model_name is None else os.fspath(model_name),
-            "max_loras": max_loras,
-            "max_lora_rank": max_lora_rank,
-            "max_model_len": max_model_len,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "dtype": dtype,
-            "max_adapters": max_adapters,
-        }
-        settings = resolve_settings(self.name, {key: value for key, value in given.items() if value is not None})
+        super().__init__(locals())
+        settings = self._settings
         self.model_name: str = settings["model_name"]
         self.max_loras: int = settings["max_loras"]
         self.max_lora_rank: int = settings["max_lora_rank"]
@@ -144,7 +136,6 @@ class VLLMOfflineProvider(InferenceProvider):
         self._loras: dict[str, Any] = {}  # adapter id -> its LoRARequest
         self._lora_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"VLLMOfflineProvider(model_name={self.model_name!r}, adapters={sorted(self._adapter_registry.ids())})"
@@ -324,7 +315,8 @@ class VLLMOfflineProvider(InferenceProvider):
 
     # Adapters -----------------------------------------------------------------------------------------------
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         directory = Path(adapter_path)
         adapter = read_peft_adapter(directory, provider=self.name)  # InvalidAdapterError for what is no LoRA
         if adapter.rank > self.max_lora_rank:

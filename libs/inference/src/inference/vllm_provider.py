@@ -32,6 +32,7 @@ from inference._servers.openai_compatible import (
 )
 from inference._servers.placement import AdapterPlacement
 from inference.adapters.peft import read_peft_adapter
+from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     ConfigurationError,
     InferenceError,
@@ -594,7 +595,8 @@ class VLLMProvider(OpenAICompatibleProvider):
             return os.path.abspath(path)
         return path
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         self._check_local_adapter(adapter_path)
         if self.placement is not None:
             await self._load_on_demand(adapter_id, adapter_path)

@@ -33,7 +33,6 @@ from inference._servers.http import (
     is_connect_failure,
     server_root,
 )
-from inference.config import resolve_settings
 from inference.exceptions import (
     InferenceError,
     InvalidRequestError,
@@ -132,7 +131,8 @@ class OpenAICompatibleProvider(InferenceProvider):
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
 
     def __init__(self, **arguments: Any) -> None:
-        settings = resolve_settings(self.name, {key: value for key, value in arguments.items() if value is not None})
+        super().__init__(arguments)
+        settings = self._settings
         # Imported with the provider (never by ``import inference``), not at the first request.
         import_optional("httpx", provider=self.name)
         self.base_url: str = settings["base_url"]
