@@ -23,8 +23,8 @@ Example:
     ...         days: How many days ahead.
     ...     '''
     ...     return "sunny"
-    >>> definition = tool_definition(get_weather)
-    >>> definition["function"]["name"], definition["function"]["parameters"]["required"]
+    >>> function = tool_definition(get_weather).get("function")
+    >>> function.get("name"), function.get("parameters").get("required")
     ('get_weather', ['city'])
     >>> parse_tool_call("call_1", "get_weather", '{"city": "Paris"', None).error  # doctest: +ELLIPSIS
     "the arguments of get_weather are not JSON (Expecting ',' delimiter at character 16): ..."
