@@ -570,9 +570,9 @@ class InferenceProvider(ABC):
 
         able = ", ".join(providers_sending(name)) or "none"
         reason = how.reason if isinstance(how, Refused) else f"{type(self).__name__}.options does not declare it"
-        asked = f"the option {name}" if what is None else f"{what}, which needs the option {name},"
+        asked = f"honour the option {name}" if what is None else f"{what}, which needs the option {name}"
         raise UnsupportedOperationError(
-            f"{type(self).__name__} cannot honour {asked} ({reason}); providers that can: {able}",
+            f"{type(self).__name__} cannot {asked} ({reason}); providers that can: {able}",
             provider=self.name,
         )
 
