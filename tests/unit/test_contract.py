@@ -92,7 +92,7 @@ def test_generate_signature_is_pinned() -> None:
         "repetition_penalty",
     ]
     keyword_only = [name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY]
-    assert keyword_only == ["stop", "seed", "top_k", "logprobs", "json_schema"]
+    assert keyword_only == ["stop", "seed", "top_k", "logprobs", "json_schema", "tools", "tool_choice"]
     assert parameters["max_tokens"].default == 4096
     for method in ("generate", "load_adapter", "unload_adapter", "list_adapters", "aclose"):
         assert inspect.iscoroutinefunction(getattr(InferenceProvider, method))

@@ -31,15 +31,22 @@ EVERY_OPTION_SET: dict[str, Any] = {
     "top_k": 5,
     "logprobs": 2,
     "json_schema": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    "tools": [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "description": "Look a word up.", "parameters": {"type": "object"}},
+        }
+    ],
+    "tool_choice": "none",
 }
-"""A value for every option; on the command line, ``json_schema`` is a file holding the schema."""
+"""A value for every option; on the command line, ``json_schema`` and ``tools`` are files holding them."""
 
 
 def command_line_value(name: str, value: Any, directory: Path) -> str:
-    """``value`` as the command line gives it: a schema is the path of a file that holds it."""
-    if name != "json_schema":
+    """``value`` as the command line gives it: a schema or tools are the path of a file that holds them."""
+    if name not in ("json_schema", "tools"):
         return str(value)
-    path = directory / "schema.json"
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(value))
     return str(path)
 
@@ -116,7 +123,8 @@ def test_the_request_is_the_options_plus_prompt_model_and_adapter() -> None:
     request = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, **EVERY_OPTION_SET)
     assert isinstance(request, GenerationOptions)
     assert (request.prompt, request.model, request.adapter_id) == ("Hi", "", None)
-    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": ()}  # no stop string cuts the schema's JSON
+    tools = tuple(EVERY_OPTION_SET["tools"])
+    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": (), "tools": tools}  # no stop cuts the JSON
     without_schema = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, stop=["END", "STOP"])
     assert without_schema.stop == ("END", "STOP")
     assert GenerationRequest("Hi", "m").max_tokens == 4096  # prompt and model stay positional
@@ -138,7 +146,8 @@ async def test_generate_stream_and_generate_batch_pass_every_option_to_the_backe
     await provider.generate_batch(["Hi", "Hi"], "m", **EVERY_OPTION_SET)
     assert provider.requests == [expected] * 4
     positional = [EVERY_OPTION_SET[name] for name in ("max_tokens", "system_prompt", "temperature", "top_p")]
-    keyword = {name: EVERY_OPTION_SET[name] for name in ("stop", "seed", "top_k", "logprobs", "json_schema")}
+    keyword = {name: EVERY_OPTION_SET[name] for name in ("stop", "seed", "top_k", "logprobs", "json_schema", "tools",
+                                                        "tool_choice")}
     await provider.generate("Hi", "m", None, *positional, 1.1, **keyword)
     assert provider.requests[-1] == expected
 
@@ -152,7 +161,7 @@ def test_the_command_line_has_a_flag_for_every_option(command: list[str], tmp_pa
     argv = [*command]
     for name, flag in zip(OPTIONS, flags, strict=True):
         values = EVERY_OPTION_SET[name]
-        for value in values if isinstance(values, list) else [values]:
+        for value in values if OPTIONS[name].repeatable else [values]:
             argv += [flag, command_line_value(name, value, tmp_path)]
     args = build_parser().parse_args(argv)
     assert {name: getattr(args, name) for name in OPTIONS} == EVERY_OPTION_SET

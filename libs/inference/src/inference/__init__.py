@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from inference._server_errors import RuntimeLoRADisabledError, ServerResponseError
     from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
     from inference.fake_provider import FakeProvider
+    from inference.fallback import FallbackProvider
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.llamacpp_server_provider import LlamaCppServerProvider
     from inference.messages import Message
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from inference.options import GenerationOptions
     from inference.provider import InferenceProvider
     from inference.registry import PROVIDERS
-    from inference.results import GenerationResult, ScoreResult, TokenLogprob
+    from inference.results import GenerationResult, ScoreResult, TokenLogprob, ToolCall
     from inference.sync import SyncProvider, get_sync_provider, get_sync_provider_for_step
     from inference.transformers_provider import TransformersProvider
     from inference.vllm_offline_provider import VLLMOfflineProvider
@@ -69,7 +70,8 @@ _LAZY = {
     "GenerationOptions": "inference.options",
     "InferenceProvider": "inference.provider",
     "PROVIDERS": "inference.registry",
-    **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob"), "inference.results"),
+    **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob", "ToolCall"), "inference.results"),
+    "FallbackProvider": "inference.fallback",
     **dict.fromkeys(("SyncProvider", "get_sync_provider", "get_sync_provider_for_step"), "inference.sync"),
     # The errors built from HTTP answers import httpx (see inference._server_errors).
     **dict.fromkeys(("RuntimeLoRADisabledError", "ServerResponseError"), "inference.exceptions"),
@@ -100,6 +102,7 @@ __all__ = [
     "AdapterWeights",
     "ConfigurationError",
     "FakeProvider",
+    "FallbackProvider",
     "GenerationOptions",
     "GenerationResult",
     "InferenceError",
@@ -124,6 +127,7 @@ __all__ = [
     "ServerResponseError",
     "SyncProvider",
     "TokenLogprob",
+    "ToolCall",
     "TransformersProvider",
     "UnknownProviderError",
     "UnsupportedOperationError",

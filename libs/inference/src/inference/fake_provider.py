@@ -12,9 +12,11 @@ from typing import Any, ClassVar
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference.adapters.source import AdapterSource
 from inference.exceptions import InvalidRequestError
+from inference.messages import Message
 from inference.options import OptionMap, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
+from inference.tools import parse_tool_call
 
 __all__ = ["FakeProvider"]
 
@@ -39,6 +41,18 @@ class FakeProvider(InferenceProvider):
     live in memory: ``load_adapter`` records the path (nothing is read), and the lifecycle rules of every
     provider apply (duplicate ids, unknown ids, unload waiting for requests, ``max_adapters`` eviction).
     ``stream`` yields the text word by word.
+
+    With ``tools`` it calls them deterministically, so a tool loop can be tested without a model (pydantic-ai's
+    ``TestModel`` idea). Each answer makes at most one call, ``call_N`` (``N`` counts the calls in the
+    conversation), with arguments made from the tool's ``parameters`` as for ``json_schema``; it then has
+    ``text == ""`` and ``finish_reason == "tool_calls"``:
+
+    - ``tool_choice`` naming a tool: calls that tool, every time;
+    - ``"required"``: calls the first tool not yet called since the last user message (the last tool once all
+      were), so a loop that keeps ``"required"`` still moves through its tools;
+    - ``"auto"`` (or left out): calls the first tool when the conversation ends with a user message; after tool
+      results it answers in text that quotes them (``"[base] alpha bravo; get_weather returned sunny"``);
+    - ``"none"``: answers in text.
 
     Args:
         max_adapters: Most adapters kept "resident" before the least recently used is evicted; else
@@ -72,6 +86,9 @@ class FakeProvider(InferenceProvider):
         "top_k": Sent("checked", "checked by its rule, as temperature"),
         "logprobs": Sent("logprobs", "made-up numbers that depend only on the text and the adapter"),
         "json_schema": Sent("instance", "a small JSON value valid against the schema"),
+        "tools": Sent("tool_calls", "deterministic calls with arguments made from each tool's parameters"),
+        "tool_choice": Sent("tool_calls", "auto calls a tool after a user turn; required or a named tool always "
+                            "does; none never does"),
     }
     supports_adapters = True
     hot_swaps_adapters = True
@@ -120,9 +137,15 @@ class FakeProvider(InferenceProvider):
             raise AssertionError(f"adapter {request.adapter_id!r} used while not resident: lifecycle bug")
         weights = self._weights(request.adapter_id)
         words = _words_for(request, weights)
+        label = request.adapter_id.partition("@")[0] if request.adapter_id else "base"  # the id, not its version
+        tool = _tool_to_call(request)
+        if tool is not None:
+            return self._tool_call(request, tool, words)
+        results = _tool_results(request.messages)
+        if results and request.json_schema is None:
+            words = f"{' '.join(words[:2])}; {results}".split()
         finish_reason = "length" if len(words) > request.max_tokens else "stop"
         words = words[: request.max_tokens]
-        label = request.adapter_id.partition("@")[0] if request.adapter_id else "base"  # the id, not its version
         text = f"[{label}] " + " ".join(words)
         if request.json_schema is not None:
             text, finish_reason = json.dumps(_instance(request.json_schema, words, request.json_schema)), "stop"
@@ -140,6 +163,27 @@ class FakeProvider(InferenceProvider):
             prompt_tokens=prompt_tokens,
             completion_tokens=len(words),
             logprobs=None if request.logprobs is None else _logprobs(text, request, weights),
+        )
+
+    def _tool_call(self, request: GenerationRequest, tool: Mapping[str, Any], words: list[str]) -> GenerationResult:
+        """The answer that calls ``tool``, with arguments made from its parameters' schema."""
+        parameters = tool["function"]["parameters"]
+        arguments = json.dumps(_instance(parameters, words, parameters))
+        _check_instance(arguments, parameters, self.name)
+        made = sum(len(message.get("tool_calls", ())) for message in request.messages)
+        call = parse_tool_call(f"call_{made + 1}", tool["function"]["name"], arguments, request.tools)
+        prompt_tokens = sum(len(message["content"].split()) for message in request.messages)
+        completion_tokens = len(arguments.split()) + 1
+        return GenerationResult(
+            text="",
+            model=request.model or "fake",
+            adapter_id=request.adapter_id,
+            token_count=prompt_tokens + completion_tokens,
+            finish_reason="tool_calls",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            logprobs=None if request.logprobs is None else (),
+            tool_calls=(call,),
         )
 
     async def _score(self, request: ScoreRequest) -> ScoreResult:
@@ -200,6 +244,34 @@ def _words_for(request: GenerationRequest, weights: str) -> list[str]:
     turns = "\n\n".join(message["content"] for message in messages if message["role"] != "system")
     digest = _digest(turns, system, weights, str(request.seed))
     return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
+
+
+def _tool_to_call(request: GenerationRequest) -> Mapping[str, Any] | None:
+    """The tool the fake calls, or ``None`` for a text answer (the rule is in the class docstring)."""
+    tools, choice = request.tools, request.tool_choice
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, Mapping):
+        return next(tool for tool in tools if tool["function"]["name"] == choice["function"]["name"])
+    messages = request.messages
+    if choice != "required" and messages[-1]["role"] != "user":
+        return None
+    last_user = max((index for index, message in enumerate(messages) if message["role"] == "user"), default=-1)
+    called = {
+        call["function"]["name"] for message in messages[last_user + 1 :] for call in message.get("tool_calls", ())
+    }
+    return next((tool for tool in tools if tool["function"]["name"] not in called), tools[-1])
+
+
+def _tool_results(messages: list[Message]) -> str:
+    """What the tool messages since the last assistant turn said: ``"NAME returned CONTENT; ..."``."""
+    names = {call["id"]: call["function"]["name"] for message in messages for call in message.get("tool_calls", ())}
+    results: list[str] = []
+    for message in reversed(messages):
+        if message["role"] != "tool":
+            break
+        results.insert(0, f"{names.get(message.get('tool_call_id', ''), 'tool')} returned {message['content']}")
+    return "; ".join(results)
 
 
 def _instance(schema: Any, words: list[str], root: Mapping[str, Any], depth: int = 0) -> Any:

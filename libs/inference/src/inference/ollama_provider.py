@@ -33,7 +33,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
 
@@ -132,6 +132,8 @@ class OllamaProvider(InferenceProvider):
         "top_k": Sent("options.top_k"),
         "logprobs": Sent("logprobs", "with top_logprobs"),
         "json_schema": Sent("format"),
+        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+        "tool_choice": Refused("tool calling is not built yet for this backend"),
     }
     supports_adapters = True
     hot_swaps_adapters = False

@@ -41,7 +41,7 @@ from inference._core.weights_store import AdapterWeightsStore
 from inference.adapters.source import AdapterSource
 from inference.adapters.stats import ProviderAdapterStats
 from inference.exceptions import InvalidRequestError, ProviderError, UnsupportedOperationError
-from inference.messages import Prompt
+from inference.messages import Prompt, has_tool_turns
 from inference.options import (
     POSITIONAL_OPTIONS,
     GenerationOptions,
@@ -99,13 +99,16 @@ class InferenceProvider(ABC):
         supports_scoring: ``score``, ``score_rolling`` and ``score_batch`` work (log-likelihoods of given text).
         supports_logprobs: ``generate(..., logprobs=k)`` reports token log-probabilities.
         supports_json_schema: ``generate(..., json_schema=...)`` constrains the output.
+        supports_tools: ``generate(..., tools=[...])`` lets the model call tools (and a conversation may hold tool
+            calls and results).
         supports_adapter_scales: ``adapter_id`` may be an ``(id, scale)`` pair or a list of them (several
             adapters at once, each scaled).
         loads_adapter_weights_in_memory: ``load_adapter(id, AdapterWeights(...))`` puts the tensors straight
             into the model; other providers get a temporary PEFT directory written for them.
         options: How the backend receives each generation option: ``{"temperature": Sent("temperature"),
             "logprobs": Refused("...")}`` (:class:`~inference.options.Sent`, :class:`~inference.options.Refused`).
-            Every provider declares every option; ``supports_logprobs`` and ``supports_json_schema`` follow from it.
+            Every provider declares every option; ``supports_logprobs``, ``supports_json_schema`` and ``supports_tools``
+            follow from it.
     """
 
     name: ClassVar[str] = "base"
@@ -116,6 +119,7 @@ class InferenceProvider(ABC):
     supports_scoring: ClassVar[bool] = False
     supports_logprobs: ClassVar[bool] = False
     supports_json_schema: ClassVar[bool] = False
+    supports_tools: ClassVar[bool] = False
     supports_adapter_scales: ClassVar[bool] = False
     loads_adapter_weights_in_memory: ClassVar[bool] = False
     options: ClassVar[OptionMap] = {}
@@ -159,6 +163,7 @@ class InferenceProvider(ABC):
         if "options" in cls.__dict__:  # the capabilities that are options follow from the declaration
             cls.supports_logprobs = isinstance(cls.options.get("logprobs"), Sent)
             cls.supports_json_schema = isinstance(cls.options.get("json_schema"), Sent)
+            cls.supports_tools = isinstance(cls.options.get("tools"), Sent)
 
     async def generate(
         self,
@@ -175,8 +180,8 @@ class InferenceProvider(ABC):
         """Generate a completion for ``prompt``.
 
         Args:
-            prompt: The user's text, or a conversation: a list of ``{"role": "system"|"user"|"assistant",
-                "content": str}`` messages (see :mod:`inference.messages`).
+            prompt: The user's text, or a conversation: a list of ``{"role": "system"|"user"|"assistant"|"tool",
+                "content": str}`` messages, tool calls and results included (see :mod:`inference.messages`).
             model: The base model name (servers) or a label (in-process providers use their loaded model).
             adapter_id: A loaded adapter to apply, or ``None`` for the base model. Where
                 ``supports_adapter_scales`` is true, also an ``(id, scale)`` pair or a list of pairs: each adapter's
@@ -188,12 +193,13 @@ class InferenceProvider(ABC):
             top_p: Nucleus sampling mass in (0, 1].
             repetition_penalty: Penalty above 1 discourages repeats; ``None`` keeps the default.
             **options: The keyword-only options, each described on :class:`~inference.options.RequestOptions`:
-                ``stop``, ``seed``, ``top_k``, ``logprobs`` and ``json_schema``. A name that is no option is a
-                ``TypeError``; an option this provider cannot honour (see :attr:`options`) is an
+                ``stop``, ``seed``, ``top_k``, ``logprobs``, ``json_schema``, ``tools`` and ``tool_choice``. A name
+                that is no option is a ``TypeError``; an option this provider cannot honour (see :attr:`options`) is an
                 ``UnsupportedOperationError``.
 
         Returns:
-            The generated text with token counts and finish reason.
+            The generated text with token counts and finish reason, and the tools the model called
+            (``tool_calls``, with ``finish_reason`` ``"tool_calls"``) when ``tools`` were given.
 
         Raises:
             InvalidRequestError: An argument is invalid (the message names it), a message list is combined with
@@ -593,10 +599,13 @@ class InferenceProvider(ABC):
         for name in GenerationOptions.names():
             if option_is_set(name, getattr(request, name)):
                 self._require_option(name)
+        if isinstance(request.prompt, tuple) and has_tool_turns(request.prompt):
+            self._require_option("tools", "take a conversation with tool calls or tool results")
         return request
 
-    def _require_option(self, name: str) -> None:
-        """Refuse option ``name`` if this provider's :attr:`options` says its backend cannot honour it."""
+    def _require_option(self, name: str, what: str | None = None) -> None:
+        """Refuse option ``name`` if this provider's :attr:`options` says its backend cannot honour it (``what``:
+        what the request asks that needs it, when it is not the option itself)."""
         how = type(self).options.get(name)
         if isinstance(how, Sent):
             return
@@ -604,8 +613,9 @@ class InferenceProvider(ABC):
 
         able = ", ".join(providers_sending(name)) or "none"
         reason = how.reason if isinstance(how, Refused) else f"{type(self).__name__}.options does not declare it"
+        asked = f"honour the option {name}" if what is None else f"{what}, which needs the option {name}"
         raise UnsupportedOperationError(
-            f"{type(self).__name__} cannot honour the option {name} ({reason}); providers that can: {able}",
+            f"{type(self).__name__} cannot {asked} ({reason}); providers that can: {able}",
             provider=self.name,
         )
 

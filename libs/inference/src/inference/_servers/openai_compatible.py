@@ -41,7 +41,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
 
@@ -127,6 +127,8 @@ class OpenAICompatibleProvider(InferenceProvider):
         "top_k": Sent("top_k", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
         "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
         "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
+        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+        "tool_choice": Refused("tool calling is not built yet for this backend"),
     }
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
 
