@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -262,3 +263,70 @@ async def test_transformers_a_stream_and_a_generate_cancel_the_same_way(transfor
     _, after_s = await timed(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0))
     assert after_s < full_s / 2
     assert provider._adapter_registry.in_flight("a0") == 0
+
+
+# llama.cpp: a cancel during a prompt's decode step ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_parallel", [4, 1])
+async def test_llamacpp_a_request_cancelled_during_its_prompt_stops_inside_llama_decode(
+    tiny_models: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_parallel: int
+) -> None:
+    """The caller gives up while a long prompt's chunk (up to n_batch tokens: seconds on a busy CPU) is being
+    decoded: llama.cpp aborts that decode, so the next request does not wait for the rest of the chunk.
+
+    The decode is held until the caller's cancellation has reached the worker (no timing): before the fix
+    llama_decode computed the whole chunk (it returned 0); now it returns 2, aborted, and the cells are free.
+    """
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from inference.llamacpp_provider import LlamaCppProvider
+
+    model = tiny_models["qwen2"]
+    async with LlamaCppProvider(
+        model.gguf_path, n_ctx=4096, adapter_cache_dir=tmp_path, kv_cache_type="f32", n_parallel=n_parallel
+    ) as provider:
+        expected = await provider.generate("Hello", model="m", max_tokens=SHORT, temperature=0)
+        loop = asyncio.get_running_loop()
+        gave_up = threading.Event()
+        decoded: list[tuple[int, int]] = []  # (tokens in the step, what llama_decode returned)
+        real = llama_cpp.llama_decode
+        long_call: asyncio.Task[Any] | None = None
+
+        def decode(ctx: Any, batch: Any) -> int:  # the worker thread
+            if batch.n_tokens > 100 and long_call is not None and not gave_up.is_set():  # the long prompt's step
+                loop.call_soon_threadsafe(long_call.cancel)
+                assert gave_up.wait(120)  # its caller has given up before llama.cpp computes the chunk
+            code = int(real(ctx, batch))
+            decoded.append((int(batch.n_tokens), code))
+            return code
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)  # the decode loop's module
+        monkeypatch.setattr(llama_cpp.llama_cpp, "llama_decode", decode)  # Llama.generate's (n_parallel=1)
+        long_call = asyncio.create_task(
+            provider.generate("word " * 1500, model="m", max_tokens=400, temperature=0)
+        )
+        long_call.add_done_callback(lambda _: gave_up.set())
+        with pytest.raises(asyncio.CancelledError):
+            await long_call
+        after = await provider.generate("Hello", model="m", max_tokens=SHORT, temperature=0)
+
+    prompt_steps = [code for tokens, code in decoded if tokens > 100]
+    assert prompt_steps == [2]  # aborted inside llama_decode; the prompt's later chunks were never decoded
+    assert after.text == expected.text  # what the aborted step left in the KV cache was removed
+    if n_parallel > 1:
+        assert provider._batcher is not None and provider._batcher.aborted_steps == 1
+
+
+async def test_llamacpp_n_threads_bounds_the_prompt_decodes_too(tiny_models: dict[str, Any], tmp_path: Path) -> None:
+    """``n_threads`` is every llama.cpp thread: llama-cpp-python gave prompts (and batched steps) all the CPUs
+    whatever it said, and on a busy machine such a step's threads spin-wait for each other (seconds)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from inference.llamacpp_provider import LlamaCppProvider
+
+    for n_parallel in (1, 4):
+        async with LlamaCppProvider(
+            tiny_models["qwen2"].gguf_path, n_ctx=512, adapter_cache_dir=tmp_path, n_threads=1, n_parallel=n_parallel
+        ) as provider:
+            await provider.generate("Hello", model="m", max_tokens=1)
+            context = provider._llama.ctx
+            assert (llama_cpp.llama_n_threads(context), llama_cpp.llama_n_threads_batch(context)) == (1, 1)
