@@ -53,7 +53,7 @@ def connection_open_to(port: int) -> bool:
 slow_server = pytest.mark.slow  # each starts llama_cpp.server processes: seconds each on a busy machine
 
 
-async def wait_for(condition: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
+async def wait_for(condition: Callable[[], bool], what: str, seconds: float = 120.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
@@ -93,8 +93,7 @@ async def test_server_killed_mid_request_then_restarted(start_llama_server: Call
             provider.generate("Tell me a story", model=MODEL, max_tokens=LONG, temperature=0.0)
         )
         await wait_for(lambda: connection_open_to(server.port), "the request's connection")
-        await asyncio.sleep(0.3)  # the server is generating now
-        assert not request.done()
+        assert not request.done()  # sent, and LONG tokens to generate: the server is at work
         server.kill()
         with pytest.raises(ProviderUnavailableError) as caught:
             await request
@@ -260,9 +259,8 @@ async def test_cancelling_generate_batch_or_stream_closes_the_connection(
         for name, call in calls.items():
             task = asyncio.create_task(call(provider))
             await wait_for(lambda: connection_open_to(server.port), f"the connection of {name}")
-            await asyncio.sleep(0.3)
             assert not task.done(), f"{name} finished before it could be cancelled"
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await wait_for(lambda: not connection_open_to(server.port), f"{name}'s connection to close", 5.0)
+            await wait_for(lambda: not connection_open_to(server.port), f"{name}'s connection to close")
