@@ -209,22 +209,31 @@ async def test_requests_join_a_running_batch_and_leave_it_on_their_own(tiny_mode
 
 
 async def test_a_request_cancelled_mid_batch_frees_its_cells_and_the_others_finish(
-    tiny_models: Any, adapter_cache: Path
+    tiny_models: Any, adapter_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = tiny_models["qwen2"]
     requests = [{"prompt": f"Story number {index}:", "max_tokens": 200} for index in range(6)]
     expected = await alone(model, adapter_cache, "a0", requests)
     async with make_provider(model, adapter_cache, 6, n_ctx=2048) as provider:
         await with_adapters(provider, model, "a0")
+        assert provider._batcher is not None
+        batcher, loop, real = provider._batcher, asyncio.get_running_loop(), llama_cpp.llama_decode
+        gone = threading.Event()
+
+        def decode(ctx: Any, batch: Any) -> int:  # at the 20th step the callers of 1 and 4 give up, and are gone
+            if batcher.steps == 20 and not gone.is_set():
+                loop.call_soon_threadsafe(lambda: [tasks[index].cancel() for index in (1, 4)])
+                assert gone.wait(120)
+            return int(real(ctx, batch))
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)
         tasks = [
             asyncio.create_task(provider.generate(model="m", adapter_id="a0", temperature=0, **request))
             for request in requests
         ]
-        assert provider._batcher is not None
-        while provider._batcher.steps < 20:
-            await asyncio.sleep(0.005)
-        for index in (1, 4):
-            tasks[index].cancel()
+        cancelled = [tasks[1], tasks[4]]
+        for task in cancelled:
+            task.add_done_callback(lambda _: all(task.done() for task in cancelled) and gone.set())
         stream = provider.stream("Another story:", model="m", adapter_id="a0", temperature=0, max_tokens=300)
         async for _ in stream:  # joins, then its consumer walks away
             break
