@@ -572,7 +572,7 @@ async def test_breaking_out_of_a_stream_stops_the_generation_within_a_token(
             sink(piece)
             handed += 1
             if handed == 2:
-                cancel.wait(30)
+                cancel.wait(120)
 
         result = real(request, slow_sink, cancel)
         jobs.append(result)
