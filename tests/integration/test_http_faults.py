@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -48,6 +49,12 @@ def connection_open_to(port: int) -> bool:
             if state == "01" and wanted in (local.rsplit(":", 1)[1], remote.rsplit(":", 1)[1]):
                 return True
     return False
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used (user + system, from /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 slow_server = pytest.mark.slow  # each starts llama_cpp.server processes: seconds each on a busy machine
@@ -89,11 +96,15 @@ async def test_server_down_at_start_then_started_on_that_port(
 async def test_server_killed_mid_request_then_restarted(start_llama_server: Callable[..., Any]) -> None:
     server = start_llama_server(n_ctx=LONG_CONTEXT)
     async with VLLMProvider(base_url=server.base_url, max_retries=2, timeout=60) as provider:
+        idle = cpu_seconds(server.process.pid)
         request = asyncio.create_task(
             provider.generate("Tell me a story", model=MODEL, max_tokens=LONG, temperature=0.0)
         )
         await wait_for(lambda: connection_open_to(server.port), "the request's connection")
-        assert not request.done()  # sent, and LONG tokens to generate: the server is at work
+        # The server is at work on it: its process has spent CPU time generating (an open connection alone may
+        # not have been accepted yet, and a kill then is a connect failure, retried).
+        await wait_for(lambda: cpu_seconds(server.process.pid) > idle + 0.2, "the server to generate")
+        assert not request.done()
         server.kill()
         with pytest.raises(ProviderUnavailableError) as caught:
             await request
