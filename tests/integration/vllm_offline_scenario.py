@@ -112,6 +112,12 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     except asyncio.CancelledError:
         cancelled = True
     running_after = engine.llm.get_num_unfinished_requests()
+    # An abort that does not come from the caller (here vLLM's own abort of the request, while it is held): the
+    # request must fail, not come back as an answer with finish_reason "stop".
+    task = asyncio.create_task(error_of(provider.generate(PROMPTS[2], model="tiny", max_tokens=400)))
+    await until(lambda: engine.llm.get_num_unfinished_requests() == 1, "the request in the engine")
+    await engine.llm.abort(list(engine.llm.output_processor.external_req_ids))
+    aborted = await task
     await engine.llm.resume_generation()
     out["cancel"] = {
         "first_piece": first,
@@ -119,6 +125,7 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
         "running_after_stream": running_after_stream,
         "generate_cancelled": cancelled,
         "running_after": running_after,
+        "aborted": aborted,
         "after": generation(await provider.generate(PROMPTS[0], adapter_id="a1", max_tokens=8, **greedy)),
     }
 
