@@ -137,7 +137,11 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         seed: Sampling seed for requests that give none, in ``[0, MAX_SEED]`` (:data:`MAX_SEED` is
             ``2**32 - 2``); ``None`` draws a fresh one per request. Not a setting: a step config's ``seed`` is
             the requests' own.
-        n_threads: CPU threads for generation; else ``LLAMACPP_N_THREADS``; else llama-cpp-python's choice.
+        n_threads: CPU threads llama.cpp uses, for generation and for prompts alike; else ``LLAMACPP_N_THREADS``;
+            else llama-cpp-python's choice (half the CPUs for one-token steps, all of them for prompts and batched
+            steps). On a machine busy with other work, give fewer threads than the CPUs left free: llama.cpp's
+            threads wait for each other by spinning, and a step whose threads do not all get a CPU can take 100
+            times longer.
         flash_attn: Flash attention; else ``LLAMACPP_FLASH_ATTN``; else off (``llama-server`` turns it on where
             the backend supports it; llama-cpp-python leaves it off). On a CPU it makes batched decoding about
             5-10% faster, but then a request's tokens in a batch may differ from its tokens alone (its attention
@@ -390,8 +394,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             "n_batch": min(self._n_batch, self.n_ctx),
             "verbose": self._verbose,
         }
-        if self._n_threads is not None:
-            kwargs["n_threads"] = self._n_threads
+        if self._n_threads is not None:  # prompts too (llama-cpp-python would give them every CPU)
+            kwargs["n_threads"] = kwargs["n_threads_batch"] = self._n_threads
         if self.kv_cache_type is not None:
             kwargs["type_k"] = kwargs["type_v"] = KV_CACHE_TYPES[self.kv_cache_type]
         if lora_path is not None:
@@ -672,20 +676,36 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
         Each token goes to the request's :class:`Completion`, which decides when it ends and hands its
         pieces to ``sink``. Setting ``cancel`` stops the loop after the current token (the result is then of
-        no use to anyone); a request cancelled before it starts returns at once without touching the model.
+        no use to anyone), and stops the prompt's evaluation inside ``llama_decode`` (llama.cpp's abort
+        callback, set until the first token: a long prompt is seconds of work on a busy CPU); a request
+        cancelled before it starts returns at once without touching the model.
         """
         if cancel.is_set():
             return self._cancelled(request)
         llama = self._activate(request.adapters)
         prompt, completion = self._prepare(llama, request, sink)
         tokens = llama.generate(prompt, **self._sampling(llama, request, completion))
+        llama_cpp = self._llama_cpp()
+        abort = llama_cpp.ggml_abort_callback(lambda _data: cancel.is_set())
+        llama_cpp.llama_set_abort_callback(llama.ctx, abort, None)
+        aborting = True
         failed = True
         try:
             for token in tokens:
+                if aborting:  # the prompt is in: one-token steps need no abort (and a Python call per graph node)
+                    llama_cpp.llama_set_abort_callback(llama.ctx, llama_cpp.ggml_abort_callback(), None)
+                    aborting = False
                 if cancel.is_set() or completion.add(token, lambda: completion.tokens.logits(llama.ctx, -1)):
                     break
             failed = False
+        except RuntimeError:
+            if not cancel.is_set():
+                raise
+            failed = False  # llama_decode aborted the prompt: its cells are already removed, nothing is poisoned
+            return self._cancelled(request)
         finally:
+            if aborting:
+                llama_cpp.llama_set_abort_callback(llama.ctx, llama_cpp.ggml_abort_callback(), None)
             tokens.close()  # released here, on the worker thread, not whenever it is collected
             if failed:  # NaN logits leave NaN in the KV cache, which would poison the next requests
                 clear_memory(self._llama_cpp(), llama)
