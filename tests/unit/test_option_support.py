@@ -36,7 +36,12 @@ EVERY_OPTION: dict[str, Any] = {
     "top_k": 5,
     "logprobs": 2,
     "json_schema": {"type": "object"},
+    "return_token_ids": True,
 }
+
+
+NOT_BUILT_YET = {"return_token_ids"}
+"""Options the server providers refuse until their backends are built (issue 22: token ids); the rest they send."""
 
 
 def test_the_test_sets_every_option() -> None:
@@ -184,13 +189,16 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
     if provider_type == "vllm":
         kwargs["api"] = "chat"
     provider = cls(**kwargs)
+    sent_options = {option: value for option, value in EVERY_OPTION.items() if isinstance(cls.options[option], Sent)}
     try:
-        await provider.generate("Hi", model="m", **EVERY_OPTION)
+        await provider.generate("Hi", model="m", **sent_options)
     finally:
         await provider.aclose()
     body = json.loads(chat.calls.last.request.content)
     for option, how in cls.options.items():
-        assert isinstance(how, Sent), (provider_type, option)
+        if isinstance(how, Refused):
+            assert option in NOT_BUILT_YET, (provider_type, option)
+            continue
         sent = _at(body, how.field)
         if option in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "top_k"):
             assert sent == EVERY_OPTION[option], (provider_type, option, sent)
@@ -216,12 +224,15 @@ async def test_the_ollama_body_carries_every_option_under_its_declared_field() -
     )
     cls = load_provider_class("ollama")
     provider = cls(base_url=f"{base}/v1")
+    sent_options = {option: value for option, value in EVERY_OPTION.items() if isinstance(cls.options[option], Sent)}
     try:
-        await provider.generate("Hi", model="m", **EVERY_OPTION)
+        await provider.generate("Hi", model="m", **sent_options)
     finally:
         await provider.aclose()
     body = json.loads(chat.calls.last.request.content)
     for option, how in cls.options.items():
-        assert isinstance(how, Sent), option
+        if isinstance(how, Refused):
+            assert option in NOT_BUILT_YET, option
+            continue
         _at(body, how.field)
     assert body["options"]["repeat_penalty"] == 1.1 and body["options"]["num_predict"] == 7

@@ -54,7 +54,7 @@ from inference.exceptions import (
     ProviderError,
     UnsupportedOperationError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 
@@ -162,6 +162,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         "top_k": Sent("top_k", "llama.cpp's sampler chain"),
         "logprobs": Sent("logits", "log-softmax of the step's logits"),
         "json_schema": Sent("llguidance", "a token mask per step"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     batches_mixed_adapters = False
     supports_scoring = True

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, TypedDict
 
 from inference.options import Fail, require_utf8
+from inference.tokens import TokenIds
 
 __all__ = ["ROLES", "Message", "Prompt", "check_messages", "plain_text"]
 
@@ -40,8 +41,9 @@ class Message(TypedDict):
     content: str
 
 
-Prompt = str | Sequence[Message]
-"""What ``generate``, ``stream`` and ``generate_batch`` take as a prompt: a string or a list of messages."""
+Prompt = str | Sequence[Message] | TokenIds
+"""What ``generate``, ``stream`` and ``generate_batch`` take as a prompt: a string, a list of messages, or the model's
+token ids as :class:`~inference.tokens.TokenIds` (where ``supports_token_prompts``)."""
 
 
 def check_messages(value: Sequence[object], name: str, fail: Fail) -> tuple[Message, ...]:

@@ -33,7 +33,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
 
@@ -130,6 +130,7 @@ class OllamaProvider(InferenceProvider):
         "top_k": Sent("options.top_k"),
         "logprobs": Sent("logprobs", "with top_logprobs"),
         "json_schema": Sent("format"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     supports_adapters = True
     hot_swaps_adapters = False

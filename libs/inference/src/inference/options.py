@@ -164,6 +164,24 @@ def _logprobs(value: object, name: str, fail: Fail) -> int | None:
     return value
 
 
+def _flag(value: object, name: str, fail: Fail) -> bool:
+    """A yes/no option: ``True`` or ``False`` (``None``, the signatures' default, is ``False``)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise fail(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def parse_flag(text: str) -> bool:
+    """Read a yes/no option from the command line: ``true``/``false``, ``yes``/``no``, ``1``/``0``, ``on``/``off``."""
+    words = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
+    value = words.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"expected true or false, got {text!r}")
+    return value
+
+
 def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
     """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``)."""
     if value is None:
@@ -256,6 +274,10 @@ class GenerationOptions:
         None, check=_json_schema, metavar="FILE", parse=json_schema_file,
         help="constrain the output to JSON valid against this schema (a dict or a pydantic model class)",
     )
+    return_token_ids: bool = spec_field(
+        False, check=_flag, metavar="BOOL", parse=parse_flag,
+        help="report the generated token ids in the result's token_ids",
+    )
 
     @property
     def is_greedy(self) -> bool:
@@ -330,6 +352,8 @@ class RequestOptions(TypedDict, total=False):
             alternatives in :attr:`~inference.GenerationResult.logprobs`; ``None`` reports nothing.
         json_schema: Constrain the text to JSON valid against this schema (a JSON-schema dict, or a pydantic model
             class). The text then always parses, unless ``finish_reason`` is ``"length"``.
+        return_token_ids: Report the generated token ids in :attr:`~inference.GenerationResult.token_ids` (the ids
+            the model produced, up to a stop string; ``None`` when not asked).
     """
 
     stop: str | Sequence[str] | None
@@ -337,6 +361,7 @@ class RequestOptions(TypedDict, total=False):
     top_k: int | None
     logprobs: int | None
     json_schema: Mapping[str, Any] | type | None
+    return_token_ids: bool | None
 
 
 @dataclass(frozen=True)

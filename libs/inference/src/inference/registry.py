@@ -138,7 +138,7 @@ _SPECS = (
         target="inference.ollama_provider:OllamaProvider",
         summary="an Ollama server: adapters baked into derived models (PEFT adapters converted to GGUF here)",
         extra="ollama",
-        packages=("httpx", "gguf", "numpy"),
+        packages=("httpx", "gguf"),
         server=True,
         settings=(
             *_server_settings(
@@ -159,7 +159,7 @@ _SPECS = (
         target="inference.llamacpp_provider:LlamaCppProvider",
         summary="llama.cpp in this process (llama-cpp-python): GGUF models, GGUF LoRA adapters hot-swapped",
         extra="llamacpp",
-        packages=("llama_cpp", "gguf", "numpy", "llguidance"),
+        packages=("llama_cpp", "gguf", "llguidance"),
         model_setting="model_path",
         settings=(
             Setting("model_path", "LLAMACPP_MODEL_PATH", None, "path", "Path of the GGUF base model",
@@ -180,7 +180,7 @@ _SPECS = (
         target="inference.llamacpp_server_provider:LlamaCppServerProvider",
         summary="llama.cpp's own llama-server: GGUF LoRA adapters preloaded at start (--lora), chosen per request",
         extra="llamacpp-server",
-        packages=("httpx", "gguf", "numpy"),
+        packages=("httpx", "gguf"),
         server=True,
         settings=_with_api_key(
             _server_settings("LLAMACPP_SERVER", "http://localhost:8080", "Base URL of llama.cpp's llama-server"),

@@ -49,6 +49,10 @@ class GenerationResult:
             else ``None``. Tokens cut off by a stop string are not included.
         reasoning: What a thinking model wrote before its answer, where the backend returns it separately
             (Ollama's ``message.thinking``, vLLM's ``reasoning``); ``None`` otherwise. Not part of ``text``.
+        token_ids: The generated token ids when the request asked for them (``return_token_ids=True``), else
+            ``None``: the tokens that make ``text``, as the model produced them. The end-of-sequence token is not
+            included, nor the tokens of a stop string cut from ``text`` (a token only partly in ``text`` is), so
+            ``detokenize(token_ids)`` starts with ``text`` (and is ``text`` when no stop string cut a token).
     """
 
     text: str
@@ -60,6 +64,7 @@ class GenerationResult:
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
     reasoning: str | None = None
+    token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

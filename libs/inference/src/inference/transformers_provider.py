@@ -63,7 +63,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult, TokenLogprob
 
@@ -224,6 +224,7 @@ class TransformersProvider(InProcessProvider[str]):
         "top_k": Sent("GenerationConfig.top_k"),
         "logprobs": Sent("logits processor", "log-softmax of the raw logits"),
         "json_schema": Sent("llguidance", "a token mask per step"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     batches_mixed_adapters = True
     supports_scoring = True

@@ -30,7 +30,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.options import GenerationOptions, OptionMap, Sent
+from inference.options import GenerationOptions, OptionMap, Refused, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 
@@ -104,6 +104,7 @@ class VLLMOfflineProvider(InferenceProvider):
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
         "json_schema": Sent("SamplingParams.structured_outputs"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     supports_adapters = True
     hot_swaps_adapters = True

@@ -34,7 +34,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
 
@@ -120,6 +120,7 @@ class OpenAICompatibleProvider(InferenceProvider):
         "top_k": Sent("top_k", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
         "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
         "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
 
