@@ -51,7 +51,7 @@ async def test_tokenize_adds_no_special_token_reads_special_text_as_the_token_an
     fake = FakeProvider()
     vocabulary = await fake.token_vocabulary("m")
     assert isinstance(vocabulary, TokenVocabulary) and vocabulary.size == 259 == len(vocabulary.token_bytes)
-    assert (vocabulary.bos_id, vocabulary.eos_id, vocabulary.adds_bos) == (1, 2, True)
+    assert (vocabulary.bos_id, vocabulary.eos_id, vocabulary.adds_bos) == (1, 2, False)
     ids = await fake.tokenize("Hé<eos>!", "m")
     assert ids == [3 + ord("H"), 3 + 0xC3, 3 + 0xA9, vocabulary.eos_id, 3 + ord("!")]  # no BOS; <eos> is one token
     assert all(type(token) is int for token in ids)

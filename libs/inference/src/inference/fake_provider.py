@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -155,7 +156,7 @@ class FakeProvider(InferenceProvider):
             special_ids=frozenset(range(len(SPECIAL_TOKENS))),
             bos_id=BOS_ID,
             eos_ids=(EOS_ID,),
-            adds_bos=True,
+            adds_bos=False,  # as GPT-2 and Qwen: prompts start with their first token
             context_length=self._context_length,
         )
 
@@ -180,17 +181,24 @@ class FakeProvider(InferenceProvider):
         self._cache.clear()
 
     def _logits(self, token_ids: tuple[int, ...], adapters: AdapterScales) -> Any:
-        """Made-up logits: the base model's, plus each adapter's delta times its scale, each from the hash chain of
-        the sequence under those weights (one chain per weights; the cache holds their states by prefix)."""
+        """Made-up logits: the base model's values plus each adapter's delta times its scale, each from the hash chain
+        of the sequence under those weights (one chain per weights; the cache holds their states by prefix),
+        squashed into (-0.5, 0.5), plus a prior: the fake "writes" ASCII text.
+
+        ``<pad>``, ``<bos>`` and the bytes of multi-byte UTF-8 characters are e^20 times less likely than an ASCII
+        byte (the fake writes ASCII: a sampler that proposes bytes one by one never starts a
+        character it cannot finish), and ASCII bytes and ``<eos>`` are within a factor e of each other. Both keep
+        genlm-control's AWRS sampler, which walks whole distributions in float32, away from the rounding its
+        assertions cannot take (see the genlm section of docs/token-level.md).
+        """
         import numpy as np
 
         chains = ("", *(self._weights(adapter_id) for adapter_id, _ in adapters))
         states = self._cache.states(chains, token_ids)
-        logits = _row(states[0]) * 2.0
+        values = _row(states[0])
         for (_, scale), state in zip(adapters, states[1:], strict=True):
-            logits += scale * _row(state)
-        logits[PAD_ID] = -np.inf  # never predicted, as a real model's padding
-        return logits
+            values += scale * 0.5 * _row(state)
+        return 0.5 * np.tanh(values) + _prior()
 
     def _answer(self, request: GenerationRequest) -> GenerationResult:
         if request.adapter_id is not None and request.adapter_id not in self._resident:
@@ -378,8 +386,20 @@ def decode(token_ids: Sequence[int]) -> str:
     return b"".join(TOKEN_BYTES[token] for token in token_ids).decode("utf-8", errors="replace")
 
 
+@functools.cache
+def _prior() -> Any:
+    """The fake's prior over its vocabulary (logits added to every distribution)."""
+    import numpy as np
+
+    prior = np.zeros(VOCABULARY_SIZE)
+    prior[PAD_ID] = prior[BOS_ID] = -20.0  # finite, as a real model's: nothing downstream meets an infinity
+    prior[_BYTE_OFFSET + 0x80 :] = -20.0  # bytes of multi-byte characters
+    prior.flags.writeable = False
+    return prior
+
+
 def _row(state: bytes) -> Any:
-    """Made-up logits for one hash-chain state (standard normal values: a few tokens clearly likelier)."""
+    """Made-up values for one hash-chain state: standard normal, one per vocabulary entry."""
     import numpy as np
 
     return np.random.default_rng(int.from_bytes(state, "little")).standard_normal(VOCABULARY_SIZE)
