@@ -361,3 +361,16 @@ def test_the_sync_facade_has_the_token_level_calls() -> None:
             assert row.shape == (259,) and fake.cache_stats().misses == 1
     finally:
         close_all_sync_providers()
+
+
+def test_the_command_line_prints_the_generated_ids_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from inference.cli import main
+
+    assert main(["generate", "Hi", "--provider", "fake", "--max-tokens", "3", "--return-token-ids", "true",
+                 "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert bytes(token - 3 for token in answer["token_ids"]).decode() == answer["text"]
+    assert main(["generate", "Hi", "--provider", "fake", "--max-tokens", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] is None

@@ -387,7 +387,7 @@ def _add_generate(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
             "  inference generate --messages chat.json --json-schema answer.schema.json --logprobs 3 ...\n"
             "output: the text on stdout (with --logprobs, then a table: token, logprob, alternatives); with\n"
             "--json one object {text, model, adapter_id, finish_reason, prompt_tokens, completion_tokens,\n"
-            "token_count, latency_s, logprobs, reasoning}; with --stream --json one line\n"
+            "token_count, latency_s, logprobs, reasoning, token_ids}; with --stream --json one line\n"
             '{"type": "text", "text": ...} per piece, then {"type": "result", ...}.'
         ),
     )
@@ -527,6 +527,7 @@ def _result_fields(result: Any, latency_s: float) -> dict[str, Any]:
             for entry in result.logprobs
         ],
         "reasoning": result.reasoning,
+        "token_ids": None if result.token_ids is None else list(result.token_ids),
     }
 
 

@@ -132,8 +132,8 @@ def _prompt(value: object, name: str, fail: Fail) -> str | tuple[Message, ...] |
         return TokenIds(token_id_list(value.ids, f"{name}.ids", fail))
     if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
         return check_messages(value, name, fail)
-    raise fail(f"{name} must be a string, a list of messages ({{'role': ..., 'content': ...}}) or TokenIds, "
-               f"got {type(value).__name__}")
+    raise fail(f"{name} must be a string or a list of messages ({{'role': ..., 'content': ...}}), or the model's "
+               f"token ids as TokenIds, got {type(value).__name__}")
 
 
 def token_id_list(value: object, name: str, fail: Fail) -> tuple[int, ...]:
