@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -73,7 +74,7 @@ class FakeProvider(InferenceProvider):
         ...         await fake.load_adapter("a1", "/adapters/a1")
         ...         return (await fake.generate("hi", model="m", adapter_id="a1", max_tokens=3)).text
         >>> asyncio.run(main())
-        '[a1] xray victor juliet'
+        '[a1] juliet lima golf'
     """
 
     name = "fake"
@@ -430,6 +431,7 @@ class _PrefixCache:
 
     def __init__(self, capacity: int | None) -> None:
         self.capacity = capacity
+        self._lock = threading.Lock()  # the sync facade's loop and yours may both call the fake
         self._roots: dict[tuple[str, ...], _Node] = {}
         self._recent: OrderedDict[_Node, None] = OrderedDict()
         self._counts = dict.fromkeys(("hits", "misses", "reused_tokens", "computed_tokens", "evictions"), 0)
@@ -440,6 +442,10 @@ class _PrefixCache:
 
     def states(self, chains: tuple[str, ...], token_ids: tuple[int, ...]) -> tuple[bytes, ...]:
         """Each chain's state after ``token_ids``, from the longest cached prefix on."""
+        with self._lock:
+            return self._states(chains, token_ids)
+
+    def _states(self, chains: tuple[str, ...], token_ids: tuple[int, ...]) -> tuple[bytes, ...]:
         root = self._roots.get(chains)
         if root is None:
             root = _Node(None, -1, tuple(hashlib.blake2b(chain.encode(), digest_size=16).digest() for chain in chains))
@@ -478,13 +484,15 @@ class _PrefixCache:
 
     def forget(self, chain: str) -> None:
         """Drop every trie that uses ``chain``'s weights (an adapter unloaded or replaced)."""
-        for chains in [chains for chains in self._roots if chain in chains]:
-            self._drop(self._roots.pop(chains))
+        with self._lock:
+            for chains in [chains for chains in self._roots if chain in chains]:
+                self._drop(self._roots.pop(chains))
 
     def clear(self) -> None:
-        for root in self._roots.values():
-            self._drop(root)
-        self._roots.clear()
+        with self._lock:
+            for root in self._roots.values():
+                self._drop(root)
+            self._roots.clear()
 
     def _drop(self, root: _Node) -> None:
         pending = list(root.children.values())
@@ -494,6 +502,10 @@ class _PrefixCache:
             pending += node.children.values()
 
     def stats(self) -> TokenCacheStats:
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> TokenCacheStats:
         return TokenCacheStats(
             enabled=self.enabled,
             cached_tokens=len(self._recent),

@@ -447,6 +447,7 @@ class InferenceProvider(ABC):
         if isinstance(token_ids, (list, tuple)) and not token_ids:
             return ""
         request = TokenRequest.checked(provider=self.name, token_ids=token_ids, model=model)
+        self._check_open()
         vocabulary = await self._vocabulary_of(request.model)
         check_token_limits(request.token_ids, vocabulary, provider=self.name, max_length=len(request.token_ids))
         return await self._detokenize_ids(request)
@@ -459,7 +460,9 @@ class InferenceProvider(ABC):
             UnsupportedOperationError: The provider has no tokenizer at hand (``supports_tokenize`` is false).
         """
         self._require_token_level("describe its vocabulary", "supports_tokenize")
-        return await self._vocabulary_of(checked_model(model, provider=self.name))
+        model = checked_model(model, provider=self.name)
+        self._check_open()
+        return await self._vocabulary_of(model)
 
     async def next_token_logprobs(
         self, token_ids: Sequence[int], model: str, adapter_id: AdapterChoice = None
