@@ -38,6 +38,7 @@ EVERY_OPTION: dict[str, Any] = {
     "json_schema": {"type": "object"},
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "tool_choice": "auto",
+    "return_token_ids": True,
 }
 
 

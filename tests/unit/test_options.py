@@ -38,6 +38,7 @@ EVERY_OPTION_SET: dict[str, Any] = {
         }
     ],
     "tool_choice": "none",
+    "return_token_ids": True,
 }
 """A value for every option; on the command line, ``json_schema`` and ``tools`` are files holding them."""
 
@@ -105,6 +106,7 @@ def test_from_arguments_normalises_what_backends_read() -> None:
         ("stop", ["a", "\ud800"], "stop[1] holds"),
         ("seed", 1.5, "seed must be an integer or None, got 1.5"),
         ("top_k", -1, "top_k must be a non-negative integer or None, got -1"),
+        ("return_token_ids", 1, "return_token_ids must be True or False, got 1"),
     ],
 )
 def test_each_rule_names_the_option_and_the_provider(name: str, value: object, message: str) -> None:
@@ -146,8 +148,8 @@ async def test_generate_stream_and_generate_batch_pass_every_option_to_the_backe
     await provider.generate_batch(["Hi", "Hi"], "m", **EVERY_OPTION_SET)
     assert provider.requests == [expected] * 4
     positional = [EVERY_OPTION_SET[name] for name in ("max_tokens", "system_prompt", "temperature", "top_p")]
-    keyword = {name: EVERY_OPTION_SET[name] for name in ("stop", "seed", "top_k", "logprobs", "json_schema", "tools",
-                                                        "tool_choice")}
+    keyword_names = ("stop", "seed", "top_k", "logprobs", "json_schema", "tools", "tool_choice", "return_token_ids")
+    keyword = {name: EVERY_OPTION_SET[name] for name in keyword_names}
     await provider.generate("Hi", "m", None, *positional, 1.1, **keyword)
     assert provider.requests[-1] == expected
 

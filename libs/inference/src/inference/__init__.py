@@ -34,6 +34,7 @@ from inference.exceptions import (
     ProviderError,
     ProviderTimeoutError,
     ProviderUnavailableError,
+    TokenLimitError,
     UnknownProviderError,
     UnsupportedOperationError,
 )
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from inference.registry import PROVIDERS
     from inference.results import GenerationResult, ScoreResult, TokenLogprob, ToolCall
     from inference.sync import SyncProvider, get_sync_provider, get_sync_provider_for_step
+    from inference.tokens import TokenCacheStats, TokenIds, TokenVocabulary
     from inference.transformers_provider import TransformersProvider
     from inference.vllm_offline_provider import VLLMOfflineProvider
     from inference.vllm_provider import VLLMProvider
@@ -73,6 +75,7 @@ _LAZY = {
     **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob", "ToolCall"), "inference.results"),
     "FallbackProvider": "inference.fallback",
     **dict.fromkeys(("SyncProvider", "get_sync_provider", "get_sync_provider_for_step"), "inference.sync"),
+    **dict.fromkeys(("TokenCacheStats", "TokenIds", "TokenVocabulary"), "inference.tokens"),
     # The errors built from HTTP answers import httpx (see inference._server_errors).
     **dict.fromkeys(("RuntimeLoRADisabledError", "ServerResponseError"), "inference.exceptions"),
 }
@@ -126,7 +129,11 @@ __all__ = [
     "ScoreResult",
     "ServerResponseError",
     "SyncProvider",
+    "TokenCacheStats",
+    "TokenIds",
+    "TokenLimitError",
     "TokenLogprob",
+    "TokenVocabulary",
     "ToolCall",
     "TransformersProvider",
     "UnknownProviderError",

@@ -390,7 +390,7 @@ def _add_generate(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
             "output: the text on stdout, then one 'tool call ID: NAME ARGUMENTS' line per tool call (with\n"
             "--logprobs, then a table: token, logprob, alternatives); with --json one object {text, model,\n"
             "adapter_id, finish_reason, prompt_tokens, completion_tokens, token_count, latency_s, logprobs,\n"
-            "reasoning, tool_calls}; with --stream --json one line\n"
+            "reasoning, tool_calls, token_ids}; with --stream --json one line\n"
             '{"type": "text", "text": ...} per piece, then {"type": "result", ...}.'
         ),
     )
@@ -537,6 +537,7 @@ def _result_fields(result: Any, latency_s: float) -> dict[str, Any]:
              "error": call.error}
             for call in result.tool_calls
         ],
+        "token_ids": None if result.token_ids is None else list(result.token_ids),
     }
 
 

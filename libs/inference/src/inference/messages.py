@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, TypedDict
 
 from inference.options import Fail, require_utf8
+from inference.tokens import TokenIds
 
 __all__ = ["ROLES", "Message", "Prompt", "ToolCallDict", "check_messages", "has_tool_turns", "plain_text"]
 
@@ -71,8 +72,9 @@ class Message(_MessageBase, total=False):
     tool_call_id: str
 
 
-Prompt = str | Sequence[Message]
-"""What ``generate``, ``stream`` and ``generate_batch`` take as a prompt: a string or a list of messages."""
+Prompt = str | Sequence[Message] | TokenIds
+"""What ``generate``, ``stream`` and ``generate_batch`` take as a prompt: a string, a list of messages, or the model's
+token ids as :class:`~inference.tokens.TokenIds` (where ``supports_token_prompts``)."""
 
 _KEYS = {
     "system": ("role", "content"),

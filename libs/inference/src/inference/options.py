@@ -168,6 +168,24 @@ def _logprobs(value: object, name: str, fail: Fail) -> int | None:
     return number
 
 
+def _flag(value: object, name: str, fail: Fail) -> bool:
+    """A yes/no option: ``True`` or ``False`` (``None``, the signatures' default, is ``False``)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise fail(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def parse_flag(text: str) -> bool:
+    """Read a yes/no option from the command line: ``true``/``false``, ``yes``/``no``, ``1``/``0``, ``on``/``off``."""
+    words = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
+    value = words.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"expected true or false, got {text!r}")
+    return value
+
+
 def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
     """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``);
     see :func:`inference._core.json_schemas.checked_schema` for what is refused."""
@@ -293,6 +311,10 @@ class GenerationOptions:
         None, check=_tool_choice, metavar="CHOICE", parse=tool_choice_text,
         help="whether the model calls a tool: auto (the default with tools), none, required, or a tool's name",
     )
+    return_token_ids: bool = spec_field(
+        False, check=_flag, metavar="BOOL", parse=parse_flag,
+        help="report the generated token ids in the result's token_ids",
+    )
 
     @property
     def is_greedy(self) -> bool:
@@ -377,6 +399,8 @@ class RequestOptions(TypedDict, total=False):
             :mod:`inference.tools`). Its calls come back in :attr:`~inference.GenerationResult.tool_calls`.
         tool_choice: ``"auto"`` (the model decides; the default with tools), ``"none"``, ``"required"``, or
             ``{"type": "function", "function": {"name": N}}`` to force a call of tool ``N``.
+        return_token_ids: Report the generated token ids in :attr:`~inference.GenerationResult.token_ids` (the ids
+            the model produced, up to a stop string; ``None`` when not asked).
     """
 
     stop: str | Sequence[str] | None
@@ -386,6 +410,7 @@ class RequestOptions(TypedDict, total=False):
     json_schema: Mapping[str, Any] | type | None
     tools: Sequence[Mapping[str, Any] | Callable[..., Any] | type] | None
     tool_choice: str | Mapping[str, Any] | None
+    return_token_ids: bool | None
 
 
 @dataclass(frozen=True)

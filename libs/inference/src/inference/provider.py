@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
@@ -33,7 +33,11 @@ from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
     ScoreRequest,
+    TokenRequest,
     adapters_label,
+    check_token_limits,
+    checked_model,
+    checked_text,
     split_adapter_choice,
     validate_adapter_id,
 )
@@ -52,10 +56,14 @@ from inference.options import (
     option_is_set,
 )
 from inference.results import BatchItem, GenerationResult, ScoreItem, ScoreResult, StreamEvent, TokenLogprob
+from inference.tokens import TokenCacheStats, TokenVocabulary
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
     from typing_extensions import Unpack
 
+    from inference._core.token_batching import TokenBatcher
     from inference.adapters.weights import AdapterWeights
 
 logger = logging.getLogger("inference")
@@ -72,6 +80,7 @@ __all__ = [
 ]
 
 _ProviderT = TypeVar("_ProviderT", bound="InferenceProvider")
+_HeldT = TypeVar("_HeldT", GenerationRequest, TokenRequest)
 _ItemT = TypeVar("_ItemT")
 _ResultT = TypeVar("_ResultT")
 
@@ -109,6 +118,12 @@ class InferenceProvider(ABC):
             "logprobs": Refused("...")}`` (:class:`~inference.options.Sent`, :class:`~inference.options.Refused`).
             Every provider declares every option; ``supports_logprobs``, ``supports_json_schema`` and ``supports_tools``
             follow from it.
+        supports_tokenize: ``tokenize``, ``detokenize`` and ``token_vocabulary`` work (the model's tokenizer is
+            at hand).
+        supports_next_token_logprobs: ``next_token_logprobs`` and ``batch_next_token_logprobs`` return the full
+            next-token distribution (never a truncated one).
+        supports_token_prompts: ``generate``, ``stream`` and ``generate_batch`` take a
+            :class:`~inference.tokens.TokenIds` prompt.
     """
 
     name: ClassVar[str] = "base"
@@ -122,6 +137,9 @@ class InferenceProvider(ABC):
     supports_tools: ClassVar[bool] = False
     supports_adapter_scales: ClassVar[bool] = False
     loads_adapter_weights_in_memory: ClassVar[bool] = False
+    supports_tokenize: ClassVar[bool] = False
+    supports_next_token_logprobs: ClassVar[bool] = False
+    supports_token_prompts: ClassVar[bool] = False
     options: ClassVar[OptionMap] = {}
     max_adapters: int | None = None
 
@@ -148,6 +166,8 @@ class InferenceProvider(ABC):
         }
         self._settings: dict[str, Any] = resolve_settings(self.name, given) if keys else {}
         self._closed = False
+        self._token_vocabularies: dict[str, TokenVocabulary] = {}  # model name -> its vocabulary, asked once
+        self._token_batcher_instance: TokenBatcher | None = None
         self._adapter_weights = AdapterWeightsStore(self.name, self, parent=self._adapter_weights_dir)
         self._adapter_registry = AdapterRegistry(
             self.name,
@@ -181,7 +201,9 @@ class InferenceProvider(ABC):
 
         Args:
             prompt: The user's text, or a conversation: a list of ``{"role": "system"|"user"|"assistant"|"tool",
-                "content": str}`` messages, tool calls and results included (see :mod:`inference.messages`).
+                "content": str}`` messages, tool calls and results included (see :mod:`inference.messages`), or the
+                model's token ids as :class:`~inference.tokens.TokenIds` (the whole input as is: no chat template,
+                no BOS added; where :attr:`supports_token_prompts`).
             model: The base model name (servers) or a label (in-process providers use their loaded model).
             adapter_id: A loaded adapter to apply, or ``None`` for the base model. Where
                 ``supports_adapter_scales`` is true, also an ``(id, scale)`` pair or a list of pairs: each adapter's
@@ -193,8 +215,9 @@ class InferenceProvider(ABC):
             top_p: Nucleus sampling mass in (0, 1].
             repetition_penalty: Penalty above 1 discourages repeats; ``None`` keeps the default.
             **options: The keyword-only options, each described on :class:`~inference.options.RequestOptions`:
-                ``stop``, ``seed``, ``top_k``, ``logprobs``, ``json_schema``, ``tools`` and ``tool_choice``. A name
-                that is no option is a ``TypeError``; an option this provider cannot honour (see :attr:`options`) is an
+                ``stop``, ``seed``, ``top_k``, ``logprobs``, ``json_schema``, ``tools``, ``tool_choice`` and
+                ``return_token_ids``. A name that is no option is a ``TypeError``; an option this provider cannot
+                honour (see :attr:`options`) is an
                 ``UnsupportedOperationError``.
 
         Returns:
@@ -211,6 +234,7 @@ class InferenceProvider(ABC):
                 ``json_schema`` does not parse or validate although it finished (``finish_reason`` ``"stop"``).
         """
         request = self._request("generate", locals())
+        await self._check_token_prompt(request)
         async with self._request_in_use(request) as sent:
             return _as_asked(self._kept_to_schema(request, await self._generate(sent)), _asked_adapter(request))
 
@@ -255,6 +279,7 @@ class InferenceProvider(ABC):
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
         request = self._request("stream", locals())
+        await self._check_token_prompt(request)
         async with self._request_in_use(request) as sent:
             events = self._stream(sent)
             try:
@@ -432,6 +457,188 @@ class InferenceProvider(ABC):
         await asyncio.gather(*(run(index, item) for index, item in enumerate(items)))
         return [answer for answer in results if answer is not None]
 
+    # Token level ---------------------------------------------------------------------------------------
+
+    async def tokenize(self, text: str, model: str) -> list[int]:
+        """The model's token ids for ``text``, with no special token added (no BOS).
+
+        Text that spells one of the model's special tokens (``"<|im_end|>"``, ``"<bos>"``) is that one token, and the
+        tokenizer's normalizer applies: the rule of scoring (:mod:`inference._core.scoring`), so
+        ``tokenize(context + continuation)`` are the ids ``score`` reads.
+
+        Raises:
+            UnsupportedOperationError: The provider has no tokenizer at hand (``supports_tokenize`` is false).
+            InvalidRequestError: ``text`` or ``model`` is not a string, or ``text`` holds a lone surrogate.
+        """
+        self._require_token_level("tokenize text", "supports_tokenize")
+        text = checked_text(text, "text", provider=self.name)
+        model = checked_model(model, provider=self.name)
+        self._check_open()
+        return [int(token) for token in await self._tokenize_text(text, model)]
+
+    async def detokenize(self, token_ids: Sequence[int], model: str) -> str:
+        """The text of ``token_ids``: special tokens written out (``"<eos>"``), bytes that end inside a UTF-8
+        character shown as ``"\ufffd"``. ``detokenize(tokenize(text))`` is ``text`` unless the tokenizer
+        normalizes it.
+
+        Raises:
+            UnsupportedOperationError: The provider has no tokenizer at hand (``supports_tokenize`` is false).
+            InvalidRequestError: ``token_ids`` is not a list of non-negative integers.
+            TokenLimitError: An id is outside the vocabulary.
+        """
+        self._require_token_level("detokenize token ids", "supports_tokenize")
+        if isinstance(token_ids, (list, tuple)) and not token_ids:
+            return ""
+        request = TokenRequest.checked(provider=self.name, token_ids=token_ids, model=model)
+        self._check_open()
+        vocabulary = await self._vocabulary_of(request.model)
+        check_token_limits(request.token_ids, vocabulary, provider=self.name, max_length=len(request.token_ids))
+        return await self._detokenize_ids(request)
+
+    async def token_vocabulary(self, model: str) -> TokenVocabulary:
+        """The model's vocabulary for token-level work: its size (the width of every distribution), each token's
+        bytes, the special tokens, BOS and EOS, and the context length.
+
+        Raises:
+            UnsupportedOperationError: The provider has no tokenizer at hand (``supports_tokenize`` is false).
+        """
+        self._require_token_level("describe its vocabulary", "supports_tokenize")
+        model = checked_model(model, provider=self.name)
+        self._check_open()
+        return await self._vocabulary_of(model)
+
+    async def next_token_logprobs(
+        self, token_ids: Sequence[int], model: str, adapter_id: AdapterChoice = None
+    ) -> NDArray[np.float32]:
+        """The model's distribution over its whole vocabulary for the token after ``token_ids``.
+
+        Concurrent calls (and :meth:`batch_next_token_logprobs`) are gathered and reach the backend together, so it
+        can run them in one forward pass; a provider with a prefix cache computes only the tokens it has not seen
+        for the same adapter weights (``prefix + [t]`` after ``prefix`` costs one token; see :meth:`cache_stats`).
+
+        Args:
+            token_ids: The sequence, as the model reads it: nothing is added (start it with the model's BOS token
+                where the model expects one: :attr:`~inference.tokens.TokenVocabulary.adds_bos`). Any iterable
+                of integers (a list, a tuple, a ``numpy`` array). Not empty: to condition on nothing, pass
+                ``[bos_id]`` (genlm-backend refuses an empty list too).
+            model: As in :meth:`generate`.
+            adapter_id: As in :meth:`generate`: an adapter id, ``None`` for the base model, or, where
+                ``supports_adapter_scales``, an ``(id, scale)`` pair or a list of them. The adapter is held loaded
+                for the call, and a replaced adapter answers with its new weights from the call after the
+                replacement on.
+
+        Returns:
+            A 1-D ``numpy.ndarray`` of ``float32`` with one natural-log probability per vocabulary entry
+            (:attr:`~inference.tokens.TokenVocabulary.size` entries; ``logsumexp`` is 0 within 1e-4).
+
+        Raises:
+            UnsupportedOperationError: The provider cannot (``supports_next_token_logprobs`` is false), or
+                ``adapter_id`` has scales where ``supports_adapter_scales`` is false.
+            InvalidRequestError: ``token_ids`` is empty or not a list of non-negative integers.
+            TokenLimitError: An id is outside the vocabulary, or the sequence is longer than the context.
+            AdapterNotFoundError: ``adapter_id`` is not loaded.
+        """
+        rows = await self._next_token_rows([token_ids], model, adapter_id, lambda index: "token_ids")
+        row: NDArray[np.float32] = rows[0]
+        return row
+
+    async def batch_next_token_logprobs(
+        self, token_ids_list: Sequence[Sequence[int]], model: str, adapter_id: AdapterChoice = None
+    ) -> NDArray[np.float32]:
+        """:meth:`next_token_logprobs` for each sequence, all with one adapter choice.
+
+        Returns:
+            A 2-D ``numpy.ndarray`` of ``float32``: one row per sequence, in order (``(0, size)`` for no sequence).
+
+        Raises:
+            InvalidRequestError: ``token_ids_list`` is not a list of sequences; a sequence is invalid (the message
+                names its index).
+            TokenLimitError: An id is outside the vocabulary, or a sequence is longer than the context.
+        """
+        if isinstance(token_ids_list, (str, bytes)) or not isinstance(token_ids_list, Sequence):
+            raise InvalidRequestError(
+                f"token_ids_list must be a list of token id lists, got {type(token_ids_list).__name__}",
+                provider=self.name,
+            )
+        if not token_ids_list:
+            self._require_token_level("compute next-token distributions", "supports_next_token_logprobs")
+            import numpy as np
+
+            vocabulary = await self._vocabulary_of(checked_model(model, provider=self.name))
+            return np.empty((0, vocabulary.size), dtype=np.float32)
+        return await self._next_token_rows(token_ids_list, model, adapter_id, lambda index: f"token_ids_list[{index}]")
+
+    def cache_stats(self) -> TokenCacheStats:
+        """The prefix cache's counters: hits and misses, tokens reused and computed, tokens held and evicted.
+
+        A provider without a prefix cache reports ``enabled=False`` (and counts what it computed, where it can).
+        """
+        return self._cache_stats()
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (every adapter's): calls made after it compute their sequences whole.
+
+        It takes effect at once; a backend may free the memory a moment later, on its own thread. Replacing or
+        unloading an adapter never needs it: a cached prefix belongs to one version of an adapter's weights.
+        """
+        self._clear_cache()
+
+    async def _next_token_rows(
+        self,
+        sequences: Sequence[Sequence[int]],
+        model: str,
+        adapter_id: AdapterChoice,
+        name: Callable[[int], str],
+    ) -> NDArray[np.float32]:
+        """Check every sequence, hold the adapters, and have the sequences run with the calls made at once."""
+        self._require_token_level("compute next-token distributions over the whole vocabulary",
+                                  "supports_next_token_logprobs")
+        single, scales = split_adapter_choice(adapter_id, provider=self.name)
+        if scales and not self.supports_adapter_scales:
+            raise self._cannot("apply an adapter with a scale, or several adapters at once", "supports_adapter_scales")
+        requests = [
+            TokenRequest.checked(provider=self.name, token_ids=ids, model=model, adapter_id=single,
+                                 adapter_scales=scales, name=name(index))
+            for index, ids in enumerate(sequences)
+        ]
+        self._check_open()
+        vocabulary = await self._vocabulary_of(requests[0].model)
+        for index, request in enumerate(requests):
+            check_token_limits(request.token_ids, vocabulary, provider=self.name, name=name(index))
+        async with self._request_in_use(requests[0]) as sent:
+            held = [dataclasses.replace(request, adapter_id=sent.adapter_id, adapter_scales=sent.adapter_scales)
+                    for request in requests]
+            return await self._token_batcher.submit(held)
+
+    async def _vocabulary_of(self, model: str) -> TokenVocabulary:
+        """The backend's vocabulary for ``model``, asked once per model name."""
+        vocabulary = self._token_vocabularies.get(model)
+        if vocabulary is None:
+            vocabulary = self._token_vocabularies[model] = await self._token_vocabulary(model)
+        return vocabulary
+
+    async def _check_token_prompt(self, request: GenerationRequest) -> None:
+        """Refuse a :class:`~inference.tokens.TokenIds` prompt the model cannot read (room for one new token)."""
+        ids = request.prompt_token_ids
+        if ids is None:
+            return
+        vocabulary = await self._vocabulary_of(request.model)
+        check_token_limits(ids, vocabulary, provider=self.name, name="prompt.ids",
+                           max_length=vocabulary.context_length - 1)
+
+    @property
+    def _token_batcher(self) -> TokenBatcher:
+        """Gathers concurrent next-token calls into one backend call (made on first use)."""
+        if self._token_batcher_instance is None:
+            from inference._core.token_batching import TokenBatcher
+
+            self._token_batcher_instance = TokenBatcher(self._next_token_logprobs, self.name)
+        return self._token_batcher_instance
+
+    def _require_token_level(self, what: str, capability: str) -> None:
+        if not getattr(self, capability):
+            raise self._cannot(what, capability)
+
     async def load_adapter(
         self,
         adapter_id: str,
@@ -596,6 +803,8 @@ class InferenceProvider(ABC):
             "adapter_scales": scales,
         }
         request = GenerationRequest.from_arguments(provider=self.name, **values)
+        if request.prompt_token_ids is not None and not self.supports_token_prompts:
+            raise self._cannot("generate from token ids (a TokenIds prompt)", "supports_token_prompts")
         for name in GenerationOptions.names():
             if option_is_set(name, getattr(request, name)):
                 self._require_option(name)
@@ -681,6 +890,57 @@ class InferenceProvider(ABC):
         """Score the whole ``request.continuation`` in windows (providers with ``supports_scoring``)."""
         raise self._cannot("score_rolling", "supports_scoring")
 
+    async def _tokenize_text(self, text: str, model: str) -> Sequence[int]:
+        """``text`` -> token ids, no special token added, special-token text read as those tokens
+        (providers with ``supports_tokenize``; the rule of :mod:`inference._core.scoring`)."""
+        raise self._cannot("tokenize text", "supports_tokenize")
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        """``request.token_ids`` (checked against the vocabulary) -> text, special tokens written out."""
+        raise self._cannot("detokenize token ids", "supports_tokenize")
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        """The vocabulary of ``model`` (asked once per model name; the base class checks every id against it).
+
+        Every provider with ``supports_tokenize``, ``supports_next_token_logprobs`` or ``supports_token_prompts``
+        implements it.
+        """
+        raise self._cannot("describe its vocabulary", "supports_tokenize")
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        """The next-token distributions of a batch of sequences (providers with ``supports_next_token_logprobs``).
+
+        The contract, for backend implementers:
+
+        - ``requests`` holds every sequence of the calls made at the same time on one event loop (the base class
+          gathers ``next_token_logprobs`` and ``batch_next_token_logprobs`` calls until a pass of the loop adds
+          none): run them in as few forward passes as the backend allows, splitting by its own batch limit.
+        - Each request is checked: at least one id, every id below the vocabulary's ``size``, at most
+          ``context_length`` ids. Its adapters are held loaded until this returns, and are named as the backend
+          knows them: ``request.adapter_id`` (a replaced adapter's new weights are ``id@n``, see
+          ``_versioned_adapter_name``), or ``request.adapter_scales`` with a scale each. Requests of different
+          adapters may share a batch.
+        - Return a 2-D ``numpy`` array of ``float32``, one row per request in order, each row the log-softmax of
+          the logits after the request's last token (``size`` entries, normalized: ``logsumexp`` 0 within 1e-4).
+          Never a truncated distribution.
+        - A prefix cache, where the backend has one, is keyed by the adapters' backend names and scales (a
+          replacement's new name never meets the old weights' entries) and dropped for an adapter when it is
+          unloaded; it counts its hits in :meth:`_cache_stats` and forgets everything in :meth:`_clear_cache`.
+          With it on and off, the rows are the same (1e-5).
+        - Run the model on the provider's worker thread, never on the event loop. An
+          ``InvalidRequestError`` raised here for a batch of several calls makes the base class run each call on
+          its own, so the error reaches only its caller.
+        """
+        raise self._cannot("compute next-token distributions", "supports_next_token_logprobs")
+
+    def _cache_stats(self) -> TokenCacheStats:
+        """The prefix cache's counters (the default: no cache)."""
+        return TokenCacheStats()
+
+    def _clear_cache(self) -> None:  # noqa: B027 - no cache by default
+        """Forget every cached prefix; calls made after it must not use one (it must not block the loop: a backend
+        may mark its cache stale here and free it on its worker thread)."""
+
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load the adapter into the backend under ``adapter_id`` (its backend name), from ``source``: a path, or
         weights kept in memory where ``loads_adapter_weights_in_memory``. The registry never calls it twice at once
@@ -722,7 +982,7 @@ class InferenceProvider(ABC):
         """The path ``adapter_id`` was loaded from (for backends that must load it again)."""
         return self._adapter_registry.path_of(adapter_id)
 
-    def _request_in_use(self, request: GenerationRequest) -> contextlib.AbstractAsyncContextManager[GenerationRequest]:
+    def _request_in_use(self, request: _HeldT) -> contextlib.AbstractAsyncContextManager[_HeldT]:
         """Hold every adapter of ``request`` loaded while it runs; gives the request as the backend receives it."""
         return _RequestInUse(self, request)
 
@@ -767,7 +1027,7 @@ for _method in (InferenceProvider.generate, InferenceProvider.stream, InferenceP
     _list_options_in_signature(_method)
 
 
-_Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)
+_Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest, TokenRequest)
 _Answered = TypeVar("_Answered", GenerationResult, ScoreResult)
 
 
@@ -788,17 +1048,18 @@ def _sent_as(request: _Sent, backend: str | None) -> _Sent:
     return dataclasses.replace(request, adapter_id=backend)
 
 
-class _RequestInUse:
+class _RequestInUse(Generic[_HeldT]):
     """The adapters of one request held for its duration (a class, not a generator: a stream closed by the event
     loop's shutdown must not find its context manager already finalized)."""
 
-    def __init__(self, provider: InferenceProvider, request: GenerationRequest) -> None:
+    def __init__(self, provider: InferenceProvider, request: _HeldT) -> None:
         self.provider = provider
-        self.request = request
+        self.request: _HeldT = request
         self.stack = contextlib.AsyncExitStack()
 
-    async def __aenter__(self) -> GenerationRequest:
-        request = self.request
+    async def __aenter__(self) -> _HeldT:
+        request: _HeldT = self.request
+        sent: _HeldT
         async with self.stack as stack:
             if not request.adapter_scales:
                 backend = await stack.enter_async_context(self.provider._adapter_in_use(request.adapter_id))

@@ -104,6 +104,10 @@ class GenerationResult:
             none. ``text`` holds what it wrote besides the calls (often ``""``).
         provider: Which provider answered, where a :class:`~inference.fallback.FallbackProvider` chose among
             several (the label of the one that answered); ``None`` from a provider called directly.
+        token_ids: The generated token ids when the request asked for them (``return_token_ids=True``), else
+            ``None``: the tokens that make ``text``, as the model produced them. The end-of-sequence token is not
+            included, nor the tokens of a stop string cut from ``text`` (a token only partly in ``text`` is), so
+            ``detokenize(token_ids)`` starts with ``text`` (and is ``text`` when no stop string cut a token).
     """
 
     text: str
@@ -117,6 +121,7 @@ class GenerationResult:
     reasoning: str | None = None
     tool_calls: tuple[ToolCall, ...] | None = None
     provider: str | None = None
+    token_ids: tuple[int, ...] | None = None
 
     def as_message(self) -> Message:
         """The result as the assistant message that continues the conversation: ``{"role": "assistant",

@@ -227,6 +227,7 @@ class TransformersProvider(InProcessProvider[str]):
         "json_schema": Sent("llguidance", "a token mask per step"),
         "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
         "tool_choice": Refused("tool calling is not built yet for this backend"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     batches_mixed_adapters = True
     supports_scoring = True

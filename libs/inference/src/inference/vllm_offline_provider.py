@@ -109,6 +109,7 @@ class VLLMOfflineProvider(InferenceProvider):
         "json_schema": Sent("SamplingParams.structured_outputs"),
         "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
         "tool_choice": Refused("tool calling is not built yet for this backend"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     supports_adapters = True
     hot_swaps_adapters = True

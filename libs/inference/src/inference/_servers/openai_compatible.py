@@ -129,6 +129,7 @@ class OpenAICompatibleProvider(InferenceProvider):
         "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
         "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
         "tool_choice": Refused("tool calling is not built yet for this backend"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
 
