@@ -20,7 +20,7 @@ LLAMA_SERVER_STAMP := $(LLAMA_SERVER_VENV)/.installed-stamp
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PIP) --editable ".[all,dev,demo,lm-eval]"
+	$(PIP) --editable ".[all,dev,demo,lm-eval,plot]"
 	touch $@
 
 install: $(STAMP)
