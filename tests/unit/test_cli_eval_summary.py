@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from inference.cli import main
-from inference.evaluation import EvalPrompt, evaluate_adapters, read_rows
-from inference.exceptions import MissingDependencyError
+from inference.evaluation import AdapterSummary, EvalPrompt, EvaluationSummary, evaluate_adapters, read_rows
+from inference.exceptions import InvalidRequestError, MissingDependencyError
 
 LINES = [
     {"id": "q1", "prompt": "The sky is", "expected": " blue"},
@@ -105,6 +105,25 @@ def test_the_plot_is_a_png_beside_the_csv(files: tuple[list[str], Path], capsys:
     assert f"plot: {plot}" in out
     width, height = png_size(plot)
     assert width > 400 and height > 200
+
+
+def test_a_sweep_of_many_checkpoints_is_drawn_as_a_curve_over_the_run_order(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+
+    def checkpoint(step: int, nll: float | None) -> AdapterSummary:
+        return AdapterSummary(f"ckpt-{step}", None, 10, 0, None, None, 0, None, None, 0, nll_per_token=nll)
+
+    adapters = tuple(checkpoint(step, 3.0 + 1 / (step + 1) if step != 7 else None) for step in range(60))
+    summary = EvaluationSummary(
+        adapters, tmp_path / "r.jsonl", tmp_path / "r.summary.csv", 0, 0, 0, 0.0, base=checkpoint(0, 3.5)
+    )
+    assert summary.write_plot() == tmp_path / "r.summary.png"
+    width, height = png_size(summary.plot_path)
+    assert width >= 600 and height >= 200
+    with pytest.raises(InvalidRequestError, match="no adapter has a figure to plot"):
+        summary.write_plot(metrics=["acc"])
+    with pytest.raises(InvalidRequestError, match="cannot plot 'accuracy'"):
+        summary.write_plot(metrics=["accuracy"])
 
 
 def test_without_matplotlib_the_cli_says_which_extra_to_install(

@@ -87,6 +87,9 @@ def plot_summary(
     canvas_class(figure)
     for axis, name in zip(axes, names, strict=True):
         _panel(axis, name, adapters, summary.base, summary.best(name), labelled=labelled)
+    if not labelled:
+        for axis in axes[:-1]:
+            axis.set_xlabel("")  # the panels share the run order: named once, at the bottom
     mode = "log-likelihoods only" if summary.mode == "score" else "generated"
     figure.suptitle(f"{summary.output.name}: {len(adapters)} adapters ({mode})", fontsize=10)
     try:
