@@ -191,6 +191,12 @@ async def test_a_file_of_one_mode_is_not_resumed_in_the_other(tmp_path: Path) ->
         await evaluate_adapters(paths, PROMPTS, FAKE, output, mode="generate")
     again = await evaluate_adapters(paths, PROMPTS, {**FAKE, "max_tokens": 99}, output, mode="score")
     assert again.rows_written == 0  # generation settings do not decide a score-only row
+    resumed = await evaluate_adapters(paths, PROMPTS, FAKE, output)  # the default follows the file: score-only
+    assert resumed.mode == "score" and resumed.rows_written == 0
+    before = output.read_bytes()
+    with pytest.raises(InvalidRequestError, match="prompts plain have neither 'expected' nor 'choices'"):
+        await evaluate_adapters(paths, [*PROMPTS, EvalPrompt("plain", "Hi")], FAKE, output)  # it would get no row
+    assert output.read_bytes() == before
 
 
 async def test_a_full_disk_during_score_only_stops_the_run_and_names_the_file(

@@ -285,10 +285,7 @@ async def evaluate_adapters(
     if isinstance(adapters_in_flight, bool) or not isinstance(adapters_in_flight, int) or adapters_in_flight < 1:
         raise InvalidRequestError(f"adapters_in_flight must be a positive integer, got {adapters_in_flight!r}")
     if mode == "score" and scorer is not None:
-        raise InvalidRequestError(
-            "a scorer judges generated text, and a score-only run generates none: drop the scorer (the "
-            "log-likelihood figures need none), or evaluate with mode='generate'"
-        )
+        raise _scorer_in_score_only()
     generation = None if mode == "score" else generation_settings(provider_config)
     scoring = _score_settings(provider_config)
     score = resolve_scorer(scorer, prompt_list)
@@ -308,7 +305,7 @@ async def evaluate_adapters(
             provider=provider.name,
         )
     if mode == "score":
-        _check_score_only(provider, prompt_list)
+        _check_score_only(provider, prompt_list, scorer)
     hashes: list[str | None] = list(
         await asyncio.gather(
             *(asyncio.to_thread(adapter_hash, spec.weights if spec.weights is not None else str(spec.path))
@@ -322,6 +319,8 @@ async def evaluate_adapters(
 
     def check(rows: list[dict[str, Any]]) -> None:
         chosen = _resolve_mode(mode, rows, prompt_list, score)
+        if chosen == "score":  # also when "auto" follows a score-only file being resumed
+            _check_score_only(provider, prompt_list, scorer)
         settings = scoring if chosen == "score" or generation is None else generation
         fingerprint = run_settings(provider, settings, scorer, mode=chosen)
         reconciled = reconcile(
@@ -399,8 +398,18 @@ def _some(ids: Sequence[str]) -> str:
     return f"{', '.join(ids[:3])}{'...' if len(ids) > 3 else ''}"
 
 
-def _check_score_only(provider: InferenceProvider, prompts: Sequence[EvalPrompt]) -> None:
-    """Refuse a score-only run that could not score: a provider without scores, prompts with nothing to score."""
+def _scorer_in_score_only() -> InvalidRequestError:
+    return InvalidRequestError(
+        "a scorer judges generated text, and a score-only run generates none: drop the scorer (the log-likelihood "
+        "figures need none), or evaluate with mode='generate'"
+    )
+
+
+def _check_score_only(provider: InferenceProvider, prompts: Sequence[EvalPrompt], scorer: object) -> None:
+    """Refuse a score-only run that could not score: a scorer, a provider without scores, prompts with nothing to
+    score (they would never get a row)."""
+    if scorer is not None:
+        raise _scorer_in_score_only()
     if not provider.supports_scoring:
         raise UnsupportedOperationError(
             f"a score-only evaluation needs a provider that can score (transformers, llamacpp, vllm), and the "
