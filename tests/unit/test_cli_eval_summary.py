@@ -11,7 +11,7 @@ import pytest
 
 from inference.cli import main
 from inference.evaluation import AdapterSummary, EvalPrompt, EvaluationSummary, evaluate_adapters, read_rows
-from inference.exceptions import InvalidRequestError, MissingDependencyError
+from inference.exceptions import ConfigurationError, InvalidRequestError, MissingDependencyError
 
 LINES = [
     {"id": "q1", "prompt": "The sky is", "expected": " blue"},
@@ -124,6 +124,36 @@ def test_a_sweep_of_many_checkpoints_is_drawn_as_a_curve_over_the_run_order(tmp_
         summary.write_plot(metrics=["acc"])
     with pytest.raises(InvalidRequestError, match="cannot plot 'accuracy'"):
         summary.write_plot(metrics=["accuracy"])
+
+
+def test_a_plot_that_cannot_be_written_costs_a_note_not_the_results(
+    files: tuple[list[str], Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv, output = files
+    monkeypatch.setattr("inference.evaluation.plot.can_plot", lambda: True)
+    plot = output.with_name("results.summary.png")
+
+    def full_disk(self: EvaluationSummary) -> Path:
+        raise ConfigurationError(f"cannot write the plot {plot}: No space left on device")
+
+    monkeypatch.setattr(EvaluationSummary, "write_plot", full_disk)
+    status, out, err = run([*argv, "--score-only"], capsys)
+    assert status == 0 and out.startswith("adapter ") and "plot:" not in out  # the table is printed all the same
+    assert err == f"inference: no plot drawn: cannot write the plot {plot}: No space left on device\n"
+
+
+def test_nothing_to_draw_is_said_only_when_a_plot_was_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "a1").mkdir()
+    prompts = tmp_path / "plain.jsonl"
+    prompts.write_text('{"id": "p", "prompt": "Hi"}\n')  # no expected answer, no choices, no scorer: no figure
+    argv = ["eval", "--adapters", str(tmp_path / "a1"), "--prompts", str(prompts), "--provider", "fake"]
+    status, _, err = run([*argv, "--output", str(tmp_path / "one.jsonl")], capsys)
+    assert status == 0 and err == ""
+    status, _, err = run([*argv, "--output", str(tmp_path / "two.jsonl"), "--plot"], capsys)
+    assert status == 0 and err.startswith("inference: no plot drawn: no adapter has a figure to plot")
 
 
 def test_without_matplotlib_the_cli_says_which_extra_to_install(

@@ -32,7 +32,13 @@ from typing import Any, TypeVar
 
 from inference import __version__
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
-from inference.exceptions import AdapterNotFoundError, ConfigurationError, InferenceError, MissingDependencyError
+from inference.exceptions import (
+    AdapterNotFoundError,
+    ConfigurationError,
+    InferenceError,
+    InvalidRequestError,
+    MissingDependencyError,
+)
 from inference.options import OPTIONS
 from inference.registry import PROVIDER_EXTRAS, PROVIDER_REGISTRY, PROVIDERS
 
@@ -938,14 +944,11 @@ def _eval_plot(summary: Any, asked: bool | None, available: bool, extra: str) ->
             f"no plot drawn: matplotlib is not installed (pip install 'inference-adapters[{extra}]'; --no-plot "
             "skips this note)"
         )
-    if not any(
-        getattr(adapter, name) is not None
-        for adapter in summary.adapters
-        for name in ("score", "nll_per_token", "acc", "acc_norm")
-    ):
-        note = "no plot drawn: no adapter has a score, nll/token or acc (give --score, 'expected' or 'choices')"
-        return None, note if asked else None
-    return summary.write_plot(), None
+    try:
+        return summary.write_plot(), None
+    except InferenceError as error:  # the run's results stand; the plot is extra
+        nothing_to_draw = isinstance(error, InvalidRequestError)  # no score, nll/token or acc in any adapter
+        return None, f"no plot drawn: {error}" if asked or not nothing_to_draw else None
 
 
 def _eval_times(timings: dict[str, float], elapsed_s: float) -> str:
