@@ -1,7 +1,7 @@
 """The checks an adapter passes before it goes into a model, as pure functions: no torch, no model.
 
 ``check_target_modules`` and ``check_layer_shapes`` (``inference.adapters.peft``) are what the Transformers
-provider asks before PEFT builds anything.
+provider asks before PEFT builds anything; ``slot_shape`` decides which adapters may take turns in one PEFT slot.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from inference._inprocess.peft_slots import slot_shape
 from inference.adapters.peft import PeftAdapter, check_layer_shapes, check_target_modules
 from inference.exceptions import InvalidAdapterError
 
@@ -101,3 +102,14 @@ def test_weights_for_a_module_the_model_lacks_are_refused() -> None:
     assert str(caught.value) == (
         "adapter at /adapters/x has weights for model.layers.7.mlp.up_proj, which tiny does not have"
     )
+
+
+def test_adapters_of_one_lora_shape_share_a_slot_and_others_do_not() -> None:
+    config: dict[str, Any] = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    same = dict(config, target_modules=["v_proj", "q_proj"], base_model_name_or_path="elsewhere", lora_dropout=0.1)
+    assert slot_shape(config) == slot_shape(same) is not None  # order and inference-indifferent keys do not count
+    assert slot_shape(dict(config, r=8)) != slot_shape(config)
+    assert slot_shape(dict(config, lora_alpha=16)) != slot_shape(config)
+    assert slot_shape(dict(config, use_dora=True)) is None  # a slot with more than LoRA matrices is never reused
+    assert slot_shape(dict(config, bias="all")) is None
+    assert slot_shape(dict(config, modules_to_save=["lm_head"])) is None
