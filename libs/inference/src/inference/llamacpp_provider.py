@@ -38,7 +38,7 @@ from inference._core.lifecycle import FilesState, files_state
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
 from inference._inprocess.base import InProcessProvider, chat_messages, non_finite_logits, plain_prompt
-from inference._inprocess.constrained import JsonGrammars, SchemaRefused
+from inference._inprocess.constrained import JsonGrammars
 from inference._inprocess.llamacpp_batch import BatchEntry, ContinuousBatcher, Started
 from inference._inprocess.llamacpp_completion import Completion, TokenText
 from inference._inprocess.llamacpp_logits import JsonMask, clear_memory, score_sequence
@@ -645,14 +645,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             vocab = self._llama_cpp().llama_model_get_vocab(llama.model)
             with warnings.catch_warnings():  # llguidance calls llama_token_get_attr, deprecated by llama-cpp-python
                 warnings.simplefilter("ignore", DeprecationWarning)
-                self._grammars = JsonGrammars(llguidance, lltokenizer_from_vocab(vocab))
-        try:
-            return JsonMask(numpy, self._grammars.matcher(request.json_schema))
-        except SchemaRefused as error:
-            raise InvalidRequestError(
-                f"json_schema cannot be compiled into a grammar ({error}): simplify the schema",
-                provider=self.name,
-            ) from error
+                self._grammars = JsonGrammars(llguidance, lltokenizer_from_vocab(vocab), provider=self.name)
+        return JsonMask(numpy, self._grammars.matcher(request.json_schema))
 
     def _generate_blocking(
         self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
