@@ -21,11 +21,9 @@ that record.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import importlib.util
 import math
 import os
-import sys
 import threading
 import warnings
 from collections.abc import AsyncIterator
@@ -42,6 +40,16 @@ from inference._inprocess.constrained import JsonGrammars, SchemaRefused
 from inference._inprocess.llamacpp_batch import BatchEntry, ContinuousBatcher, Started
 from inference._inprocess.llamacpp_completion import Completion, TokenText
 from inference._inprocess.llamacpp_logits import JsonMask, clear_memory, score_sequence
+from inference._inprocess.llamacpp_native import (
+    PromptAbort,
+    free_adapter,
+    has_adapter_api,
+    init_adapter,
+    install_log_filter,
+    set_context_adapters,
+    set_thread_log_mode,
+    share_context,
+)
 from inference._inprocess.llamacpp_text import TextEncoder
 from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
 from inference.adapters.source import AdapterSource
@@ -195,7 +203,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         verbose: bool | None = None,
     ) -> None:
         super().__init__(  # checks max_adapters; the worker thread starts on first use
-            locals(), worker_initializer=lambda: _set_thread_log_mode(self._verbose)
+            locals(), worker_initializer=lambda: set_thread_log_mode(self._verbose)
         )
         settings = self._settings
         if not settings["model_path"]:
@@ -352,13 +360,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
     def _llama_cpp(self) -> Any:
         llama_cpp = import_optional("llama_cpp", extra="llamacpp", provider=self.name)
-        _install_log_filter(llama_cpp)
+        install_log_filter(llama_cpp)
         if self._hot_swap is None:
-            has_api = all(
-                hasattr(llama_cpp, name)
-                for name in ("llama_adapter_lora_init", "llama_adapter_lora_free", "llama_set_adapters_lora")
-            )
-            self._hot_swap = self._hot_swap_requested and has_api
+            self._hot_swap = self._hot_swap_requested and has_adapter_api(llama_cpp)
         return llama_cpp
 
     def _ensure_model(self, lora_path: Path | None = None) -> Any:
@@ -403,7 +407,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         try:
             llama = llama_cpp.Llama(model_path=str(self.model_path), **kwargs)
             if self.n_parallel > 1 or self._flash_attn:
-                _own_context(llama, self.n_parallel, self._flash_attn)
+                share_context(llama, self.n_parallel, self._flash_attn)
         except Exception as error:  # llama-cpp-python raises ValueError/RuntimeError with no detail
             raise ModelLoadError(
                 f"llama.cpp could not load {self.model_path} ({error}): check that it is a complete "
@@ -478,7 +482,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             if not hasattr(llama_cpp, "llama_adapter_lora_init"):
                 return None
         llama = self._llama if self._llama is not None else self._ensure_model()
-        handle = llama_cpp.llama_adapter_lora_init(llama.model, os.fsencode(gguf_path))  # the path's own bytes
+        handle = init_adapter(llama_cpp, llama, gguf_path)
         if not handle:  # a NULL pointer: llama.cpp refused it (tensor names or shapes the model lacks)
             raise InvalidAdapterError(
                 f"llama.cpp refused the LoRA adapter {gguf_path}: its tensors do not fit the base model "
@@ -487,7 +491,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 path=str(gguf_path),
             )
         if not self._hot_swap:  # checked; the model is rebuilt with lora_path when a request needs it
-            llama_cpp.llama_adapter_lora_free(handle)
+            free_adapter(llama_cpp, handle)
             return None
         return handle
 
@@ -508,13 +512,13 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
     def _free_adapter_blocking(self, adapter_id: str, adapter: _Adapter) -> None:
         if any(active_id == adapter_id for active_id, _ in self._active):
             if self._hot_swap and self._llama is not None:
-                self._set_context_adapters([])
+                set_context_adapters(self._llama_cpp(), self._llama, [])
             elif self._llama is not None:  # reload mode: the model has it baked in; rebuild on next use
                 self._llama.close()
                 self._llama = None
             self._active = ()
         if adapter.handle is not None:
-            self._llama_cpp().llama_adapter_lora_free(adapter.handle)
+            free_adapter(self._llama_cpp(), adapter.handle)
             adapter.handle = None
 
     def _close_blocking(self) -> None:
@@ -524,18 +528,6 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         if self._llama is not None:
             self._llama.close()
             self._llama = None
-
-    def _set_context_adapters(self, applied: list[tuple[Any, float]]) -> None:
-        """Make ``applied`` (handle, scale pairs) the context's adapters (``[]`` clears them); reset the KV cache."""
-        llama_cpp = self._llama_cpp()
-        llama = self._llama
-        if not applied:
-            llama_cpp.llama_set_adapters_lora(llama.ctx, None, 0, None)
-        else:
-            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * len(applied))(*(handle for handle, _ in applied))
-            scales = (ctypes.c_float * len(applied))(*(scale for _, scale in applied))
-            llama_cpp.llama_set_adapters_lora(llama.ctx, adapters, len(applied), scales)
-        llama.reset()  # Llama.generate would otherwise reuse KV entries computed under the other adapter
 
     def _activate(self, adapters: AdapterScales) -> Any:
         """Return the model with ``adapters`` (backend names and scales; ``()``: none) applied, switched
@@ -562,7 +554,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         llama = self._ensure_model()
         if adapters != self._active:
             applied = [(adapter.handle, scale) for adapter, (_, scale) in zip(resident, adapters, strict=True)]
-            self._set_context_adapters(applied)
+            set_context_adapters(self._llama_cpp(), llama, applied)
             self._active = adapters
         return llama
 
@@ -686,15 +678,11 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         prompt, completion = self._prepare(llama, request, sink)
         tokens = llama.generate(prompt, **self._sampling(llama, request, completion))
         llama_cpp = self._llama_cpp()
-        abort = llama_cpp.ggml_abort_callback(lambda _data: cancel.is_set())
-        llama_cpp.llama_set_abort_callback(llama.ctx, abort, None)
-        aborting = True
+        abort = PromptAbort(llama_cpp, llama.ctx, cancel)
         failed = True
         try:
             for token in tokens:
-                if aborting:  # the prompt is in: one-token steps need no abort (and a Python call per graph node)
-                    llama_cpp.llama_set_abort_callback(llama.ctx, llama_cpp.ggml_abort_callback(), None)
-                    aborting = False
+                abort.lift()  # the prompt is in
                 if cancel.is_set() or completion.add(token, lambda: completion.tokens.logits(llama.ctx, -1)):
                     break
             failed = False
@@ -704,8 +692,7 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             failed = False  # llama_decode aborted the prompt: its cells are already removed, nothing is poisoned
             return self._cancelled(request)
         finally:
-            if aborting:
-                llama_cpp.llama_set_abort_callback(llama.ctx, llama_cpp.ggml_abort_callback(), None)
+            abort.lift()
             tokens.close()  # released here, on the worker thread, not whenever it is collected
             if failed:  # NaN logits leave NaN in the KV cache, which would poison the next requests
                 clear_memory(self._llama_cpp(), llama)
@@ -837,84 +824,10 @@ class _BatchBackend:
         return worker.waiting() > worker.waiting(self.provider._serve_batch)
 
 
-def _own_context(llama: Any, n_parallel: int, flash_attn: bool) -> None:
-    """Give ``llama`` the provider's context: ``n_parallel`` sequences sharing one KV cache of ``n_ctx`` cells, and
-    flash attention as asked.
-
-    llama-cpp-python's ``Llama`` makes a one-sequence context; this replaces it with the same settings plus
-    ``n_seq_max``, the flash attention setting and a unified KV cache (each sequence may use any cell, so one
-    request alone still has the whole context). The new context is freed with the model, before it.
-    """
-    from llama_cpp import _internals
-
-    llama_cpp = sys.modules["llama_cpp"]
-    params = llama.context_params
-    params.n_seq_max = n_parallel
-    if hasattr(params, "kv_unified"):
-        params.kv_unified = n_parallel > 1
-    if hasattr(params, "flash_attn_type"):
-        params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
-    shared = _internals.LlamaContext(model=llama._model, params=params, verbose=llama.verbose)
-    single, llama._ctx = llama._ctx, shared
-    single.close()
-    adapter = getattr(llama, "_lora_adapter", None)  # reload mode: the adapter Llama set on the old context
-    if adapter is not None:
-        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
-        scales = (ctypes.c_float * 1)(1.0)
-        if llama_cpp.llama_set_adapters_lora(shared.ctx, adapters, 1, scales):
-            raise RuntimeError("llama.cpp could not set the LoRA adapter on the shared context")
-
-
 def _retrieve(future: asyncio.Future[Any]) -> None:
     """Mark an abandoned future's error as seen (nobody waits for it any more)."""
     if not future.cancelled():
         future.exception()
-
-
-_log_mode = threading.local()  # ``verbose`` of the provider whose worker this thread is; unset elsewhere
-_log_filter_lock = threading.Lock()
-_log_filter: Any = None  # the installed ctypes callback (kept referenced: llama.cpp calls it for ever)
-
-
-def _set_thread_log_mode(verbose: bool) -> None:
-    """Worker-thread initializer: llama.cpp's log lines from this thread print only if ``verbose``."""
-    _log_mode.verbose = verbose
-
-
-def _install_log_filter(llama_cpp: Any) -> None:
-    """Route llama.cpp's log lines by thread, once per process (``llama_log_set`` is process-wide).
-
-    On a provider's worker thread, a line goes to stderr only when that provider has ``verbose=True``;
-    with ``verbose=False`` nothing is printed. llama-cpp-python's own filter cannot be relied on: it
-    reads ggml's log levels with an older numbering, so with ``verbose=False`` it prints llama.cpp's
-    warnings (e.g. "n_ctx_seq (4096) > n_ctx_train (512)" when a context is created) and hides its
-    errors, and only the model load itself runs with stderr redirected. Lines logged on any other
-    thread (a ``Llama`` the application uses itself) still go to llama-cpp-python's callback.
-    """
-    global _log_filter
-    with _log_filter_lock:
-        if _log_filter is not None or not hasattr(llama_cpp, "llama_log_set"):
-            return
-        try:
-            from llama_cpp import _logger
-
-            fallback = getattr(_logger, "llama_log_callback", None)
-        except ImportError:  # another llama-cpp-python layout: lines off our threads are dropped
-            fallback = None
-
-        def route(level: int, text: bytes | None, user_data: Any) -> None:
-            verbose = getattr(_log_mode, "verbose", None)
-            if verbose is None:
-                if fallback is not None:
-                    fallback(level, text, user_data)
-            elif verbose and text:
-                sys.stderr.write(text.decode("utf-8", errors="replace"))
-                sys.stderr.flush()
-
-        _log_filter = llama_cpp.llama_log_callback(route)
-        llama_cpp.llama_log_set(_log_filter, ctypes.c_void_p(0))
 
 
 def _is_utf8(path: Path) -> bool:
