@@ -83,7 +83,8 @@ class Generation:
         self.seed = seed
         self._require_prompt = require_prompt
         self._tokens: TokenText | None = None  # the loaded model's token helpers
-        self._schemas = SchemaMatchers(model.provider, "llamacpp")  # built on the first json_schema request
+        self._schemas: SchemaMatchers | None = None  # the loaded model's, made by its first json_schema request
+        self._schemas_llama: Any = None  # the Llama they were made for
 
     def prepare(self, llama: Any, request: GenerationRequest, sink: PieceSink | None) -> tuple[list[int], Completion]:
         """Tokenise a request, check that it fits the context and compile its JSON mask."""
@@ -165,6 +166,9 @@ class Generation:
         if request.json_schema is None:
             return None
         numpy = import_optional("numpy", provider=self.model.provider, extra="llamacpp")
+        if self._schemas is None or self._schemas_llama is not llama:  # reload mode rebuilt the model
+            # llguidance's tokenizer keeps the model's vocabulary pointer, freed with the model it came from.
+            self._schemas, self._schemas_llama = SchemaMatchers(self.model.provider, "llamacpp"), llama
         return JsonMask(numpy, self._schemas.matcher(request.json_schema, lambda _: self._tokenizer(llama)))
 
     def _tokenizer(self, llama: Any) -> Any:
