@@ -40,10 +40,11 @@ from inference._inprocess.batching import BatchQueue, PendingRequest
 from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check_seed
 from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache, load_model
 from inference._inprocess.hf_scoring import HFScoring, ScoreCall
+from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceSink, stream_from_worker
 from inference.adapters.source import AdapterSource
-from inference.options import OptionMap, Refused, Sent
+from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 
@@ -97,8 +98,8 @@ class TransformersProvider(InProcessProvider[str]):
 
     name = "transformers"
     options: ClassVar[OptionMap] = {
+        **IN_PROCESS_OPTIONS,  # system_prompt (chat template), json_schema (llguidance), tools refused
         "max_tokens": Sent("GenerationConfig.max_new_tokens", "and a per-row limit in the batch"),
-        "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
         "temperature": Sent("GenerationConfig.temperature"),
         "top_p": Sent("GenerationConfig.top_p"),
         "repetition_penalty": Sent("GenerationConfig.repetition_penalty"),
@@ -106,10 +107,6 @@ class TransformersProvider(InProcessProvider[str]):
         "seed": Sent("torch.manual_seed", "a seeded request runs in a batch of its own"),
         "top_k": Sent("GenerationConfig.top_k"),
         "logprobs": Sent("logits processor", "log-softmax of the raw logits"),
-        "json_schema": Sent("llguidance", "a token mask per step"),
-        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
-        "tool_choice": Refused("tool calling is not built yet for this backend"),
-        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     batches_mixed_adapters = True
     supports_scoring = True
