@@ -35,7 +35,7 @@ import re
 import sys
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
@@ -63,6 +63,7 @@ from inference.exceptions import (
 
 __all__ = [
     "RETRY_STATUSES",
+    "ErrorHandler",
     "ErrorHandlers",
     "RetryPolicy",
     "ServerAnswer",
@@ -74,6 +75,17 @@ __all__ = [
     "is_route_missing",
     "server_root",
 ]
+
+
+_ErrorT = TypeVar("_ErrorT", bound=InferenceError)
+
+
+def _json_or_none(content: bytes) -> Any:
+    """The JSON value of a body; ``None`` when it is empty or not JSON."""
+    try:
+        return json.loads(content) if content else None
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        return None
 
 
 def is_connect_failure(error: BaseException) -> bool:
@@ -116,15 +128,11 @@ def is_route_missing(response: httpx.Response) -> bool:
     """
     if response.status_code not in (404, 405):
         return False
-    try:
-        body = json.loads(response.content) if response.content else None
-    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
-        body = None
-    else:
-        if isinstance(body, dict):
-            return set(body) == {"detail"} and body["detail"] in _ROUTE_MISSING_JSON
-        if body is not None:
-            return False
+    body = _json_or_none(response.content)
+    if isinstance(body, dict):
+        return set(body) == {"detail"} and body["detail"] in _ROUTE_MISSING_JSON
+    if body is not None:
+        return False
     text = response.content.decode("utf-8", errors="replace").strip()
     if "<" in text:  # an HTML error page: look at its title or heading
         match = re.search(r"<(title|h1)[^>]*>([^<]*)<", text, re.IGNORECASE)
@@ -230,7 +238,10 @@ class ServerAnswer:
         )
 
 
-ErrorHandlers = Mapping[int, Callable[[ServerAnswer], "ServerResponseError | None"]]
+ErrorHandler = Callable[[ServerAnswer], "ServerResponseError | None"]
+"""A backend-specific case: the error an answer means, or ``None`` for the generic one."""
+
+ErrorHandlers = Mapping[int, ErrorHandler]
 """Backend-specific cases: status code -> handler returning the error, or ``None`` for the generic one."""
 
 
@@ -402,13 +413,16 @@ class ServerClient:
         except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
             raise self.protocol_error(operation, f"malformed JSON ({error})") from error
 
+    def _error(self, error_class: type[_ErrorT], sentence: str) -> _ErrorT:
+        """``error_class`` with ``sentence``, carrying this client's provider and (redacted) URL."""
+        return error_class(sentence, provider=self.provider, url=self.shown_url)
+
     def protocol_error(self, operation: str, problem: str) -> ProtocolError:
         """An answer that does not follow the protocol, with a hint about the base URL."""
-        return ProtocolError(
+        return self._error(
+            ProtocolError,
             f"{self.where} answered {operation} with {problem}: check that {self.env_prefix}_BASE_URL "
             f"(or base_url) points at {a_server(self.server)}",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def error_from_exception(
@@ -427,19 +441,17 @@ class ServerClient:
         openai = sys.modules.get("openai")
         cause = error if isinstance(error, httpx.HTTPError) else error.__cause__
         if isinstance(cause or error, (httpx.InvalidURL, httpx.UnsupportedProtocol)):
-            return ConfigurationError(
+            return self._error(
+                ConfigurationError,
                 f"{self.where} cannot be asked to {operation}: the URL is not usable ({cause or error}); set "
                 f"{self.env_prefix}_BASE_URL (or base_url) to http://HOST:PORT/v1",
-                provider=self.provider,
-                url=self.shown_url,
             )
         if isinstance(cause, httpx.LocalProtocolError):  # this request is not valid HTTP: not the server's fault
-            return ConfigurationError(
+            return self._error(
+                ConfigurationError,
                 f"{self.where} was not asked to {operation}: the request could not be sent, because a header or the "
                 f"URL holds a character HTTP forbids; check the API key (api_key) and {self.env_prefix}_BASE_URL (or "
                 "base_url)",
-                provider=self.provider,
-                url=self.shown_url,
             )
         if isinstance(cause, httpx.TimeoutException) or (
             openai is not None and isinstance(error, openai.APITimeoutError)
@@ -454,16 +466,14 @@ class ServerClient:
         if isinstance(error, ValueError):  # json.JSONDecodeError from a body that is not JSON
             return self.protocol_error(operation, f"malformed JSON ({error})")
         if openai is not None and isinstance(error, openai.APIError):  # an error event inside a stream
-            return ProviderError(
+            return self._error(
+                ProviderError,
                 f"{self.where} reported an error during {operation}: {error.message}. The server failed; its "
                 "log says why",
-                provider=self.provider,
-                url=self.shown_url,
             )
-        return ProviderError(
+        return self._error(
+            ProviderError,
             f"{self.where} failed during {operation}: {type(error).__name__}: {error}",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def _timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
@@ -471,11 +481,10 @@ class ServerClient:
             what = f"accept a connection within {self.httpx_timeout.connect:g} s"
         else:
             what = f"answer within {self.timeout:g} s ({operation})"
-        return ProviderTimeoutError(
+        return self._error(
+            ProviderTimeoutError,
             f"{self.where} did not {what}: check that the server is up and not overloaded, or raise the "
             f"timeout ({self.env_prefix}_TIMEOUT or timeout=)",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def _unavailable_error(self, cause: BaseException) -> ProviderUnavailableError:
@@ -483,20 +492,18 @@ class ServerClient:
         tried = f"{attempts} attempts" if attempts > 1 else "1 attempt"
         detail = str(cause) or type(cause).__name__
         server = a_server(self.server).partition(" ")[2]  # "vLLM server", "llama-server"
-        return ProviderUnavailableError(
+        return self._error(
+            ProviderUnavailableError,
             f"nothing answers at {self.shown_url} ({detail}; {tried}): start the {server} there, "
             f"or point {self.env_prefix}_BASE_URL (or base_url) at the running server",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def _broken_error(self, operation: str, cause: BaseException) -> ProviderUnavailableError:
         detail = str(cause) or type(cause).__name__
-        return ProviderUnavailableError(
+        return self._error(
+            ProviderUnavailableError,
             f"{self.where} dropped the connection during {operation} ({detail}): the server crashed, "
             "restarted or was stopped while answering; check that it is up (its log says why), then retry",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     @contextlib.asynccontextmanager
@@ -623,11 +630,7 @@ class ServerClient:
 
 
 def _answer(response: httpx.Response, *, operation: str, where: str, provider: str, url: str) -> ServerAnswer:
-    body: Any = None
-    try:
-        body = json.loads(response.content) if response.content else None
-    except (ValueError, RecursionError):
-        body = None
+    body = _json_or_none(response.content)
     message = _server_message(body) if body is not None else response.text.strip()
     return ServerAnswer(
         response=response,
