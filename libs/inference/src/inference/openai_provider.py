@@ -65,4 +65,4 @@ class OpenAIProvider(OpenAICompatibleProvider):
     ) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries, api=api)
         self.api: str = self._settings["api"]
-        self._route_choice = ChatUntilRefused(self.api, env_prefix=self.env_prefix, logger=self._logger)
+        self._route_choice = ChatUntilRefused(self.api, env_prefix=self.env_prefix)

@@ -211,9 +211,8 @@ class VLLMProvider(OpenAICompatibleProvider):
     hot_swaps_adapters = True
     batches_mixed_adapters = True
     supports_scoring = True
-    _lora: ServedAdapters  # the parts this provider is assembled from (see _assemble)
+    _lora: ServedAdapters  # narrowed: this provider always has runtime LoRA routes
     _scoring: PromptLogprobScoring
-
 
     def __init__(
         self,
@@ -249,19 +248,11 @@ class VLLMProvider(OpenAICompatibleProvider):
         if self.adapter_placement == "on-demand":
             settings = self._settings
             self.placement = AdapterPlacement(self._replicas, settings["max_loras"], settings["spread_after"])
-        self._assemble()
-
-
-    # The parts: the generation path of OpenAICompatibleProvider asks them at each step ---------------------------
-
-    def _assemble(self) -> None:
-        self._route_choice = ChatTemplateProbe(
-            self.api, server=self.server_label, env_prefix=self.env_prefix, logger=self._logger
-        )
+        # The parts this provider is assembled from; OpenAICompatibleProvider's generation path asks them.
+        self._route_choice = ChatTemplateProbe(self.api, server=self.server_label, env_prefix=self.env_prefix)
         self._limits = ServerLimits(provider=self.name, server=self.server_label, max_temperature=MAX_TEMPERATURE)
-        self._lora = ServedAdapters(
-            self._replicas, RuntimeLoRA(VLLM_LORA_ROUTES), self._adapter_registry, self.placement
-        )
+        lora = RuntimeLoRA(VLLM_LORA_ROUTES)
+        self._lora = ServedAdapters(self._replicas, lora, self._adapter_registry, self.placement)
         self._scoring = PromptLogprobScoring(self._replicas, self.model_hint, _resolver_could_not_load)
 
     # Adapters: vLLM's runtime LoRA routes on every replica (inference._servers.served_adapters) ----------------

@@ -15,7 +15,6 @@ does not know), so such a model is sent plain text on ``/v1/completions``. A ser
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ServerAnswer, is_connect_failure
@@ -57,13 +56,11 @@ class ChatUntilRefused(RouteChoice):
     Args:
         api: ``"auto"``, ``"chat"`` or ``"completions"``.
         env_prefix: The provider's variable prefix (``"OPENAI"``), for the hint in a refusal.
-        logger: Where the move to completions is logged.
     """
 
-    def __init__(self, api: str, *, env_prefix: str, logger: logging.Logger) -> None:
+    def __init__(self, api: str, *, env_prefix: str) -> None:
         self.api = api
         self._env_prefix = env_prefix
-        self._logger = logger
         self._chatless: set[str] = set()  # base URLs of the replicas that refused chat for want of a chat template
 
     async def route(self, replica: Replica, request: GenerationRequest) -> str:
@@ -77,7 +74,7 @@ class ChatUntilRefused(RouteChoice):
         if self.api != "auto" or route != CHAT or refused.status_code != 400 or NO_CHAT_TEMPLATE not in str(refused):
             return None
         self._chatless.add(replica.base_url)
-        self._logger.info(
+        replica.http.logger.info(
             "%s has no chat template for its model; generating through /v1/completions", replica.http.where
         )
         return COMPLETIONS
@@ -105,14 +102,12 @@ class ChatTemplateProbe(RouteChoice):
         api: ``"auto"``, ``"chat"`` or ``"completions"``.
         server: The server's name (``"vLLM"``), for the hint in a refusal.
         env_prefix: The provider's variable prefix (``"VLLM"``), for the hint in a refusal.
-        logger: Where a replica found to have no chat template is logged.
     """
 
-    def __init__(self, api: str, *, server: str, env_prefix: str, logger: logging.Logger) -> None:
+    def __init__(self, api: str, *, server: str, env_prefix: str) -> None:
         self.api = api
         self._server = server
         self._env_prefix = env_prefix
-        self._logger = logger
 
     async def route(self, replica: Replica, request: GenerationRequest) -> str:
         """The ``api`` setting; for ``"auto"``, what the replica's model needs, found out once per replica."""
@@ -142,7 +137,7 @@ class ChatTemplateProbe(RouteChoice):
             )
         except ServerResponseError as error:
             if error.status_code == 400 and NO_CHAT_TEMPLATE in str(error):
-                self._logger.info(
+                replica.http.logger.info(
                     "%s: the model has no chat template; generating through /v1/completions", replica.http.where
                 )
                 return COMPLETIONS
