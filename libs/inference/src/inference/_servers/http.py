@@ -646,7 +646,7 @@ def _answer(response: httpx.Response, *, operation: str, where: str, provider: s
 
 def _server_message(body: Any) -> str:
     if isinstance(body, dict):
-        for key in ("error", "message", "detail"):
+        for key in ("error", "message", "detail", "error_message"):  # error_message: SGLang's LoRA routes
             value = body.get(key)
             if isinstance(value, dict):
                 return _server_message(value)
