@@ -5,7 +5,7 @@ nothing), generations are spread across them and skip a replica that does not ac
 
 The provider is assembled from the server parts in :mod:`inference._servers` (see
 :mod:`~inference._servers.openai_compatible`); what is vLLM's own is here: its runtime LoRA routes and their
-refusals (:data:`VLLM_LORA_ROUTES`), its limits, and the check of a local adapter against ``--max-lora-rank``.
+refusals (``_LORA_ROUTES``), its limits, and the check of a local adapter against ``--max-lora-rank``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from inference._core.lifecycle import Discovered
 from inference._core.validation import ScoreRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer
+from inference._servers.limits import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
 from inference._servers.limits import ServerLimits
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.placement import AdapterPlacement
@@ -105,7 +106,7 @@ def _load_refusals(adapter_id: str, adapter_path: str) -> ErrorHandlers:
     return {400: bad_request, 404: not_found, 500: server_error}
 
 
-VLLM_LORA_ROUTES = LoRARoutes(
+_LORA_ROUTES = LoRARoutes(
     server="vLLM",
     enable_hint="start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1",
     preload_hint="start vLLM with --lora-modules {adapter_id}=<path>",
@@ -116,7 +117,7 @@ VLLM_LORA_ROUTES = LoRARoutes(
 exist only with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``, and what their refusals mean."""
 
 
-def check_local_adapter(adapter_path: str, max_lora_rank: int, *, provider: str) -> None:
+def _check_local_adapter(adapter_path: str, max_lora_rank: int, *, provider: str) -> None:
     """Refuse, before sending, an adapter directory on this machine that vLLM would refuse (rank above
     ``max_lora_rank``; what :func:`~inference.adapters.peft.read_peft_adapter` refuses)."""
     if not os.path.exists(adapter_path):
@@ -251,7 +252,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         # The parts this provider is assembled from; OpenAICompatibleProvider's generation path asks them.
         self._route_choice = ChatTemplateProbe(self.api, server=self.server_label, env_prefix=self.env_prefix)
         self._limits = ServerLimits(provider=self.name, server=self.server_label, max_temperature=MAX_TEMPERATURE)
-        lora = RuntimeLoRA(VLLM_LORA_ROUTES)
+        lora = RuntimeLoRA(_LORA_ROUTES)
         self._lora = ServedAdapters(self._replicas, lora, self._adapter_registry, self.placement)
         self._scoring = PromptLogprobScoring(self._replicas, self.model_hint, _resolver_could_not_load)
 
@@ -274,7 +275,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         return absolute_if_local(super()._adapter_path_argument(adapter_path))
 
     async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        check_local_adapter(adapter_path, self.max_lora_rank, provider=self.name)
+        _check_local_adapter(adapter_path, self.max_lora_rank, provider=self.name)
         await self._lora.load(adapter_id, adapter_path)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
