@@ -1,12 +1,15 @@
 """A small agent loop whose steps pick their providers from step configs.
 
-Each round of the loop runs three steps, and each step's output feeds the next:
+Each round of the loop runs two model steps, and each step's output feeds the next:
 
 1. ``plan``  (a model step on an HTTP server that speaks vLLM's OpenAI protocol, here ``llama_cpp.server``):
-   writes a short plan for the task, seeing the feedback of the previous round if there was one.
-2. ``notes`` (a tool step: plain Python, no model): pulls the key words out of the plan.
-3. ``write`` (a model step on llama.cpp in process, with a LoRA adapter): writes the answer from the task
-   and the notes.
+   writes a short plan for the task, seeing the feedback of the previous round if there was one. It has a tool,
+   ``key_words`` (a Python function): where the step's backend calls tools, the model calls it, the loop runs it
+   and sends the result back as a tool message until the model answers in text; where the backend cannot call
+   tools yet, the loop runs the tool itself on the step's answer. Either way the tool's output is recorded and
+   fills ``{key_words}`` in later prompts.
+2. ``write`` (a model step on llama.cpp in process, with a LoRA adapter): writes the answer from the task
+   and the key words.
 
 After each round a pure-Python check reads the draft; if it rejects it (empty, or cut off by ``max_tokens``),
 its feedback goes into the next round's plan, up to ``--max-rounds``. A model step whose output a later step
@@ -26,7 +29,8 @@ chat requests for it with empty text. Give such a planner ``--api completions``,
 ``/v1/completions``.
 
 Every option has an environment variable (``--help`` lists them). In your own tests, set every step's
-``provider`` to ``"fake"`` (see ``tests/unit/test_agent_loop_logic.py``).
+``provider`` to ``"fake"`` (see ``tests/unit/test_agent_loop_logic.py``): the fake provider calls tools, so the
+whole tool loop runs there.
 """
 
 from __future__ import annotations
@@ -37,23 +41,30 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from inference import GenerationResult, aclose_all_providers, get_provider_for_step
+from inference import GenerationResult, InferenceProvider, aclose_all_providers, get_provider_for_step
 from inference.exceptions import InferenceError
+from inference.messages import Message
 
 DEFAULT_TASK = "Explain to a new hiker how to prepare for a day in the mountains."
 
 StepConfig = dict[str, Any]
-Tool = Callable[[str], str]
+Tool = Callable[..., str]
 Check = Callable[[GenerationResult], "str | None"]
 
 
 def key_words(text: str, limit: int = 6) -> str:
-    """The tool of the ``notes`` step: the first distinct words of three letters or more, comma-separated."""
+    """The key words of a text: its first distinct words of three letters or more, comma-separated.
+
+    Args:
+        text: The text to read.
+        limit: The most words to return (1 or more).
+    """
+    limit = max(limit, 1)
     seen: list[str] = []
     for word in re.findall(r"[^\W\d_]{3,}", text):
         if word.lower() not in seen:
@@ -104,13 +115,14 @@ def default_steps(
     max_tokens: int = 48,
     api: str | None = None,
 ) -> list[StepConfig]:
-    """The three step configs of the example (planner on the server, tool, writer in process with an adapter).
+    """The two step configs of the example (planner with a tool on the server, writer in process with an adapter).
 
     Each model step is a config as :func:`get_provider_for_step` takes it (``provider`` plus that provider's
     settings) with the step's own keys beside it: ``name``, ``model``, ``prompt`` (a template filled with
-    ``{task}``, ``{feedback}`` and the outputs of earlier steps by name), ``max_tokens``, and optionally
-    ``adapter_id`` + ``adapter_path``. ``api`` is the planner's route (``"completions"`` for a model without a chat
-    template; by default the provider's own setting).
+    ``{task}``, ``{feedback}`` and the outputs of earlier steps and tools by name), ``max_tokens``, and optionally
+    ``adapter_id`` + ``adapter_path`` and ``tools`` (names of :attr:`AgentLoop.tools` the model may call). ``api`` is
+    the planner's route (``"completions"`` for a model without a chat template; by default the provider's own
+    setting).
     """
     plan: StepConfig = {
         "name": "plan",
@@ -119,12 +131,12 @@ def default_steps(
         "model": server_model,
         "prompt": "Task: {task}\n{feedback}Write a three-point plan for the answer.",
         "max_tokens": max_tokens,
+        "tools": ["key_words"],
     }
     if api is not None:
         plan["api"] = api
     return [
         plan,
-        {"name": "notes", "tool": "key_words", "input": "plan"},
         {
             "name": "write",
             "provider": "llamacpp",
@@ -132,7 +144,7 @@ def default_steps(
             "model": os.path.basename(model_path or "model"),
             "adapter_id": "writer" if adapter_path else None,
             "adapter_path": adapter_path,
-            "prompt": "{task} Key points: {notes}.",
+            "prompt": "{task} Key points: {key_words}.",
             "max_tokens": max_tokens,
         },
     ]
@@ -145,9 +157,9 @@ class StepRecord:
     Attributes:
         round: The loop round (from 1).
         name: The step's name.
-        provider: The provider type that ran it (``"tool"`` for a tool step).
+        provider: The provider type that ran it (``"tool"`` for a tool).
         adapter_id: The adapter used, or ``None``.
-        prompt: The filled prompt (for a tool step, its input).
+        prompt: The filled prompt (for a tool, its arguments as JSON).
         output: The text it produced.
         seconds: Wall time of the step.
         result: The model's full result (``None`` for a tool step).
@@ -174,9 +186,10 @@ class AgentLoop:
 
     Args:
         steps: Step configs (see :func:`default_steps`).
-        tools: Tool functions by name, for steps with a ``tool`` key.
+        tools: Tool functions by name, for steps with a ``tools`` (model calls) or ``tool`` (a plain step) key.
         check: Reads the last model step's result; returns ``None`` to stop, or feedback for the next round.
         max_rounds: Most rounds to run.
+        max_tool_calls: Most tool calls one model step may make before it must answer in text.
         on_step: Called with each :class:`StepRecord` as soon as the step ends (the CLI prints them).
     """
 
@@ -184,6 +197,7 @@ class AgentLoop:
     tools: Mapping[str, Tool] = field(default_factory=lambda: dict(TOOLS))
     check: Check = check_draft
     max_rounds: int = 2
+    max_tool_calls: int = 4
     on_step: Callable[[StepRecord], object] | None = None
 
     async def __aenter__(self) -> AgentLoop:
@@ -213,38 +227,49 @@ class AgentLoop:
             outputs: dict[str, str] = {"task": task, "feedback": feedback}
             last_result: GenerationResult | None = None
             for step in self.steps:
-                record = await self._run_step(step, round_number, outputs)
-                outputs[record.name] = record.output
-                records.append(record)
-                if record.result is not None:
-                    last_result = record.result
-                if self.on_step is not None:
-                    self.on_step(record)
+                async for record in self._run_step(step, round_number, outputs):
+                    outputs[record.name] = record.output
+                    records.append(record)
+                    if record.result is not None:
+                        last_result = record.result
+                    if self.on_step is not None:
+                        self.on_step(record)
             verdict = self.check(last_result) if last_result is not None else None
             if verdict is None:
                 break
             feedback = f"Feedback: {verdict}\n"
         return records
 
-    async def _run_step(self, step: Mapping[str, Any], round_number: int, outputs: Mapping[str, str]) -> StepRecord:
+    async def _run_step(
+        self, step: Mapping[str, Any], round_number: int, outputs: Mapping[str, str]
+    ) -> AsyncIterator[StepRecord]:
+        """The records of one step: a plain tool step's, or a model step's tool calls and then its answer."""
         started = time.perf_counter()
         if "tool" in step:
             given = outputs[step["input"]]
             text = self.tools[step["tool"]](given)
-            return StepRecord(round_number, step["name"], "tool", None, given, text, time.perf_counter() - started)
+            yield StepRecord(round_number, step["name"], "tool", None, given, text, time.perf_counter() - started)
+            return
         provider = get_provider_for_step(step)
         prompt = str(step["prompt"]).format_map(outputs)
-        result = await provider.generate(
-            prompt,
-            model=step.get("model", step["name"]),
-            adapter_id=step.get("adapter_id"),
-            max_tokens=step.get("max_tokens", 64),
-            temperature=step.get("temperature", 0.0),
-        )
+        tools = {name: self.tools[name] for name in step.get("tools", ())}
+        conversation: list[Message] = [{"role": "user", "content": prompt}]
+        calls = 0
+        while True:
+            offered = tools if provider.supports_tools and calls < self.max_tool_calls else {}
+            result = await self._generate(provider, step, conversation, offered)
+            if not result.tool_calls:
+                break
+            conversation.append(result.as_message())
+            for call in result.tool_calls:  # the model asked for tools: run each, answer with its output
+                calls += 1
+                output = self._call_tool(tools, call.name, call.arguments, call.error)
+                conversation.append(call.answer(output))
+                yield StepRecord(round_number, call.name, "tool", None, call.raw_arguments, output, 0.0)
         empty = why_empty(step["name"], provider, result) if not result.text.strip() else None
         if empty is not None and self._needed_later(step):
             raise EmptyAnswerError(empty)
-        return StepRecord(
+        yield StepRecord(
             round_number,
             step["name"],
             provider.name,
@@ -255,20 +280,58 @@ class AgentLoop:
             result,
             empty,
         )
+        if not provider.supports_tools:  # a backend without tool calling yet: the loop runs the tools itself
+            for name, tool in tools.items():  # each takes the step's answer as its first argument
+                tool_started = time.perf_counter()
+                output = tool(result.text)
+                seconds = time.perf_counter() - tool_started
+                yield StepRecord(round_number, name, "tool", None, result.text, output, seconds)
+
+    async def _generate(
+        self,
+        provider: InferenceProvider,
+        step: Mapping[str, Any],
+        conversation: list[Message],
+        tools: Mapping[str, Tool],
+    ) -> GenerationResult:
+        return await provider.generate(
+            conversation if len(conversation) > 1 else conversation[0]["content"],
+            model=step.get("model", step["name"]),
+            adapter_id=step.get("adapter_id"),
+            max_tokens=step.get("max_tokens", 64),
+            temperature=step.get("temperature", 0.0),
+            tools=list(tools.values()) or None,
+        )
+
+    @staticmethod
+    def _call_tool(tools: Mapping[str, Tool], name: str, arguments: Mapping[str, Any], error: str | None) -> str:
+        """A tool's output, or a sentence the model can act on (an unknown tool, arguments that did not parse)."""
+        if error is not None:
+            return f"error: {error}"
+        if name not in tools:
+            return f"error: there is no tool {name!r}; the tools are {', '.join(tools) or 'none'}"
+        try:
+            return tools[name](**arguments)
+        except (TypeError, ValueError) as failure:
+            return f"error: {name} failed: {failure}"
 
     def _needed_later(self, step: Mapping[str, Any]) -> bool:
-        """Whether a later step reads ``step``'s output (as its ``input``, or as ``{name}`` in its prompt)."""
-        name = step["name"]
+        """Whether a later step reads ``step``'s output or its tools' outputs (as its ``input``, or as ``{name}`` in
+        its prompt): a tool given the step's answer reads it too."""
+        names = {step["name"], *step.get("tools", ())}
         steps = list(self.steps)
         later = steps[next(index for index, other in enumerate(steps) if other is step) + 1 :]
-        return any(other.get("input") == name or f"{{{name}}}" in str(other.get("prompt", "")) for other in later)
+        return any(
+            other.get("input") in names or any(f"{{{name}}}" in str(other.get("prompt", "")) for name in names)
+            for other in later
+        )
 
 
 def print_step(record: StepRecord) -> None:
     """One line per step: round, name, provider, adapter, time, output."""
     output = " ".join(record.output.split())
     print(
-        f"round {record.round}  {record.name:<6} provider={record.provider:<8} "
+        f"round {record.round}  {record.name:<9} provider={record.provider:<8} "
         f"adapter={record.adapter_id or '-':<7} {record.seconds:5.2f}s  {output[:100]!r}"
     )
 
@@ -276,8 +339,8 @@ def print_step(record: StepRecord) -> None:
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=(
-            "A three-step agent loop: plan on an OpenAI/vLLM-protocol server, extract key words with a Python "
-            "tool, write on llama.cpp in process with a LoRA adapter; repeated while a check rejects the draft."
+            "A tool-using agent loop: plan on an OpenAI/vLLM-protocol server with a Python tool (key_words), "
+            "write on llama.cpp in process with a LoRA adapter; repeated while a check rejects the draft."
         )
     )
     parser.add_argument(
@@ -339,7 +402,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     rounds = records[-1].round
-    final = records[-1] if records[-1].result is not None else records[-2]
+    final = next(record for record in reversed(records) if record.result is not None)
     if final.empty is not None:  # no answer: say so, never "done"
         print(f"error: no answer after {rounds} round(s): {final.empty}", file=sys.stderr)
         return 1

@@ -72,18 +72,64 @@ def build(size: str, adapters: int, device: str) -> tuple[Any, Any, Any, list[in
     return reference.to(device).eval(), stacked, stacks, slots
 
 
-def timed(run: Callable[[], Any], repeats: int) -> float:
-    run()  # warm-up
-    times = []
+def interleaved(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each run; the runs take turns in every repeat, so a machine whose load drifts slows
+    them alike (ratios within one repeat are what count)."""
+    for run in runs.values():
+        run()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, run in runs.items():
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            run()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def measure(size: str, args: argparse.Namespace) -> None:
+    """Print one model's figures."""
+    reference, stacked, stacks, slots = build(size, args.adapters, args.device)
+    tokens = torch.randint(5, 500, (args.rows, args.prompt), generator=torch.Generator().manual_seed(1))
+    tokens = tokens.to(args.device)
+    settings = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False, "pad_token_id": 0}
+    one = ["a0"] * args.rows
+    mixed = [f"a{row % args.adapters}" for row in range(args.rows)]
+
+    def peft_run(names: list[str]) -> Callable[[], Any]:
+        return lambda: reference.generate(input_ids=tokens, adapter_names=names, **settings)
+
+    def stacks_run(names: list[str]) -> Callable[[], Any]:
+        def run() -> Any:
+            with stacks.rows([slots[int(name[1:])] for name in names]):
+                return stacked.generate(input_ids=tokens, **settings)
+
+        return run
+
+    with torch.inference_mode():
+        same = stacks_run(mixed)().tolist() == peft_run(mixed)().tolist()
+        seconds = interleaved(
+            {
+                "base": lambda: stacked.generate(input_ids=tokens, **settings),
+                "PEFT, one adapter": peft_run(one),
+                "PEFT, mixed": peft_run(mixed),
+                "stacks, one adapter": stacks_run(one),
+                "stacks, mixed": stacks_run(mixed),
+            },
+            args.repeats,
+        )
+    generated = args.rows * args.tokens
+    print(f"\n{size} (hidden {SIZES[size]['hidden_size']}, {SIZES[size]['num_hidden_layers']} layers); "
+          f"mixed tokens equal PEFT's: {same}")
+    for case, value in seconds.items():
+        print(f"  {case:22s} {generated / value:9.0f} tokens/s  ({value * 1000:.0f} ms)")
+    print(f"  PEFT   mixed / one adapter: {seconds['PEFT, one adapter'] / seconds['PEFT, mixed']:.2f}")
+    print(f"  stacks mixed / one adapter: {seconds['stacks, one adapter'] / seconds['stacks, mixed']:.2f}"
+          "   (target >= 0.8)")
+    print(f"  stacks mixed / PEFT mixed:  {seconds['PEFT, mixed'] / seconds['stacks, mixed']:.2f}x")
 
 
 def main() -> None:
@@ -100,42 +146,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; "
           f"{args.rows} rows x {args.tokens} new tokens, {args.adapters} adapters of rank 8 on 7 projections")
     for size in args.model:
-        reference, stacked, stacks, slots = build(size, args.adapters, args.device)
-        tokens = torch.randint(5, 500, (args.rows, args.prompt), generator=torch.Generator().manual_seed(1))
-        tokens = tokens.to(args.device)
-        settings = {"max_new_tokens": args.tokens, "min_new_tokens": args.tokens, "do_sample": False,
-                    "pad_token_id": 0}
-        one = ["a0"] * args.rows
-        mixed = [f"a{row % args.adapters}" for row in range(args.rows)]
-
-        def peft_run(names: list[str]) -> Callable[[], Any]:
-            return lambda: reference.generate(input_ids=tokens, adapter_names=names, **settings)
-
-        def stacks_run(names: list[str]) -> Callable[[], Any]:
-            def run() -> Any:
-                with stacks.rows([slots[int(name[1:])] for name in names]):
-                    return stacked.generate(input_ids=tokens, **settings)
-
-            return run
-
-        with torch.inference_mode():
-            same = stacks_run(mixed)().tolist() == peft_run(mixed)().tolist()
-            seconds = {
-                "base": timed(lambda: stacked.generate(input_ids=tokens, **settings), args.repeats),
-                "PEFT, one adapter": timed(peft_run(one), args.repeats),
-                "PEFT, mixed": timed(peft_run(mixed), args.repeats),
-                "stacks, one adapter": timed(stacks_run(one), args.repeats),
-                "stacks, mixed": timed(stacks_run(mixed), args.repeats),
-            }
-        generated = args.rows * args.tokens
-        print(f"\n{size} (hidden {SIZES[size]['hidden_size']}, {SIZES[size]['num_hidden_layers']} layers); "
-              f"mixed tokens equal PEFT's: {same}")
-        for case, value in seconds.items():
-            print(f"  {case:22s} {generated / value:9.0f} tokens/s  ({value * 1000:.0f} ms)")
-        print(f"  PEFT   mixed / one adapter: {seconds['PEFT, one adapter'] / seconds['PEFT, mixed']:.2f}")
-        print(f"  stacks mixed / one adapter: {seconds['stacks, one adapter'] / seconds['stacks, mixed']:.2f}"
-              "   (target >= 0.8)")
-        print(f"  stacks mixed / PEFT mixed:  {seconds['PEFT, mixed'] / seconds['stacks, mixed']:.2f}x")
+        measure(size, args)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import IO
 import httpx
 import pytest
 
-STARTUP_TIMEOUT_SECONDS = 60.0
+STARTUP_TIMEOUT_SECONDS = 300.0
 
 
 def free_port() -> int:

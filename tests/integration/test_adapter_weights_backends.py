@@ -64,7 +64,7 @@ async def test_memory_and_directory_give_identical_greedy_output(
     await provider.load_adapter("from-dir", directory)
     await provider.load_adapter("from-memory", weights_of(directory, as_lora_config=as_lora_config))
     # Transformers takes the tensors straight into the model; llama.cpp gets a private PEFT directory to convert
-    assert bool(provider._adapter_weight_dirs) is not provider.loads_adapter_weights_in_memory
+    assert bool(provider._adapter_weights.directories()) is not provider.loads_adapter_weights_in_memory
     try:
         for prompt in PROMPTS:
             from_dir = (await provider.generate(prompt, adapter_id="from-dir", **GREEDY)).text

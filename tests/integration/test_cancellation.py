@@ -1,20 +1,18 @@
 """Cancelling a call stops its work in the in-process backends, within a token (issue 9, item 2).
 
 A cancelled ``generate`` (``asyncio.wait_for`` timing out) or ``generate_batch`` must free the model's worker
-thread at once: the next request must not queue behind generation nobody waits for. Each test measures, in
-the same run, how long the full generation takes, and asserts that the next short request after a cancel
-takes a small part of that (before the fix it waited for the whole rest of the cancelled work). The token
-counts of the cancelled work are checked too, so a pass does not rest on timing alone.
-
-Both backends run on one CPU thread here: with two threads on a busy 2-core machine, a short request
-sometimes stalls for a second in thread synchronisation, which would make any timing comparison noisy.
+thread at once: the next request must not queue behind generation nobody waits for. No test here reads a clock:
+the caller gives up at a state, not after some seconds. At the long request's 5th token the worker thread asks
+the event loop to cancel the caller and waits until the caller is gone (its cancel flag is set); the cancelled
+work must then stop at that token (before the fix it ran on to its ``max_tokens``), and the next request must
+give its usual answer, on any machine, idle or busy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
+import threading
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -33,23 +31,48 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROMPT = "Once upon a time"
 SHORT = 8
+GIVE_UP_AT = 5  # the long request's token at which its caller gives up
 
 
-async def timed(call: Awaitable[Any]) -> tuple[Any, float]:
-    started = time.monotonic()
-    result = await call
-    return result, time.monotonic() - started
+class GiveUp:
+    """The caller of a watched call gives up at its :data:`GIVE_UP_AT`-th token, as seen by the worker thread.
 
+    The worker thread calls :meth:`reached` after each token of the long request; at the chosen one it has the
+    event loop cancel the caller's task and waits until that task is done, so the request's cancel flag is set
+    before the worker goes on: where the work stops depends on the code, never on how fast the machine is.
+    """
 
-async def cancelled_after(call: Awaitable[Any], seconds: float) -> None:
-    """Run ``call`` and give up on it after ``seconds`` (it must still be running then)."""
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(call, timeout=seconds)
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.watched: tuple[asyncio.Task[Any], threading.Event] | None = None  # replaced whole, never cleared
+
+    def watch(self, call: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run ``call`` as the task to cancel (the one watched from now on)."""
+        async def run() -> Any:
+            return await call
+
+        task, gone = asyncio.create_task(run()), threading.Event()
+        task.add_done_callback(lambda _: gone.set())
+        self.watched = (task, gone)
+        return task
+
+    def reached(self, tokens: int) -> None:  # the worker thread
+        watched = self.watched
+        if tokens == GIVE_UP_AT and watched is not None and not watched[1].is_set():
+            task, gone = watched
+            self.loop.call_soon_threadsafe(task.cancel)
+            assert gone.wait(120), "the caller's task was not cancelled"
+
+    async def gave_up(self) -> None:
+        """Await the watched task, which must end cancelled."""
+        assert self.watched is not None
+        with pytest.raises(asyncio.CancelledError):
+            await self.watched[0]
 
 
 # llama.cpp ----------------------------------------------------------------------------------------------
 
-LLAMA_LONG = 3000  # about 1.5 s on the tiny model on one CPU thread
+LLAMA_LONG = 3000  # the tiny model never ends by itself: without the cancel, a request runs to this
 
 
 @pytest.fixture
@@ -62,45 +85,56 @@ async def llamacpp(tiny_models: dict[str, Any], tmp_path: Path) -> AsyncIterator
         model.gguf_path, n_ctx=4096, adapter_cache_dir=tmp_path, kv_cache_type="f32", n_threads=1, n_parallel=1
     ) as provider:  # the one-at-a-time path (recorded below); test_llamacpp_batching covers the decode loop
         await provider.load_adapter("a0", model.adapter_dirs["a0"])
-        # Warm up with a0 active: the first decode after an adapter switch is slow, which would skew full_s.
         await provider.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0)
         yield provider
 
 
-def record_llamacpp_jobs(provider: Any, monkeypatch: pytest.MonkeyPatch) -> list[GenerationResult]:
-    """Record every generation the worker thread finishes, cancelled ones included."""
+def record_llamacpp_jobs(provider: Any, monkeypatch: pytest.MonkeyPatch, give_up: GiveUp) -> list[GenerationResult]:
+    """Record every generation the worker thread finishes, cancelled ones included; the long requests' tokens
+    go to ``give_up``."""
+    from inference._inprocess.llamacpp_completion import Completion
+
     jobs: list[GenerationResult] = []
     real = provider._generate_blocking
+    real_add = Completion.add
 
     def recording(*args: Any) -> GenerationResult:
         result: GenerationResult = real(*args)
         jobs.append(result)
         return result
 
+    def add(self: Completion, token: int, logits: Any = None) -> bool:
+        done = real_add(self, token, logits)
+        if self.request.max_tokens == LLAMA_LONG:
+            give_up.reached(len(self.generated))
+        return done
+
     monkeypatch.setattr(provider, "_generate_blocking", recording)
+    monkeypatch.setattr(Completion, "add", add)
     return jobs
+
+
+def long_llamacpp(provider: Any) -> Any:
+    return provider.generate(PROMPT, model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0)
 
 
 async def test_llamacpp_a_cancelled_generate_frees_the_worker_within_a_token(
     llamacpp: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     expected = await llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0)
-    full, full_s = await timed(
-        llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0)
-    )
-    assert full.completion_tokens == LLAMA_LONG  # the tiny model never ends by itself
-    jobs = record_llamacpp_jobs(llamacpp, monkeypatch)
+    give_up = GiveUp()
+    jobs = record_llamacpp_jobs(llamacpp, monkeypatch, give_up)
 
-    long_call = llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0)
-    await cancelled_after(long_call, full_s / 10)
+    give_up.watch(long_llamacpp(llamacpp))
+    await give_up.gave_up()
     assert llamacpp._adapter_registry.in_flight("a0") == 0  # the cancelled request no longer holds its adapter
-    after, after_s = await timed(llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0))
+    after = await llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0)
 
     assert after.text == expected.text
-    # Before the fix the next request waited for the rest of the cancelled one: about 0.9 * full_s.
-    assert after_s < full_s / 2, f"the next request took {after_s:.2f} s; the whole cancelled one takes {full_s:.2f} s"
-    cancelled = jobs[0]
-    assert cancelled.completion_tokens < LLAMA_LONG / 2  # stopped soon after the cancel, not at max_tokens
+    cancelled, short = jobs
+    # Stopped at the token its caller gave up at; before the fix it ran on to its 3000 tokens.
+    assert cancelled.completion_tokens == GIVE_UP_AT
+    assert short.completion_tokens == SHORT
     await llamacpp.unload_adapter("a0")  # nothing holds it: unloading does not wait
     assert await llamacpp.list_adapters() == []
 
@@ -108,46 +142,51 @@ async def test_llamacpp_a_cancelled_generate_frees_the_worker_within_a_token(
 async def test_llamacpp_a_cancelled_generate_batch_stops_every_request_in_flight(
     llamacpp: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, full_s = await timed(llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0))
-    jobs = record_llamacpp_jobs(llamacpp, monkeypatch)
+    give_up = GiveUp()
+    jobs = record_llamacpp_jobs(llamacpp, monkeypatch, give_up)
 
-    batch = llamacpp.generate_batch(
-        [PROMPT, "The quick brown fox", "Hello"], model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0
+    give_up.watch(
+        llamacpp.generate_batch(
+            [PROMPT, "The quick brown fox", "Hello"], model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0
+        )
     )
-    await cancelled_after(batch, full_s / 10)
+    await give_up.gave_up()
     assert llamacpp._adapter_registry.in_flight("a0") == 0
-    _, after_s = await timed(llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0))
+    await llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0)
 
     # Before the fix the request running at the cancel went on to its max_tokens (the queued two were dropped).
-    assert after_s < full_s / 2, f"the next request took {after_s:.2f} s; one cancelled request takes {full_s:.2f} s"
     *cancelled, short = jobs  # the cancelled requests that reached the worker, then the short one
     assert short.completion_tokens <= SHORT
     assert 1 <= len(cancelled) <= 3
-    assert cancelled[0].completion_tokens < LLAMA_LONG / 2  # the running request stopped
+    assert cancelled[0].completion_tokens == GIVE_UP_AT  # the running request stopped
     # A queued request is dropped, or, when the worker takes it up before the cancel reaches the executor, it
     # returns before its first token.
     assert all(job.completion_tokens <= 1 for job in cancelled[1:])
 
 
-async def test_llamacpp_a_stream_and_a_generate_cancel_the_same_way(llamacpp: Any) -> None:
-    """One mechanism: a stream closed early and a generate cancelled both leave the worker free."""
-    _, full_s = await timed(llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0))
+async def test_llamacpp_a_stream_and_a_generate_cancel_the_same_way(
+    llamacpp: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One mechanism: a stream whose consumer is cancelled and a generate cancelled both leave the worker free."""
+    give_up = GiveUp()
+    jobs = record_llamacpp_jobs(llamacpp, monkeypatch, give_up)
 
     async def consume() -> None:
         async for _ in llamacpp.stream(PROMPT, model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0):
             pass
 
-    await cancelled_after(consume(), full_s / 10)
-    long_call = llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=LLAMA_LONG, temperature=0)
-    await cancelled_after(long_call, full_s / 10)
-    _, after_s = await timed(llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0))
-    assert after_s < full_s / 2
+    give_up.watch(consume())
+    await give_up.gave_up()
+    give_up.watch(long_llamacpp(llamacpp))
+    await give_up.gave_up()
+    await llamacpp.generate(PROMPT, model="m", adapter_id="a0", max_tokens=SHORT, temperature=0)
+    assert [job.completion_tokens for job in jobs] == [GIVE_UP_AT, GIVE_UP_AT, SHORT]
     assert llamacpp._adapter_registry.in_flight("a0") == 0
 
 
 # Transformers -------------------------------------------------------------------------------------------
 
-TF_LONG = 440  # the tiny model's context is 512 tokens; about 2 s on one CPU thread
+TF_LONG = 440  # the tiny model's context is 512 tokens
 
 
 @pytest.fixture
@@ -168,17 +207,29 @@ async def transformers_provider(tiny_models: dict[str, Any]) -> AsyncIterator[An
         torch.set_num_threads(threads)
 
 
-def record_batch_steps(provider: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record how many tokens each ``generate`` ran for (the width of its new tokens, all rows)."""
+def record_batch_steps(provider: Any, monkeypatch: pytest.MonkeyPatch, give_up: GiveUp) -> list[int]:
+    """Record how many tokens each ``generate`` ran for (the width of its new tokens, all rows); the tokens of a
+    batch with a long row go to ``give_up``."""
+    from inference._inprocess.batching import RowsCancelled
+
     steps: list[int] = []
     real = provider._generate_rows
+    real_check = RowsCancelled.__call__
+    calls: dict[int, int] = {}
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         outputs = real(*args, **kwargs)
         steps.append(len(outputs.tokens[0]))
         return outputs
 
+    def check(self: RowsCancelled, input_ids: Any, scores: Any, **kwargs: Any) -> Any:  # after every token
+        if any(entry.request.max_tokens == TF_LONG for entry in self.entries):
+            calls[id(self)] = calls.get(id(self), 0) + 1
+            give_up.reached(calls[id(self)])
+        return real_check(self, input_ids, scores, **kwargs)
+
     monkeypatch.setattr(provider, "_generate_rows", recording)
+    monkeypatch.setattr(RowsCancelled, "__call__", check)
     return steps
 
 
@@ -187,78 +238,154 @@ async def test_transformers_a_cancelled_generate_frees_the_worker_within_a_token
 ) -> None:
     provider = transformers_provider
     expected = await provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0)
-    _, full_s = await timed(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0))
-    steps = record_batch_steps(provider, monkeypatch)
+    give_up = GiveUp()
+    steps = record_batch_steps(provider, monkeypatch, give_up)
 
-    long_call = provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0)
-    await cancelled_after(long_call, full_s / 8)
+    give_up.watch(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0))
+    await give_up.gave_up()
     assert provider._adapter_registry.in_flight("a0") == 0
-    after, after_s = await timed(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0))
+    after = await provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0)
 
     assert after.text == expected.text
-    # Before the fix the next request waited for the rest of the cancelled one: about 0.85 * full_s.
-    assert after_s < full_s / 2, f"the next request took {after_s:.2f} s; the whole cancelled one takes {full_s:.2f} s"
-    assert steps[0] < TF_LONG / 2  # the cancelled generate stopped long before its max_tokens
+    # The cancelled generate stopped at the token its caller gave up at; before the fix it ran to TF_LONG.
+    assert steps == [GIVE_UP_AT, SHORT]
 
 
 async def test_transformers_a_cancelled_row_stops_and_the_rest_of_its_batch_is_unchanged(
+    tiny_models: dict[str, Any], transformers_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inference.transformers_provider import TransformersProvider
+
+    others = [("The quick brown fox", "a0"), ("Where does the river begin?", None)]
+    expected = [
+        (await transformers_provider.generate(prompt, model="", adapter_id=adapter, max_tokens=24, temperature=0)).text
+        for prompt, adapter in others
+    ]
+    model = tiny_models["qwen2"]
+    # Three requests, one batch: the third fills it (the longest window, a minute, does not end it first).
+    async with TransformersProvider(
+        model_name=str(model.hf_dir), device="cpu", max_batch_size=3, batch_window_ms=60_000
+    ) as provider:
+        await provider.load_adapter("a0", model.adapter_dirs["a0"])
+        give_up = GiveUp()
+        steps = record_batch_steps(provider, monkeypatch, give_up)
+        give_up.watch(provider.generate(PROMPT, model="", max_tokens=TF_LONG, temperature=0))
+        tasks = [
+            asyncio.create_task(provider.generate(prompt, model="", adapter_id=adapter, max_tokens=24, temperature=0))
+            for prompt, adapter in others
+        ]
+        results = await asyncio.gather(*tasks)
+        await give_up.gave_up()
+
+        assert list(provider.recent_batch_sizes) == [3]  # the three requests did share one batch
+        assert [result.text for result in results] == expected  # the other rows are unaffected
+        assert steps == [24]  # the batch ended with the other rows, not at the long row's max_tokens
+
+
+async def test_transformers_a_cancelled_generate_batch_stops_its_requests(
     transformers_provider: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     provider = transformers_provider
-    others = [("The quick brown fox", "a0"), ("Where does the river begin?", None)]
-    expected = [
-        (await provider.generate(prompt, model="", adapter_id=adapter, max_tokens=24, temperature=0)).text
-        for prompt, adapter in others
-    ]
-    _, full_s = await timed(provider.generate(PROMPT, model="", max_tokens=TF_LONG, temperature=0))
-    steps = record_batch_steps(provider, monkeypatch)
-    batches_before = len(provider.recent_batch_sizes)
+    give_up = GiveUp()
+    steps = record_batch_steps(provider, monkeypatch, give_up)
 
-    long_task = asyncio.create_task(provider.generate(PROMPT, model="", max_tokens=TF_LONG, temperature=0))
-    tasks = [
-        asyncio.create_task(provider.generate(prompt, model="", adapter_id=adapter, max_tokens=24, temperature=0))
-        for prompt, adapter in others
-    ]
-    await asyncio.sleep(0.1 + full_s / 8)  # the batch window, then some tokens
-    long_task.cancel()
-    (results, others_s) = await timed(asyncio.gather(*tasks))
-    with pytest.raises(asyncio.CancelledError):
-        await long_task
-
-    assert provider.recent_batch_sizes[batches_before:][0] == 3  # the three requests did share one batch
-    assert [result.text for result in results] == expected  # the other rows are unaffected
-    assert steps[0] < TF_LONG / 2  # the batch ended soon after the cancel, not at the long row's max_tokens
-    # Before the fix the other rows' answers came when the long row reached its max_tokens: about 0.8 * full_s.
-    assert others_s < full_s / 2, f"the other rows waited {others_s:.2f} s after the cancel"
-    _, after_s = await timed(provider.generate(PROMPT, model="", max_tokens=SHORT, temperature=0))
-    assert after_s < full_s / 2
-
-
-async def test_transformers_a_cancelled_generate_batch_stops_its_requests(transformers_provider: Any) -> None:
-    provider = transformers_provider
-    _, full_s = await timed(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0))
-
-    batch = provider.generate_batch(
-        [PROMPT, "Hello, world!", "Knowledge is power"], model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0
+    give_up.watch(
+        provider.generate_batch(
+            [PROMPT, "Hello, world!", "Knowledge is power"], model="", adapter_id="a0", max_tokens=TF_LONG,
+            temperature=0,
+        )
     )
-    await cancelled_after(batch, 0.1 + full_s / 8)
+    await give_up.gave_up()
     assert provider._adapter_registry.in_flight("a0") == 0
-    _, after_s = await timed(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0))
-    # Before the fix the next request waited for the rest of the cancelled batch (one batch of three rows).
-    assert after_s < full_s / 2, f"the next request took {after_s:.2f} s; the whole cancelled one takes {full_s:.2f} s"
+    await provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0)
+    # Before the fix the next request waited for the rest of the cancelled batch: its rows ran to TF_LONG.
+    *cancelled, short = steps
+    assert cancelled and all(width <= GIVE_UP_AT for width in cancelled)
+    assert short == SHORT
 
 
-async def test_transformers_a_stream_and_a_generate_cancel_the_same_way(transformers_provider: Any) -> None:
+async def test_transformers_a_stream_and_a_generate_cancel_the_same_way(
+    transformers_provider: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     provider = transformers_provider
-    _, full_s = await timed(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0))
+    give_up = GiveUp()
+    steps = record_batch_steps(provider, monkeypatch, give_up)
 
     async def consume() -> None:
         async for _ in provider.stream(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0):
             pass
 
-    await cancelled_after(consume(), full_s / 8)
-    long_call = provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0)
-    await cancelled_after(long_call, full_s / 8)
-    _, after_s = await timed(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0))
-    assert after_s < full_s / 2
+    give_up.watch(consume())
+    await give_up.gave_up()
+    give_up.watch(provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=TF_LONG, temperature=0))
+    await give_up.gave_up()
+    await provider.generate(PROMPT, model="", adapter_id="a0", max_tokens=SHORT, temperature=0)
+    assert steps == [GIVE_UP_AT, GIVE_UP_AT, SHORT]
     assert provider._adapter_registry.in_flight("a0") == 0
+
+
+# llama.cpp: a cancel during a prompt's decode step ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_parallel", [4, 1])
+async def test_llamacpp_a_request_cancelled_during_its_prompt_stops_inside_llama_decode(
+    tiny_models: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_parallel: int
+) -> None:
+    """The caller gives up while a long prompt's chunk (up to n_batch tokens: seconds on a busy CPU) is being
+    decoded: llama.cpp aborts that decode, so the next request does not wait for the rest of the chunk.
+
+    The decode is held until the caller's cancellation has reached the worker (no timing): before the fix
+    llama_decode computed the whole chunk (it returned 0); now it returns 2, aborted, and the cells are free.
+    """
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from inference.llamacpp_provider import LlamaCppProvider
+
+    model = tiny_models["qwen2"]
+    async with LlamaCppProvider(
+        model.gguf_path, n_ctx=4096, adapter_cache_dir=tmp_path, kv_cache_type="f32", n_parallel=n_parallel
+    ) as provider:
+        expected = await provider.generate("Hello", model="m", max_tokens=SHORT, temperature=0)
+        loop = asyncio.get_running_loop()
+        gave_up = threading.Event()
+        decoded: list[tuple[int, int]] = []  # (tokens in the step, what llama_decode returned)
+        real = llama_cpp.llama_decode
+        long_call: asyncio.Task[Any] | None = None
+
+        def decode(ctx: Any, batch: Any) -> int:  # the worker thread
+            if batch.n_tokens > 100 and long_call is not None and not gave_up.is_set():  # the long prompt's step
+                loop.call_soon_threadsafe(long_call.cancel)
+                assert gave_up.wait(120)  # its caller has given up before llama.cpp computes the chunk
+            code = int(real(ctx, batch))
+            decoded.append((int(batch.n_tokens), code))
+            return code
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)  # the decode loop's module
+        monkeypatch.setattr(llama_cpp.llama_cpp, "llama_decode", decode)  # Llama.generate's (n_parallel=1)
+        long_call = asyncio.create_task(
+            provider.generate("word " * 1500, model="m", max_tokens=400, temperature=0)
+        )
+        long_call.add_done_callback(lambda _: gave_up.set())
+        with pytest.raises(asyncio.CancelledError):
+            await long_call
+        after = await provider.generate("Hello", model="m", max_tokens=SHORT, temperature=0)
+
+    prompt_steps = [code for tokens, code in decoded if tokens > 100]
+    assert prompt_steps == [2]  # aborted inside llama_decode; the prompt's later chunks were never decoded
+    assert after.text == expected.text  # what the aborted step left in the KV cache was removed
+    if n_parallel > 1:
+        assert provider._batcher is not None and provider._batcher.aborted_steps == 1
+
+
+async def test_llamacpp_n_threads_bounds_the_prompt_decodes_too(tiny_models: dict[str, Any], tmp_path: Path) -> None:
+    """``n_threads`` is every llama.cpp thread: llama-cpp-python gave prompts (and batched steps) all the CPUs
+    whatever it said, and on a busy machine such a step's threads spin-wait for each other (seconds)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from inference.llamacpp_provider import LlamaCppProvider
+
+    for n_parallel in (1, 4):
+        async with LlamaCppProvider(
+            tiny_models["qwen2"].gguf_path, n_ctx=512, adapter_cache_dir=tmp_path, n_threads=1, n_parallel=n_parallel
+        ) as provider:
+            await provider.generate("Hello", model="m", max_tokens=1)
+            context = provider._llama.ctx
+            assert (llama_cpp.llama_n_threads(context), llama_cpp.llama_n_threads_batch(context)) == (1, 1)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from inference.adapters.source import AdapterSource
 from inference.evaluation import (
     EvalPrompt,
     Progress,
@@ -45,10 +46,11 @@ class StrictFake(FakeProvider):
         super().__init__()
         self.calls: list[tuple[str, str]] = []
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         if not (Path(adapter_path) / "adapter_config.json").is_file():
             raise InvalidAdapterError(f"adapter at {adapter_path} has no adapter_config.json", path=adapter_path)
-        await super()._load_adapter(adapter_id, adapter_path)
+        await super()._load_adapter(adapter_id, source)
         self.calls.append(("load", adapter_id))
 
     async def _unload_adapter(self, adapter_id: str) -> None:

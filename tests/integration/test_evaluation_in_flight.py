@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from inference.adapters.source import AdapterSource
 from inference.evaluation import EvalPrompt, evaluate_adapters, read_rows
 from inference.exceptions import InvalidAdapterError, InvalidRequestError
 from inference.fake_provider import FakeProvider
@@ -35,11 +36,12 @@ class CountingFake(FakeProvider):
         self.most_at_once = 0
         self.failing = failing
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         if adapter_id == self.failing:
             raise InvalidAdapterError(f"adapter at {adapter_path} is broken", path=adapter_path)
         await asyncio.sleep(0.01)  # a load takes a moment: the others start meanwhile
-        await super()._load_adapter(adapter_id, adapter_path)
+        await super()._load_adapter(adapter_id, source)
         self.loaded_now += 1
         self.most_at_once = max(self.most_at_once, self.loaded_now)
 

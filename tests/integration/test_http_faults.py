@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -50,10 +51,16 @@ def connection_open_to(port: int) -> bool:
     return False
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used (user + system, from /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 slow_server = pytest.mark.slow  # each starts llama_cpp.server processes: seconds each on a busy machine
 
 
-async def wait_for(condition: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
+async def wait_for(condition: Callable[[], bool], what: str, seconds: float = 120.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
@@ -89,11 +96,14 @@ async def test_server_down_at_start_then_started_on_that_port(
 async def test_server_killed_mid_request_then_restarted(start_llama_server: Callable[..., Any]) -> None:
     server = start_llama_server(n_ctx=LONG_CONTEXT)
     async with VLLMProvider(base_url=server.base_url, max_retries=2, timeout=60) as provider:
+        idle = cpu_seconds(server.process.pid)
         request = asyncio.create_task(
             provider.generate("Tell me a story", model=MODEL, max_tokens=LONG, temperature=0.0)
         )
         await wait_for(lambda: connection_open_to(server.port), "the request's connection")
-        await asyncio.sleep(0.3)  # the server is generating now
+        # The server is at work on it: its process has spent CPU time generating (an open connection alone may
+        # not have been accepted yet, and a kill then is a connect failure, retried).
+        await wait_for(lambda: cpu_seconds(server.process.pid) > idle + 0.2, "the server to generate")
         assert not request.done()
         server.kill()
         with pytest.raises(ProviderUnavailableError) as caught:
@@ -260,9 +270,8 @@ async def test_cancelling_generate_batch_or_stream_closes_the_connection(
         for name, call in calls.items():
             task = asyncio.create_task(call(provider))
             await wait_for(lambda: connection_open_to(server.port), f"the connection of {name}")
-            await asyncio.sleep(0.3)
             assert not task.done(), f"{name} finished before it could be cancelled"
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await wait_for(lambda: not connection_open_to(server.port), f"{name}'s connection to close", 5.0)
+            await wait_for(lambda: not connection_open_to(server.port), f"{name}'s connection to close")

@@ -466,7 +466,7 @@ async def test_breaking_out_of_a_stream_stops_the_generation_within_a_token(
                 sink(piece)
                 handed += 1
                 if handed == 2 and cancel is not None:
-                    cancel.wait(30)
+                    cancel.wait(120)
 
             result = real(request, slow_sink if sink is not None else None, cancel)
             jobs.append(result)

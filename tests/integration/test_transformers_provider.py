@@ -270,23 +270,30 @@ async def test_gguf_twin_loaded_through_transformers_gives_the_same_greedy_outpu
         assert got.text == expected.text
 
 
-async def test_event_loop_keeps_running_during_generation(provider: TransformersProvider) -> None:
-    ticks = 0
-    done = asyncio.Event()
+async def test_event_loop_keeps_running_during_generation(
+    provider: TransformersProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside each of the first 10 token steps, the worker waits until the event loop has run a callback: a
+    generation on the loop's thread would wait for ever (the wait gives up after a minute). No clock, no tick
+    rate: a busy machine delays every thread alike."""
+    from inference._inprocess.batching import RowsCancelled
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.001)
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+    turns: list[tuple[int, int]] = []  # (the generating thread, the thread that ran the callback meanwhile)
+    real = RowsCancelled.__call__
 
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    start = ticks
+    def check(self: RowsCancelled, input_ids: Any, scores: Any, **kwargs: Any) -> Any:  # after every token
+        if len(turns) < 10:
+            ran, generating = threading.Event(), threading.get_ident()
+            loop.call_soon_threadsafe(lambda: (turns.append((generating, threading.get_ident())), ran.set()))
+            assert ran.wait(60), "the event loop did not run while the model generated"
+        return real(self, input_ids, scores, **kwargs)
+
+    monkeypatch.setattr(RowsCancelled, "__call__", check)
     await asyncio.gather(*(provider.generate(p, model="", max_tokens=48, temperature=0) for p in PROMPTS))
-    done.set()
-    await task
-    assert ticks - start > 2
+    assert len(turns) == 10
+    assert all(generating != loop_thread and ran_on == loop_thread for generating, ran_on in turns)
 
 
 async def test_concurrent_first_calls_load_the_model_once(qwen2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -577,7 +584,7 @@ async def test_breaking_out_of_a_stream_stops_the_generation_within_a_token(
             sink(piece)
             handed += 1
             if handed == 2:
-                cancel.wait(30)
+                cancel.wait(120)
 
         result = real(request, slow_sink, cancel)
         jobs.append(result)

@@ -64,9 +64,7 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
             ticks += 1
 
     ticker = asyncio.create_task(tick())
-    started = time.monotonic()
     await provider.start()
-    out["start_seconds"] = time.monotonic() - started
     out["ticks_during_start"] = ticks
     ticker.cancel()
 
@@ -105,22 +103,35 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     engine = await provider._engine()
     stream = provider.stream(PROMPTS[1], model="tiny", adapter_id="a0", max_tokens=400, temperature=1.0, seed=3)
     first = await anext(stream)
-    running_mid_stream = engine.llm.get_num_unfinished_requests()
+    running_mid_stream = engine.llm.get_num_unfinished_requests()  # read before anything else can run
     await stream.aclose()  # the caller stops reading
+    running_after_stream = engine.llm.get_num_unfinished_requests()
+    # The engine is paused with requests kept (vLLM's own switch): the generation cannot finish before it is
+    # cancelled, however fast or slow this machine is.
+    await engine.llm.pause_generation(mode="keep", clear_cache=False)
     task = asyncio.create_task(provider.generate(PROMPTS[2], model="tiny", max_tokens=400, temperature=1.0, seed=4))
-    await asyncio.sleep(0.3)
+    await until(lambda: engine.llm.get_num_unfinished_requests() == 1, "the generation in the engine")
     task.cancel()
     cancelled = False
     try:
         await task
     except asyncio.CancelledError:
         cancelled = True
-    await asyncio.sleep(0.5)
+    running_after = engine.llm.get_num_unfinished_requests()
+    # An abort that does not come from the caller (here vLLM's own abort of the request, while it is held): the
+    # request must fail, not come back as an answer with finish_reason "stop".
+    task = asyncio.create_task(error_of(provider.generate(PROMPTS[2], model="tiny", max_tokens=400)))
+    await until(lambda: engine.llm.get_num_unfinished_requests() == 1, "the request in the engine")
+    await engine.llm.abort(list(engine.llm.output_processor.external_req_ids))
+    aborted = await task
+    await engine.llm.resume_generation()
     out["cancel"] = {
         "first_piece": first,
         "running_mid_stream": running_mid_stream,
+        "running_after_stream": running_after_stream,
         "generate_cancelled": cancelled,
-        "running_after": engine.llm.get_num_unfinished_requests(),
+        "running_after": running_after,
+        "aborted": aborted,
         "after": generation(await provider.generate(PROMPTS[0], adapter_id="a1", max_tokens=8, **greedy)),
     }
 
@@ -162,8 +173,21 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
         "after": generation(await provider.generate(PROMPTS[0], adapter_id="a0", max_tokens=8, **greedy)),
     }
 
+    await engine.llm.pause_generation(mode="keep", clear_cache=False)  # a request that cannot finish by itself
+    in_flight = asyncio.create_task(error_of(provider.generate(PROMPTS[1], model="tiny", max_tokens=400)))
+    await until(lambda: engine.llm.get_num_unfinished_requests() == 1, "the request in the engine")
     await provider.aclose()
+    out["closed_in_flight"] = await in_flight
     out["closed"] = await error_of(provider.generate("Hi", model="tiny", max_tokens=2))
+
+
+async def until(condition: Any, what: str) -> None:
+    """Wait for a state (polled every 10 ms, for at most 5 minutes)."""
+    for _ in range(30_000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never saw {what}")
 
 
 def main() -> None:

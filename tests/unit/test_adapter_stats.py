@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from inference.adapters.source import AdapterSource
 from inference.adapters.stats import AdapterStats, ProviderAdapterStats
 from inference.exceptions import AdapterNotFoundError, InvalidAdapterError
 from inference.fake_provider import FakeProvider
@@ -16,10 +17,11 @@ from inference.fake_provider import FakeProvider
 class FlakyProvider(FakeProvider):
     """A fake whose loads of a path containing "corrupt" fail, and whose backend can lose adapters."""
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         if "corrupt" in adapter_path:
             raise InvalidAdapterError(f"adapter at {adapter_path} is corrupt", provider=self.name)
-        await super()._load_adapter(adapter_id, adapter_path)
+        await super()._load_adapter(adapter_id, source)
 
 
 async def test_stats_count_loads_evictions_and_reloads_per_adapter_and_in_total() -> None:

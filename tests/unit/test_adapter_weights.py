@@ -14,6 +14,7 @@ import pytest
 
 from inference import AdapterWeights
 from inference.adapters.peft import read_peft_adapter
+from inference.adapters.source import AdapterSource
 from inference.exceptions import AdapterAlreadyLoadedError, InvalidAdapterError
 from inference.fake_provider import FakeProvider
 
@@ -38,10 +39,11 @@ class RecordingProvider(FakeProvider):
         super().__init__()
         self.seen: dict[str, Path] = {}
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         adapter = read_peft_adapter(adapter_path, provider=self.name)
         self.seen[adapter_id] = adapter.path
-        await super()._load_adapter(adapter_id, adapter_path)
+        await super()._load_adapter(adapter_id, source)
 
 
 async def test_weights_load_from_a_private_peft_directory_that_unload_removes() -> None:
@@ -202,15 +204,16 @@ class ReadingProvider(FakeProvider):
     def loads_adapter_weights_in_memory(self) -> bool:  # an instance switch, for the test only
         return self.in_memory
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        kept = self._adapter_weights_at(adapter_path)
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
+        kept = source.weights
         if kept is not None:
             self.read.append({name: np.array(value) for name, value in kept.tensors.items()})
         elif adapter_id.startswith("live"):
             from safetensors.numpy import load_file
 
             self.read.append(load_file(str(Path(adapter_path) / "adapter_model.safetensors")))
-        await super()._load_adapter(adapter_id, adapter_path)
+        await super()._load_adapter(adapter_id, source)
 
 
 @pytest.mark.parametrize("in_memory", [True, False], ids=["kept-in-memory", "written-directory"])
@@ -245,7 +248,8 @@ async def test_a_closed_provider_writes_nothing_and_vllm_offline_removes_its_dir
     from inference.vllm_offline_provider import VLLMOfflineProvider
 
     class WithoutEngine(VLLMOfflineProvider):  # the lifecycle of the offline provider, with no vLLM engine
-        async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+        async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+            adapter_path = source.path
             read_peft_adapter(adapter_path, provider=self.name)
 
         async def _unload_adapter(self, adapter_id: str) -> None:

@@ -1,9 +1,14 @@
-"""The agent loop of examples/agent_loop.py, on the fake provider: data flow, rounds, adapters, cleanup."""
+"""The agent loop of examples/agent_loop.py, on the fake provider: tool calls, data flow, rounds, adapters, cleanup.
+
+The fake provider calls tools, so the planner's tool loop runs whole here: the model calls ``key_words``, the loop
+runs it and sends its output back as a tool message, and the model answers in text that quotes it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -13,7 +18,7 @@ import httpx
 import pytest
 import respx
 
-from inference import GenerationResult, get_provider_for_step
+from inference import FakeProvider, GenerationResult, get_provider_for_step
 from inference.exceptions import AdapterNotFoundError, InvalidRequestError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_loop.py"
@@ -39,15 +44,21 @@ def fake_steps(agent_loop: ModuleType) -> list[dict[str, Any]]:
     return steps
 
 
-async def test_outputs_flow_from_plan_through_the_tool_into_the_writer(agent_loop: ModuleType) -> None:
+async def test_the_planner_calls_its_tool_and_the_output_flows_into_the_writer(agent_loop: ModuleType) -> None:
     async with agent_loop.AgentLoop(fake_steps(agent_loop), check=lambda result: None) as agent:
         records = await agent.run("Pack for a hike.")
-    plan, notes, write = records
-    assert [record.name for record in records] == ["plan", "notes", "write"]
+    notes, plan, write = records
+    assert [(record.name, record.provider) for record in records] == [
+        ("key_words", "tool"), ("plan", "fake"), ("write", "fake")
+    ]
+    # the model called the tool with arguments made from its schema; the loop ran it with those arguments
+    arguments = json.loads(notes.prompt)
+    assert set(arguments) <= {"text", "limit"} and "text" in arguments
+    assert notes.output == agent_loop.key_words(**arguments) and notes.output != "(no key words)"
+    # the tool's output went back to the model, whose text answer quotes it
     assert plan.prompt.startswith("Task: Pack for a hike.\nWrite")
-    assert plan.output.startswith("[base] ")
-    assert notes.provider == "tool" and notes.prompt == plan.output
-    assert notes.output == agent_loop.key_words(plan.output) and notes.output != "(no key words)"
+    assert plan.output.startswith("[base] ") and f"key_words returned {notes.output}" in plan.output
+    assert plan.result is not None and plan.result.finish_reason == "stop"
     assert write.prompt == f"Pack for a hike. Key points: {notes.output}."
     assert write.adapter_id == "writer" and write.output.startswith("[writer] ")
     assert write.result is not None and write.result.text == write.output
@@ -62,7 +73,7 @@ async def test_each_model_step_runs_on_the_provider_its_config_names(agent_loop:
         # the writer's adapter was loaded into the writer's provider on entry
         assert await providers[-1].list_adapters() == ["writer"]
     assert seen == records
-    assert [record.provider for record in records] == ["fake", "tool", "fake"]
+    assert [record.provider for record in records] == ["tool", "fake", "fake"]
 
 
 async def test_a_rejected_draft_feeds_back_into_the_next_round(agent_loop: ModuleType) -> None:
@@ -70,17 +81,49 @@ async def test_a_rejected_draft_feeds_back_into_the_next_round(agent_loop: Modul
     async with agent_loop.AgentLoop(fake_steps(agent_loop), check=lambda result: next(verdicts)) as agent:
         records = await agent.run("task")
     assert [(record.round, record.name) for record in records] == [
-        (1, "plan"), (1, "notes"), (1, "write"), (2, "plan"), (2, "notes"), (2, "write"),
+        (1, "key_words"), (1, "plan"), (1, "write"), (2, "key_words"), (2, "plan"), (2, "write"),
     ]
-    assert "Feedback: too long\n" not in records[0].prompt
-    assert records[3].prompt == "Task: task\nFeedback: too long\nWrite a three-point plan for the answer."
-    assert records[3].output != records[0].output  # the planner saw the feedback
+    assert "Feedback: too long\n" not in records[1].prompt
+    assert records[4].prompt == "Task: task\nFeedback: too long\nWrite a three-point plan for the answer."
+    assert records[4].output != records[1].output  # the planner saw the feedback
 
 
 async def test_the_loop_stops_after_max_rounds_when_every_draft_is_rejected(agent_loop: ModuleType) -> None:
     async with agent_loop.AgentLoop(fake_steps(agent_loop), check=lambda result: "no", max_rounds=3) as agent:
         records = await agent.run("task")
     assert [record.round for record in records] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+async def test_a_backend_without_tool_calling_gets_its_tools_run_by_the_loop(
+    agent_loop: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeProvider, "supports_tools", False)
+    async with agent_loop.AgentLoop(fake_steps(agent_loop), check=lambda result: None) as agent:
+        records = await agent.run("Pack for a hike.")
+    plan, notes, write = records
+    assert [(record.name, record.provider) for record in records] == [
+        ("plan", "fake"), ("key_words", "tool"), ("write", "fake")
+    ]
+    assert plan.result is not None and plan.result.tool_calls is None
+    assert notes.prompt == plan.output and notes.output == agent_loop.key_words(plan.output)
+    assert write.prompt == f"Pack for a hike. Key points: {notes.output}."
+
+
+async def test_a_step_offers_no_tools_past_max_tool_calls(agent_loop: ModuleType) -> None:
+    steps = fake_steps(agent_loop)[:1]
+    async with agent_loop.AgentLoop(steps, check=lambda result: None, max_tool_calls=0) as agent:
+        records = await agent.run("task")
+    assert [record.name for record in records] == ["plan"]
+    assert records[0].result is not None and records[0].result.tool_calls is None
+
+
+def test_a_tool_failure_is_sent_back_as_a_sentence(agent_loop: ModuleType) -> None:
+    call = agent_loop.AgentLoop._call_tool
+    tools = {"key_words": agent_loop.key_words}
+    assert call(tools, "key_words", {"text": "Water and food"}, None) == "water, and, food"
+    assert call(tools, "key_words", {"txt": "x"}, None).startswith("error: key_words failed: ")
+    assert call(tools, "lookup", {}, None) == "error: there is no tool 'lookup'; the tools are key_words"
+    assert call(tools, "key_words", {}, "the arguments are not JSON") == "error: the arguments are not JSON"
 
 
 def test_the_default_check_rejects_cut_off_or_empty_drafts(agent_loop: ModuleType) -> None:
@@ -170,8 +213,8 @@ def test_a_last_draft_that_stays_empty_is_an_error_not_done(
     agent_loop: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     steps = fake_steps(agent_loop)
-    steps[2] = {  # the llama.cpp step's model_path would be another provider's setting: a refused step key
-        **{key: value for key, value in steps[2].items() if key != "model_path"},
+    steps[1] = {  # the llama.cpp step's model_path would be another provider's setting: a refused step key
+        **{key: value for key, value in steps[1].items() if key != "model_path"},
         "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0,
     }
     monkeypatch.setattr(agent_loop, "default_steps", lambda **arguments: steps)
@@ -189,13 +232,13 @@ def test_a_last_draft_that_stays_empty_is_an_error_not_done(
 async def test_an_empty_answer_nobody_reads_is_left_to_the_check(agent_loop: ModuleType) -> None:
     """The writer's empty draft goes to the check (feedback for the next round), as before."""
     steps = fake_steps(agent_loop)
-    steps[2] = {  # the llama.cpp step's model_path would be another provider's setting: a refused step key
-        **{key: value for key, value in steps[2].items() if key != "model_path"},
+    steps[1] = {  # the llama.cpp step's model_path would be another provider's setting: a refused step key
+        **{key: value for key, value in steps[1].items() if key != "model_path"},
         "provider": "openai", "base_url": f"{PLANNER}/v1", "adapter_id": None, "max_retries": 0,
     }
     with respx.mock(assert_all_called=True) as router:
         router.post(f"{PLANNER}/v1/chat/completions").mock(return_value=llama_cpp_server_empty_chat())
         async with agent_loop.AgentLoop(steps, max_rounds=2) as agent:
             records = await agent.run("task")
-    assert [record.name for record in records] == ["plan", "notes", "write"] * 2
-    assert records[-1].empty is not None and "Feedback: The last draft was empty" in records[3].prompt
+    assert [record.name for record in records] == ["key_words", "plan", "write"] * 2
+    assert records[-1].empty is not None and "Feedback: The last draft was empty" in records[4].prompt

@@ -13,9 +13,10 @@ import inference
 from inference.fake_provider import FakeProvider
 from inference.provider import GenerationResult, InferenceProvider
 
-HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "openai", "peft", "vllm", "httpx", "jsonschema")
+HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "openai", "peft", "vllm", "httpx", "jsonschema", "numpy")
 """Not imported by ``import inference`` nor by the fake provider: httpx comes with an HTTP provider (or a
-``Server*`` error), jsonschema with the first ``json_schema`` option."""
+``Server*`` error), jsonschema with the first ``json_schema`` option, numpy with the first next-token
+distribution."""
 
 
 def test_import_inference_loads_no_backend() -> None:
@@ -92,7 +93,8 @@ def test_generate_signature_is_pinned() -> None:
         "repetition_penalty",
     ]
     keyword_only = [name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY]
-    assert keyword_only == ["stop", "seed", "top_k", "logprobs", "json_schema"]
+    assert keyword_only[:5] == ["stop", "seed", "top_k", "logprobs", "json_schema"]  # new options come after
+    assert keyword_only[5:] == ["tools", "tool_choice", "return_token_ids"]
     assert parameters["max_tokens"].default == 4096
     for method in ("generate", "load_adapter", "unload_adapter", "list_adapters", "aclose"):
         assert inspect.iscoroutinefunction(getattr(InferenceProvider, method))

@@ -7,7 +7,6 @@ thread (the model worker's side).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Hashable
 
 from inference._inprocess.batching import BatchQueue, PendingRequest, cut_row
@@ -70,41 +69,43 @@ def test_a_batch_holds_at_most_max_batch_size_requests() -> None:
     for prompt in "abcde":
         queue.put(request(prompt))
 
-    started = time.monotonic()
-    sizes = [len(queue.next_batch(by_temperature)) for _ in range(2)]
+    sizes = [len(queue.next_batch(by_temperature)) for _ in range(2)]  # waiting for the window would take 2 min
 
     assert sizes == [2, 2]
-    assert time.monotonic() - started < 1
     assert len(queue) == 1
 
 
 def test_a_lone_request_waits_for_its_window_and_a_request_arriving_meanwhile_joins_it() -> None:
-    queue = BatchQueue(max_batch_size=8, window_s=0.3)
-    queue.put(request("first"))
+    # No clock: the window is an hour, and the oldest request's hour is then moved into the past.
+    queue = BatchQueue(max_batch_size=8, window_s=3600)
+    first = queue.put(request("first"))
     batches: list[list[PendingRequest]] = []
     worker = threading.Thread(target=lambda: batches.append(queue.next_batch(by_temperature)))
-
-    started = time.monotonic()
     worker.start()
-    time.sleep(0.05)
-    queue.put(request("second"))
-    worker.join(5)
-    waited = time.monotonic() - started
+    queue.put(request("second"))  # arrives while the first waits for its window
+    worker.join(0.05)
+    assert worker.is_alive()  # a lone request waits (a worker that did not would have returned at once)
 
+    with queue._condition:  # the first request's window is over; the second one's has just begun
+        first.enqueued_at -= 3600
+        queue._condition.notify_all()
+    worker.join(60)
+
+    assert not worker.is_alive()  # the window counts from the oldest request, not the newest
     assert [prompts(batch) for batch in batches] == [["first", "second"]]
-    assert 0.25 <= waited < 3  # the window counts from the oldest request, not the newest
 
 
 def test_a_request_filling_the_batch_wakes_the_waiting_worker_before_the_window_ends() -> None:
-    queue = BatchQueue(max_batch_size=2, window_s=60)
+    queue = BatchQueue(max_batch_size=2, window_s=3600)
     queue.put(request("first"))
     batches: list[list[PendingRequest]] = []
     worker = threading.Thread(target=lambda: batches.append(queue.next_batch(by_temperature)))
 
     worker.start()
-    time.sleep(0.05)
+    worker.join(0.05)
+    assert worker.is_alive()  # waiting for the first request's window (an hour)
     queue.put(request("second"))
-    worker.join(5)
+    worker.join(60)
 
     assert not worker.is_alive()
     assert [prompts(batch) for batch in batches] == [["first", "second"]]

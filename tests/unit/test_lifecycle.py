@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
     AdapterNotFoundError,
@@ -50,11 +51,12 @@ class GatedProvider(FakeProvider):
         finally:
             self.stream_closed = True
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         await asyncio.sleep(self.load_delay)
         if "corrupt" in adapter_path:
             raise InvalidAdapterError(f"adapter at {adapter_path} is corrupt", provider=self.name)
-        await super()._load_adapter(adapter_id, adapter_path)
+        await super()._load_adapter(adapter_id, source)
 
 
 async def test_concurrent_loads_of_one_adapter_load_it_once() -> None:
@@ -271,9 +273,9 @@ class SlowBackend(FakeProvider):
         super().__init__(max_adapters)
         self.delay = delay
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         await asyncio.sleep(self.delay)
-        await super()._load_adapter(adapter_id, adapter_path)
+        await super()._load_adapter(adapter_id, source)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
         await asyncio.sleep(self.delay)

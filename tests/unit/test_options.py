@@ -31,15 +31,23 @@ EVERY_OPTION_SET: dict[str, Any] = {
     "top_k": 5,
     "logprobs": 2,
     "json_schema": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+    "tools": [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "description": "Look a word up.", "parameters": {"type": "object"}},
+        }
+    ],
+    "tool_choice": "none",
+    "return_token_ids": True,
 }
-"""A value for every option; on the command line, ``json_schema`` is a file holding the schema."""
+"""A value for every option; on the command line, ``json_schema`` and ``tools`` are files holding them."""
 
 
 def command_line_value(name: str, value: Any, directory: Path) -> str:
-    """``value`` as the command line gives it: a schema is the path of a file that holds it."""
-    if name != "json_schema":
+    """``value`` as the command line gives it: a schema or tools are the path of a file that holds them."""
+    if name not in ("json_schema", "tools"):
         return str(value)
-    path = directory / "schema.json"
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(value))
     return str(path)
 
@@ -98,6 +106,7 @@ def test_from_arguments_normalises_what_backends_read() -> None:
         ("stop", ["a", "\ud800"], "stop[1] holds"),
         ("seed", 1.5, "seed must be an integer or None, got 1.5"),
         ("top_k", -1, "top_k must be a non-negative integer or None, got -1"),
+        ("return_token_ids", 1, "return_token_ids must be True or False, got 1"),
     ],
 )
 def test_each_rule_names_the_option_and_the_provider(name: str, value: object, message: str) -> None:
@@ -116,7 +125,8 @@ def test_the_request_is_the_options_plus_prompt_model_and_adapter() -> None:
     request = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, **EVERY_OPTION_SET)
     assert isinstance(request, GenerationOptions)
     assert (request.prompt, request.model, request.adapter_id) == ("Hi", "", None)
-    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": ()}  # no stop string cuts the schema's JSON
+    tools = tuple(EVERY_OPTION_SET["tools"])
+    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": (), "tools": tools}  # no stop cuts the JSON
     without_schema = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, stop=["END", "STOP"])
     assert without_schema.stop == ("END", "STOP")
     assert GenerationRequest("Hi", "m").max_tokens == 4096  # prompt and model stay positional
@@ -138,7 +148,8 @@ async def test_generate_stream_and_generate_batch_pass_every_option_to_the_backe
     await provider.generate_batch(["Hi", "Hi"], "m", **EVERY_OPTION_SET)
     assert provider.requests == [expected] * 4
     positional = [EVERY_OPTION_SET[name] for name in ("max_tokens", "system_prompt", "temperature", "top_p")]
-    keyword = {name: EVERY_OPTION_SET[name] for name in ("stop", "seed", "top_k", "logprobs", "json_schema")}
+    keyword_names = ("stop", "seed", "top_k", "logprobs", "json_schema", "tools", "tool_choice", "return_token_ids")
+    keyword = {name: EVERY_OPTION_SET[name] for name in keyword_names}
     await provider.generate("Hi", "m", None, *positional, 1.1, **keyword)
     assert provider.requests[-1] == expected
 
@@ -152,13 +163,23 @@ def test_the_command_line_has_a_flag_for_every_option(command: list[str], tmp_pa
     argv = [*command]
     for name, flag in zip(OPTIONS, flags, strict=True):
         values = EVERY_OPTION_SET[name]
-        for value in values if isinstance(values, list) else [values]:
+        for value in values if OPTIONS[name].repeatable else [values]:
             argv += [flag, command_line_value(name, value, tmp_path)]
     args = build_parser().parse_args(argv)
     assert {name: getattr(args, name) for name in OPTIONS} == EVERY_OPTION_SET
 
 
-def test_eval_takes_every_option_from_flags_or_set_into_the_results(tmp_path: Path) -> None:
+def test_eval_takes_every_option_from_flags_or_set_into_the_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[GenerationRequest] = []
+    answer = FakeProvider._answer
+
+    def recording_answer(self: FakeProvider, request: GenerationRequest) -> GenerationResult:
+        seen.append(request)
+        return answer(self, request)
+
+    monkeypatch.setattr(FakeProvider, "_answer", recording_answer)
     adapter = tmp_path / "style"
     adapter.mkdir()
     prompts = tmp_path / "prompts.jsonl"
@@ -178,8 +199,10 @@ def test_eval_takes_every_option_from_flags_or_set_into_the_results(tmp_path: Pa
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     recorded = {name: rows[0]["settings"][name] for name in OPTIONS}
     assert recorded == {**EVERY_OPTION_SET, "stop": []}  # the run's settings: no stop string with a json_schema
-    with_run_system, with_own_system = sorted(rows, key=lambda row: row["prompt_id"])
-    assert with_run_system["output"] != with_own_system["output"]
+    # What the provider was asked, not its answers: the fake's one-word JSON answers for the two system prompts
+    # can coincide, depending on the adapter's (temporary) path it hashes.
+    systems = sorted((request.prompt, request.system_prompt) for request in seen if request.adapter_id)
+    assert systems == [("Hi", "Be brief."), ("Hi", "Own.")]
 
 
 async def test_the_runner_uses_its_system_prompt_only_for_prompts_without_one(tmp_path: Path) -> None:

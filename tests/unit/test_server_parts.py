@@ -28,6 +28,7 @@ from inference._servers.http import ErrorHandlers, ServerAnswer
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.runtime_lora import LoRARoutes, RuntimeLoRA, absolute_if_local, already_loaded
 from inference._servers.served_adapters import ServedAdapters
+from inference.adapters.source import AdapterSource
 from inference.config import SETTINGS
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
@@ -105,8 +106,8 @@ class SGLangProvider(OpenAICompatibleProvider):
     def _adapter_path_argument(self, adapter_path: object) -> str:
         return absolute_if_local(super()._adapter_path_argument(adapter_path))
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        await self._lora.load(adapter_id, adapter_path)
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        await self._lora.load(adapter_id, source.path)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
         await self._lora.unload(adapter_id)

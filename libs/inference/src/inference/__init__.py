@@ -34,6 +34,7 @@ from inference.exceptions import (
     ProviderError,
     ProviderTimeoutError,
     ProviderUnavailableError,
+    TokenLimitError,
     UnknownProviderError,
     UnsupportedOperationError,
 )
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from inference._server_errors import RuntimeLoRADisabledError, ServerResponseError
     from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
     from inference.fake_provider import FakeProvider
+    from inference.fallback import FallbackProvider
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.llamacpp_server_provider import LlamaCppServerProvider
     from inference.messages import Message
@@ -52,8 +54,9 @@ if TYPE_CHECKING:
     from inference.options import GenerationOptions
     from inference.provider import InferenceProvider
     from inference.registry import PROVIDERS
-    from inference.results import GenerationResult, ScoreResult, TokenLogprob
+    from inference.results import GenerationResult, ScoreResult, TokenLogprob, ToolCall
     from inference.sync import SyncProvider, get_sync_provider, get_sync_provider_for_step
+    from inference.tokens import TokenCacheStats, TokenIds, TokenVocabulary
     from inference.transformers_provider import TransformersProvider
     from inference.vllm_offline_provider import VLLMOfflineProvider
     from inference.vllm_provider import VLLMProvider
@@ -69,8 +72,10 @@ _LAZY = {
     "GenerationOptions": "inference.options",
     "InferenceProvider": "inference.provider",
     "PROVIDERS": "inference.registry",
-    **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob"), "inference.results"),
+    **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob", "ToolCall"), "inference.results"),
+    "FallbackProvider": "inference.fallback",
     **dict.fromkeys(("SyncProvider", "get_sync_provider", "get_sync_provider_for_step"), "inference.sync"),
+    **dict.fromkeys(("TokenCacheStats", "TokenIds", "TokenVocabulary"), "inference.tokens"),
     # The errors built from HTTP answers import httpx (see inference._server_errors).
     **dict.fromkeys(("RuntimeLoRADisabledError", "ServerResponseError"), "inference.exceptions"),
 }
@@ -100,6 +105,7 @@ __all__ = [
     "AdapterWeights",
     "ConfigurationError",
     "FakeProvider",
+    "FallbackProvider",
     "GenerationOptions",
     "GenerationResult",
     "InferenceError",
@@ -123,7 +129,12 @@ __all__ = [
     "ScoreResult",
     "ServerResponseError",
     "SyncProvider",
+    "TokenCacheStats",
+    "TokenIds",
+    "TokenLimitError",
     "TokenLogprob",
+    "TokenVocabulary",
+    "ToolCall",
     "TransformersProvider",
     "UnknownProviderError",
     "UnsupportedOperationError",

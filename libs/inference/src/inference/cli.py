@@ -387,9 +387,10 @@ def _add_generate(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
             "      --model Qwen/Qwen2.5-0.5B --adapter support --stream\n"
             "  inference generate 'Hi' --provider transformers --model-path models/tiny --device cpu --json\n"
             "  inference generate --messages chat.json --json-schema answer.schema.json --logprobs 3 ...\n"
-            "output: the text on stdout (with --logprobs, then a table: token, logprob, alternatives); with\n"
-            "--json one object {text, model, adapter_id, finish_reason, prompt_tokens, completion_tokens,\n"
-            "token_count, latency_s, logprobs, reasoning}; with --stream --json one line\n"
+            "output: the text on stdout, then one 'tool call ID: NAME ARGUMENTS' line per tool call (with\n"
+            "--logprobs, then a table: token, logprob, alternatives); with --json one object {text, model,\n"
+            "adapter_id, finish_reason, prompt_tokens, completion_tokens, token_count, latency_s, logprobs,\n"
+            "reasoning, tool_calls, token_ids}; with --stream --json one line\n"
             '{"type": "text", "text": ...} per piece, then {"type": "result", ...}.'
         ),
     )
@@ -434,6 +435,8 @@ def _generate(args: argparse.Namespace) -> int:
         else:
             if not args.stream:
                 print(result.text)
+            for tool_call in result.tool_calls or ():
+                print(f"tool call {tool_call.id}: {tool_call.name} {tool_call.raw_arguments}")
             if result.logprobs is not None:
                 _print_logprobs(result.logprobs)
         return 0
@@ -529,6 +532,12 @@ def _result_fields(result: Any, latency_s: float) -> dict[str, Any]:
             for entry in result.logprobs
         ],
         "reasoning": result.reasoning,
+        "tool_calls": None if result.tool_calls is None else [
+            {"id": call.id, "name": call.name, "arguments": call.arguments, "raw_arguments": call.raw_arguments,
+             "error": call.error}
+            for call in result.tool_calls
+        ],
+        "token_ids": None if result.token_ids is None else list(result.token_ids),
     }
 
 

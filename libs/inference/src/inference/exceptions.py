@@ -12,6 +12,7 @@ on first use, so ``import inference`` does not import httpx::
     │   └── UnknownProviderError                 provider type not in the registry
     ├── MissingDependencyError (ImportError)     an optional extra is not installed; names the pip extra
     ├── InvalidRequestError (ValueError)         bad generate() arguments: prompt, max_tokens, temperature...
+    │   └── TokenLimitError                      token ids beyond the model: outside the vocabulary, over the context
     ├── UnsupportedOperationError (NotImplementedError)   the provider cannot do this at all
     ├── ModelError
     │   ├── ModelLoadError                       an in-process model could not be loaded
@@ -62,6 +63,7 @@ __all__ = [
     "ServerInvalidAdapterError",
     "ServerModelNotFoundError",
     "ServerResponseError",
+    "TokenLimitError",
     "UnknownProviderError",
     "UnsupportedOperationError",
 ]
@@ -122,6 +124,24 @@ class MissingDependencyError(InferenceError, ImportError):
 
 class InvalidRequestError(InferenceError, ValueError):
     """An argument of a request is invalid (prompt type, ``max_tokens``, ``temperature``...)."""
+
+
+class TokenLimitError(InvalidRequestError):
+    """Token ids the model cannot read: an id outside its vocabulary, or a sequence longer than its context.
+
+    Args:
+        message: The sentence (it names the limit).
+        limit: The limit: the vocabulary's size, or the context's length in tokens.
+        value: What broke it: the id, or the sequence's length.
+        kind: ``"vocabulary"`` or ``"context"``.
+        provider: The provider's name.
+    """
+
+    def __init__(self, message: str, *, limit: int, value: int, kind: str, provider: str | None = None) -> None:
+        super().__init__(message, provider=provider)
+        self.limit = limit
+        self.value = value
+        self.kind = kind
 
 
 class UnsupportedOperationError(InferenceError, NotImplementedError):

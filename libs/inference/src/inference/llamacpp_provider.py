@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import functools
 import importlib.util
 import math
 import os
@@ -45,7 +44,7 @@ from inference._inprocess.llamacpp_completion import Completion, TokenText
 from inference._inprocess.llamacpp_logits import JsonMask, clear_memory, score_sequence
 from inference._inprocess.llamacpp_text import TextEncoder
 from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
-from inference.config import resolve_settings
+from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     ConfigurationError,
     InferenceError,
@@ -55,7 +54,7 @@ from inference.exceptions import (
     ProviderError,
     UnsupportedOperationError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 
@@ -138,7 +137,11 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         seed: Sampling seed for requests that give none, in ``[0, MAX_SEED]`` (:data:`MAX_SEED` is
             ``2**32 - 2``); ``None`` draws a fresh one per request. Not a setting: a step config's ``seed`` is
             the requests' own.
-        n_threads: CPU threads for generation; else ``LLAMACPP_N_THREADS``; else llama-cpp-python's choice.
+        n_threads: CPU threads llama.cpp uses, for generation and for prompts alike; else ``LLAMACPP_N_THREADS``;
+            else llama-cpp-python's choice (half the CPUs for one-token steps, all of them for prompts and batched
+            steps). On a machine busy with other work, give fewer threads than the CPUs left free: llama.cpp's
+            threads wait for each other by spinning, and a step whose threads do not all get a CPU can take 100
+            times longer.
         flash_attn: Flash attention; else ``LLAMACPP_FLASH_ATTN``; else off (``llama-server`` turns it on where
             the backend supports it; llama-cpp-python leaves it off). On a CPU it makes batched decoding about
             5-10% faster, but then a request's tokens in a batch may differ from its tokens alone (its attention
@@ -166,6 +169,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         "top_k": Sent("top_k", "llama.cpp's sampler chain"),
         "logprobs": Sent("logits", "log-softmax of the step's logits"),
         "json_schema": Sent("llguidance", "a token mask per step"),
+        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+        "tool_choice": Refused("tool calling is not built yet for this backend"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     batches_mixed_adapters = False
     supports_scoring = True
@@ -189,21 +195,10 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         hot_swap: bool | None = None,
         verbose: bool | None = None,
     ) -> None:
-        given = {
-            "model_path": os.fspath(model_path) if model_path is not None else None,
-            "n_ctx": n_ctx,
-            "n_gpu_layers": n_gpu_layers,
-            "adapter_cache_dir": os.fspath(adapter_cache_dir) if adapter_cache_dir is not None else None,
-            "max_adapters": max_adapters,
-            "n_parallel": n_parallel,
-            "kv_cache_type": kv_cache_type,
-            "n_threads": n_threads,
-            "n_batch": n_batch,
-            "flash_attn": flash_attn,
-            "hot_swap": hot_swap,
-            "verbose": verbose,
-        }
-        settings = resolve_settings(_PROVIDER, {k: v for k, v in given.items() if v is not None})
+        super().__init__(  # checks max_adapters; the worker thread starts on first use
+            locals(), worker_initializer=lambda: _set_thread_log_mode(self._verbose)
+        )
+        settings = self._settings
         if not settings["model_path"]:
             raise ConfigurationError(
                 "the llamacpp provider needs a GGUF model: pass model_path=... or set LLAMACPP_MODEL_PATH",
@@ -215,10 +210,6 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
                 f"got {settings['n_ctx']!r}",
                 provider=_PROVIDER,
             )
-        super().__init__(  # checks max_adapters; the worker thread starts on first use
-            max_adapters=settings["max_adapters"],
-            worker_initializer=functools.partial(_set_thread_log_mode, settings["verbose"]),
-        )
         if seed is not None and not _seed_fits(seed):
             raise ConfigurationError(f"seed {_seed_rule(seed)}", provider=_PROVIDER)
         if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: the first call imports it
@@ -295,8 +286,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         self._check_open()
         return await self._worker.run(self._score_blocking, request, True)
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into llama.cpp (first load, or again after an eviction: the conversion is cached)."""
+        adapter_path = source.path
         self._check_open()
         path = Path(adapter_path)
         if path.is_dir():
@@ -403,8 +395,8 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
             "n_batch": min(self._n_batch, self.n_ctx),
             "verbose": self._verbose,
         }
-        if self._n_threads is not None:
-            kwargs["n_threads"] = self._n_threads
+        if self._n_threads is not None:  # prompts too (llama-cpp-python would give them every CPU)
+            kwargs["n_threads"] = kwargs["n_threads_batch"] = self._n_threads
         if self.kv_cache_type is not None:
             kwargs["type_k"] = kwargs["type_v"] = KV_CACHE_TYPES[self.kv_cache_type]
         if lora_path is not None:
@@ -685,20 +677,36 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
 
         Each token goes to the request's :class:`Completion`, which decides when it ends and hands its
         pieces to ``sink``. Setting ``cancel`` stops the loop after the current token (the result is then of
-        no use to anyone); a request cancelled before it starts returns at once without touching the model.
+        no use to anyone), and stops the prompt's evaluation inside ``llama_decode`` (llama.cpp's abort
+        callback, set until the first token: a long prompt is seconds of work on a busy CPU); a request
+        cancelled before it starts returns at once without touching the model.
         """
         if cancel.is_set():
             return self._cancelled(request)
         llama = self._activate(request.adapters)
         prompt, completion = self._prepare(llama, request, sink)
         tokens = llama.generate(prompt, **self._sampling(llama, request, completion))
+        llama_cpp = self._llama_cpp()
+        abort = llama_cpp.ggml_abort_callback(lambda _data: cancel.is_set())
+        llama_cpp.llama_set_abort_callback(llama.ctx, abort, None)
+        aborting = True
         failed = True
         try:
             for token in tokens:
+                if aborting:  # the prompt is in: one-token steps need no abort (and a Python call per graph node)
+                    llama_cpp.llama_set_abort_callback(llama.ctx, llama_cpp.ggml_abort_callback(), None)
+                    aborting = False
                 if cancel.is_set() or completion.add(token, lambda: completion.tokens.logits(llama.ctx, -1)):
                     break
             failed = False
+        except RuntimeError:
+            if not cancel.is_set():
+                raise
+            failed = False  # llama_decode aborted the prompt: its cells are already removed, nothing is poisoned
+            return self._cancelled(request)
         finally:
+            if aborting:
+                llama_cpp.llama_set_abort_callback(llama.ctx, llama_cpp.ggml_abort_callback(), None)
             tokens.close()  # released here, on the worker thread, not whenever it is collected
             if failed:  # NaN logits leave NaN in the KV cache, which would poison the next requests
                 clear_memory(self._llama_cpp(), llama)

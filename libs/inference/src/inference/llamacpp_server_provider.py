@@ -25,6 +25,7 @@ from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
 from inference._servers.routes import RouteChoice
 from inference.adapters.gguf import convert_peft_to_gguf_cached
+from inference.adapters.source import AdapterSource
 from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
 from inference.options import OptionMap, Sent
 
@@ -249,8 +250,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
 
     # Adapters -----------------------------------------------------------------------------------------------
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Find the adapter among every replica's preloaded ones; record the server's path for it."""
+        adapter_path = source.path
         found: str | None = None
         for replica in self._replicas:
             served = await self._read_served(replica)

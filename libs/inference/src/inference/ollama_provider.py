@@ -25,7 +25,6 @@ from inference._servers.ollama_models import (
     derived_model_name,
     parse_derived_model_name,
 )
-from inference.config import resolve_settings
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
     AdapterNotFoundError,
@@ -34,12 +33,13 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 from inference.results import TokenLogprob
 
 if TYPE_CHECKING:
-    from inference.adapters.weights import AdapterWeights
+    from inference.adapters.source import AdapterSource
+from inference.adapters.weights import AdapterWeights
 
 __all__ = ["OllamaProvider"]
 
@@ -132,6 +132,9 @@ class OllamaProvider(InferenceProvider):
         "top_k": Sent("options.top_k"),
         "logprobs": Sent("logprobs", "with top_logprobs"),
         "json_schema": Sent("format"),
+        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+        "tool_choice": Refused("tool calling is not built yet for this backend"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     supports_adapters = True
     hot_swaps_adapters = False
@@ -146,17 +149,8 @@ class OllamaProvider(InferenceProvider):
         adapter_cache_dir: str | os.PathLike[str] | None = None,
         think: str | None = None,
     ) -> None:
-        settings = resolve_settings(
-            "ollama",
-            {
-                "base_url": base_url,
-                "timeout": timeout,
-                "max_retries": max_retries,
-                "base_model": base_model,
-                "think": think,
-                "adapter_cache_dir": None if adapter_cache_dir is None else os.fspath(adapter_cache_dir),
-            },
-        )
+        super().__init__(locals())
+        settings = self._settings
         self.base_url: str = settings["base_url"]
         self.base_model: str | None = settings["base_model"]
         self.think: str = settings["think"]
@@ -181,7 +175,6 @@ class OllamaProvider(InferenceProvider):
             )
         self._models = OllamaModels(self._http, self.native_url, self.adapter_cache_dir)
         self._adapter_models: dict[str, _AdapterModel] = {}  # adapter id -> its derived model
-        self._requested_bases: dict[str, str] = {}  # adapter id -> base of the load_adapter call under way
         # Per event loop (a cached provider may serve several asyncio.run calls, and a lock is bound to the loop
         # it was first awaited on): "load:<id>" serialises that id's load_adapter calls, "heal" the recreations.
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
@@ -284,11 +277,7 @@ class OllamaProvider(InferenceProvider):
                         url=self.base_url,
                     )
                 await registry.unload(adapter_id)
-            self._requested_bases[adapter_id] = base
-            try:
-                await super().load_adapter(adapter_id, adapter_path, replace=replace, pin=pin)
-            finally:
-                del self._requested_bases[adapter_id]
+            await self._load_source(adapter_id, adapter_path, replace=replace, pin=pin, base_model=base)
 
     def _base_for(self, adapter_id: str, base_model: str | None, *, loading: bool = False) -> str:
         if base_model is not None and (not isinstance(base_model, str) or not base_model.strip()):
@@ -307,7 +296,8 @@ class OllamaProvider(InferenceProvider):
             )
         return base
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         record = self._adapter_models.get(adapter_id)
         if record is not None and record.discovered and adapter_path == record.name:
             raise AdapterNotFoundError(
@@ -315,7 +305,7 @@ class OllamaProvider(InferenceProvider):
                 f"{record.name!r} is gone: load it again with load_adapter and its files",
                 provider=self.name,
             )
-        base = self._requested_bases.get(adapter_id) or self._base_for(adapter_id, None)
+        base = source.base_model or self._base_for(adapter_id, None)
         await self._create(adapter_id, adapter_path, base)
 
     async def _create(self, adapter_id: str, adapter_path: str, base: str) -> None:

@@ -168,14 +168,69 @@ def _logprobs(value: object, name: str, fail: Fail) -> int | None:
     return number
 
 
+def _flag(value: object, name: str, fail: Fail) -> bool:
+    """A yes/no option: ``True`` or ``False`` (``None``, the signatures' default, is ``False``)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise fail(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def parse_flag(text: str) -> bool:
+    """Read a yes/no option from the command line: ``true``/``false``, ``yes``/``no``, ``1``/``0``, ``on``/``off``."""
+    words = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
+    value = words.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"expected true or false, got {text!r}")
+    return value
+
+
 def _json_schema(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
     """A JSON schema as a dict: given as a dict, or as a pydantic model class (its ``model_json_schema()``);
     see :func:`inference._core.json_schemas.checked_schema` for what is refused."""
     if value is None:
         return None
+    return check_json_schema(value, name, fail)
+
+
+def check_json_schema(value: object, name: str, fail: Fail) -> dict[str, Any]:
+    """``value`` (a JSON-schema dict, or a pydantic model class) as a fresh, checked JSON-schema dict: the rule of
+    ``json_schema`` and of a tool's ``parameters`` (see :func:`inference._core.json_schemas.checked_schema`).
+
+    Raises:
+        InvalidRequestError: ``fail(message)`` when it is not a JSON schema the backends can use.
+    """
     from inference._core.json_schemas import checked_schema
 
     return checked_schema(value, name, fail)
+
+
+def _tools(value: object, name: str, fail: Fail) -> tuple[dict[str, Any], ...]:
+    from inference.tools import check_tools  # inference.tools builds on this module
+
+    return check_tools(value, name, fail)
+
+
+def _tool_choice(value: object, name: str, fail: Fail) -> str | dict[str, Any] | None:
+    from inference.tools import check_tool_choice
+
+    return check_tool_choice(value, name, fail)
+
+
+def tools_file(path: str) -> list[Any]:
+    """Read the command line's ``--tools FILE``: a JSON list of OpenAI function tools (checked afterwards)."""
+    from inference._core.json_files import read_json_file
+
+    loaded: Any = read_json_file(path, "the tools file")
+    return loaded if isinstance(loaded, list) else [loaded]
+
+
+def tool_choice_text(text: str) -> str | dict[str, Any]:
+    """Read the command line's ``--tool-choice``: ``auto``, ``none``, ``required``, or the name of a tool."""
+    if text in ("auto", "none", "required"):
+        return text
+    return {"type": "function", "function": {"name": text}}
 
 
 def json_schema_file(path: str) -> dict[str, Any]:
@@ -248,6 +303,18 @@ class GenerationOptions:
         None, check=_json_schema, metavar="FILE", parse=json_schema_file,
         help="constrain the output to JSON valid against this schema (a dict or a pydantic model class)",
     )
+    tools: tuple[Mapping[str, Any], ...] = spec_field(
+        (), check=_tools, metavar="FILE", parse=tools_file,
+        help="tools the model may call (OpenAI's function tools; on the command line a JSON file of them)",
+    )
+    tool_choice: str | Mapping[str, Any] | None = spec_field(
+        None, check=_tool_choice, metavar="CHOICE", parse=tool_choice_text,
+        help="whether the model calls a tool: auto (the default with tools), none, required, or a tool's name",
+    )
+    return_token_ids: bool = spec_field(
+        False, check=_flag, metavar="BOOL", parse=parse_flag,
+        help="report the generated token ids in the result's token_ids",
+    )
 
     @property
     def is_greedy(self) -> bool:
@@ -289,6 +356,9 @@ class GenerationOptions:
             else:
                 raise TypeError(f"{cls.__name__}.from_arguments() is missing {item.name}")
             checked[item.name] = item.metadata[_SPEC].check(value, item.name, fail)
+        from inference.tools import check_tools_together
+
+        checked["tool_choice"] = check_tools_together(checked["tools"], checked["tool_choice"], fail)
         return cls(**checked)
 
     def as_arguments(self) -> dict[str, Any]:
@@ -324,6 +394,13 @@ class RequestOptions(TypedDict, total=False):
         json_schema: Constrain the text to JSON valid against this schema (a JSON-schema dict, or a pydantic model
             class). The text then always parses and validates, unless ``finish_reason`` is ``"length"``. Not with
             ``stop``. Its ``$ref`` must point inside it (nothing is fetched).
+        tools: Tools the model may call: OpenAI's function tools (``{"type": "function", "function": {"name",
+            "description", "parameters"}}``), Python functions or pydantic model classes (see
+            :mod:`inference.tools`). Its calls come back in :attr:`~inference.GenerationResult.tool_calls`.
+        tool_choice: ``"auto"`` (the model decides; the default with tools), ``"none"``, ``"required"``, or
+            ``{"type": "function", "function": {"name": N}}`` to force a call of tool ``N``.
+        return_token_ids: Report the generated token ids in :attr:`~inference.GenerationResult.token_ids` (the ids
+            the model produced, up to a stop string; ``None`` when not asked).
     """
 
     stop: str | Sequence[str] | None
@@ -331,6 +408,9 @@ class RequestOptions(TypedDict, total=False):
     top_k: int | None
     logprobs: int | None
     json_schema: Mapping[str, Any] | type | None
+    tools: Sequence[Mapping[str, Any] | Callable[..., Any] | type] | None
+    tool_choice: str | Mapping[str, Any] | None
+    return_token_ids: bool | None
 
 
 @dataclass(frozen=True)

@@ -19,32 +19,33 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
-import itertools
 import logging
 import os
-import shutil
-import tempfile
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
-from inference._core.scratch import owned_prefix, sweep_abandoned
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
     ScoreRequest,
+    TokenRequest,
     adapters_label,
+    check_token_limits,
+    checked_model,
+    checked_text,
     split_adapter_choice,
     validate_adapter_id,
 )
+from inference._core.weights_store import AdapterWeightsStore
+from inference.adapters.source import AdapterSource
 from inference.adapters.stats import ProviderAdapterStats
 from inference.exceptions import InvalidRequestError, ProviderError, UnsupportedOperationError
-from inference.messages import Prompt
+from inference.messages import Prompt, has_tool_turns
 from inference.options import (
     POSITIONAL_OPTIONS,
     GenerationOptions,
@@ -55,10 +56,14 @@ from inference.options import (
     option_is_set,
 )
 from inference.results import BatchItem, GenerationResult, ScoreItem, ScoreResult, StreamEvent, TokenLogprob
+from inference.tokens import TokenCacheStats, TokenVocabulary
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
     from typing_extensions import Unpack
 
+    from inference._core.token_batching import TokenBatcher
     from inference.adapters.weights import AdapterWeights
 
 logger = logging.getLogger("inference")
@@ -75,6 +80,7 @@ __all__ = [
 ]
 
 _ProviderT = TypeVar("_ProviderT", bound="InferenceProvider")
+_HeldT = TypeVar("_HeldT", GenerationRequest, TokenRequest)
 _ItemT = TypeVar("_ItemT")
 _ResultT = TypeVar("_ResultT")
 
@@ -102,13 +108,22 @@ class InferenceProvider(ABC):
         supports_scoring: ``score``, ``score_rolling`` and ``score_batch`` work (log-likelihoods of given text).
         supports_logprobs: ``generate(..., logprobs=k)`` reports token log-probabilities.
         supports_json_schema: ``generate(..., json_schema=...)`` constrains the output.
+        supports_tools: ``generate(..., tools=[...])`` lets the model call tools (and a conversation may hold tool
+            calls and results).
         supports_adapter_scales: ``adapter_id`` may be an ``(id, scale)`` pair or a list of them (several
             adapters at once, each scaled).
         loads_adapter_weights_in_memory: ``load_adapter(id, AdapterWeights(...))`` puts the tensors straight
             into the model; other providers get a temporary PEFT directory written for them.
         options: How the backend receives each generation option: ``{"temperature": Sent("temperature"),
             "logprobs": Refused("...")}`` (:class:`~inference.options.Sent`, :class:`~inference.options.Refused`).
-            Every provider declares every option; ``supports_logprobs`` and ``supports_json_schema`` follow from it.
+            Every provider declares every option; ``supports_logprobs``, ``supports_json_schema`` and ``supports_tools``
+            follow from it.
+        supports_tokenize: ``tokenize``, ``detokenize`` and ``token_vocabulary`` work (the model's tokenizer is
+            at hand).
+        supports_next_token_logprobs: ``next_token_logprobs`` and ``batch_next_token_logprobs`` return the full
+            next-token distribution (never a truncated one).
+        supports_token_prompts: ``generate``, ``stream`` and ``generate_batch`` take a
+            :class:`~inference.tokens.TokenIds` prompt.
     """
 
     name: ClassVar[str] = "base"
@@ -119,16 +134,56 @@ class InferenceProvider(ABC):
     supports_scoring: ClassVar[bool] = False
     supports_logprobs: ClassVar[bool] = False
     supports_json_schema: ClassVar[bool] = False
+    supports_tools: ClassVar[bool] = False
     supports_adapter_scales: ClassVar[bool] = False
     loads_adapter_weights_in_memory: ClassVar[bool] = False
+    supports_tokenize: ClassVar[bool] = False
+    supports_next_token_logprobs: ClassVar[bool] = False
+    supports_token_prompts: ClassVar[bool] = False
     options: ClassVar[OptionMap] = {}
     max_adapters: int | None = None
+
+    def __init__(self, arguments: Mapping[str, Any] | None = None) -> None:
+        """Set up what every provider holds: its settings, its adapter registry and the adapter weights it keeps.
+
+        Subclasses call it first, with their constructor's arguments: ``super().__init__(locals())``.
+
+        Args:
+            arguments: The constructor's arguments by name. Those that are settings of this provider type in
+                :data:`inference.registry.PROVIDERS` are resolved (argument, else environment variable, else
+                default; ``None`` counts as not given) into ``self._settings``; others are left to the subclass.
+
+        Raises:
+            ConfigurationError: A setting breaks its rule; the sentence names the argument or the variable.
+        """
+        from inference.config import SETTINGS, resolve_settings
+
+        keys = {setting.key for setting in SETTINGS.get(self.name, ())}
+        given = {
+            key: os.fspath(value) if isinstance(value, os.PathLike) else value
+            for key, value in (arguments or {}).items()
+            if key in keys and value is not None
+        }
+        self._settings: dict[str, Any] = resolve_settings(self.name, given) if keys else {}
+        self._closed = False
+        self._token_vocabularies: dict[str, TokenVocabulary] = {}  # model name -> its vocabulary, asked once
+        self._token_batcher_instance: TokenBatcher | None = None
+        self._adapter_weights = AdapterWeightsStore(self.name, self, parent=self._adapter_weights_dir)
+        self._adapter_registry = AdapterRegistry(
+            self.name,
+            load=self._load_adapter,
+            unload=self._unload_adapter,
+            capacity=lambda: self.max_adapters,
+            discover=self._discover_adapter,
+            versioned=self._versioned_adapter_name,
+        )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "options" in cls.__dict__:  # the capabilities that are options follow from the declaration
             cls.supports_logprobs = isinstance(cls.options.get("logprobs"), Sent)
             cls.supports_json_schema = isinstance(cls.options.get("json_schema"), Sent)
+            cls.supports_tools = isinstance(cls.options.get("tools"), Sent)
 
     async def generate(
         self,
@@ -145,8 +200,10 @@ class InferenceProvider(ABC):
         """Generate a completion for ``prompt``.
 
         Args:
-            prompt: The user's text, or a conversation: a list of ``{"role": "system"|"user"|"assistant",
-                "content": str}`` messages (see :mod:`inference.messages`).
+            prompt: The user's text, or a conversation: a list of ``{"role": "system"|"user"|"assistant"|"tool",
+                "content": str}`` messages, tool calls and results included (see :mod:`inference.messages`), or the
+                model's token ids as :class:`~inference.tokens.TokenIds` (the whole input as is: no chat template,
+                no BOS added; where :attr:`supports_token_prompts`).
             model: The base model name (servers) or a label (in-process providers use their loaded model).
             adapter_id: A loaded adapter to apply, or ``None`` for the base model. Where
                 ``supports_adapter_scales`` is true, also an ``(id, scale)`` pair or a list of pairs: each adapter's
@@ -158,12 +215,14 @@ class InferenceProvider(ABC):
             top_p: Nucleus sampling mass in (0, 1].
             repetition_penalty: Penalty above 1 discourages repeats; ``None`` keeps the default.
             **options: The keyword-only options, each described on :class:`~inference.options.RequestOptions`:
-                ``stop``, ``seed``, ``top_k``, ``logprobs`` and ``json_schema``. A name that is no option is a
-                ``TypeError``; an option this provider cannot honour (see :attr:`options`) is an
+                ``stop``, ``seed``, ``top_k``, ``logprobs``, ``json_schema``, ``tools``, ``tool_choice`` and
+                ``return_token_ids``. A name that is no option is a ``TypeError``; an option this provider cannot
+                honour (see :attr:`options`) is an
                 ``UnsupportedOperationError``.
 
         Returns:
-            The generated text with token counts and finish reason.
+            The generated text with token counts and finish reason, and the tools the model called
+            (``tool_calls``, with ``finish_reason`` ``"tool_calls"``) when ``tools`` were given.
 
         Raises:
             InvalidRequestError: An argument is invalid (the message names it), a message list is combined with
@@ -175,6 +234,7 @@ class InferenceProvider(ABC):
                 ``json_schema`` does not parse or validate although it finished (``finish_reason`` ``"stop"``).
         """
         request = self._request("generate", locals())
+        await self._check_token_prompt(request)
         async with self._request_in_use(request) as sent:
             return _as_asked(self._kept_to_schema(request, await self._generate(sent)), _asked_adapter(request))
 
@@ -219,6 +279,7 @@ class InferenceProvider(ABC):
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
         request = self._request("stream", locals())
+        await self._check_token_prompt(request)
         async with self._request_in_use(request) as sent:
             events = self._stream(sent)
             try:
@@ -396,6 +457,188 @@ class InferenceProvider(ABC):
         await asyncio.gather(*(run(index, item) for index, item in enumerate(items)))
         return [answer for answer in results if answer is not None]
 
+    # Token level ---------------------------------------------------------------------------------------
+
+    async def tokenize(self, text: str, model: str) -> list[int]:
+        """The model's token ids for ``text``, with no special token added (no BOS).
+
+        Text that spells one of the model's special tokens (``"<|im_end|>"``, ``"<bos>"``) is that one token, and the
+        tokenizer's normalizer applies: the rule of scoring (:mod:`inference._core.scoring`), so
+        ``tokenize(context + continuation)`` are the ids ``score`` reads.
+
+        Raises:
+            UnsupportedOperationError: The provider has no tokenizer at hand (``supports_tokenize`` is false).
+            InvalidRequestError: ``text`` or ``model`` is not a string, or ``text`` holds a lone surrogate.
+        """
+        self._require_token_level("tokenize text", "supports_tokenize")
+        text = checked_text(text, "text", provider=self.name)
+        model = checked_model(model, provider=self.name)
+        self._check_open()
+        return [int(token) for token in await self._tokenize_text(text, model)]
+
+    async def detokenize(self, token_ids: Sequence[int], model: str) -> str:
+        """The text of ``token_ids``: special tokens written out (``"<eos>"``), bytes that end inside a UTF-8
+        character shown as ``"\ufffd"``. ``detokenize(tokenize(text))`` is ``text`` unless the tokenizer
+        normalizes it.
+
+        Raises:
+            UnsupportedOperationError: The provider has no tokenizer at hand (``supports_tokenize`` is false).
+            InvalidRequestError: ``token_ids`` is not a list of non-negative integers.
+            TokenLimitError: An id is outside the vocabulary.
+        """
+        self._require_token_level("detokenize token ids", "supports_tokenize")
+        if isinstance(token_ids, (list, tuple)) and not token_ids:
+            return ""
+        request = TokenRequest.checked(provider=self.name, token_ids=token_ids, model=model)
+        self._check_open()
+        vocabulary = await self._vocabulary_of(request.model)
+        check_token_limits(request.token_ids, vocabulary, provider=self.name, max_length=len(request.token_ids))
+        return await self._detokenize_ids(request)
+
+    async def token_vocabulary(self, model: str) -> TokenVocabulary:
+        """The model's vocabulary for token-level work: its size (the width of every distribution), each token's
+        bytes, the special tokens, BOS and EOS, and the context length.
+
+        Raises:
+            UnsupportedOperationError: The provider has no tokenizer at hand (``supports_tokenize`` is false).
+        """
+        self._require_token_level("describe its vocabulary", "supports_tokenize")
+        model = checked_model(model, provider=self.name)
+        self._check_open()
+        return await self._vocabulary_of(model)
+
+    async def next_token_logprobs(
+        self, token_ids: Sequence[int], model: str, adapter_id: AdapterChoice = None
+    ) -> NDArray[np.float32]:
+        """The model's distribution over its whole vocabulary for the token after ``token_ids``.
+
+        Concurrent calls (and :meth:`batch_next_token_logprobs`) are gathered and reach the backend together, so it
+        can run them in one forward pass; a provider with a prefix cache computes only the tokens it has not seen
+        for the same adapter weights (``prefix + [t]`` after ``prefix`` costs one token; see :meth:`cache_stats`).
+
+        Args:
+            token_ids: The sequence, as the model reads it: nothing is added (start it with the model's BOS token
+                where the model expects one: :attr:`~inference.tokens.TokenVocabulary.adds_bos`). Any iterable
+                of integers (a list, a tuple, a ``numpy`` array). Not empty: to condition on nothing, pass
+                ``[bos_id]`` (genlm-backend refuses an empty list too).
+            model: As in :meth:`generate`.
+            adapter_id: As in :meth:`generate`: an adapter id, ``None`` for the base model, or, where
+                ``supports_adapter_scales``, an ``(id, scale)`` pair or a list of them. The adapter is held loaded
+                for the call, and a replaced adapter answers with its new weights from the call after the
+                replacement on.
+
+        Returns:
+            A 1-D ``numpy.ndarray`` of ``float32`` with one natural-log probability per vocabulary entry
+            (:attr:`~inference.tokens.TokenVocabulary.size` entries; ``logsumexp`` is 0 within 1e-4).
+
+        Raises:
+            UnsupportedOperationError: The provider cannot (``supports_next_token_logprobs`` is false), or
+                ``adapter_id`` has scales where ``supports_adapter_scales`` is false.
+            InvalidRequestError: ``token_ids`` is empty or not a list of non-negative integers.
+            TokenLimitError: An id is outside the vocabulary, or the sequence is longer than the context.
+            AdapterNotFoundError: ``adapter_id`` is not loaded.
+        """
+        rows = await self._next_token_rows([token_ids], model, adapter_id, lambda index: "token_ids")
+        row: NDArray[np.float32] = rows[0]
+        return row
+
+    async def batch_next_token_logprobs(
+        self, token_ids_list: Sequence[Sequence[int]], model: str, adapter_id: AdapterChoice = None
+    ) -> NDArray[np.float32]:
+        """:meth:`next_token_logprobs` for each sequence, all with one adapter choice.
+
+        Returns:
+            A 2-D ``numpy.ndarray`` of ``float32``: one row per sequence, in order (``(0, size)`` for no sequence).
+
+        Raises:
+            InvalidRequestError: ``token_ids_list`` is not a list of sequences; a sequence is invalid (the message
+                names its index).
+            TokenLimitError: An id is outside the vocabulary, or a sequence is longer than the context.
+        """
+        if isinstance(token_ids_list, (str, bytes)) or not isinstance(token_ids_list, Sequence):
+            raise InvalidRequestError(
+                f"token_ids_list must be a list of token id lists, got {type(token_ids_list).__name__}",
+                provider=self.name,
+            )
+        if not token_ids_list:
+            self._require_token_level("compute next-token distributions", "supports_next_token_logprobs")
+            import numpy as np
+
+            vocabulary = await self._vocabulary_of(checked_model(model, provider=self.name))
+            return np.empty((0, vocabulary.size), dtype=np.float32)
+        return await self._next_token_rows(token_ids_list, model, adapter_id, lambda index: f"token_ids_list[{index}]")
+
+    def cache_stats(self) -> TokenCacheStats:
+        """The prefix cache's counters: hits and misses, tokens reused and computed, tokens held and evicted.
+
+        A provider without a prefix cache reports ``enabled=False`` (and counts what it computed, where it can).
+        """
+        return self._cache_stats()
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (every adapter's): calls made after it compute their sequences whole.
+
+        It takes effect at once; a backend may free the memory a moment later, on its own thread. Replacing or
+        unloading an adapter never needs it: a cached prefix belongs to one version of an adapter's weights.
+        """
+        self._clear_cache()
+
+    async def _next_token_rows(
+        self,
+        sequences: Sequence[Sequence[int]],
+        model: str,
+        adapter_id: AdapterChoice,
+        name: Callable[[int], str],
+    ) -> NDArray[np.float32]:
+        """Check every sequence, hold the adapters, and have the sequences run with the calls made at once."""
+        self._require_token_level("compute next-token distributions over the whole vocabulary",
+                                  "supports_next_token_logprobs")
+        single, scales = split_adapter_choice(adapter_id, provider=self.name)
+        if scales and not self.supports_adapter_scales:
+            raise self._cannot("apply an adapter with a scale, or several adapters at once", "supports_adapter_scales")
+        requests = [
+            TokenRequest.checked(provider=self.name, token_ids=ids, model=model, adapter_id=single,
+                                 adapter_scales=scales, name=name(index))
+            for index, ids in enumerate(sequences)
+        ]
+        self._check_open()
+        vocabulary = await self._vocabulary_of(requests[0].model)
+        for index, request in enumerate(requests):
+            check_token_limits(request.token_ids, vocabulary, provider=self.name, name=name(index))
+        async with self._request_in_use(requests[0]) as sent:
+            held = [dataclasses.replace(request, adapter_id=sent.adapter_id, adapter_scales=sent.adapter_scales)
+                    for request in requests]
+            return await self._token_batcher.submit(held)
+
+    async def _vocabulary_of(self, model: str) -> TokenVocabulary:
+        """The backend's vocabulary for ``model``, asked once per model name."""
+        vocabulary = self._token_vocabularies.get(model)
+        if vocabulary is None:
+            vocabulary = self._token_vocabularies[model] = await self._token_vocabulary(model)
+        return vocabulary
+
+    async def _check_token_prompt(self, request: GenerationRequest) -> None:
+        """Refuse a :class:`~inference.tokens.TokenIds` prompt the model cannot read (room for one new token)."""
+        ids = request.prompt_token_ids
+        if ids is None:
+            return
+        vocabulary = await self._vocabulary_of(request.model)
+        check_token_limits(ids, vocabulary, provider=self.name, name="prompt.ids",
+                           max_length=vocabulary.context_length - 1)
+
+    @property
+    def _token_batcher(self) -> TokenBatcher:
+        """Gathers concurrent next-token calls into one backend call (made on first use)."""
+        if self._token_batcher_instance is None:
+            from inference._core.token_batching import TokenBatcher
+
+            self._token_batcher_instance = TokenBatcher(self._next_token_logprobs, self.name)
+        return self._token_batcher_instance
+
+    def _require_token_level(self, what: str, capability: str) -> None:
+        if not getattr(self, capability):
+            raise self._cannot(what, capability)
+
     async def load_adapter(
         self,
         adapter_id: str,
@@ -431,28 +674,37 @@ class InferenceProvider(ABC):
             ProviderError: The provider is :attr:`closed`.
         """
         adapter_id = validate_adapter_id(adapter_id, provider=self.name)
+        await self._load_source(adapter_id, adapter_path, replace=replace, pin=pin)
+
+    async def _load_source(
+        self,
+        adapter_id: str,
+        adapter_path: str | os.PathLike[str] | AdapterWeights,
+        *,
+        replace: bool,
+        pin: bool,
+        base_model: str | None = None,
+    ) -> None:
+        """Make the :class:`~inference.adapters.source.AdapterSource` of ``adapter_path`` (weights are copied, and
+        written to a private directory for a backend that reads files) and load it under ``adapter_id``."""
         from inference.adapters.weights import AdapterWeights  # light: no torch or numpy until weights are saved
 
         if not isinstance(adapter_path, AdapterWeights):
-            path = self._adapter_path_argument(adapter_path)
+            source = AdapterSource(self._adapter_path_argument(adapter_path), base_model=base_model)
             self._require_adapter_support("load_adapter")
             self._check_open()
-            await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
+            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin)
             return
         self._require_adapter_support("load_adapter")
         self._check_open()  # before anything is copied or written for a provider that cannot load it
-        if self.loads_adapter_weights_in_memory:
-            kept = await asyncio.to_thread(_kept_adapter_weights, adapter_path, self.name)
-            path = f"{_IN_MEMORY}{next(_in_memory_numbers)}"
-            self._adapter_weights_held[path] = kept
-        else:
-            path = await asyncio.to_thread(self._written_adapter_weights, adapter_path)
-        pending = self._adapter_weights_pending
-        pending.add(path)  # a concurrent call's clean-up must not remove it before the registry records it
+        store = self._adapter_weights.kept if self.loads_adapter_weights_in_memory else self._adapter_weights.written
+        source = await asyncio.to_thread(store, adapter_path)
+        if base_model is not None:
+            source = dataclasses.replace(source, base_model=base_model)
         try:
-            await self._adapter_registry.load(adapter_id, path, replace=replace, pin=pin)
+            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin)
         finally:
-            pending.discard(path)
+            self._adapter_weights.recorded(source)
             self._remove_unused_adapter_weights()
 
     async def unload_adapter(self, adapter_id: str) -> None:
@@ -515,7 +767,7 @@ class InferenceProvider(ABC):
         HTTP providers stay usable after ``aclose`` (they open new connections), so they never report closed.
         ``get_provider`` replaces a cached provider that is closed with a new one.
         """
-        return bool(getattr(self, "_closed", False))
+        return self._closed
 
     def _check_open(self) -> None:
         """Refuse a call to a provider that :meth:`aclose` made unusable (:attr:`closed`)."""
@@ -551,13 +803,18 @@ class InferenceProvider(ABC):
             "adapter_scales": scales,
         }
         request = GenerationRequest.from_arguments(provider=self.name, **values)
+        if request.prompt_token_ids is not None and not self.supports_token_prompts:
+            raise self._cannot("generate from token ids (a TokenIds prompt)", "supports_token_prompts")
         for name in GenerationOptions.names():
             if option_is_set(name, getattr(request, name)):
                 self._require_option(name)
+        if isinstance(request.prompt, tuple) and has_tool_turns(request.prompt):
+            self._require_option("tools", "take a conversation with tool calls or tool results")
         return request
 
-    def _require_option(self, name: str) -> None:
-        """Refuse option ``name`` if this provider's :attr:`options` says its backend cannot honour it."""
+    def _require_option(self, name: str, what: str | None = None) -> None:
+        """Refuse option ``name`` if this provider's :attr:`options` says its backend cannot honour it (``what``:
+        what the request asks that needs it, when it is not the option itself)."""
         how = type(self).options.get(name)
         if isinstance(how, Sent):
             return
@@ -565,8 +822,9 @@ class InferenceProvider(ABC):
 
         able = ", ".join(providers_sending(name)) or "none"
         reason = how.reason if isinstance(how, Refused) else f"{type(self).__name__}.options does not declare it"
+        asked = f"honour the option {name}" if what is None else f"{what}, which needs the option {name}"
         raise UnsupportedOperationError(
-            f"{type(self).__name__} cannot honour the option {name} ({reason}); providers that can: {able}",
+            f"{type(self).__name__} cannot {asked} ({reason}); providers that can: {able}",
             provider=self.name,
         )
 
@@ -632,8 +890,61 @@ class InferenceProvider(ABC):
         """Score the whole ``request.continuation`` in windows (providers with ``supports_scoring``)."""
         raise self._cannot("score_rolling", "supports_scoring")
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        """Load the adapter into the backend. The registry never calls it twice at once for one id."""
+    async def _tokenize_text(self, text: str, model: str) -> Sequence[int]:
+        """``text`` -> token ids, no special token added, special-token text read as those tokens
+        (providers with ``supports_tokenize``; the rule of :mod:`inference._core.scoring`)."""
+        raise self._cannot("tokenize text", "supports_tokenize")
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        """``request.token_ids`` (checked against the vocabulary) -> text, special tokens written out."""
+        raise self._cannot("detokenize token ids", "supports_tokenize")
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        """The vocabulary of ``model`` (asked once per model name; the base class checks every id against it).
+
+        Every provider with ``supports_tokenize``, ``supports_next_token_logprobs`` or ``supports_token_prompts``
+        implements it.
+        """
+        raise self._cannot("describe its vocabulary", "supports_tokenize")
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        """The next-token distributions of a batch of sequences (providers with ``supports_next_token_logprobs``).
+
+        The contract, for backend implementers:
+
+        - ``requests`` holds every sequence of the calls made at the same time on one event loop (the base class
+          gathers ``next_token_logprobs`` and ``batch_next_token_logprobs`` calls until a pass of the loop adds
+          none): run them in as few forward passes as the backend allows, splitting by its own batch limit.
+        - Each request is checked: at least one id, every id below the vocabulary's ``size``, at most
+          ``context_length`` ids. Its adapters are held loaded until this returns, and are named as the backend
+          knows them: ``request.adapter_id`` (a replaced adapter's new weights are ``id@n``, see
+          ``_versioned_adapter_name``), or ``request.adapter_scales`` with a scale each. Requests of different
+          adapters may share a batch.
+        - Return a 2-D ``numpy`` array of ``float32``, one row per request in order, each row the log-softmax of
+          the logits after the request's last token (``size`` entries, normalized: ``logsumexp`` 0 within 1e-4).
+          Never a truncated distribution.
+        - A prefix cache, where the backend has one, is keyed by the adapters' backend names and scales (a
+          replacement's new name never meets the old weights' entries) and dropped for an adapter when it is
+          unloaded; it counts its hits in :meth:`_cache_stats` and forgets everything in :meth:`_clear_cache`.
+          With it on and off, the rows are the same (1e-5).
+        - Run the model on the provider's worker thread, never on the event loop. An
+          ``InvalidRequestError`` raised here for a batch of several calls makes the base class run each call on
+          its own, so the error reaches only its caller.
+        """
+        raise self._cannot("compute next-token distributions", "supports_next_token_logprobs")
+
+    def _cache_stats(self) -> TokenCacheStats:
+        """The prefix cache's counters (the default: no cache)."""
+        return TokenCacheStats()
+
+    def _clear_cache(self) -> None:  # noqa: B027 - no cache by default
+        """Forget every cached prefix; calls made after it must not use one (it must not block the loop: a backend
+        may mark its cache stale here and free it on its worker thread)."""
+
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        """Load the adapter into the backend under ``adapter_id`` (its backend name), from ``source``: a path, or
+        weights kept in memory where ``loads_adapter_weights_in_memory``. The registry never calls it twice at once
+        for one name, and calls it again with the same source to reload an evicted adapter."""
         raise self._unsupported("load_adapter")
 
     async def _unload_adapter(self, adapter_id: str) -> None:
@@ -657,84 +968,21 @@ class InferenceProvider(ABC):
         system's temporary directory). A server that reads adapters from its own filesystem needs a shared one."""
         return None
 
-    def _written_adapter_weights(self, weights: AdapterWeights) -> str:
-        """Check ``weights`` and write them to a new private PEFT directory; returns its path (worker thread)."""
-        weights = weights.snapshot()  # what is checked is what is written, whatever the caller's tensors do meanwhile
-        parent = self._adapter_weights_dir()
-        if not self.__dict__.setdefault("_swept_abandoned_", False):  # once per provider: those of killed processes
-            self.__dict__["_swept_abandoned_"] = True
-            for abandoned in sweep_abandoned(parent):
-                logger.info("removed %s, left behind by a process that is gone", abandoned)
-        directory = tempfile.mkdtemp(prefix=owned_prefix(), dir=parent)
-        remove = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)  # at the latest, at exit
-        try:
-            weights.save(directory, provider=self.name)
-        except BaseException:
-            remove()
-            raise
-        path = normalise_path(directory)
-        self._adapter_weights_pending.add(path)  # before it is listed: a clean-up on the loop must not see it bare
-        self._adapter_weight_dirs[path] = remove
-        return path
-
     def _conversion_dir(self, adapter_path: str, cache_dir: Path) -> Path:
         """Where to keep what the adapter at ``adapter_path`` is converted to (a GGUF LoRA): ``cache_dir``, except
-        for the private directory of :class:`~inference.AdapterWeights`, whose conversions are kept inside it and
-        removed with it (a training loop's weights, new every step, would fill a cache that is never pruned)."""
-        return Path(adapter_path) if adapter_path in self._adapter_weight_dirs else cache_dir
+        for the private directory of :class:`~inference.AdapterWeights`, whose conversions are removed with it."""
+        return self._adapter_weights.conversion_dir(adapter_path, cache_dir)
 
     def _remove_unused_adapter_weights(self) -> None:
-        """Remove the temporary directories of adapter weights no adapter uses any more (unloaded, replaced,
-        failed to load, or the provider closed)."""
-        dirs, in_memory = self._adapter_weight_dirs, self._adapter_weights_held
-        if not dirs and not in_memory:
-            return
-        held = self._adapter_registry.paths() | self._adapter_weights_pending
-        for path in [path for path in dirs if path not in held]:
-            dirs.pop(path)()
-        for path in [path for path in in_memory if path not in held]:
-            del in_memory[path]
-
-    def _adapter_weights_at(self, adapter_path: str) -> AdapterWeights | None:
-        """The weights behind an adapter path, when it names weights kept in memory
-        (``loads_adapter_weights_in_memory``); else ``None`` (a real path)."""
-        return self._adapter_weights_held.get(adapter_path) if adapter_path.startswith(_IN_MEMORY) else None
-
-    @property
-    def _adapter_weights_pending(self) -> set[str]:
-        pending: set[str] = self.__dict__.setdefault("_adapter_weights_pending_", set())
-        return pending
-
-    @property
-    def _adapter_weights_held(self) -> dict[str, AdapterWeights]:
-        held: dict[str, AdapterWeights] = self.__dict__.setdefault("_adapter_weights_held_", {})
-        return held
-
-    @property
-    def _adapter_weight_dirs(self) -> dict[str, weakref.finalize[Any, Any]]:
-        dirs: dict[str, weakref.finalize[Any, Any]] = self.__dict__.setdefault("_adapter_weight_dirs_", {})
-        return dirs
+        """Remove the weights and private directories no adapter uses any more (unloaded, replaced, failed to load,
+        or the provider closed)."""
+        self._adapter_weights.remove_unused(self._adapter_registry.paths())
 
     def _adapter_path(self, adapter_id: str) -> str | None:
         """The path ``adapter_id`` was loaded from (for backends that must load it again)."""
         return self._adapter_registry.path_of(adapter_id)
 
-    @property
-    def _adapter_registry(self) -> AdapterRegistry:
-        registry: AdapterRegistry | None = self.__dict__.get("_registry_instance")
-        if registry is None:
-            registry = AdapterRegistry(
-                self.name,
-                load=self._load_adapter,
-                unload=self._unload_adapter,
-                capacity=lambda: self.max_adapters,
-                discover=self._discover_adapter,
-                versioned=self._versioned_adapter_name,
-            )
-            self.__dict__["_registry_instance"] = registry
-        return registry
-
-    def _request_in_use(self, request: GenerationRequest) -> contextlib.AbstractAsyncContextManager[GenerationRequest]:
+    def _request_in_use(self, request: _HeldT) -> contextlib.AbstractAsyncContextManager[_HeldT]:
         """Hold every adapter of ``request`` loaded while it runs; gives the request as the backend receives it."""
         return _RequestInUse(self, request)
 
@@ -779,23 +1027,7 @@ for _method in (InferenceProvider.generate, InferenceProvider.stream, InferenceP
     _list_options_in_signature(_method)
 
 
-_IN_MEMORY = "memory://adapter-weights/"
-"""The path the registry records for weights kept in memory (no file system path can start so)."""
-_in_memory_numbers = itertools.count(1)
-
-
-def _kept_adapter_weights(weights: AdapterWeights, provider: str) -> AdapterWeights:
-    """The copy of ``weights`` a provider keeps (and loads again after an eviction), checked (worker thread).
-
-    A copy, because the caller's tensors are often live training parameters that change in place afterwards;
-    checked after copying, so what is checked is what is served.
-    """
-    kept = weights.snapshot()
-    kept.check(provider=provider)
-    return kept
-
-
-_Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest)
+_Sent = TypeVar("_Sent", GenerationRequest, ScoreRequest, TokenRequest)
 _Answered = TypeVar("_Answered", GenerationResult, ScoreResult)
 
 
@@ -816,17 +1048,18 @@ def _sent_as(request: _Sent, backend: str | None) -> _Sent:
     return dataclasses.replace(request, adapter_id=backend)
 
 
-class _RequestInUse:
+class _RequestInUse(Generic[_HeldT]):
     """The adapters of one request held for its duration (a class, not a generator: a stream closed by the event
     loop's shutdown must not find its context manager already finalized)."""
 
-    def __init__(self, provider: InferenceProvider, request: GenerationRequest) -> None:
+    def __init__(self, provider: InferenceProvider, request: _HeldT) -> None:
         self.provider = provider
-        self.request = request
+        self.request: _HeldT = request
         self.stack = contextlib.AsyncExitStack()
 
-    async def __aenter__(self) -> GenerationRequest:
-        request = self.request
+    async def __aenter__(self) -> _HeldT:
+        request: _HeldT = self.request
+        sent: _HeldT
         async with self.stack as stack:
             if not request.adapter_scales:
                 backend = await stack.enter_async_context(self.provider._adapter_in_use(request.adapter_id))

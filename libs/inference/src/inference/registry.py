@@ -154,7 +154,7 @@ _SPECS = (
         target="inference.ollama_provider:OllamaProvider",
         summary="an Ollama server: adapters baked into derived models (PEFT adapters converted to GGUF here)",
         extra="ollama",
-        packages=("httpx", "gguf", "numpy"),
+        packages=("httpx", "gguf"),
         server=True,
         settings=(
             *_server_settings(
@@ -176,7 +176,7 @@ _SPECS = (
         target="inference.llamacpp_provider:LlamaCppProvider",
         summary="llama.cpp in this process (llama-cpp-python): GGUF models, GGUF LoRA adapters hot-swapped",
         extra="llamacpp",
-        packages=("llama_cpp", "gguf", "numpy", "llguidance"),
+        packages=("llama_cpp", "gguf", "llguidance"),
         model_setting="model_path",
         settings=(
             Setting("model_path", "LLAMACPP_MODEL_PATH", None, "path", "Path of the GGUF base model",
@@ -209,7 +209,7 @@ _SPECS = (
         target="inference.llamacpp_server_provider:LlamaCppServerProvider",
         summary="llama.cpp's own llama-server: GGUF LoRA adapters preloaded at start (--lora), chosen per request",
         extra="llamacpp-server",
-        packages=("httpx", "gguf", "numpy"),
+        packages=("httpx", "gguf"),
         server=True,
         settings=(
             *_with_api_key(
@@ -272,7 +272,13 @@ _SPECS = (
         name="fake",
         target="inference.fake_provider:FakeProvider",
         summary="deterministic answers with no dependencies, for your own tests",
-        settings=(_max_adapters("FAKE"),),
+        settings=(
+            _max_adapters("FAKE"),
+            Setting("prefix_cache_tokens", "FAKE_PREFIX_CACHE_TOKENS", 65536, "int",
+                    "Prefix tokens the token-level cache holds, least recently used out (0: no cache)", minimum=0),
+            Setting("context_length", "FAKE_CONTEXT_LENGTH", 2048, "int",
+                    "Longest token sequence next_token_logprobs takes", minimum=1),
+        ),
         stand_in=True,
     ),
 )

@@ -6,9 +6,14 @@ Every provider returns these same types, so code that reads them never depends o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BatchItem", "GenerationResult", "ScoreItem", "ScoreResult", "StreamEvent", "TokenLogprob"]
+if TYPE_CHECKING:
+    from inference.messages import Message, ToolCallDict
+
+__all__ = ["BatchItem", "GenerationResult", "ScoreItem", "ScoreResult", "StreamEvent", "TokenLogprob", "ToolCall"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,50 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One call of a tool the model asked for (see :mod:`inference.tools`).
+
+    Attributes:
+        id: The call's id (the backend's, or one made up where it gives none): a tool message answers it with
+            ``{"role": "tool", "tool_call_id": id, "content": ...}`` (:meth:`answer` builds it).
+        name: The tool's name, one of the request's ``tools``.
+        arguments: The arguments, parsed from the JSON the model wrote. With ``tool_choice`` ``"required"`` or a
+            named tool, they always parse and validate against the tool's ``parameters`` where the backend
+            constrains decoding. With ``"auto"``, a call whose arguments do not parse as a JSON object is
+            reported, not dropped: ``arguments`` is then ``{}`` and :attr:`error` says why; arguments that parse
+            but do not validate against ``parameters`` are kept here, with :attr:`error` set too.
+        raw_arguments: The arguments as the model wrote them (JSON text); for a call built from a dict, that dict
+            as JSON.
+        error: ``None`` when the arguments parsed (and validated, where the tool's schema was checked); else a
+            sentence saying what is wrong with them, to send back to the model or to log.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    raw_arguments: str = ""
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.raw_arguments and self.error is None:
+            object.__setattr__(self, "raw_arguments", json.dumps(self.arguments, ensure_ascii=False))
+
+    def as_dict(self) -> ToolCallDict:
+        """The call in OpenAI's shape, as an assistant message's ``tool_calls`` holds it:
+        ``{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}``."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.raw_arguments}}
+
+    def answer(self, content: object) -> Message:
+        """The tool message that answers this call: ``{"role": "tool", "tool_call_id": id, "content": ...}``.
+
+        Args:
+            content: The tool's result: a string as it is, anything else as JSON (``json.dumps``).
+        """
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
+        return {"role": "tool", "tool_call_id": self.id, "content": text}
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     """What one generation produced.
 
@@ -41,16 +90,24 @@ class GenerationResult:
         adapter_id: The adapter used, or ``None`` for the base model.
         token_count: Prompt tokens plus completion tokens; ``None`` when the backend did not report the prompt's
             tokens (a server that sends no usage in a stream).
-        finish_reason: ``"stop"`` (end of sequence or a stop string) or ``"length"`` (``max_tokens`` reached).
-            With ``json_schema``, ``"length"`` means the JSON may be cut short (the text is the beginning of a JSON
-            text); ``"stop"`` means it is complete and valid against the schema (a backend text that is not is a
-            ``ProviderError``, never a result).
+        finish_reason: ``"stop"`` (end of sequence or a stop string), ``"length"`` (``max_tokens`` reached) or
+            ``"tool_calls"`` (the model called tools: :attr:`tool_calls`). With ``json_schema``, ``"length"`` means
+            the JSON may be cut short (the text is the beginning of a JSON text); ``"stop"`` means it is complete and
+            valid against the schema (a backend text that is not is a ``ProviderError``, never a result).
         prompt_tokens: Tokens in the prompt as the backend counted them; ``None`` when it did not say.
         completion_tokens: Tokens generated.
         logprobs: One :class:`TokenLogprob` per generated token when the request asked for ``logprobs``,
             else ``None``. Tokens cut off by a stop string are not included.
         reasoning: What a thinking model wrote before its answer, where the backend returns it separately
             (Ollama's ``message.thinking``, vLLM's ``reasoning``); ``None`` otherwise. Not part of ``text``.
+        tool_calls: The tools the model called, in order (each a :class:`ToolCall`), or ``None`` when it called
+            none. ``text`` holds what it wrote besides the calls (often ``""``).
+        provider: Which provider answered, where a :class:`~inference.fallback.FallbackProvider` chose among
+            several (the label of the one that answered); ``None`` from a provider called directly.
+        token_ids: The generated token ids when the request asked for them (``return_token_ids=True``), else
+            ``None``: the tokens that make ``text``, as the model produced them. The end-of-sequence token is not
+            included, nor the tokens of a stop string cut from ``text`` (a token only partly in ``text`` is), so
+            ``detokenize(token_ids)`` starts with ``text`` (and is ``text`` when no stop string cut a token).
     """
 
     text: str
@@ -62,6 +119,16 @@ class GenerationResult:
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
     reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    provider: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+    def as_message(self) -> Message:
+        """The result as the assistant message that continues the conversation: ``{"role": "assistant",
+        "content": text}``, with ``"tool_calls"`` (OpenAI's dicts) when the model called tools."""
+        if not self.tool_calls:
+            return {"role": "assistant", "content": self.text}
+        return {"role": "assistant", "content": self.text, "tool_calls": [call.as_dict() for call in self.tool_calls]}
 
 
 @dataclass(frozen=True)

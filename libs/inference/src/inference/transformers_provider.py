@@ -54,7 +54,7 @@ from inference._inprocess.batching import (
 from inference._inprocess.constrained import GrammarRows, JsonGrammars, SchemaRefused
 from inference._inprocess.streaming import PieceAssembler, PieceSink, stream_from_worker
 from inference.adapters.peft import PeftAdapter, read_peft_adapter
-from inference.config import resolve_settings
+from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     ConfigurationError,
     InferenceError,
@@ -63,7 +63,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult, TokenLogprob
 
@@ -225,6 +225,9 @@ class TransformersProvider(InProcessProvider[str]):
         "top_k": Sent("GenerationConfig.top_k"),
         "logprobs": Sent("logits processor", "log-softmax of the raw logits"),
         "json_schema": Sent("llguidance", "a token mask per step"),
+        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+        "tool_choice": Refused("tool calling is not built yet for this backend"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     batches_mixed_adapters = True
     supports_scoring = True
@@ -241,16 +244,8 @@ class TransformersProvider(InProcessProvider[str]):
         max_adapters: int | None = None,
         spare_adapter_slots: int | None = None,
     ) -> None:
-        given = {
-            "model_name": model_name,
-            "device": device,
-            "torch_dtype": torch_dtype,
-            "max_batch_size": max_batch_size,
-            "batch_window_ms": batch_window_ms,
-            "max_adapters": max_adapters,
-            "spare_adapter_slots": spare_adapter_slots,
-        }
-        settings = resolve_settings(self.name, {key: value for key, value in given.items() if value is not None})
+        super().__init__(locals())  # settings resolved and checked, max_adapters among them
+        settings = self._settings
         self.model_name: str = str(settings["model_name"])
         self.device: str = str(settings["device"]).strip().lower()
         self.torch_dtype: str = str(settings["torch_dtype"]).strip().lower()
@@ -279,7 +274,6 @@ class TransformersProvider(InProcessProvider[str]):
                 "(argument batch_window_ms or TRANSFORMERS_BATCH_WINDOW_MS)",
                 provider=self.name,
             )
-        super().__init__(max_adapters=settings["max_adapters"])
         self.max_batch_size: int = size
         self.batch_window_ms: float = float(window)
         self.spare_adapter_slots: int = int(settings["spare_adapter_slots"])
@@ -359,10 +353,10 @@ class TransformersProvider(InProcessProvider[str]):
             raise
         return job.future.result()
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into the PEFT model (first load, or again after an eviction)."""
         self._check_open()
-        await self._worker.run(self._load_adapter_now, adapter_id, adapter_path)
+        await self._worker.run(self._load_adapter_now, adapter_id, source)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
         """Delete the adapter's weights from the PEFT model (on unload, and on eviction)."""
@@ -503,11 +497,11 @@ class TransformersProvider(InProcessProvider[str]):
 
     # Adapters (worker thread) -------------------------------------------------------------------------
 
-    def _load_adapter_now(self, adapter_id: str, adapter_path: str) -> None:
+    def _load_adapter_now(self, adapter_id: str, source: AdapterSource) -> None:
         loaded = self._ensure_loaded()
-        weights = self._adapter_weights_at(adapter_path)
-        if weights is not None:
-            self._load_weights_now(adapter_id, adapter_path, weights)
+        adapter_path = source.path
+        if source.weights is not None:
+            self._load_weights_now(adapter_id, adapter_path, source.weights)
             return
         try:
             adapter_path.encode("utf-8")

@@ -9,10 +9,12 @@ removes it (``remove_lora``) and frees its slot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import multiprocessing
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,8 +23,9 @@ from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._inprocess.hf_prompt import prompt_token_ids
+from inference._inprocess.unguarded_main import spawning_without_unguarded_main
 from inference.adapters.peft import read_peft_adapter
-from inference.config import resolve_settings
+from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     InferenceError,
     InvalidAdapterError,
@@ -30,7 +33,7 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.options import GenerationOptions, OptionMap, Sent
+from inference.options import GenerationOptions, OptionMap, Refused, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 
@@ -104,6 +107,9 @@ class VLLMOfflineProvider(InferenceProvider):
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
         "json_schema": Sent("SamplingParams.structured_outputs"),
+        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+        "tool_choice": Refused("tool calling is not built yet for this backend"),
+        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
     }
     supports_adapters = True
     hot_swaps_adapters = True
@@ -122,16 +128,8 @@ class VLLMOfflineProvider(InferenceProvider):
         max_adapters: int | None = None,
         **engine_arguments: Any,
     ) -> None:
-        given = {
-            "model_name": None if model_name is None else os.fspath(model_name),
-            "max_loras": max_loras,
-            "max_lora_rank": max_lora_rank,
-            "max_model_len": max_model_len,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "dtype": dtype,
-            "max_adapters": max_adapters,
-        }
-        settings = resolve_settings(self.name, {key: value for key, value in given.items() if value is not None})
+        super().__init__(locals())
+        settings = self._settings
         self.model_name: str = settings["model_name"]
         self.max_loras: int = settings["max_loras"]
         self.max_lora_rank: int = settings["max_lora_rank"]
@@ -144,7 +142,6 @@ class VLLMOfflineProvider(InferenceProvider):
         self._loras: dict[str, Any] = {}  # adapter id -> its LoRARequest
         self._lora_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"VLLMOfflineProvider(model_name={self.model_name!r}, adapters={sorted(self._adapter_registry.ids())})"
@@ -168,7 +165,7 @@ class VLLMOfflineProvider(InferenceProvider):
             engine = await asyncio.shield(starting)
         except Exception:
             return  # it never started
-        await asyncio.to_thread(engine.llm.shutdown)
+        await _shut_down(engine.llm)
 
     # Generation ---------------------------------------------------------------------------------------------
 
@@ -194,16 +191,20 @@ class VLLMOfflineProvider(InferenceProvider):
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         finish_reason: str | None = None
-        async for output in self._outputs(engine, {"prompt_token_ids": ids}, params, request.adapter_id):
-            completion = output.outputs[0]
-            if completion.text:
-                pieces.append(completion.text)
-                if stream:
-                    yield completion.text
-            tokens.extend(completion.token_ids)
-            if request.logprobs is not None:
-                logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, request.logprobs))
-            finish_reason = completion.finish_reason or finish_reason
+        outputs = self._outputs(engine, {"prompt_token_ids": ids}, params, request.adapter_id)
+        async with contextlib.aclosing(outputs):  # a closed stream aborts the engine's request now, not at GC
+            async for output in outputs:
+                completion = output.outputs[0]
+                if completion.text:
+                    pieces.append(completion.text)
+                    if stream:
+                        yield completion.text
+                tokens.extend(completion.token_ids)
+                if request.logprobs is not None:
+                    logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, request.logprobs))
+                finish_reason = completion.finish_reason or finish_reason
+        if finish_reason == "abort":  # never a complete answer
+            raise ProviderError("vLLM's engine aborted the request before it finished", provider=self.name)
         yield GenerationResult(
             text="".join(pieces),
             model=self.model_name,
@@ -251,7 +252,9 @@ class VLLMOfflineProvider(InferenceProvider):
         except (ValueError, TypeError) as error:
             raise InvalidRequestError(f"vLLM refused the sampling settings: {error}", provider=self.name) from error
 
-    async def _outputs(self, engine: _Engine, prompt: Any, params: Any, adapter_id: str | None) -> AsyncIterator[Any]:
+    async def _outputs(
+        self, engine: _Engine, prompt: Any, params: Any, adapter_id: str | None
+    ) -> AsyncGenerator[Any, None]:
         """The engine's outputs for one request; a refused request is an :class:`InvalidRequestError`.
 
         Leaving early (a cancelled caller, a stream closed) aborts the engine's request: vLLM's ``generate``
@@ -271,6 +274,10 @@ class VLLMOfflineProvider(InferenceProvider):
                 except InferenceError:
                     raise
                 except Exception as error:
+                    if self._closed:
+                        raise ProviderError(
+                            "this VLLMOfflineProvider was closed while the request ran", provider=self.name
+                        ) from error
                     raise ProviderError(
                         f"vLLM's engine failed: {type(error).__name__}: {error}", provider=self.name
                     ) from error
@@ -324,7 +331,8 @@ class VLLMOfflineProvider(InferenceProvider):
 
     # Adapters -----------------------------------------------------------------------------------------------
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        adapter_path = source.path
         directory = Path(adapter_path)
         adapter = read_peft_adapter(directory, provider=self.name)  # InvalidAdapterError for what is no LoRA
         if adapter.rank > self.max_lora_rank:
@@ -386,6 +394,14 @@ class VLLMOfflineProvider(InferenceProvider):
                 provider=self.name,
                 path=self.model_name,
             )
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            raise ModelLoadError(
+                "vLLM's engine cannot start here: this code runs again while Python starts a process the main "
+                "script spawned (vLLM spawns its engine process, which runs the main script first). Put the code "
+                'that uses the provider under `if __name__ == "__main__":` in the script',
+                provider=self.name,
+                path=self.model_name,
+            )
         arg_utils = import_optional("vllm.engine.arg_utils", provider=self.name)
         async_llm = import_optional("vllm.v1.engine.async_llm", provider=self.name)
         sampling = import_optional("vllm.sampling_params", provider=self.name)
@@ -402,10 +418,11 @@ class VLLMOfflineProvider(InferenceProvider):
             **self._engine_arguments,
         }
         try:
-            llm = async_llm.AsyncLLM.from_engine_args(arg_utils.AsyncEngineArgs(**arguments))
+            with spawning_without_unguarded_main():  # an unguarded script must not run again there
+                llm = async_llm.AsyncLLM.from_engine_args(arg_utils.AsyncEngineArgs(**arguments))
         except Exception as error:
             raise ModelLoadError(
-                f"vLLM could not start on {self.model_name!r}: {type(error).__name__}: {error}",
+                f"vLLM could not start on {self.model_name!r}: {type(error).__name__}: {_one_line(error)}",
                 provider=self.name,
                 path=self.model_name,
             ) from error
@@ -418,6 +435,44 @@ class VLLMOfflineProvider(InferenceProvider):
             vocabulary=_vocabulary(tokenizer),
             max_model_len=int(llm.model_config.max_model_len),
         )
+
+
+SHUTDOWN_SECONDS: float = 60.0
+"""How long the engine's processes may take to exit when closed before vLLM kills them (vLLM's default, 5 s, is
+too short on a busy machine: the kill leaves shared memory behind and warnings on stderr)."""
+
+
+async def _shut_down(llm: Any) -> None:
+    """Stop vLLM's engine so that nothing is printed, now or at exit.
+
+    Its output handler task is stopped first (else it sees the dead engine and logs ``EngineDeadError``); requests
+    still waiting get that error (our callers see a :class:`ProviderError`); the processes get
+    :data:`SHUTDOWN_SECONDS` to exit; and the ``AsyncLLM``'s destructor, which would shut down again at interpreter
+    exit, when vLLM's module globals are already gone (a ``TypeError``), is left nothing to do.
+    """
+    handler = getattr(llm, "output_handler", None)
+    if isinstance(handler, asyncio.Task) and not handler.done() and handler.get_loop() is asyncio.get_running_loop():
+        handler.cancel()
+        await asyncio.wait([handler])
+    _fail_waiting_requests(llm)
+    await asyncio.to_thread(llm.shutdown, SHUTDOWN_SECONDS)
+    _fail_waiting_requests(llm)  # any request that registered while the engine shut down
+    llm.shutdown = _already_shut_down
+
+
+def _fail_waiting_requests(llm: Any) -> None:
+    output_processor = getattr(llm, "output_processor", None)
+    if output_processor is not None:
+        output_processor.propagate_error(llm.dead_error)
+
+
+def _already_shut_down(timeout: float | None = None) -> None:
+    """What ``AsyncLLM.shutdown`` becomes once the provider shut the engine down."""
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line (Python's spawn error starts with a line break: it read as empty)."""
+    return " ".join(str(error).split())
 
 
 def _vocabulary(tokenizer: Any) -> Vocabulary:

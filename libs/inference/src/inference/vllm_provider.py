@@ -32,6 +32,7 @@ from inference._servers.runtime_lora import (
 )
 from inference._servers.served_adapters import ReconcileReport, ReplicaReconciliation, ServedAdapters
 from inference.adapters.peft import read_peft_adapter
+from inference.adapters.source import AdapterSource
 from inference.exceptions import InvalidAdapterError, ServerInvalidAdapterError, ServerResponseError
 from inference.results import ScoreResult
 
@@ -274,9 +275,9 @@ class VLLMProvider(OpenAICompatibleProvider):
         path against its own working directory, or take it for a Hugging Face Hub repo id)."""
         return absolute_if_local(super()._adapter_path_argument(adapter_path))
 
-    async def _load_adapter(self, adapter_id: str, adapter_path: str) -> None:
-        _check_local_adapter(adapter_path, self.max_lora_rank, provider=self.name)
-        await self._lora.load(adapter_id, adapter_path)
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        _check_local_adapter(source.path, self.max_lora_rank, provider=self.name)
+        await self._lora.load(adapter_id, source.path)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
         await self._lora.unload(adapter_id)

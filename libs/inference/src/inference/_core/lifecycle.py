@@ -20,7 +20,7 @@ The registry is the single place that decides:
   under the id by an eviction's reload (an error says to replace it) nor ignored by a repeated load (which
   needs ``replace=True``, and then loads them as any replacement).
 
-Backends only do the real work through two callables, ``load(name, path)`` and ``unload(name)``, which the
+Backends only do the real work through two callables, ``load(name, source)`` and ``unload(name)``, which the
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
 the id itself until it is first replaced, then ``versioned(id, n)`` (``use()`` yields it, and requests are sent to
 the backend under it).
@@ -44,15 +44,15 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from dataclasses import dataclass
 from typing import Any
 
-from inference._core.paths import path_identity
 from inference._core.validation import listed
 from inference.adapters.peft import CONFIG_NAME, WEIGHT_NAMES
+from inference.adapters.source import AdapterSource
 from inference.adapters.stats import AdapterStats, ProviderAdapterStats
 from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError, InvalidAdapterError
 
 logger = logging.getLogger("inference.adapters")
 
-BackendLoad = Callable[[str, str], Awaitable[None]]
+BackendLoad = Callable[[str, AdapterSource], Awaitable[None]]
 BackendUnload = Callable[[str], Awaitable[None]]
 BackendDiscover = Callable[[str], Awaitable["str | Discovered | None"]]
 VersionedName = Callable[[str, int], str]
@@ -114,6 +114,11 @@ def files_state(path: str) -> FilesState:
     except (OSError, ValueError):
         return None
     return tuple(state)
+
+
+def _files(source: AdapterSource) -> FilesState:
+    """The state of a source's files (``None`` for weights kept in memory, which have none)."""
+    return None if source.weights is not None else files_state(source.path)
 
 
 def _changed(entry: _Entry) -> bool:
@@ -190,7 +195,7 @@ class _Entry:
     (``drained``) and for an unload to complete (``unloaded``).
     """
 
-    path: str
+    source: AdapterSource
     backend: str = ""
     identity: str = ""
     pinned: bool = False
@@ -204,6 +209,11 @@ class _Entry:
     evicting: bool = False
     loads: int = 0
     files: FilesState = None
+
+    @property
+    def path(self) -> str:
+        """Where the adapter was loaded from (the label of weights kept in memory)."""
+        return self.source.path
 
     @property
     def state(self) -> AdapterState:
@@ -263,6 +273,11 @@ class AdapterRegistry:
         loaded from; ``None`` when neither is known."""
         entry = self._entries.get(name) or self._by_backend.get(name)
         return entry.path if entry is not None else None
+
+    def source_of(self, name: str) -> AdapterSource | None:
+        """The source an adapter id, or a backend name in use now, was loaded from; ``None`` when neither is known."""
+        entry = self._entries.get(name) or self._by_backend.get(name)
+        return entry.source if entry is not None else None
 
     def paths(self) -> set[str]:
         """Every path an adapter in the registry (listed, loading, or replaced and still draining) was loaded from."""
@@ -368,13 +383,13 @@ class AdapterRegistry:
         """Drop the record without touching the backend (the backend lost the adapter itself)."""
         self._entries.pop(adapter_id, None)
 
-    async def load(self, adapter_id: str, path: str, *, replace: bool = False, pin: bool = False) -> None:
-        """Load ``adapter_id`` from ``path`` (see the module docstring for the rules)."""
-        identity = path_identity(path)
+    async def load(self, adapter_id: str, source: AdapterSource, *, replace: bool = False, pin: bool = False) -> None:
+        """Load ``adapter_id`` from ``source`` (see the module docstring for the rules)."""
+        identity, path = source.identity, source.path
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
-                entry = _Entry(path=path, backend=adapter_id, identity=identity, pinned=pin, files=files_state(path))
+                entry = _Entry(source=source, backend=adapter_id, identity=identity, pinned=pin, files=_files(source))
                 self._entries[adapter_id] = entry
                 try:
                     await self._make_resident(adapter_id, entry)
@@ -392,7 +407,7 @@ class AdapterRegistry:
             if entry.unloading:
                 await self._wait_unloaded(adapter_id, entry)
                 continue
-            if (entry.identity or path_identity(entry.path)) == identity:
+            if entry.identity == identity:
                 if _changed(entry):
                     if not replace:
                         raise AdapterAlreadyLoadedError(
@@ -401,7 +416,7 @@ class AdapterRegistry:
                             provider=self._provider,
                             path=path,
                         )
-                    await self._replace(adapter_id, entry, path, identity, pin=pin)
+                    await self._replace(adapter_id, entry, source, identity, pin=pin)
                     return
                 entry.pinned = entry.pinned or pin
                 if not entry.resident:
@@ -414,7 +429,7 @@ class AdapterRegistry:
                     provider=self._provider,
                     path=path,
                 )
-            await self._replace(adapter_id, entry, path, identity, pin=pin)
+            await self._replace(adapter_id, entry, source, identity, pin=pin)
             return
 
     async def unload(self, adapter_id: str) -> None:
@@ -483,8 +498,8 @@ class AdapterRegistry:
 
     # Internals ------------------------------------------------------------------------------------------
 
-    async def _replace(self, adapter_id: str, old: _Entry, path: str, identity: str, *, pin: bool) -> None:
-        """Load ``path`` under a new backend name beside the old weights, switch the id to it, then unload the
+    async def _replace(self, adapter_id: str, old: _Entry, source: AdapterSource, identity: str, *, pin: bool) -> None:
+        """Load ``source`` under a new backend name beside the old weights, switch the id to it, then unload the
         old weights once the requests that use them have finished.
 
         The old entry stays the id's record (serving, listed) until the new weights are loaded; a failed load
@@ -495,9 +510,9 @@ class AdapterRegistry:
         async with lock:
             restart = self._entries.get(adapter_id) is not old or old.transition is not None or old.unloading
             # (another replacement, an eviction or an unload ran meanwhile: start over with what the id is now)
-            interrupted = None if restart else await self._load_beside(adapter_id, old, path, identity, pin=pin)
+            interrupted = None if restart else await self._load_beside(adapter_id, old, source, identity, pin=pin)
         if restart:
-            await self.load(adapter_id, path, replace=True, pin=pin)
+            await self.load(adapter_id, source, replace=True, pin=pin)
             return
         if interrupted is not None:
             # the caller is gone; finish without it
@@ -506,9 +521,9 @@ class AdapterRegistry:
         await self._retire(adapter_id, old)
 
     async def _load_beside(
-        self, adapter_id: str, old: _Entry, path: str, identity: str, *, pin: bool
+        self, adapter_id: str, old: _Entry, source: AdapterSource, identity: str, *, pin: bool
     ) -> BaseException | None:
-        """Load ``path`` under a new backend name while ``old`` serves, then switch the id to it.
+        """Load ``source`` under a new backend name while ``old`` serves, then switch the id to it.
 
         The capacity rule applies as to any load: the new weights take the id's place, so other adapters are
         evicted until they leave room for one (the old weights, while they drain, are not counted).
@@ -518,11 +533,11 @@ class AdapterRegistry:
         """
         version, self._next_version = self._next_version, self._next_version + 1
         new = _Entry(
-            path=path,
+            source=source,
             backend=self._versioned(adapter_id, version),
             identity=identity,
             pinned=old.pinned or pin,
-            files=files_state(path),
+            files=_files(source),
         )
         self._by_backend[new.backend] = new
         interrupted: BaseException | None = None
@@ -530,7 +545,7 @@ class AdapterRegistry:
             async with self._transition(new):
                 await self._evict_for_one_more(exclude=adapter_id)
                 with self._observed("load", adapter_id, new, replaces=old.backend):
-                    await self._finish(new, self._load(new.backend, new.path), resident_after=True)
+                    await self._finish(new, self._load(new.backend, new.source), resident_after=True)
         except BaseException as error:
             if not new.resident:
                 self._by_backend.pop(new.backend, None)
@@ -542,7 +557,7 @@ class AdapterRegistry:
         self._by_backend.setdefault(old.backend, old)
         self._counters.setdefault(adapter_id, _Counters()).replacements += 1
         self._totals.replacements += 1
-        logger.info("%s: adapter %r now serves %s (was %s)", self._provider, adapter_id, path, old.path)
+        logger.info("%s: adapter %r now serves %s (was %s)", self._provider, adapter_id, source.path, old.path)
         return interrupted
 
     async def _retire(self, adapter_id: str, old: _Entry) -> None:
@@ -576,7 +591,7 @@ class AdapterRegistry:
             await self._evict_for_one_more(exclude=adapter_id)
             event = "reload" if self._counters.get(adapter_id, _Counters()).loads else "load"
             with self._observed(event, adapter_id, entry):
-                await self._finish(entry, self._load(entry.backend, entry.path), resident_after=True)
+                await self._finish(entry, self._load(entry.backend, entry.source), resident_after=True)
         entry.loads += 1
         entry.last_used = next(self._clock)
 
@@ -733,7 +748,8 @@ class AdapterRegistry:
             found = Discovered(path=found, backend=adapter_id, version=1)
         entry = self._entries.get(adapter_id)
         if entry is None:
-            entry = _Entry(path=found.path, backend=found.backend, identity=path_identity(found.path), resident=True)
+            source = AdapterSource(found.path)
+            entry = _Entry(source=source, backend=found.backend, identity=source.identity, resident=True)
             self._entries[adapter_id] = entry
             if found.backend != adapter_id:
                 self._by_backend[found.backend] = entry

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from inference.exceptions import InvalidRequestError
+from inference.exceptions import InvalidRequestError, TokenLimitError
 from inference.messages import Message, check_messages, plain_text
 from inference.options import Fail, GenerationOptions, require_utf8, spec_field
+from inference.tokens import TokenIds, TokenVocabulary
 
 _RequestT = TypeVar("_RequestT", bound="GenerationRequest")
 
@@ -147,14 +149,100 @@ def _text(value: object, name: str, fail: Fail) -> str:
     return value
 
 
-def _prompt(value: object, name: str, fail: Fail) -> str | tuple[Message, ...]:
-    """A string, or a list of chat messages (checked, as a tuple of fresh dicts)."""
+def _prompt(value: object, name: str, fail: Fail) -> str | tuple[Message, ...] | TokenIds:
+    """A string, a list of chat messages (checked, as a tuple of fresh dicts), or :class:`TokenIds` (checked)."""
     if isinstance(value, str):
         return _text(value, name, fail)
+    if isinstance(value, TokenIds):
+        return TokenIds(token_id_list(value.ids, f"{name}.ids", fail))
     if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
         return check_messages(value, name, fail)
-    raise fail(f"{name} must be a string or a list of messages ({{'role': ..., 'content': ...}}), "
-               f"got {type(value).__name__}")
+    raise fail(f"{name} must be a string or a list of messages ({{'role': ..., 'content': ...}}), or the model's "
+               f"token ids as TokenIds, got {type(value).__name__}")
+
+
+def token_id_list(value: object, name: str, fail: Fail) -> tuple[int, ...]:
+    """Token ids as a tuple of ``int``: from a list, a tuple, a ``numpy`` array, anything iterable of integers.
+
+    Raises:
+        InvalidRequestError: (from ``fail``) ``value`` is text or not iterable, an entry is no integer (a bool, a
+            float) or is negative, or there are no ids.
+    """
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not hasattr(value, "__iter__"):
+        raise fail(f"{name} must be a list of token ids (integers), got {type(value).__name__}: "
+                   "turn text into ids with provider.tokenize(text, model)")
+    items = list(value)
+    if all(type(item) is int for item in items):  # the common case, fast
+        ids = tuple(items)
+    else:
+        checked = []
+        for index, item in enumerate(items):
+            if isinstance(item, bool):
+                raise fail(f"{name}[{index}] is {item!r}: token ids are integers")
+            try:
+                checked.append(operator.index(item))
+            except TypeError:
+                raise fail(f"{name}[{index}] is {type(item).__name__} {item!r}, not an integer token id") from None
+        ids = tuple(checked)
+    if not ids:
+        raise fail(
+            f"{name} is empty: give at least one token. To condition on nothing, start with the model's BOS token "
+            "(provider.token_vocabulary(model).bos_id), as genlm-backend also requires"
+        )
+    if min(ids) < 0:
+        index = next(index for index, token in enumerate(ids) if token < 0)
+        raise fail(f"{name}[{index}] is {ids[index]}: token ids are 0 or more")
+    return ids
+
+
+def check_token_limits(
+    token_ids: Sequence[int],
+    vocabulary: TokenVocabulary,
+    *,
+    provider: str,
+    name: str = "token_ids",
+    max_length: int | None = None,
+) -> None:
+    """Refuse ids the model cannot read, with a :class:`~inference.exceptions.TokenLimitError` naming the limit.
+
+    The one check of every token-level call (the base class runs it with the backend's
+    :class:`~inference.tokens.TokenVocabulary`, before the backend is called); a backend that learns a limit
+    only later (a server's answer) raises the same error with the same sentence through it.
+
+    Args:
+        token_ids: Checked ids (:func:`token_id_list`).
+        vocabulary: The model's vocabulary and context.
+        provider: The provider's name, for the error.
+        name: What the ids are called in the message (``"token_ids"``, ``"token_ids_list[3]"``).
+        max_length: The most ids allowed (default: the context length).
+
+    Raises:
+        TokenLimitError: The sequence is longer than ``max_length``, or an id is not below ``vocabulary.size``.
+    """
+    limit = vocabulary.context_length if max_length is None else max_length
+    if len(token_ids) > limit:
+        raise TokenLimitError(
+            f"{name} is {len(token_ids)} tokens, more than the model's context of {limit} tokens: shorten it "
+            "(keep its last tokens), or use a model (or a context setting such as n_ctx) with a longer context",
+            limit=limit, value=len(token_ids), kind="context", provider=provider,
+        )
+    if token_ids and max(token_ids) >= vocabulary.size:
+        index = next(index for index, token in enumerate(token_ids) if token >= vocabulary.size)
+        raise TokenLimitError(
+            f"{name}[{index}] is {token_ids[index]}, outside the model's vocabulary of {vocabulary.size} ids "
+            f"(0 to {vocabulary.size - 1}): use ids from this model's tokenizer (provider.tokenize)",
+            limit=vocabulary.size, value=token_ids[index], kind="vocabulary", provider=provider,
+        )
+
+
+def checked_text(value: object, name: str, *, provider: str) -> str:
+    """``value`` if it is a string UTF-8 can encode, else an :class:`InvalidRequestError` naming ``name``."""
+    return _text(value, name, lambda message: InvalidRequestError(message, provider=provider))
+
+
+def checked_model(value: object, *, provider: str) -> str:
+    """The model argument: a string (``None`` is ``""``), else an :class:`InvalidRequestError`."""
+    return _model_name(value, "model", lambda message: InvalidRequestError(message, provider=provider))
 
 
 def _non_empty_text(value: object, name: str, fail: Fail) -> str:
@@ -179,7 +267,9 @@ class GenerationRequest(GenerationOptions):
     :class:`InvalidRequestError` with a sentence naming the argument and the allowed range.
     """
 
-    prompt: str | tuple[Message, ...] = spec_field(check=_prompt, help="the user's text, or chat messages")
+    prompt: str | tuple[Message, ...] | TokenIds = spec_field(  # noqa: RUF009 - the spec, not a shared default
+        check=_prompt, help="the user's text, chat messages, or the model's token ids"
+    )
     model: str = spec_field(check=_model_name, help="the base model name (servers) or a label")
     adapter_id: str | None = spec_field(None, check=_adapter_id_or_none, help="a loaded adapter, or None")
     adapter_scales: tuple[tuple[str, float], ...] = spec_field(
@@ -199,6 +289,18 @@ class GenerationRequest(GenerationOptions):
             InvalidRequestError: A field is invalid, or ``system_prompt`` is given with a message list.
         """
         request = super().from_arguments(provider=provider, **values)
+        if isinstance(request.prompt, TokenIds) and request.system_prompt is not None:
+            raise InvalidRequestError(
+                "system_prompt cannot be combined with a TokenIds prompt: the ids are the model's whole input; "
+                "put the system prompt's tokens in them (tokenize the rendered chat)",
+                provider=provider,
+            )
+        if isinstance(request.prompt, TokenIds) and request.tools:
+            raise InvalidRequestError(
+                "tools cannot be combined with a TokenIds prompt: the model's chat template renders the tools; send "
+                "the conversation as messages",
+                provider=provider,
+            )
         if isinstance(request.prompt, tuple) and request.system_prompt is not None:
             raise InvalidRequestError(
                 "system_prompt cannot be combined with a list of messages: put the system prompt in the list as "
@@ -214,6 +316,9 @@ class GenerationRequest(GenerationOptions):
         """The request as chat messages, the one rule every backend uses: the message list as given, or a system
         message when ``system_prompt`` is not ``None`` (an empty one too: it stands in for a chat template's default
         system prompt) and then the prompt as a user message."""
+        if isinstance(self.prompt, TokenIds):
+            raise TypeError("a TokenIds prompt has no messages: a backend with supports_token_prompts reads "
+                            "request.prompt_token_ids")
         if isinstance(self.prompt, tuple):
             return [dict(message) for message in self.prompt]  # type: ignore[misc]
         messages: list[Message] = []
@@ -231,6 +336,12 @@ class GenerationRequest(GenerationOptions):
         return self.adapter_scales
 
     @property
+    def prompt_token_ids(self) -> tuple[int, ...] | None:
+        """The prompt's token ids when it is :class:`~inference.tokens.TokenIds` (the model's whole input), else
+        ``None``."""
+        return self.prompt.ids if isinstance(self.prompt, TokenIds) else None
+
+    @property
     def plain_prompt(self) -> str:
         """The request as text for a model without a chat template (:func:`inference.messages.plain_text`)."""
         return plain_text(self.messages)
@@ -238,7 +349,59 @@ class GenerationRequest(GenerationOptions):
     @property
     def prompt_text(self) -> str:
         """The prompt as one string, for counting or hashing: the text, or every message's content."""
+        if isinstance(self.prompt, TokenIds):
+            return " ".join(map(str, self.prompt.ids))
         return self.prompt if isinstance(self.prompt, str) else plain_text(self.prompt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenRequest:
+    """One validated token-level request: a sequence of token ids, the model, and the adapters to apply.
+
+    What :meth:`~inference.InferenceProvider.next_token_logprobs` (and ``detokenize``) hand to the backend: the
+    ids are checked (integers, at least one, within the vocabulary and the context), and the adapters are held
+    loaded and named as the backend knows them (a replaced adapter's versioned name, ``id@2``).
+
+    Attributes:
+        token_ids: The sequence.
+        model: The model name (servers) or a label (in-process providers use their loaded model).
+        adapter_id: One adapter at scale 1, or ``None``.
+        adapter_scales: Several adapters with their scales (then ``adapter_id`` is ``None``).
+    """
+
+    token_ids: tuple[int, ...]
+    model: str
+    adapter_id: str | None = None
+    adapter_scales: AdapterScales = ()
+
+    @classmethod
+    def checked(
+        cls, *, provider: str, token_ids: object, model: object, adapter_id: str | None = None,
+        adapter_scales: AdapterScales = (), name: str = "token_ids",
+    ) -> TokenRequest:
+        """Check ``token_ids`` (:func:`token_id_list`) and ``model``; the adapters come split and checked
+        (:func:`split_adapter_choice`).
+
+        Raises:
+            InvalidRequestError: The ids or the model are not valid.
+        """
+
+        def fail(message: str) -> InvalidRequestError:
+            return InvalidRequestError(message, provider=provider)
+
+        return cls(
+            token_ids=token_id_list(token_ids, name, fail),
+            model=_model_name(model, "model", fail),
+            adapter_id=adapter_id,
+            adapter_scales=adapter_scales,
+        )
+
+    @property
+    def adapters(self) -> AdapterScales:
+        """As :attr:`GenerationRequest.adapters`: ``()`` for the base model, else each adapter with its scale."""
+        if self.adapter_id is not None:
+            return ((self.adapter_id, 1.0),)
+        return self.adapter_scales
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from inference._core.validation import AdapterScales, GenerationRequest, adapters_label, listed
@@ -71,7 +71,8 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
     only on the worker thread).
 
     Args:
-        max_adapters: Most adapters kept in the backend at once (``None``: unlimited), already resolved.
+        arguments: The subclass constructor's arguments (see :class:`~inference.InferenceProvider`): its
+            settings, ``max_adapters`` among them (most adapters kept in the backend at once; ``None``: unlimited).
         worker_initializer: Called once on the worker thread before its first call.
 
     Raises:
@@ -84,7 +85,11 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
     _backend_label = "the model"
     """Where adapters are resident, as error messages name it."""
 
-    def __init__(self, *, max_adapters: Any, worker_initializer: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self, arguments: Mapping[str, Any], *, worker_initializer: Callable[[], object] | None = None
+    ) -> None:
+        super().__init__(arguments)
+        max_adapters = self._settings.get("max_adapters")
         if max_adapters is not None and (
             isinstance(max_adapters, bool) or not isinstance(max_adapters, int) or max_adapters < 1
         ):
@@ -95,7 +100,6 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
             )
         self.max_adapters: int | None = max_adapters
         self._worker = ModelWorker(self.name, initializer=worker_initializer)
-        self._closed = False
         # Adapters resident in the backend now, by id (the registry decides when; the worker changes it).
         self._resident: dict[str, ResidentT] = {}
 

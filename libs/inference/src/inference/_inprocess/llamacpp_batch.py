@@ -21,6 +21,11 @@ Scheduling, in one place:
 - **Other work.** Loading an adapter, scoring and closing run on the same worker thread. When such a call
   is queued, the loop admits nobody new, finishes its sequences and returns, so the call runs next and the
   loop resumes after it.
+- **Cancellation.** A cancelled sequence leaves at the start of the next step. A step that feeds prompt tokens
+  (up to ``n_batch`` of them: seconds on a busy CPU) is aborted inside ``llama_decode`` (llama.cpp's abort
+  callback, checked between graph nodes) as soon as every sequence in it is cancelled, so a request that comes
+  after a cancelled long prompt does not wait for the rest of its chunk. A step with a sequence still wanted runs
+  to its end.
 
 Nothing here imports llama_cpp: the module and the provider's helpers come in through :class:`BatchBackend`.
 """
@@ -128,8 +133,11 @@ class ContinuousBatcher:
         self._waiting: list[BatchEntry] = []
         self._running: list[_Sequence] = []
         self._stale = False  # a sequence failed: its cells may hold NaN, wiped once no sequence runs
+        self._in_step: list[_Sequence] = []  # the sequences with tokens in the step being decoded
         self.steps = 0
         """``llama_decode`` calls made so far (benchmarks read it)."""
+        self.aborted_steps = 0
+        """Steps aborted inside ``llama_decode`` because every sequence in them was cancelled."""
 
     # Any thread -------------------------------------------------------------------------------------------
 
@@ -159,13 +167,14 @@ class ContinuousBatcher:
         """Run steps until no sequence is left and nobody may join (see the module's scheduling rules)."""
         llama_cpp = backend.llama_cpp
         batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        abort = llama_cpp.ggml_abort_callback(self._step_abandoned)  # kept alive while llama.cpp may call it
         try:
             llama: Any = None
             while True:
                 llama = self._admit(backend, llama)
                 if not self._running:
                     return
-                self._step(backend, llama, batch)
+                self._step(backend, llama, batch, abort)
         finally:
             llama_cpp.llama_batch_free(batch)
 
@@ -220,15 +229,17 @@ class ContinuousBatcher:
             if entry in self._waiting:
                 self._waiting.remove(entry)
 
-    def _step(self, backend: BatchBackend, llama: Any, batch: Any) -> None:
+    def _step(self, backend: BatchBackend, llama: Any, batch: Any, abort: Any) -> None:
         """One ``llama_decode``: every running sequence's next token, then prompt chunks in the room left."""
         llama_cpp = backend.llama_cpp
         for sequence in [sequence for sequence in self._running if sequence.entry.cancel.is_set()]:
             self._leave(llama_cpp, llama, sequence)
         count = 0
+        in_step: dict[int, _Sequence] = {}
 
         def add(token: int, sequence: _Sequence, logits: bool) -> None:
             nonlocal count
+            in_step[sequence.seq_id] = sequence
             batch.token[count] = token
             batch.pos[count] = sequence.position
             batch.n_seq_id[count] = 1
@@ -243,6 +254,7 @@ class ContinuousBatcher:
             if sequence.next_token is not None:
                 add(sequence.next_token, sequence, True)
                 sequence.next_token = None
+        decoding = count
         for sequence in self._running:
             prompt = sequence.started.prompt
             while sequence.fed < len(prompt) and count < self.n_batch:
@@ -252,7 +264,14 @@ class ContinuousBatcher:
             return
         batch.n_tokens = count
         self.steps += 1
-        code = llama_cpp.llama_decode(llama.ctx, batch)
+        self._in_step = list(in_step.values())
+        code = self._decode(llama_cpp, llama, batch, abort if count > decoding else None)
+        self._in_step = []
+        if code == _ABORTED and all(sequence.entry.cancel.is_set() for sequence in in_step.values()):
+            self.aborted_steps += 1
+            for sequence in in_step.values():
+                self._leave(llama_cpp, llama, sequence)
+            return
         if code != 0:
             error = backend.failed(RuntimeError(f"llama_decode returned {code}"))
             for sequence in list(self._running):
@@ -281,6 +300,24 @@ class ContinuousBatcher:
                     self._leave(llama_cpp, llama, sequence, result=result)
             else:
                 sequence.next_token = token
+
+    @staticmethod
+    def _decode(llama_cpp: Any, llama: Any, batch: Any, abort: Any) -> int:
+        """``llama_decode``, abortable by ``abort`` when one is given (a step with prompt tokens: a Python call
+        between graph nodes costs little there, but would slow the one-token steps of generation)."""
+        if abort is None:
+            return int(llama_cpp.llama_decode(llama.ctx, batch))
+        llama_cpp.llama_set_abort_callback(llama.ctx, abort, None)
+        try:
+            return int(llama_cpp.llama_decode(llama.ctx, batch))
+        finally:
+            llama_cpp.llama_set_abort_callback(llama.ctx, llama_cpp.ggml_abort_callback(), None)
+
+    def _step_abandoned(self, _data: Any) -> bool:
+        """llama.cpp's abort callback (on the worker thread, between graph nodes): every sequence in the step
+        being decoded was cancelled."""
+        in_step = self._in_step
+        return bool(in_step) and all(sequence.entry.cancel.is_set() for sequence in in_step)
 
     def _leave(
         self,
@@ -312,6 +349,10 @@ class ContinuousBatcher:
             future.set_result(result)
         else:  # its caller gave up; nobody reads this
             future.set_exception(_Abandoned())
+
+
+_ABORTED = 2
+"""What ``llama_decode`` returns when its abort callback stopped it (the step's cells are already removed)."""
 
 
 class _Abandoned(Exception):

@@ -52,7 +52,6 @@ from inference._servers.openai_wire import (
 from inference._servers.replicas import Replica, ReplicaDown, ReplicaSet
 from inference._servers.routes import RouteChoice
 from inference._servers.served_adapters import ServedAdapters
-from inference.config import resolve_settings
 from inference.exceptions import (
     InferenceError,
     InvalidRequestError,
@@ -90,7 +89,8 @@ class OpenAICompatibleProvider(InferenceProvider):
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
 
     def __init__(self, **arguments: Any) -> None:
-        settings = resolve_settings(self.name, {key: value for key, value in arguments.items() if value is not None})
+        super().__init__(arguments)
+        settings = self._settings
         # Imported with the provider (never by ``import inference``), not at the first request.
         import_optional("httpx", provider=self.name)
         self.base_url: str = settings["base_url"]

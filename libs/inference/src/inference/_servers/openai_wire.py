@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference.exceptions import InferenceError, ProviderError
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult
 from inference.results import TokenLogprob
 
@@ -65,6 +65,9 @@ OPENAI_OPTIONS: OptionMap = {
     "top_k": Sent("top_k", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
     "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
     "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
+    "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+    "tool_choice": Refused("tool calling is not built yet for this backend"),
+    "return_token_ids": Refused("generated token ids are not built yet for this backend"),
 }
 """How the OpenAI API receives each option; a provider's ``options`` map starts from it."""
 

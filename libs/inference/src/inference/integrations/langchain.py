@@ -1,0 +1,292 @@
+"""LangChain on any provider: :class:`ChatInference`, a LangChain ``BaseChatModel``.
+
+It has ``bind_tools`` (tools as LangChain takes them: OpenAI dicts, Python functions, pydantic classes,
+``BaseTool`` objects) and ``with_structured_output`` (LangChain's function-calling method, built on
+``bind_tools``), sync and async, with streaming::
+
+    from inference import get_provider
+    from inference.integrations.langchain import ChatInference
+
+    chat = ChatInference(provider=get_provider("fake"), model="m")
+    answer = await chat.bind_tools([get_weather]).ainvoke("Weather in Paris?")
+    answer.tool_calls  # [{"name": "get_weather", "args": {...}, "id": "call_1", "type": "tool_call"}]
+
+Needs ``pip install 'inference-adapters[langchain]'`` (langchain-core); ``import inference`` never imports it.
+
+Messages map onto the SDK's (:mod:`inference.messages`): system, human, AI (with its ``tool_calls``) and tool
+messages; content given as a list of blocks is sent as its text blocks (an image block is refused). A call whose
+arguments did not parse comes back in ``AIMessage.invalid_tool_calls`` with its error, not dropped.
+``tool_choice`` takes LangChain's values too: ``"any"`` and ``True`` are ``"required"``, a tool's name forces that
+tool. The synchronous methods (``invoke``, ``stream``) run the provider on the sync facade's background event loop
+(:func:`inference.sync.run_sync`): drive one provider either synchronously or from your own event loop, not both
+(an HTTP provider's connections belong to one loop).
+
+The provider must take tools (``provider.supports_tools``) for ``bind_tools`` and ``with_structured_output``:
+today the fake provider does; other backends refuse with ``UnsupportedOperationError`` until their tool calling
+is built.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, cast
+
+from inference._core.dependencies import import_optional
+from inference.messages import Message
+from inference.provider import InferenceProvider
+from inference.results import GenerationResult
+
+import_optional("langchain_core", provider="langchain", extra="langchain")
+
+from langchain_core.callbacks import (  # noqa: E402 - after the check that names the extra
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import BaseChatModel, LanguageModelInput  # noqa: E402
+from langchain_core.messages import (  # noqa: E402
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult  # noqa: E402
+from langchain_core.runnables import Runnable  # noqa: E402
+from langchain_core.tools import BaseTool  # noqa: E402
+from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa: E402
+from pydantic import ConfigDict  # noqa: E402
+
+__all__ = ["ChatInference"]
+
+_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
+
+
+class ChatInference(BaseChatModel):
+    """A LangChain chat model that generates with an :class:`~inference.InferenceProvider`.
+
+    Attributes:
+        provider: The provider (its lifecycle is yours: close it when done).
+        model: The model name passed to every call (servers; in-process providers use their loaded model).
+        adapter_id: The adapter every call uses (``None``: the base model); anything ``generate`` takes.
+        max_tokens: Most tokens per answer (``None``: the SDK's default).
+        temperature: Sampling temperature (``None``: the backend's default).
+        top_p: Nucleus sampling mass.
+        top_k: Sample among the ``top_k`` likeliest tokens.
+        seed: Sampling seed.
+        repetition_penalty: Above 1 discourages repeats.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    provider: InferenceProvider
+    model: str = ""
+    adapter_id: Any = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    repetition_penalty: float | None = None
+
+    @property
+    def _llm_type(self) -> str:
+        return f"inference-{self.provider.name}"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"provider": self.provider.name, "model": self.model, "adapter_id": self.adapter_id}
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | bool | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """The model with ``tools`` bound (converted with LangChain's ``convert_to_openai_tool``).
+
+        Args:
+            tools: The tools.
+            tool_choice: ``"auto"``, ``"none"``, ``"required"`` (also ``"any"`` or ``True``), a tool's name, or
+                OpenAI's ``{"type": "function", "function": {"name": ...}}``.
+            **kwargs: Bound too (LangChain's own keys, such as ``ls_structured_output_format``, are not sent).
+        """
+        converted = [convert_to_openai_tool(tool) for tool in tools]
+        bound: dict[str, Any] = {"tools": converted, **kwargs}
+        if tool_choice is not None:
+            bound["tool_choice"] = _tool_choice(tool_choice, converted)
+        return self.bind(**bound)
+
+    # LangChain's hooks ---------------------------------------------------------------------------------------
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        from inference.sync import run_sync
+
+        return run_sync(self._agenerate(messages, stop, None, **kwargs))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        prompt, options = self._arguments(messages, stop, kwargs)
+        result = await self.provider.generate(prompt, self.model, self.adapter_id, **options)
+        message = AIMessage(
+            content=result.text,
+            tool_calls=[_tool_call(call) for call in result.tool_calls or () if call.error is None],
+            invalid_tool_calls=[_invalid_tool_call(call) for call in result.tool_calls or () if call.error is not None],
+            usage_metadata=_usage(result),
+            response_metadata=_metadata(result),
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        from inference.sync import run_sync
+
+        events = self._astream(messages, stop, None, **kwargs)
+        try:
+            while True:
+                try:
+                    chunk = run_sync(events.__anext__())
+                except StopAsyncIteration:
+                    return
+                if run_manager is not None and isinstance(chunk.message.content, str) and chunk.message.content:
+                    run_manager.on_llm_new_token(chunk.message.content, chunk=chunk)
+                yield chunk
+        finally:
+            run_sync(events.aclose())  # type: ignore[attr-defined]
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        prompt, options = self._arguments(messages, stop, kwargs)
+        events = self.provider.stream(prompt, self.model, self.adapter_id, **options)
+        try:
+            async for event in events:
+                if isinstance(event, str):
+                    chunk = ChatGenerationChunk(message=AIMessageChunk(content=event))
+                    if run_manager is not None:
+                        await run_manager.on_llm_new_token(event, chunk=chunk)
+                    yield chunk
+                    continue
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content="",
+                        tool_call_chunks=[
+                            {"name": call.name, "args": call.raw_arguments, "id": call.id, "index": index,
+                             "type": "tool_call_chunk"}
+                            for index, call in enumerate(event.tool_calls or ())
+                        ],
+                        usage_metadata=_usage(event),
+                        response_metadata=_metadata(event),
+                        chunk_position="last",
+                    )
+                )
+        finally:
+            await events.aclose()
+
+    def _arguments(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """The provider's prompt (chat messages) and options for LangChain's messages and bound arguments."""
+        options: dict[str, Any] = {name: getattr(self, name) for name in _OPTIONS if getattr(self, name) is not None}
+        for key, value in kwargs.items():
+            if key.startswith("ls_"):
+                continue  # LangChain's tracing metadata
+            options[key] = value
+        if stop:
+            options["stop"] = stop
+        if "tool_choice" in options and options.get("tools"):
+            options["tool_choice"] = _tool_choice(options["tool_choice"], options["tools"])
+        return cast("list[Message]", [_message(message) for message in messages]), options
+
+
+def _tool_choice(choice: Any, tools: Sequence[dict[str, Any]]) -> Any:
+    """LangChain's ``tool_choice`` values as the SDK's."""
+    if choice is True or choice == "any":
+        return "required"
+    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        return {"type": "function", "function": {"name": choice}}
+    return choice
+
+
+def _message(message: BaseMessage) -> dict[str, Any]:
+    content = _text(message)
+    if isinstance(message, SystemMessage):
+        return {"role": "system", "content": content}
+    if isinstance(message, HumanMessage):
+        return {"role": "user", "content": content}
+    if isinstance(message, AIMessage):
+        calls: list[dict[str, Any]] = [
+            {"id": call["id"] or "", "type": "function",
+             "function": {"name": call["name"], "arguments": json.dumps(call["args"], ensure_ascii=False)}}
+            for call in message.tool_calls
+        ]
+        calls += [
+            {"id": call["id"] or "", "type": "function",
+             "function": {"name": call["name"] or "", "arguments": call["args"] or ""}}
+            for call in message.invalid_tool_calls
+        ]
+        return {"role": "assistant", "content": content, "tool_calls": calls} if calls else {
+            "role": "assistant", "content": content}
+    if isinstance(message, ToolMessage):
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": content}
+    if isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
+        return {"role": message.role, "content": content}
+    raise TypeError(f"ChatInference cannot send a {type(message).__name__} (role {message.type!r})")
+
+
+def _text(message: BaseMessage) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    texts: list[str] = []
+    for block in message.content:
+        if isinstance(block, str):
+            texts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            texts.append(str(block.get("text", "")))
+        else:
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise TypeError(f"ChatInference sends text only; this {type(message).__name__} holds a {kind} block")
+    return "\n".join(texts)
+
+
+def _tool_call(call: Any) -> Any:
+    return {"name": call.name, "args": call.arguments, "id": call.id, "type": "tool_call"}
+
+
+def _invalid_tool_call(call: Any) -> Any:
+    return {"name": call.name, "args": call.raw_arguments, "id": call.id, "error": call.error,
+            "type": "invalid_tool_call"}
+
+
+def _usage(result: GenerationResult) -> Any:
+    prompt = result.prompt_tokens or 0
+    return {"input_tokens": prompt, "output_tokens": result.completion_tokens,
+            "total_tokens": prompt + result.completion_tokens}
+
+
+def _metadata(result: GenerationResult) -> dict[str, Any]:
+    return {"finish_reason": result.finish_reason, "model_name": result.model, "adapter_id": result.adapter_id,
+            "provider": result.provider}

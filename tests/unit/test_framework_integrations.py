@@ -1,0 +1,205 @@
+"""The agent frameworks on the SDK, with the real packages, on the fake provider (which calls tools).
+
+pydantic-ai: an ``Agent`` with a Python tool and a structured ``output_type`` runs its loop on
+:class:`~inference.integrations.pydantic_ai.InferenceModel`, streamed or not. LangChain: a tool loop with
+``bind_tools`` and ``with_structured_output`` on :class:`~inference.integrations.langchain.ChatInference`, sync,
+async and streamed. (The same on llama.cpp in process comes with that backend's tool calling.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any, ClassVar
+
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+
+from inference._core.validation import GenerationRequest
+from inference.exceptions import UnsupportedOperationError
+from inference.fake_provider import FakeProvider
+from inference.integrations.langchain import ChatInference
+from inference.integrations.pydantic_ai import InferenceModel
+from inference.options import OptionMap, Refused
+from inference.results import GenerationResult
+
+
+class Recording(FakeProvider):
+    """A fake that keeps each request (to see what the framework sent)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[GenerationRequest] = []
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        self.requests.append(request)
+        return await super()._generate(request)
+
+    async def _stream(self, request: GenerationRequest) -> Any:
+        self.requests.append(request)
+        async for event in super()._stream(request):
+            yield event
+
+
+class Forecast(BaseModel):
+    """The forecast the agent reports."""
+
+    city: str
+    summary: str
+    high: int
+
+
+def weather_agent(provider: FakeProvider, looked_up: list[str]) -> Agent[None, Forecast]:
+    agent = Agent(InferenceModel(provider, "fake-model"), output_type=Forecast, instructions="Answer briefly.")
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The weather in a city.
+
+        Args:
+            city: The city's name.
+        """
+        looked_up.append(city)
+        return f"sunny in {city}"
+
+    return agent
+
+
+# pydantic-ai --------------------------------------------------------------------------------------------------
+
+
+async def test_a_pydantic_ai_agent_calls_its_tool_then_returns_structured_output() -> None:
+    provider, looked_up = Recording(), []
+    result = await weather_agent(provider, looked_up).run("Weather in Paris?")
+    assert isinstance(result.output, Forecast)
+    assert len(looked_up) == 1  # the Python tool ran once, with arguments the model made
+    kinds = [
+        [type(part).__name__ for part in message.parts]
+        for message in result.all_messages()
+        if isinstance(message, (ModelRequest, ModelResponse))
+    ]
+    assert kinds[:3] == [["UserPromptPart"], ["ToolCallPart"], ["ToolReturnPart"]]
+    first, second = provider.requests
+    assert [tool["function"]["name"] for tool in first.tools] == ["get_weather", "final_result"]
+    assert first.tool_choice == "required"  # structured output: no text answer allowed
+    assert first.messages[0] == {"role": "system", "content": "Answer briefly."}
+    assert first.tools[0]["function"]["parameters"]["properties"]["city"]["description"] == "The city's name."
+    # the tool's result went back to the model as a tool message answering the call
+    call = second.messages[-2]["tool_calls"][0]
+    assert second.messages[-1] == {"role": "tool", "tool_call_id": call["id"], "content": f"sunny in {looked_up[0]}"}
+
+
+async def test_a_pydantic_ai_agent_streams_on_the_provider() -> None:
+    provider, looked_up = Recording(), []
+    async with weather_agent(provider, looked_up).run_stream("Weather in Rome?") as run:
+        output = await run.get_output()
+    assert isinstance(output, Forecast) and len(looked_up) == 1
+
+    text_agent = Agent(InferenceModel(provider, "fake-model"))
+
+    @text_agent.tool_plain
+    def get_time() -> str:
+        """The time now."""
+        return "noon"
+
+    async with text_agent.run_stream("What time is it?") as run:
+        pieces = [piece async for piece in run.stream_text(delta=True)]
+    text = "".join(pieces)
+    assert text.startswith("[base] ") and text.endswith("get_time returned noon")
+    assert provider.requests[-1].messages[-1]["role"] == "tool"
+
+
+async def test_the_model_reports_usage_and_the_tool_call_ids_round_trip() -> None:
+    result = await weather_agent(FakeProvider(), []).run("Weather in Oslo?")
+    responses = [message for message in result.all_messages() if isinstance(message, ModelResponse)]
+    call = next(part for part in responses[0].parts if isinstance(part, ToolCallPart))
+    returned = next(
+        part for message in result.all_messages() if isinstance(message, ModelRequest)
+        for part in message.parts if isinstance(part, ToolReturnPart)
+    )
+    assert call.tool_call_id == returned.tool_call_id == "call_1"
+    assert responses[0].usage.input_tokens > 0 and responses[0].finish_reason == "tool_call"
+    assert result.usage.requests == 2
+
+
+async def test_a_plain_text_agent_gets_the_providers_text() -> None:
+    result = await Agent(InferenceModel(FakeProvider(), "m", adapter_id=None)).run("Hi")
+    responses = [message for message in result.all_messages() if isinstance(message, ModelResponse)]
+    assert isinstance(responses[0].parts[0], TextPart) and result.output.startswith("[base] ")
+
+
+async def test_a_provider_without_tools_refuses_an_agent_with_tools() -> None:
+    class NoTools(FakeProvider):
+        options: ClassVar[OptionMap] = {
+            **FakeProvider.options, "tools": Refused("not built yet"), "tool_choice": Refused("not built yet")
+        }
+
+    with pytest.raises(UnsupportedOperationError, match="option tools"):
+        await weather_agent(NoTools(), []).run("Weather?")
+
+
+# LangChain ----------------------------------------------------------------------------------------------------
+
+
+@tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def test_a_langchain_tool_loop_with_bind_tools_runs_synchronously() -> None:
+    provider = Recording()
+    chat = ChatInference(provider=provider, model="m", max_tokens=32, temperature=0.0)
+    bound = chat.bind_tools([get_weather])
+    messages: list[BaseMessage] = [HumanMessage("Weather in Paris?")]
+    answer = bound.invoke(messages)
+    assert isinstance(answer, AIMessage) and answer.content == ""
+    (call,) = answer.tool_calls
+    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str) and call["id"] == "call_1"
+    assert answer.response_metadata["finish_reason"] == "tool_calls"
+    messages += [answer, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
+    final = bound.invoke(messages)
+    assert not final.tool_calls and f"get_weather returned sunny in {call['args']['city']}" in str(final.content)
+    sent = provider.requests[-1]
+    assert (sent.max_tokens, sent.temperature) == (32, 0.0)
+    assert sent.messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+async def test_langchain_structured_output_sync_and_async() -> None:
+    chat = ChatInference(provider=FakeProvider(), model="m")
+    structured = chat.with_structured_output(Forecast)
+    assert isinstance(await structured.ainvoke("Weather in Rome?"), Forecast)
+    as_dict = await chat.with_structured_output(Forecast.model_json_schema()).ainvoke("Weather?")
+    assert set(as_dict) == {"city", "summary", "high"}
+    # a forced tool: LangChain's "any" and a tool's name
+    named = await chat.bind_tools([get_weather], tool_choice="get_weather").ainvoke("Hello")
+    assert named.tool_calls[0]["name"] == "get_weather"
+
+
+def test_langchain_structured_output_synchronously() -> None:
+    chat = ChatInference(provider=FakeProvider(), model="m")
+    assert isinstance(chat.with_structured_output(Forecast).invoke("Weather?"), Forecast)
+
+
+async def test_langchain_streams_text_then_the_calls() -> None:
+    chat = ChatInference(provider=FakeProvider(), model="m")
+    pieces = [chunk.content async for chunk in chat.astream("Hi")]
+    assert len(pieces) > 2 and "".join(str(piece) for piece in pieces).startswith("[base] ")
+    merged: AIMessageChunk | None = None
+    async for chunk in chat.bind_tools([get_weather]).astream("Weather?"):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None and merged.tool_calls[0]["name"] == "get_weather"
+    assert merged.usage_metadata is not None and merged.usage_metadata["output_tokens"] > 0
+    sync_pieces = [chunk.content for chunk in chat.stream("Hi")]
+    assert "".join(str(piece) for piece in sync_pieces) == "".join(str(piece) for piece in pieces)
+
+
+def test_importing_inference_imports_no_framework() -> None:
+    code = "import inference, sys; print(any(m.startswith(('pydantic_ai', 'langchain')) for m in sys.modules))"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert completed.stdout.strip() == "False"
+
