@@ -353,7 +353,7 @@ class OpenAICompatibleProvider(InferenceProvider):
         Raises:
             ReplicaDown: The replica did not accept the connection (another may take the request).
             InvalidRequestError: The server could not use the ``json_schema`` (a 400 or 422 about it).
-            InferenceError: Any other failure, mapped by :meth:`_generation_error`.
+            InferenceError: Any other failure, mapped by :meth:`_generation_handlers`.
         """
         try:
             return await self._send(replica, request, arguments)
@@ -385,7 +385,7 @@ class OpenAICompatibleProvider(InferenceProvider):
 
         Raises:
             ReplicaDown: The replica did not accept the connection (another may take the request).
-            InferenceError: Any other failure, mapped by :meth:`_generation_error`.
+            InferenceError: Any other failure, mapped by :meth:`_generation_handlers`.
         """
         try:
             return await self._call(replica, request, arguments)
