@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -187,3 +188,30 @@ async def test_a_nan_row_fails_alone_in_its_transformers_batch(
     reference_scores = await scores(["a0", None, None])
     assert scored[0].logprob == pytest.approx(reference_scores[0].logprob, abs=1e-4)
     assert scored[2].logprob == pytest.approx(reference_scores[1].logprob, abs=1e-4)
+
+
+async def test_equal_logits_from_a_zero_hidden_state_are_an_answer_not_an_overflow(tiny_models: dict[str, Any]) -> None:
+    """After a token whose embedding is zero (a padding token's, untouched by training), the hidden state is 0 and
+    every logit equal: a uniform distribution the model really gives, which scores and generates (vLLM gives the
+    same). Only a hidden state that overflowed before the final norm fails."""
+    from inference.transformers_provider import TransformersProvider
+
+    async with TransformersProvider(model_name=str(tiny_models["qwen2"].hf_dir), torch_dtype="float32") as provider:
+        before = await provider.score("the", " fox", model="tiny")
+
+        def zero_the_embeddings_of_the() -> None:
+            import torch
+
+            loaded = provider._loaded
+            assert loaded is not None
+            tokens = loaded.tokenizer("the", add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                loaded.base_model.get_input_embeddings().weight[tokens] = 0.0
+
+        await provider._worker.run(zero_the_embeddings_of_the)
+        after = await provider.score("the", " fox", model="tiny")  # the context's hidden states are all 0
+        assert math.isfinite(after.logprob) and after.logprob != before.logprob
+        assert (await provider.generate("the", model="tiny", max_tokens=2, temperature=0)).completion_tokens >= 1
+        await provider.load_adapter("a0", tiny_models["qwen2"].adapter_dirs["a0"])
+        with pytest.raises(ProviderError, match=NOT_FINITE):  # an overflow still fails, as before
+            await provider.generate(PROMPT, adapter_id=("a0", 1e6), **GREEDY)

@@ -28,7 +28,7 @@ from inference._core.validation import GenerationRequest
 from inference._inprocess.base import non_finite_logits, require_prompt
 from inference._inprocess.batching import BatchRow, PendingRequest, RowLimits, RowsCancelled, cut_row, left_pad
 from inference._inprocess.constrained import GrammarRows, JsonGrammars
-from inference._inprocess.hf_model import LoadedModel, as_inference_error
+from inference._inprocess.hf_model import LoadedModel, OverflowWatch, as_inference_error
 from inference._inprocess.hf_prompt import prompt_token_ids
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceAssembler, PieceSink
@@ -231,7 +231,7 @@ class HFGeneration:
         if any(row.matcher is not None for row in rows):
             grammar = GrammarRows(torch, [row.matcher for row in rows], width, limits)
             processors.append(grammar)
-        finite = FiniteRows(torch, len(rows), min(loaded.eos_ids, default=loaded.pad_id))
+        finite = FiniteRows(torch, len(rows), min(loaded.eos_ids, default=loaded.pad_id), loaded.overflow)
         processors.insert(0, finite.check)  # the raw logits, before any penalty or mask
         processors.append(finite.force)  # last: sampling never sees the logits of a failed row
         config = transformers.GenerationConfig(
@@ -356,13 +356,25 @@ def _drop(entry: Queued, provider: str) -> None:
         entry.future.set_exception(ProviderError("the request was cancelled", provider=provider))
 
 
+def unusable_rows(torch: Any, logits: Any, overflow: OverflowWatch | None) -> Any:
+    """Which rows of ``logits`` (rows x vocabulary, one position) give no token to read: not finite, or overflowed
+    before the final norm (all equal logits, where the model has no watch)."""
+    lowest, highest = torch.aminmax(logits, dim=-1)
+    bad = ~torch.isfinite(highest)
+    flagged = overflow.take() if overflow is not None else None
+    if flagged is not None and flagged.shape[0] == bad.shape[0]:
+        return bad | flagged.to(bad.device)
+    return bad if overflow is not None else bad | (highest <= lowest)
+
+
 class FiniteRows:
     """Two logits processors of a ``generate`` (the first and the last) and a stopping criterion: end the rows
     whose logits are not finite.
 
-    A row whose raw logits have no finite maximum (a NaN, +infinity) or are all equal (an RMS norm of an
-    overflowed sum of squares is 0, and so is every logit) has no next token to read from them: an adapter or a
-    scale too large for the model's numbers. :meth:`check` records the first such step; :meth:`force` makes the
+    A row whose raw logits have no finite maximum (a NaN, +infinity), or whose hidden state overflowed before the
+    final norm (:class:`~inference._inprocess.hf_model.OverflowWatch`: the norm's output is then 0 and every logit
+    equal; without a watch, all-equal logits count as that), has no next token to read from its logits: an adapter
+    or a scale too large for the model's numbers. :meth:`check` records the first such step; :meth:`force` makes the
     row's logits a sure end token (so it ends there, streams nothing more, and sampling never sees a NaN:
     ``torch.multinomial`` would fail the whole batch); its request fails with :class:`~inference.ProviderError`,
     and the other rows go on.
@@ -371,19 +383,20 @@ class FiniteRows:
         torch: The torch module.
         rows: The batch's rows.
         end_token: The token a failed row is given (an end-of-sequence token where the model has one).
+        overflow: The model's overflow watch, or ``None``.
     """
 
-    def __init__(self, torch: Any, rows: int, end_token: int) -> None:
+    def __init__(self, torch: Any, rows: int, end_token: int, overflow: OverflowWatch | None = None) -> None:
         self.torch = torch
         self.end_token = end_token
+        self.overflow = overflow
         self.first_bad: list[int | None] = [None] * rows
         self._step = 0
         self._bad: Any = None  # this step's failed rows (a bool tensor), or None
 
     def check(self, input_ids: Any, scores: Any) -> Any:
         """The first processor: record the rows whose raw logits are unusable at this step."""
-        lowest, highest = self.torch.aminmax(scores, dim=-1)
-        bad = ~self.torch.isfinite(highest) | (highest <= lowest)
+        bad = unusable_rows(self.torch, scores, self.overflow)
         self._bad = None
         if bool(bad.any()):
             self._bad = bad

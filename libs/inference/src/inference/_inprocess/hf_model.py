@@ -17,7 +17,48 @@ from inference._core.scoring import Vocabulary
 from inference._inprocess.constrained import JsonGrammars
 from inference.exceptions import ConfigurationError, InferenceError, ModelLoadError, ProviderError
 
-__all__ = ["LoadedModel", "as_inference_error", "empty_cuda_cache", "load_model"]
+__all__ = ["LoadedModel", "OverflowWatch", "as_inference_error", "empty_cuda_cache", "load_model"]
+
+OVERFLOW = 1e18
+"""A hidden-state value beyond which a float32 (or bfloat16) square is infinite, or nearly: the final norm's output
+is then 0 or NaN, whatever the model."""
+
+
+class OverflowWatch:
+    """Which rows of the last forward pass overflowed on their way to the logits, seen at the final norm's input.
+
+    An RMS norm takes the mean of squares; past about 1.8e19 a float32 square is infinite, and the norm's output
+    becomes 0 (or NaN), so every logit is equal (or NaN). The logits alone cannot tell that from a model whose
+    hidden state really is 0 (after a token with a zero embedding, such as a padding token): the norm's input can.
+    A row is flagged when any of its values there is not finite or beyond :data:`OVERFLOW`.
+
+    Args:
+        torch: The torch module.
+        norm: The model's final norm (the module whose output the language-model head reads).
+    """
+
+    def __init__(self, torch: Any, norm: Any) -> None:
+        self.torch = torch
+        self.rows: Any = None  # a bool tensor, one entry per row of the last forward pass
+        self._hook = norm.register_forward_pre_hook(self._seen)
+
+    def _seen(self, module: Any, args: tuple[Any, ...]) -> None:
+        hidden = args[0]
+        flat = hidden.reshape(hidden.shape[0], -1)
+        self.rows = (~self.torch.isfinite(flat) | (flat.abs() > OVERFLOW)).any(dim=1)
+
+    def take(self) -> Any:
+        """The flags of the last forward pass (``None`` when none ran since the last call), and forget them."""
+        rows, self.rows = self.rows, None
+        return rows
+
+    @classmethod
+    def on(cls, torch: Any, model: Any) -> OverflowWatch | None:
+        """A watch on ``model``'s final norm, or ``None`` where the model has none where decoders keep it."""
+        decoder = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+        norm = getattr(decoder, "norm", None)
+        return cls(torch, norm) if callable(getattr(norm, "register_forward_pre_hook", None)) else None
+
 
 
 @dataclass
@@ -37,6 +78,8 @@ class LoadedModel:
         vocabulary: How scoring tokenizes text.
         token_texts: Token texts decoded so far (see :meth:`token_text`).
         grammars: The JSON-schema grammars compiled for this tokenizer, made on the first ``json_schema``.
+        overflow: Which rows overflowed in the last forward pass (:class:`OverflowWatch`); ``None`` for a model
+            without a final norm where decoders keep it (then all-equal logits count as an overflow).
     """
 
     name: str
@@ -51,6 +94,7 @@ class LoadedModel:
     vocabulary: Vocabulary
     token_texts: dict[int, str] = field(default_factory=dict)
     grammars: JsonGrammars | None = None
+    overflow: OverflowWatch | None = None
 
     def token_text(self, token_id: int) -> str:
         """One token's text as the tokenizer decodes it alone (special tokens by their names)."""
@@ -145,6 +189,7 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
         pad_id=next(int(token) for token in pad_candidates if token is not None),
         context=getattr(model.config, "max_position_embeddings", None),
         vocabulary=_vocabulary(tokenizer),
+        overflow=OverflowWatch.on(import_optional("torch", extra="transformers", provider=provider), model),
     )
 
 

@@ -160,6 +160,7 @@ class HFScoring:
                 use_cache=False,
                 **extra,
             ).logits
+            overflowed = loaded.overflow.take() if loaded.overflow is not None else None
             results = []
             for row, sequence in enumerate(sequences):
                 targets = torch.tensor(sequence.scored, dtype=torch.long, device=logits.device)
@@ -168,6 +169,10 @@ class HFScoring:
                 logprobs = torch.log_softmax(row_logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
                 greedy = bool((row_logits.argmax(dim=-1) == targets).all())
                 lowest, highest = torch.aminmax(row_logits, dim=-1)
-                usable = bool((torch.isfinite(highest) & (highest > lowest)).all())  # else NaN: run_batch refuses it
+                usable = bool(torch.isfinite(highest).all())  # else NaN: run_batch refuses it
+                if overflowed is not None:  # the hidden state overflowed before the final norm
+                    usable = usable and not bool(overflowed[row])
+                else:  # no watch: all-equal logits count as an overflow
+                    usable = usable and bool((highest > lowest).all())
                 results.append((math.fsum(logprobs.double().tolist()) if usable else math.nan, len(targets), greedy))
         return results
