@@ -55,12 +55,19 @@ def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "
     are as the checks return them (``stop`` a tuple, numbers of sampling as floats).
 
     Raises:
-        InvalidRequestError: A setting is out of range or of the wrong type.
+        InvalidRequestError: A setting is out of range or of the wrong type, or ``n`` is above 1 (a row records
+            one completion).
     """
     given = {key: provider_config[key] for key in GENERATION_KEYS if provider_config.get(key) is not None}
     given.setdefault("model", "")
     given.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
     request = GenerationRequest.from_arguments(provider=provider, prompt="", **given)
+    if request.n > 1:
+        raise InvalidRequestError(
+            f"n is {request.n}, and an evaluation row records one completion: leave n at 1, and run the evaluation "
+            "again with another seed for more samples (each run in its own output file)",
+            provider=provider,
+        )
     return {key: getattr(request, key) for key in given}
 
 
