@@ -280,6 +280,11 @@ def test_n_above_one_is_refused_in_evaluation_rows() -> None:
     assert generation_settings({"n": 1, "timeout": 5, "thinking": False})["timeout"] == 5.0
 
 
+def test_an_evaluations_response_format_is_recorded_and_sent_as_the_json_schema_it_maps_to() -> None:
+    settings = generation_settings({"response_format": {"type": "json_object"}})
+    assert (settings["response_format"], settings["json_schema"]) == (None, {"type": "object"})
+
+
 def test_runner_settings_are_model_and_every_option_checked() -> None:
     assert GENERATION_KEYS[0] == "model"
     assert GENERATION_KEYS[1:] == GenerationOptions.names()

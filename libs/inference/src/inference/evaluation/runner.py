@@ -68,6 +68,8 @@ def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "
             "again with another seed for more samples (each run in its own output file)",
             provider=provider,
         )
+    if request.json_schema is not None:
+        given.setdefault("json_schema", request.json_schema)  # response_format, as the json_schema it maps to
     return {key: getattr(request, key) for key in given}
 
 
