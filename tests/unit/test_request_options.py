@@ -95,15 +95,18 @@ async def test_n_by_requests_sends_n_seeded_requests_at_once() -> None:
 
 
 async def test_n_by_requests_fails_as_one_call_and_stops_the_other_requests() -> None:
-    started = asyncio.Event()
+    hanging: list[int] = []
+    both_hang = asyncio.Event()
     cancelled: list[int] = []
 
     class OneFails(ByRequestsFake):
         async def _generate(self, request: GenerationRequest) -> GenerationResult:
             if request.seed == 1:
-                await started.wait()
+                await both_hang.wait()  # fail while the two others are in flight
                 raise ProviderError("the engine failed", provider=self.name)
-            started.set()
+            hanging.append(request.seed or 0)
+            if len(hanging) == 2:
+                both_hang.set()
             try:
                 await asyncio.Event().wait()  # never answers
             except asyncio.CancelledError:
@@ -348,6 +351,17 @@ async def test_a_stream_timeout_never_cancels_the_consumers_own_code() -> None:
     with pytest.raises(ProviderTimeoutError):
         await events.__anext__()  # the next wait for the backend is past the deadline
     assert isinstance(first, str)
+
+
+async def test_a_call_with_a_timeout_holds_its_adapter_as_any_call_and_lets_it_go() -> None:
+    provider = FakeProvider()
+    await provider.load_adapter("style", "/adapters/style")
+    pieces = [event async for event in provider.stream("Hi", "m", adapter_id="style", timeout=30)]
+    assert isinstance(pieces[-1], GenerationResult) and pieces[-1].adapter_id == "style"
+    assert (await provider.generate("Hi", "m", adapter_id="style", timeout=30, n=2)).adapter_id == "style"
+    stats = provider.adapter_stats().get("style")
+    assert stats is not None and stats.in_flight == 0
+    await provider.unload_adapter("style")  # nothing holds it: returns at once
 
 
 async def test_the_backends_own_timeout_error_passes_unchanged() -> None:
