@@ -58,6 +58,36 @@ def test_generate_json_has_the_result_fields(capsys: pytest.CaptureFixture[str])
     assert answer["adapter_id"] is None and answer["latency_s"] >= 0
 
 
+def test_generate_n_prints_each_choice_and_json_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "Hello", "--provider", "fake", "--n", "3", "--temperature", "1", "--max-tokens", "40"]
+    status, out, err = run(argv, capsys)
+    assert status == 0, err
+    async def choices() -> list[str]:
+        result = await FakeProvider().generate("Hello", model="", n=3, temperature=1, max_tokens=40)
+        assert result.choices is not None
+        return [choice.text for choice in result.choices]
+
+    texts = asyncio.run(choices())
+    assert out == "".join(f"--- choice {i} of 3 (stop)\n{text}\n" for i, text in enumerate(texts, 1))
+    status, out, _ = run([*argv, "--json"], capsys)
+    answer = json.loads(out)
+    assert [choice["text"] for choice in answer["choices"]] == texts and answer["text"] == texts[0]
+    assert answer["completion_tokens"] == sum(choice["completion_tokens"] for choice in answer["choices"])
+
+
+def test_generate_takes_the_request_options_as_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "Hello", "--provider", "fake", "--response-format", '{"type": "json_object"}', "--timeout",
+            "30", "--logit-bias", '{"7": -100}', "--thinking", "true", "--json"]
+    status, out, err = run(argv, capsys)
+    assert status == 0, err
+    answer = json.loads(out)
+    assert isinstance(json.loads(answer["text"]), dict) and answer["reasoning"].startswith("Thinking: ")
+    status, _, err = run(["generate", "Hello", "--provider", "fake", "--logit-bias", "{7: -100}"], capsys)
+    assert status == 2 and "--logit-bias: '{7: -100}' is not JSON" in err
+    status, _, err = run(["generate", "Hello", "--provider", "fake", "--n", "2", "--stream"], capsys)
+    assert status == 1 and "stream yields the pieces of one completion, and n is 2" in err
+
+
 def test_generate_stop_strings_are_passed_on(capsys: pytest.CaptureFixture[str]) -> None:
     full = fake_text("Hello", max_tokens=256)
     stop = full.split()[2]

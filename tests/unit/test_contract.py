@@ -94,7 +94,11 @@ def test_generate_signature_is_pinned() -> None:
     ]
     keyword_only = [name for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY]
     assert keyword_only[:5] == ["stop", "seed", "top_k", "logprobs", "json_schema"]  # new options come after
-    assert keyword_only[5:] == ["tools", "tool_choice", "return_token_ids"]
+    assert keyword_only[5:8] == ["tools", "tool_choice", "return_token_ids"]
+    assert keyword_only[8:] == [
+        "n", "presence_penalty", "frequency_penalty", "min_p", "logit_bias", "raw_prompt", "chat_template",
+        "chat_template_kwargs", "thinking", "response_format", "extra_body", "timeout",
+    ]
     assert parameters["max_tokens"].default == 4096
     for method in ("generate", "load_adapter", "unload_adapter", "list_adapters", "aclose"):
         assert inspect.iscoroutinefunction(getattr(InferenceProvider, method))

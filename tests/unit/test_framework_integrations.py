@@ -132,6 +132,22 @@ async def test_a_plain_text_agent_gets_the_providers_text() -> None:
     assert isinstance(responses[0].parts[0], TextPart) and result.output.startswith("[base] ")
 
 
+async def test_pydantic_ais_openai_settings_are_sent_as_the_options_of_the_same_names() -> None:
+    provider = Recording()
+    settings: Any = {"presence_penalty": 0.5, "frequency_penalty": -0.5, "logit_bias": {"7": -100}, "timeout": 30,
+                     "extra_body": {"priority": 1}}
+    await Agent(InferenceModel(provider, "m")).run("Hi", model_settings=settings)
+    (request,) = provider.requests
+    assert (request.presence_penalty, request.frequency_penalty, request.logit_bias) == (0.5, -0.5, {7: -100.0})
+    assert (request.timeout, request.extra_body) == (30.0, {"priority": 1})
+
+    class NoPenalties(FakeProvider):
+        options: ClassVar[OptionMap] = {**FakeProvider.options, "presence_penalty": Refused("not built yet")}
+
+    with pytest.raises(UnsupportedOperationError, match="presence_penalty"):  # refused, never dropped
+        await Agent(InferenceModel(NoPenalties(), "m")).run("Hi", model_settings={"presence_penalty": 0.5})
+
+
 async def test_a_provider_without_tools_refuses_an_agent_with_tools() -> None:
     class NoTools(FakeProvider):
         options: ClassVar[OptionMap] = {

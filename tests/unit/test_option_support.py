@@ -20,7 +20,16 @@ import respx
 from inference._core.validation import GenerationRequest
 from inference.exceptions import UnsupportedOperationError
 from inference.fake_provider import FakeProvider
-from inference.options import POSITIONAL_OPTIONS, GenerationOptions, OptionMap, Refused, RequestOptions, Sent
+from inference.options import (
+    POSITIONAL_OPTIONS,
+    RESPONSE_FORMAT_AS_JSON_SCHEMA,
+    TIMEOUT_IN_BASE_CLASS,
+    GenerationOptions,
+    OptionMap,
+    Refused,
+    RequestOptions,
+    Sent,
+)
 from inference.provider import InferenceProvider
 from inference.registry import PROVIDERS, load_provider_class, providers_sending
 from inference.results import GenerationResult, StreamEvent
@@ -39,6 +48,18 @@ EVERY_OPTION: dict[str, Any] = {
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "tool_choice": "auto",
     "return_token_ids": True,
+    "n": 2,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "min_p": 0.05,
+    "logit_bias": {7: -100},
+    "raw_prompt": False,
+    "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
+    "chat_template_kwargs": {"enable_thinking": False},
+    "thinking": False,
+    "response_format": {"type": "text"},
+    "extra_body": {"priority": 3},
+    "timeout": 30,
 }
 
 
@@ -152,6 +173,24 @@ def test_providers_sending_lists_who_receives_an_option() -> None:
     assert providers_sending("no_such_option") == []
 
 
+BEFORE_THE_BACKEND = (TIMEOUT_IN_BASE_CLASS, RESPONSE_FORMAT_AS_JSON_SCHEMA)
+"""Declarations of options the base class handles before the backend: nothing of them is in a request body."""
+
+
+@pytest.mark.parametrize(("name", "cls"), _provider_classes(), ids=lambda value: getattr(value, "__name__", value))
+def test_timeout_and_response_format_are_the_base_class_s_for_every_provider(
+    name: str, cls: type[InferenceProvider]
+) -> None:
+    if name == "fallback":
+        return  # passes every option on to its providers
+    assert cls.options["timeout"] == TIMEOUT_IN_BASE_CLASS
+    json_schema = cls.options["json_schema"]
+    if isinstance(json_schema, Sent):
+        assert cls.options["response_format"] == RESPONSE_FORMAT_AS_JSON_SCHEMA
+    else:
+        assert isinstance(cls.options["response_format"], Refused)
+
+
 def _sent_by(cls: type[InferenceProvider], options: dict[str, Any]) -> dict[str, Any]:
     """The ``options`` the provider class declares it sends (a refused one is refused before anything is sent)."""
     return {name: value for name, value in options.items() if isinstance(cls.options[name], Sent)}
@@ -208,7 +247,7 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
     finally:
         await provider.aclose()
     for option, how in cls.options.items():
-        if isinstance(how, Refused):
+        if isinstance(how, Refused) or how in BEFORE_THE_BACKEND:
             continue
         body = bodies[1] if option == "json_schema" else bodies[0]
         sent = _at(body, how.field)
@@ -244,6 +283,6 @@ async def test_the_ollama_body_carries_every_option_under_its_declared_field() -
     finally:
         await provider.aclose()
     for option, how in cls.options.items():
-        if isinstance(how, Sent):
+        if isinstance(how, Sent) and how not in BEFORE_THE_BACKEND:
             _at(bodies[1] if option == "json_schema" else bodies[0], how.field)
     assert bodies[0]["options"]["repeat_penalty"] == 1.1 and bodies[0]["options"]["num_predict"] == 7

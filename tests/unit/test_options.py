@@ -17,7 +17,7 @@ from inference.cli import build_parser, main
 from inference.evaluation import GENERATION_KEYS, EvalPrompt, evaluate_adapters, generation_settings
 from inference.exceptions import InvalidRequestError
 from inference.fake_provider import FakeProvider
-from inference.options import OPTIONS, GenerationOptions
+from inference.options import OPTIONS, POSITIONAL_OPTIONS, GenerationOptions
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 EVERY_OPTION_SET: dict[str, Any] = {
@@ -39,17 +39,45 @@ EVERY_OPTION_SET: dict[str, Any] = {
     ],
     "tool_choice": "none",
     "return_token_ids": True,
+    "n": 1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.25,
+    "min_p": 0.05,
+    "logit_bias": {7: -100.0, 42: 2.5},
+    "raw_prompt": False,
+    "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
+    "chat_template_kwargs": {"enable_thinking": True},
+    "thinking": True,
+    "response_format": {"type": "text"},
+    "extra_body": {"priority": 3},
+    "timeout": 30.0,
 }
-"""A value for every option; on the command line, ``json_schema`` and ``tools`` are files holding them."""
+"""A value for every option; on the command line, ``json_schema``, ``tools`` and ``chat_template`` are files holding
+them, and the dicts JSON text. ``response_format`` ``text`` asks for no JSON (so it goes with ``json_schema``), and
+``n`` is 1: ``stream`` and the evaluation rows take one completion."""
+
+AS_CHECKED = {"response_format": None}
+"""What the checks make of values in :data:`EVERY_OPTION_SET` that they change: ``response_format`` is mapped to
+``json_schema`` (``text``: to nothing)."""
 
 
 def command_line_value(name: str, value: Any, directory: Path) -> str:
-    """``value`` as the command line gives it: a schema or tools are the path of a file that holds them."""
+    """``value`` as the command line gives it: a schema, tools or a template are the path of a file that holds them,
+    a dict its JSON text."""
+    if name == "chat_template":
+        path = directory / "template.jinja"
+        path.write_text(value)
+        return str(path)
     if name not in ("json_schema", "tools"):
-        return str(value)
+        return json.dumps(value) if isinstance(value, dict) else str(value)
     path = directory / f"{name}.json"
     path.write_text(json.dumps(value))
     return str(path)
+
+
+def as_json(values: dict[str, Any]) -> Any:
+    """``values`` as JSON reads them back (dict keys as strings)."""
+    return json.loads(json.dumps(values))
 
 
 class RecordingProvider(FakeProvider):
@@ -107,6 +135,26 @@ def test_from_arguments_normalises_what_backends_read() -> None:
         ("seed", 1.5, "seed must be an integer or None, got 1.5"),
         ("top_k", -1, "top_k must be a non-negative integer or None, got -1"),
         ("return_token_ids", 1, "return_token_ids must be True or False, got 1"),
+        ("n", 0, "n must be an integer in 1..128 (how many completions to return), got 0"),
+        ("n", 129, "n must be an integer in 1..128"),
+        ("presence_penalty", 2.5, "presence_penalty must be a number in [-2, 2] or None, got 2.5"),
+        ("frequency_penalty", -3, "frequency_penalty must be a number in [-2, 2] or None, got -3"),
+        ("min_p", 1.5, "min_p must be a number in [0, 1] or None, got 1.5"),
+        ("logit_bias", {7: 101}, "logit_bias must map token ids (non-negative integers) to biases in [-100, 100]"),
+        ("logit_bias", {"x": 1}, "got 'x': 1"),
+        ("logit_bias", {-1: 1}, "got -1: 1"),
+        ("logit_bias", [7], "logit_bias must map token ids to biases, such as {50256: -100}, got list"),
+        ("raw_prompt", "yes", "raw_prompt must be True, False or None (the default), got 'yes'"),
+        ("thinking", 1, "thinking must be True, False or None (the default), got 1"),
+        ("chat_template", "", "chat_template must be a Jinja chat template (a non-empty string) or None"),
+        ("chat_template_kwargs", {1: 2}, "chat_template_kwargs must be a dict with string keys"),
+        ("chat_template_kwargs", {"x": float("nan")}, "chat_template_kwargs must hold JSON"),
+        ("extra_body", ["priority"], "extra_body must be a dict with string keys"),
+        ("extra_body", {"x": object()}, "extra_body must hold JSON"),
+        ("response_format", {"type": "yaml"}, "response_format must be OpenAI's"),
+        ("timeout", 0, "timeout must be a positive number of seconds or None (no limit), got 0"),
+        ("timeout", float("inf"), "timeout must be a positive number of seconds"),
+        ("timeout", True, "timeout must be a positive number of seconds"),
     ],
 )
 def test_each_rule_names_the_option_and_the_provider(name: str, value: object, message: str) -> None:
@@ -126,7 +174,8 @@ def test_the_request_is_the_options_plus_prompt_model_and_adapter() -> None:
     assert isinstance(request, GenerationOptions)
     assert (request.prompt, request.model, request.adapter_id) == ("Hi", "", None)
     tools = tuple(EVERY_OPTION_SET["tools"])
-    assert request.as_arguments() == {**EVERY_OPTION_SET, "stop": (), "tools": tools}  # no stop cuts the JSON
+    expected = {**EVERY_OPTION_SET, **AS_CHECKED, "stop": (), "tools": tools}  # no stop cuts the JSON
+    assert request.as_arguments() == expected
     without_schema = GenerationRequest.from_arguments(provider="test", prompt="Hi", model=None, stop=["END", "STOP"])
     assert without_schema.stop == ("END", "STOP")
     assert GenerationRequest("Hi", "m").max_tokens == 4096  # prompt and model stay positional
@@ -148,8 +197,7 @@ async def test_generate_stream_and_generate_batch_pass_every_option_to_the_backe
     await provider.generate_batch(["Hi", "Hi"], "m", **EVERY_OPTION_SET)
     assert provider.requests == [expected] * 4
     positional = [EVERY_OPTION_SET[name] for name in ("max_tokens", "system_prompt", "temperature", "top_p")]
-    keyword_names = ("stop", "seed", "top_k", "logprobs", "json_schema", "tools", "tool_choice", "return_token_ids")
-    keyword = {name: EVERY_OPTION_SET[name] for name in keyword_names}
+    keyword = {name: value for name, value in EVERY_OPTION_SET.items() if name not in POSITIONAL_OPTIONS}
     await provider.generate("Hi", "m", None, *positional, 1.1, **keyword)
     assert provider.requests[-1] == expected
 
@@ -166,7 +214,7 @@ def test_the_command_line_has_a_flag_for_every_option(command: list[str], tmp_pa
         for value in values if OPTIONS[name].repeatable else [values]:
             argv += [flag, command_line_value(name, value, tmp_path)]
     args = build_parser().parse_args(argv)
-    assert {name: getattr(args, name) for name in OPTIONS} == EVERY_OPTION_SET
+    assert as_json({name: getattr(args, name) for name in OPTIONS}) == as_json(EVERY_OPTION_SET)
 
 
 def test_eval_takes_every_option_from_flags_or_set_into_the_results(
@@ -198,7 +246,8 @@ def test_eval_takes_every_option_from_flags_or_set_into_the_results(
     assert main([*argv, "--provider", "fake", "--no-progress", *settings]) == 0
     rows = [json.loads(line) for line in output.read_text().splitlines() if '"adapter_id": "style"' in line]
     recorded = {name: rows[0]["settings"][name] for name in OPTIONS}
-    assert recorded == {**EVERY_OPTION_SET, "stop": []}  # the run's settings: no stop string with a json_schema
+    # the run's settings: no stop string with a json_schema
+    assert recorded == as_json({**EVERY_OPTION_SET, **AS_CHECKED, "stop": []})
     # What the provider was asked, not its answers: the fake's one-word JSON answers for the two system prompts
     # can coincide, depending on the adapter's (temporary) path it hashes.
     systems = sorted((request.prompt, request.system_prompt) for request in seen if request.adapter_id)
@@ -213,6 +262,27 @@ async def test_the_runner_uses_its_system_prompt_only_for_prompts_without_one(tm
     await evaluate_adapters([tmp_path / "style"], prompts, config, tmp_path / "out.jsonl", provider=provider)
     systems = sorted((request.prompt, request.system_prompt) for request in provider.requests if request.adapter_id)
     assert systems == [("Hi", "Own."), ("Hi", "Run.")]
+
+
+def test_the_dict_options_are_copies_and_empty_ones_ask_nothing() -> None:
+    body = {"priority": 3, "nested": {"a": [1, 2]}}
+    options = GenerationOptions.from_arguments(provider="test", extra_body=body, chat_template_kwargs={}, logit_bias={})
+    body["nested"]["a"].append(3)  # the caller's dict changes later: the request does not
+    assert options.extra_body == {"priority": 3, "nested": {"a": [1, 2]}}
+    assert (options.chat_template_kwargs, options.logit_bias) == (None, None)
+    biases = GenerationOptions.from_arguments(provider="test", logit_bias={"42": 1, 7: -2}).logit_bias
+    assert biases == {7: -2.0, 42: 1.0}
+
+
+def test_n_above_one_is_refused_in_evaluation_rows() -> None:
+    with pytest.raises(InvalidRequestError, match="n is 3, and an evaluation row records one completion"):
+        generation_settings({"provider": "fake", "n": 3})
+    assert generation_settings({"n": 1, "timeout": 5, "thinking": False})["timeout"] == 5.0
+
+
+def test_an_evaluations_response_format_is_recorded_and_sent_as_the_json_schema_it_maps_to() -> None:
+    settings = generation_settings({"response_format": {"type": "json_object"}})
+    assert (settings["response_format"], settings["json_schema"]) == (None, {"type": "object"})
 
 
 def test_runner_settings_are_model_and_every_option_checked() -> None:

@@ -119,8 +119,9 @@ def test_another_providers_setting_is_refused_naming_its_provider(clean_env: pyt
     message = str(caught.value)
     assert "'kv_cache_type' is a setting of the llamacpp provider, not of transformers" in message
     assert "use provider 'llamacpp'" in message and "model_name, device, torch_dtype" in message
-    with pytest.raises(ConfigurationError, match="'timeout' is a setting of the vllm, openai, ollama"):
-        resolve_settings("transformers", {"timeout": 5})
+    with pytest.raises(ConfigurationError, match="'max_retries' is a setting of the vllm, openai, ollama"):
+        resolve_settings("transformers", {"max_retries": 5})
+    assert resolve_settings("transformers", {"timeout": 5})  # the option of every call, not a server's setting
 
 
 def test_the_steps_own_keys_and_absent_values_are_left_alone(clean_env: pytest.MonkeyPatch) -> None:
@@ -149,9 +150,11 @@ def test_the_fake_stands_in_for_any_provider_but_catches_misspellings(clean_env:
 
 
 def test_no_step_key_is_mistaken_for_a_setting() -> None:
-    """The step's own keys are never settings of a provider (besides base_url, the servers' own)."""
+    """The step's own keys are never settings of a provider, besides base_url (the servers' own) and the two
+    options that are also a setting of the same meaning where a provider has it: ``timeout`` (a server's seconds per
+    answer; the option bounds each call) and ``raw_prompt`` (the provider's default; the option, each request)."""
     keys = {setting.key for settings in SETTINGS.values() for setting in settings}
-    assert STEP_KEYS & keys == {"base_url"}
+    assert STEP_KEYS & keys == {"base_url", "timeout", "raw_prompt"}
 
 
 SWITCHES = [(name, setting) for name, settings in SETTINGS.items() for setting in settings if setting.kind == "bool"]

@@ -394,9 +394,10 @@ def _add_generate(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
             "  inference generate 'Hi' --provider transformers --model-path models/tiny --device cpu --json\n"
             "  inference generate --messages chat.json --json-schema answer.schema.json --logprobs 3 ...\n"
             "output: the text on stdout, then one 'tool call ID: NAME ARGUMENTS' line per tool call (with\n"
-            "--logprobs, then a table: token, logprob, alternatives); with --json one object {text, model,\n"
-            "adapter_id, finish_reason, prompt_tokens, completion_tokens, token_count, latency_s, logprobs,\n"
-            "reasoning, tool_calls, token_ids}; with --stream --json one line\n"
+            "--logprobs, then a table: token, logprob, alternatives); with --n N above 1, each choice after a\n"
+            "'--- choice I of N' line; with --json one object {text, model, adapter_id, finish_reason,\n"
+            "prompt_tokens, completion_tokens, token_count, latency_s, logprobs, reasoning, tool_calls,\n"
+            "token_ids, choices}; with --stream --json one line\n"
             '{"type": "text", "text": ...} per piece, then {"type": "result", ...}.'
         ),
     )
@@ -439,12 +440,16 @@ def _generate(args: argparse.Namespace) -> int:
             fields = _result_fields(result, latency)
             _print_json({"type": "result", **fields} if args.stream else fields)
         else:
-            if not args.stream:
-                print(result.text)
-            for tool_call in result.tool_calls or ():
-                print(f"tool call {tool_call.id}: {tool_call.name} {tool_call.raw_arguments}")
-            if result.logprobs is not None:
-                _print_logprobs(result.logprobs)
+            choices = result.choices or (result,)
+            for number, choice in enumerate(choices, 1):
+                if len(choices) > 1:
+                    print(f"--- choice {number} of {len(choices)} ({choice.finish_reason})")
+                if not args.stream:
+                    print(choice.text)
+                for tool_call in choice.tool_calls or ():
+                    print(f"tool call {tool_call.id}: {tool_call.name} {tool_call.raw_arguments}")
+                if choice.logprobs is not None:
+                    _print_logprobs(choice.logprobs)
         return 0
 
     return _run_async(work)
@@ -544,6 +549,7 @@ def _result_fields(result: Any, latency_s: float) -> dict[str, Any]:
             for call in result.tool_calls
         ],
         "token_ids": None if result.token_ids is None else list(result.token_ids),
+        "choices": None if result.choices is None else [_result_fields(choice, latency_s) for choice in result.choices],
     }
 
 

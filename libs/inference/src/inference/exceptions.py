@@ -19,7 +19,7 @@ on first use, so ``import inference`` does not import httpx::
     │   └── ModelNotFoundError                   the server does not know the model
     │       └── ServerModelNotFoundError (+ServerResponseError)
     ├── AdapterError
-    │   ├── AdapterNotFoundError (LookupError)   unknown adapter id
+    │   ├── AdapterNotFoundError (LookupError, ValueError)   unknown adapter id
     │   │   └── ServerAdapterNotFoundError (+ServerResponseError)
     │   ├── AdapterAlreadyLoadedError            the id is taken
     │   │   └── ServerAdapterAlreadyLoadedError (+ServerResponseError)
@@ -28,7 +28,7 @@ on first use, so ``import inference`` does not import httpx::
     │       └── ServerInvalidAdapterError (+ServerResponseError)
     └── ProviderError                            the backend failed
         ├── ProviderUnavailableError (ConnectionError)  nothing answers at the URL
-        ├── ProviderTimeoutError (TimeoutError)  no answer within the timeout
+        ├── ProviderTimeoutError (TimeoutError)  no answer within the timeout (the provider's, or the call's)
         ├── ProtocolError                        the answer is not what the protocol says (bad JSON, ...)
         └── ServerResponseError (httpx.HTTPStatusError)  the server answered with an error status
             └── RuntimeLoRADisabledError         vLLM runs without runtime LoRA updating
@@ -36,6 +36,7 @@ on first use, so ``import inference`` does not import httpx::
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from inference._core.redaction import redact_url
@@ -164,8 +165,12 @@ class AdapterError(InferenceError):
     """Something is wrong with an adapter or the adapter lifecycle."""
 
 
-class AdapterNotFoundError(AdapterError, LookupError):
-    """No adapter with this id is loaded."""
+class AdapterNotFoundError(AdapterError, LookupError, ValueError):
+    """No adapter with this id is loaded.
+
+    Also a ``ValueError``: the SDK's first version raised ``ValueError`` for an adapter that was not loaded, and
+    ``except ValueError`` written for it keeps catching this.
+    """
 
 
 class AdapterAlreadyLoadedError(AdapterError):
@@ -188,8 +193,20 @@ class ProviderUnavailableError(ProviderError, ConnectionError):
     """Nothing answers at the provider's URL (connection refused, DNS failure, reset)."""
 
 
-class ProviderTimeoutError(ProviderError, TimeoutError):
-    """The provider did not answer within the configured timeout."""
+if sys.version_info >= (3, 11):  # asyncio.TimeoutError is TimeoutError
+
+    class ProviderTimeoutError(ProviderError, TimeoutError):
+        """The provider did not answer within its ``timeout`` setting, or the call within its ``timeout=``.
+
+        Also ``asyncio.TimeoutError`` (on Python 3.10 too), as ``asyncio.wait_for`` raises: code that wrapped
+        calls in it keeps catching a timeout.
+        """
+
+else:  # pragma: no cover - Python 3.10, where asyncio.TimeoutError is a class of its own
+    import asyncio  # only here: ``import inference`` imports no asyncio on 3.11+
+
+    class ProviderTimeoutError(ProviderError, TimeoutError, asyncio.TimeoutError):
+        """The provider did not answer within its ``timeout`` setting, or the call within its ``timeout=``."""
 
 
 class ProtocolError(ProviderError):

@@ -16,7 +16,7 @@ from inference._core.validation import AdapterScales, GenerationRequest, ScoreRe
 from inference.adapters.source import AdapterSource
 from inference.exceptions import InvalidRequestError
 from inference.messages import Message
-from inference.options import OptionMap, Sent
+from inference.options import RESPONSE_FORMAT_AS_JSON_SCHEMA, TIMEOUT_IN_BASE_CLASS, OptionMap, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 from inference.tokens import TokenCacheStats, TokenVocabulary
@@ -78,6 +78,8 @@ class FakeProvider(InferenceProvider):
             (``0``: no cache, every sequence is computed whole); else ``FAKE_PREFIX_CACHE_TOKENS``; else 65536.
         context_length: The longest sequence ``next_token_logprobs`` takes (longer is a ``TokenLimitError``); else
             ``FAKE_CONTEXT_LENGTH``; else 2048.
+        raw_prompt: Send prompts without the chat template unless a request says ``raw_prompt=False`` (the
+            provider-level default of the ``raw_prompt`` option); else ``FAKE_RAW_PROMPT``; else off.
 
     Attributes:
         backend_loads: How many times an adapter was loaded into the (imaginary) backend, evictions'
@@ -111,6 +113,20 @@ class FakeProvider(InferenceProvider):
         "tool_choice": Sent("tool_calls", "auto calls a tool after a user turn; required or a named tool always "
                             "does; none never does"),
         "return_token_ids": Sent("token_ids", "the answer's text in the fake's byte vocabulary"),
+        "n": Sent("choices", "n answers; with temperature 0 all equal, else each differs (and, as every answer of "
+                  "the fake, the same request gives the same ones)"),
+        "presence_penalty": Sent("digest", "checked by its rule; a different value gives a different answer"),
+        "frequency_penalty": Sent("digest", "checked by its rule; a different value gives a different answer"),
+        "min_p": Sent("digest", "checked by its rule; a different value gives a different answer"),
+        "logit_bias": Sent("digest", "ids checked against the fake's vocabulary; a different bias gives a different "
+                           "answer"),
+        "raw_prompt": Sent("digest", "a raw prompt gives a different answer than the same text as a user message"),
+        "chat_template": Sent("digest", "a different template gives a different answer"),
+        "chat_template_kwargs": Sent("digest", "different variables give a different answer"),
+        "thinking": Sent("reasoning", "thinking=True adds made-up reasoning (not in text, not counted in tokens)"),
+        "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
+        "extra_body": Sent("digest", "a fake has no request body: a different extra_body gives a different answer"),
+        "timeout": TIMEOUT_IN_BASE_CLASS,
     }
     supports_adapters = True
     hot_swaps_adapters = True
@@ -126,6 +142,7 @@ class FakeProvider(InferenceProvider):
         *,
         prefix_cache_tokens: int | None = None,
         context_length: int | None = None,
+        raw_prompt: bool | None = None,
     ) -> None:
         super().__init__(locals())
         self.max_adapters = self._settings["max_adapters"]
@@ -226,8 +243,12 @@ class FakeProvider(InferenceProvider):
     def _answer(self, request: GenerationRequest) -> GenerationResult:
         if request.adapter_id is not None and request.adapter_id not in self._resident:
             raise AssertionError(f"adapter {request.adapter_id!r} used while not resident: lifecycle bug")
+        return GenerationResult.from_choices([self._choice(request, index) for index in range(request.n)])
+
+    def _choice(self, request: GenerationRequest, index: int) -> GenerationResult:
+        """The ``index``-th of the request's ``n`` answers (the first is the answer to ``n=1``)."""
         weights = self._weights(request.adapter_id)
-        words = _words_for(request, weights)
+        words = _words_for(request, weights, index)
         label = request.adapter_id.partition("@")[0] if request.adapter_id else "base"  # the id, not its version
         tool = _tool_to_call(request)
         if tool is not None:
@@ -258,6 +279,7 @@ class FakeProvider(InferenceProvider):
             prompt_tokens=prompt_tokens,
             completion_tokens=len(words),
             logprobs=None if request.logprobs is None else _logprobs(text, request, weights),
+            reasoning=_reasoning(request, weights, index),
             token_ids=tuple(encode(text)) if request.return_token_ids else None,
         )
 
@@ -329,20 +351,53 @@ def _logprobs(text: str, request: GenerationRequest, weights: str) -> tuple[Toke
         entries.append(TokenLogprob(piece, value, tuple(alternatives[: request.logprobs])))
     return tuple(entries)
 
-def _words_for(request: GenerationRequest, weights: str) -> list[str]:
+def _words_for(request: GenerationRequest, weights: str, choice: int = 0) -> list[str]:
     """Between 8 and 23 words chosen by a hash of what the request asks.
 
     A message list hashes as its system messages' and its other messages' contents, so ``[system S, user U]``
-    answers as ``U`` with ``system_prompt=S``.
+    answers as ``U`` with ``system_prompt=S``. The options that change a real model's answer are hashed too
+    where they are set (:func:`_folded`), and so is the choice (but the first) unless decoding is greedy.
     """
+    folded = _folded(request, choice)
     if request.prompt_token_ids is not None:  # the model's own input: hashed as ids, never equal to any text
-        digest = _digest("\x01ids", " ".join(map(str, request.prompt_token_ids)), weights, str(request.seed))
+        digest = _digest("\x01ids", " ".join(map(str, request.prompt_token_ids)), weights, str(request.seed), *folded)
         return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
     messages = request.messages
     system = "\n\n".join(message["content"] for message in messages if message["role"] == "system")
     turns = "\n\n".join(message["content"] for message in messages if message["role"] != "system")
-    digest = _digest(turns, system, weights, str(request.seed))
+    digest = _digest(turns, system, weights, str(request.seed), *folded)
     return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
+
+
+_FOLDED = (
+    "presence_penalty", "frequency_penalty", "min_p", "logit_bias", "chat_template", "chat_template_kwargs",
+    "extra_body",
+)
+"""The options the fake's answer depends on where they are set (besides the prompt, system prompt and seed)."""
+
+
+def _folded(request: GenerationRequest, choice: int) -> tuple[str, ...]:
+    """What of the request besides its prompt, system prompt, adapter and seed makes a different answer: nothing
+    (the answers the fake always gave) unless one of these options is set, or this is a second choice or later
+    of a request that samples."""
+    parts = [
+        f"{name}={json.dumps(getattr(request, name), sort_keys=True)}"
+        for name in _FOLDED
+        if getattr(request, name) is not None
+    ]
+    if request.raw_prompt:
+        parts.append("raw_prompt")
+    if choice and not request.is_greedy:
+        parts.append(f"choice={choice}")
+    return tuple(parts)
+
+
+def _reasoning(request: GenerationRequest, weights: str, choice: int) -> str | None:
+    """Made-up reasoning when ``thinking`` is on: a few words from their own hash, never in the answer."""
+    if not request.thinking:
+        return None
+    digest = _digest("\x02thinking", request.prompt_text, weights, str(request.seed), *_folded(request, choice))
+    return "Thinking: " + " ".join(_WORDS[byte % len(_WORDS)] for byte in digest[1 : 4 + digest[0] % 4])
 
 
 def _tool_to_call(request: GenerationRequest) -> Mapping[str, Any] | None:

@@ -33,8 +33,10 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
@@ -42,9 +44,13 @@ from typing import Any, TypedDict, TypeVar
 from inference.exceptions import InvalidRequestError
 
 __all__ = [
+    "MAX_CHOICES",
     "MAX_TOP_LOGPROBS",
     "OPTIONS",
     "POSITIONAL_OPTIONS",
+    "RESPONSE_FORMAT_AS_JSON_SCHEMA",
+    "TIMEOUT_IN_BASE_CLASS",
+    "ByRequests",
     "GenerationOptions",
     "OptionMap",
     "OptionSpec",
@@ -62,6 +68,8 @@ Check = Callable[[object, str, Fail], Any]
 _SPEC = "inference.option"
 MAX_TOP_LOGPROBS = 20
 """The most alternatives per token ``logprobs`` can ask for (OpenAI's and vLLM's limit)."""
+MAX_CHOICES = 128
+"""The most completions ``n`` can ask for in one request (OpenAI's limit)."""
 _OptionsT = TypeVar("_OptionsT", bound="GenerationOptions")
 
 
@@ -258,6 +266,171 @@ def _stop_sequences(value: object, name: str, fail: Fail) -> tuple[str, ...]:
     return tuple(sequences)
 
 
+def _choices(value: object, name: str, fail: Fail) -> int:
+    """``n``: how many completions (``None``, the signatures' default, is 1)."""
+    if value is None:
+        return 1
+    number = _integer(value)
+    if number is None or not 1 <= number <= MAX_CHOICES:
+        raise fail(f"{name} must be an integer in 1..{MAX_CHOICES} (how many completions to return), got {value!r}")
+    return number
+
+
+def _flag_or_none(value: object, name: str, fail: Fail) -> bool | None:
+    """A switch that may be left to a default: ``True``, ``False`` or ``None``."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise fail(f"{name} must be True, False or None (the default), got {value!r}")
+
+
+def _seconds(value: object, name: str, fail: Fail) -> float | None:
+    if value is None:
+        return None
+    number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise fail(f"{name} must be a positive number of seconds or None (no limit), got {value!r}")
+    return number
+
+
+_MAX_LOGIT_BIAS = 100.0
+
+
+def _logit_bias(value: object, name: str, fail: Fail) -> dict[int, float] | None:
+    """Token id -> bias added to its logit (OpenAI's ``logit_bias``): ids as integers or as decimal strings (JSON's
+    keys), biases in [-100, 100]; ``None`` or an empty mapping asks nothing."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise fail(f"{name} must map token ids to biases, such as {{50256: -100}}, got {type(value).__name__}")
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        token = _integer(key)
+        if token is None and isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
+            token = int(key)
+        number = float(bias) if isinstance(bias, numbers.Real) and not isinstance(bias, bool) else math.nan
+        if token is None or token < 0 or not -_MAX_LOGIT_BIAS <= number <= _MAX_LOGIT_BIAS:
+            raise fail(
+                f"{name} must map token ids (non-negative integers) to biases in [-100, 100] (-100 bans a token, "
+                f"100 forces it), got {repr(key)[:40]}: {repr(bias)[:40]}"
+            )
+        biases[token] = number
+    return dict(sorted(biases.items())) or None
+
+
+def _json_object(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
+    """A dict with string keys that JSON can hold, copied (later changes to the caller's dict change nothing);
+    ``None`` or an empty dict asks nothing."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise fail(f"{name} must be a dict with string keys, got {repr(value)[:80]}")
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as error:
+        raise fail(
+            f"{name} must hold JSON (dicts with string keys, lists, strings, finite numbers, booleans, None): "
+            f"{str(error)[:200]}"
+        ) from None
+    require_utf8(json.dumps(copied, ensure_ascii=False), name, fail)
+    return copied or None
+
+
+def _template(value: object, name: str, fail: Fail) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise fail(f"{name} must be a Jinja chat template (a non-empty string) or None, got {repr(value)[:80]}")
+    require_utf8(value, name, fail)
+    return value
+
+
+_JSON_SCHEMA_KEYS = frozenset({"name", "schema", "strict", "description"})
+
+
+def _response_format(value: object, name: str, fail: Fail) -> dict[str, Any] | None:
+    """OpenAI's ``response_format``, checked: ``{"type": "json_schema", "json_schema": {"schema": {...}}}`` (its
+    ``name``, ``strict`` and ``description`` are taken and ignored), ``{"type": "json_object"}``, ``{"type":
+    "text"}``, or a pydantic model class (the openai client's ``parse()`` habit). Returned in the first form
+    (with the schema checked as ``json_schema`` is), ``{"type": "json_object"}`` or ``None`` for text."""
+    if value is None:
+        return None
+    if isinstance(value, type):
+        return {"type": "json_schema", "json_schema": {"schema": check_json_schema(value, name, fail)}}
+    shapes = (
+        '{"type": "json_schema", "json_schema": {"schema": {...}}}, {"type": "json_object"} or {"type": "text"}'
+    )
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if not isinstance(value, Mapping) or kind not in ("json_schema", "json_object", "text"):
+        raise fail(f"{name} must be OpenAI's {shapes}, or a pydantic model class; got {repr(value)[:120]}")
+    extra = sorted(str(key) for key in value if key not in ("type", "json_schema"))
+    if extra or (kind != "json_schema" and "json_schema" in value):
+        raise fail(f"{name} has keys that OpenAI's {shapes} do not: {', '.join(extra) or 'json_schema'}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    inner = value.get("json_schema")
+    if not isinstance(inner, Mapping) or "schema" not in inner or not set(inner) <= _JSON_SCHEMA_KEYS:
+        raise fail(
+            f"{name}['json_schema'] must be a dict with the schema under 'schema' (and optionally name, strict, "
+            f"description), got {repr(inner)[:120]}"
+        )
+    schema = check_json_schema(inner["schema"], f"{name}['json_schema']['schema']", fail)
+    return {"type": "json_schema", "json_schema": {"schema": schema}}
+
+
+JSON_OBJECT_SCHEMA: Mapping[str, Any] = {"type": "object"}
+"""What ``response_format={"type": "json_object"}`` (OpenAI's JSON mode) maps to: ``json_schema`` for any JSON
+object."""
+
+
+def _together(checked: dict[str, Any], fail: Fail) -> dict[str, Any]:
+    """The rules between options: ``response_format`` becomes ``json_schema`` (not both), and ``thinking`` and a
+    ``chat_template_kwargs`` ``enable_thinking`` must agree."""
+    response_format = checked["response_format"]
+    if response_format is not None:
+        if checked["json_schema"] is not None:
+            raise fail(
+                "json_schema and response_format both constrain the output: give one of them (response_format is "
+                "mapped to json_schema)"
+            )
+        if response_format["type"] == "json_object":
+            checked["json_schema"] = dict(JSON_OBJECT_SCHEMA)
+        else:
+            checked["json_schema"] = response_format["json_schema"]["schema"]
+        checked["response_format"] = None
+    variables = checked["chat_template_kwargs"] or {}
+    enabled = variables.get("enable_thinking")
+    if checked["thinking"] is not None and isinstance(enabled, bool) and enabled != checked["thinking"]:
+        raise fail(
+            f"thinking={checked['thinking']} and chat_template_kwargs['enable_thinking']={enabled} disagree: give "
+            "one of them (thinking is sent as the backend's own switch)"
+        )
+    return checked
+
+
+def json_text(text: str) -> Any:
+    """Read a JSON value given on the command line (``--logit-bias '{"50256": -100}'``)."""
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise InvalidRequestError(f"{text[:80]!r} is not JSON ({error})") from None
+
+
+def chat_template_file(path: str) -> str:
+    """Read the command line's ``--chat-template FILE``: a Jinja chat template, UTF-8 text.
+
+    Raises:
+        InvalidRequestError: The file cannot be read or is not UTF-8; the message names it.
+    """
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise InvalidRequestError(f"cannot read the chat template file {path!r}: {reason}") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class GenerationOptions:
     """The options of one generation, checked; each field's metadata holds its :class:`OptionSpec`.
@@ -315,6 +488,54 @@ class GenerationOptions:
         False, check=_flag, metavar="BOOL", parse=parse_flag,
         help="report the generated token ids in the result's token_ids",
     )
+    n: int = spec_field(
+        1, check=_choices, metavar="N", parse=int,
+        help=f"how many completions to return (1-{MAX_CHOICES}), in the result's choices",
+    )
+    presence_penalty: float | None = spec_field(
+        None, check=_number_or_none(-2.0, 2.0), metavar="P", parse=float,
+        help="OpenAI's presence penalty in [-2, 2]: subtracted once from the logit of every token already generated",
+    )
+    frequency_penalty: float | None = spec_field(
+        None, check=_number_or_none(-2.0, 2.0), metavar="F", parse=float,
+        help="OpenAI's frequency penalty in [-2, 2]: subtracted from a token's logit once per time it was generated",
+    )
+    min_p: float | None = spec_field(
+        None, check=_number_or_none(0.0, 1.0), metavar="P", parse=float,
+        help="drop the tokens less likely than min_p times the likeliest one, in [0, 1]",
+    )
+    logit_bias: Mapping[int, float] | None = spec_field(
+        None, check=_logit_bias, metavar="JSON", parse=json_text,
+        help="token id -> bias in [-100, 100] added to its logit, as OpenAI's logit_bias ({\"50256\": -100})",
+    )
+    raw_prompt: bool | None = spec_field(
+        None, check=_flag_or_none, metavar="BOOL", parse=parse_flag,
+        help="send the prompt text as it is, without the chat template (default: the provider's raw_prompt setting)",
+    )
+    chat_template: str | None = spec_field(
+        None, check=_template, metavar="FILE", parse=chat_template_file,
+        help="a Jinja chat template used instead of the model's (for a model without one)",
+    )
+    chat_template_kwargs: Mapping[str, Any] | None = spec_field(
+        None, check=_json_object, metavar="JSON", parse=json_text,
+        help="variables for the chat template, such as {\"enable_thinking\": false}",
+    )
+    thinking: bool | None = spec_field(
+        None, check=_flag_or_none, metavar="BOOL", parse=parse_flag,
+        help="switch a thinking model's reasoning on or off (default: the model's); it goes to the result's reasoning",
+    )
+    response_format: Mapping[str, Any] | None = spec_field(
+        None, check=_response_format, metavar="JSON", parse=json_text,
+        help="OpenAI's response_format (json_schema or json_object), mapped to json_schema",
+    )
+    extra_body: Mapping[str, Any] | None = spec_field(
+        None, check=_json_object, metavar="JSON", parse=json_text,
+        help="fields merged into a server's request body as they are (not checked)",
+    )
+    timeout: float | None = spec_field(
+        None, check=_seconds, metavar="S", parse=float,
+        help="seconds the call may take; then it is cancelled with a ProviderTimeoutError",
+    )
 
     @property
     def is_greedy(self) -> bool:
@@ -359,7 +580,7 @@ class GenerationOptions:
         from inference.tools import check_tools_together
 
         checked["tool_choice"] = check_tools_together(checked["tools"], checked["tool_choice"], fail)
-        return cls(**checked)
+        return cls(**_together(checked, fail))
 
     def as_arguments(self) -> dict[str, Any]:
         """The options as keyword arguments of ``generate`` (field name -> value)."""
@@ -401,6 +622,38 @@ class RequestOptions(TypedDict, total=False):
             ``{"type": "function", "function": {"name": N}}`` to force a call of tool ``N``.
         return_token_ids: Report the generated token ids in :attr:`~inference.GenerationResult.token_ids` (the ids
             the model produced, up to a stop string; ``None`` when not asked).
+        n: How many completions to return (1-128): with ``n > 1`` the result's
+            :attr:`~inference.GenerationResult.choices` holds them, the result itself is the first, and its token
+            counts add up (the prompt counted once). A backend without a native ``n`` sends ``n`` requests (seeds
+            ``seed``, ``seed + 1``... when a ``seed`` is given). Not with ``stream``.
+        presence_penalty: OpenAI's presence penalty in [-2, 2]: subtracted once from the logit of every token
+            already generated (negative values encourage repeats). Never mapped to another penalty.
+        frequency_penalty: OpenAI's frequency penalty in [-2, 2]: subtracted from a token's logit once for each
+            time it was generated.
+        min_p: Keep only the tokens at least ``min_p`` times as likely as the likeliest one, in [0, 1].
+        logit_bias: Token id -> bias in [-100, 100] added to that token's logit before sampling, as OpenAI's
+            (``-100`` bans a token, ``100`` all but forces it). Ids as integers or decimal strings (JSON's keys).
+        raw_prompt: ``True`` sends the prompt string as it is, without the chat template (a completion model, or
+            a prompt you formatted yourself); ``False`` applies the template; ``None`` takes the provider's
+            ``raw_prompt`` setting (off unless set). Not with a message list, ``system_prompt``, ``tools`` or the
+            template options.
+        chat_template: A Jinja chat template to render the messages with instead of the model's own (for a model
+            without one, whose turns would otherwise be joined as plain text).
+        chat_template_kwargs: Variables for the chat template, such as ``{"enable_thinking": False}``.
+        thinking: ``True`` or ``False`` switches a thinking model's reasoning on or off, in the form its backend
+            takes (Ollama's ``think``, the template's ``enable_thinking``...); ``None`` leaves the model's default.
+            What the model thought is in :attr:`~inference.GenerationResult.reasoning`, never in ``text``.
+        response_format: OpenAI's ``response_format``, mapped to ``json_schema``: ``{"type": "json_schema",
+            "json_schema": {"schema": {...}}}`` constrains to that schema, ``{"type": "json_object"}`` (JSON mode)
+            to any JSON object, ``{"type": "text"}`` to nothing; a pydantic model class as ``json_schema``. Not
+            with ``json_schema``.
+        extra_body: Fields merged into a server provider's request body as they are, for what the options do not
+            model (as the openai client's ``extra_body``). Not checked: a field the server does not know is its
+            error, or silently ignored by it. Where a key is also an option's field, ``extra_body`` wins.
+        timeout: Seconds the call may take (the whole call: waiting for the adapter, generating, and for a stream
+            every piece); then it is cancelled (an in-process generation stops within a token) and raises
+            :class:`~inference.exceptions.ProviderTimeoutError`. ``None``: no limit besides a server provider's
+            own ``timeout`` setting per answer.
     """
 
     stop: str | Sequence[str] | None
@@ -411,6 +664,18 @@ class RequestOptions(TypedDict, total=False):
     tools: Sequence[Mapping[str, Any] | Callable[..., Any] | type] | None
     tool_choice: str | Mapping[str, Any] | None
     return_token_ids: bool | None
+    n: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    min_p: float | None
+    logit_bias: Mapping[int | str, float] | None
+    raw_prompt: bool | None
+    chat_template: str | None
+    chat_template_kwargs: Mapping[str, Any] | None
+    thinking: bool | None
+    response_format: Mapping[str, Any] | type | None
+    extra_body: Mapping[str, Any] | None
+    timeout: float | None
 
 
 @dataclass(frozen=True)
@@ -438,6 +703,26 @@ class Refused:
     """
 
     reason: str
+
+
+@dataclass(frozen=True)
+class ByRequests(Sent):
+    """How a backend without a native ``n`` receives ``n > 1``: the base class sends ``n`` requests of one
+    completion each, at once (seeds ``seed``, ``seed + 1``... when the request has a ``seed``; each samples on its
+    own otherwise), and joins their results (:meth:`~inference.GenerationResult.from_choices`). The prompt is
+    processed ``n`` times, where a native ``n`` shares it."""
+
+    field: str = "n requests"
+    note: str = "n requests of one completion, seeds seed, seed + 1, ... when a seed is given"
+
+
+TIMEOUT_IN_BASE_CLASS = Sent("the call's deadline", "the base class cancels the call after timeout seconds")
+"""How every provider receives ``timeout``: :class:`~inference.InferenceProvider` runs the call under it and
+cancels it (an in-process generation stops within a token; a server request is closed)."""
+
+RESPONSE_FORMAT_AS_JSON_SCHEMA = Sent("json_schema", "mapped to json_schema before anything is sent")
+"""How a provider that takes ``json_schema`` receives ``response_format`` (a provider that refuses
+``json_schema`` refuses it too: the request then sets ``json_schema``)."""
 
 
 OptionMap = Mapping[str, "Sent | Refused"]

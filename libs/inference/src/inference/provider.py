@@ -44,10 +44,11 @@ from inference._core.validation import (
 from inference._core.weights_store import AdapterWeightsStore
 from inference.adapters.source import AdapterSource
 from inference.adapters.stats import ProviderAdapterStats
-from inference.exceptions import InvalidRequestError, ProviderError, UnsupportedOperationError
+from inference.exceptions import InvalidRequestError, ProviderError, ProviderTimeoutError, UnsupportedOperationError
 from inference.messages import Prompt, has_tool_turns
 from inference.options import (
     POSITIONAL_OPTIONS,
+    ByRequests,
     GenerationOptions,
     OptionMap,
     Refused,
@@ -55,7 +56,15 @@ from inference.options import (
     Sent,
     option_is_set,
 )
-from inference.results import BatchItem, GenerationResult, ScoreItem, ScoreResult, StreamEvent, TokenLogprob
+from inference.results import (
+    FINISH_REASONS,
+    BatchItem,
+    GenerationResult,
+    ScoreItem,
+    ScoreResult,
+    StreamEvent,
+    TokenLogprob,
+)
 from inference.tokens import TokenCacheStats, TokenVocabulary
 
 if TYPE_CHECKING:
@@ -63,6 +72,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from typing_extensions import Unpack
 
+    from inference._core.batches import OnError
     from inference._core.token_batching import TokenBatcher
     from inference.adapters.weights import AdapterWeights
 
@@ -215,14 +225,16 @@ class InferenceProvider(ABC):
             top_p: Nucleus sampling mass in (0, 1].
             repetition_penalty: Penalty above 1 discourages repeats; ``None`` keeps the default.
             **options: The keyword-only options, each described on :class:`~inference.options.RequestOptions`:
-                ``stop``, ``seed``, ``top_k``, ``logprobs``, ``json_schema``, ``tools``, ``tool_choice`` and
-                ``return_token_ids``. A name that is no option is a ``TypeError``; an option this provider cannot
-                honour (see :attr:`options`) is an
-                ``UnsupportedOperationError``.
+                ``stop``, ``seed``, ``top_k``, ``logprobs``, ``json_schema``, ``tools``, ``tool_choice``,
+                ``return_token_ids``, ``n``, ``presence_penalty``, ``frequency_penalty``, ``min_p``, ``logit_bias``,
+                ``raw_prompt``, ``chat_template``, ``chat_template_kwargs``, ``thinking``, ``response_format``,
+                ``extra_body`` and ``timeout``. A name that is no option is a ``TypeError``; an option this provider
+                cannot honour (see :attr:`options`) is an ``UnsupportedOperationError``.
 
         Returns:
             The generated text with token counts and finish reason, and the tools the model called
-            (``tool_calls``, with ``finish_reason`` ``"tool_calls"``) when ``tools`` were given.
+            (``tool_calls``, with ``finish_reason`` ``"tool_calls"``) when ``tools`` were given; with ``n > 1``,
+            the first completion with every one in ``choices``.
 
         Raises:
             InvalidRequestError: An argument is invalid (the message names it), a message list is combined with
@@ -230,13 +242,14 @@ class InferenceProvider(ABC):
             UnsupportedOperationError: The provider cannot honour an option that is set (its :attr:`options` says
                 so), or apply adapters with scales.
             AdapterNotFoundError: ``adapter_id`` (or one of the adapters in it) is not loaded.
-            ProviderError: The backend failed (unavailable, timeout, error status), or its text for a
-                ``json_schema`` does not parse or validate although it finished (``finish_reason`` ``"stop"``).
+            ProviderError: The backend failed (unavailable, timeout, error status), ended the generation with an
+                error or an abort (a ``finish_reason`` such as ``"abort"``), or its text for a ``json_schema`` does
+                not parse or validate although it finished (``finish_reason`` ``"stop"``).
+            ProviderTimeoutError: The call took longer than ``timeout`` seconds (it was cancelled), or a server
+                did not answer within the provider's own ``timeout`` setting.
         """
         request = self._request("generate", locals())
-        await self._check_token_prompt(request)
-        async with self._request_in_use(request) as sent:
-            return _as_asked(self._kept_to_schema(request, await self._generate(sent)), _asked_adapter(request))
+        return await self._in_time(request, _deadline(request), self._generate_answer(request))
 
     async def stream(
         self,
@@ -274,20 +287,36 @@ class InferenceProvider(ABC):
             True
 
         Raises:
-            InvalidRequestError: An argument is invalid (raised when iteration starts, like every error here).
+            InvalidRequestError: An argument is invalid, or ``n`` is above 1 (raised when iteration starts, like
+                every error here).
             AdapterNotFoundError: ``adapter_id`` is not loaded.
-            ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
+            ProviderError: The backend failed (unavailable, timeout, error status, an abort), before or during the
+                stream.
+            ProviderTimeoutError: The stream did not end within ``timeout`` seconds of the call (the limit strikes
+                only while the stream waits for the backend, never in your loop's own code).
         """
         request = self._request("stream", locals())
-        await self._check_token_prompt(request)
-        async with self._request_in_use(request) as sent:
+        if request.n > 1:
+            raise InvalidRequestError(
+                f"stream yields the pieces of one completion, and n is {request.n}: use generate (or generate_batch) "
+                "for several completions, or stream each one",
+                provider=self.name,
+            )
+        deadline = _deadline(request)
+        await self._in_time(request, deadline, self._check_before_sending(request))
+        async with contextlib.AsyncExitStack() as stack:
+            sent = await self._in_time(request, deadline, stack.enter_async_context(self._request_in_use(request)))
             events = self._stream(sent)
             try:
-                async for event in events:
+                while True:
+                    try:
+                        event = await self._in_time(request, deadline, events.__anext__())
+                    except StopAsyncIteration:
+                        break
                     if isinstance(event, str):
                         yield event
                     else:
-                        yield _as_asked(self._kept_to_schema(request, event), _asked_adapter(request))
+                        yield self._checked_result(request, event)
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
 
@@ -304,22 +333,32 @@ class InferenceProvider(ABC):
         *,
         max_concurrency: int = 8,
         on_result: Callable[[int, BatchItem], object] | None = None,
+        on_error: OnError = "return",
+        chunk_size: int | None = None,
         **options: Unpack[RequestOptions],
     ) -> list[BatchItem]:
-        """Generate for every prompt with bounded concurrency; one failure never loses the other results.
+        """Generate for every prompt with bounded concurrency; by default one failure never loses the other results.
 
         Args:
-            prompts: The prompts; every other argument is as in :meth:`generate` and applies to all of them.
+            prompts: The prompts; every other argument is as in :meth:`generate` and applies to all of them
+                (``timeout`` bounds each prompt's call, not the batch).
             max_concurrency: Most requests in flight at once.
-            on_result: Called as ``on_result(index, result_or_error)`` as each item finishes (for progress);
-                an exception it raises is logged and ignored.
+            on_result: Called as ``on_result(index, result_or_error)`` as each item finishes (for progress, or to
+                write results as they come); an exception it raises is logged and ignored.
+            on_error: What a failed item does: ``"return"`` (the default) puts its exception in its place in the
+                list; ``"warn"`` does too, and logs a warning naming the item and its error (the ``inference``
+                logger); ``"raise"`` cancels the items still running (an in-process generation stops within a
+                token; items not started never start) and, once they have stopped, raises the first error.
+            chunk_size: Run the prompts in sequential chunks of this many: a chunk starts when every request of
+                the previous one has finished (``None``: all at once, ``max_concurrency`` at a time).
 
         Returns:
             One entry per prompt, in input order: its :class:`GenerationResult`, or the exception it raised.
 
         Raises:
-            InvalidRequestError: ``prompts`` is not a sequence of prompts, or ``max_concurrency`` is not a
-                positive integer.
+            InvalidRequestError: ``prompts`` is not a sequence of prompts, ``max_concurrency`` or ``chunk_size``
+                is not a positive integer, or ``on_error`` is not one of the three.
+            Exception: With ``on_error="raise"``, the first error of an item.
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InvalidRequestError(
@@ -337,7 +376,10 @@ class InferenceProvider(ABC):
         def generate_one(prompt: Prompt) -> Awaitable[GenerationResult]:
             return self.generate(prompt, model, adapter_id, *positional, **options)
 
-        return await self._run_all("generate_batch", prompts, generate_one, max_concurrency, on_result)
+        return await self._run_all(
+            "generate_batch", prompts, generate_one, max_concurrency, on_result,
+            on_error=on_error, chunk_size=chunk_size,
+        )
 
     async def score(
         self, context: str, continuation: str, model: str, adapter_id: str | None = None
@@ -398,8 +440,11 @@ class InferenceProvider(ABC):
         *,
         max_concurrency: int = 8,
         on_result: Callable[[int, ScoreItem], object] | None = None,
+        on_error: OnError = "return",
+        chunk_size: int | None = None,
     ) -> list[ScoreItem]:
-        """Score every ``(context, continuation)`` pair, like :meth:`generate_batch` does generations.
+        """Score every ``(context, continuation)`` pair, like :meth:`generate_batch` does generations (with the same
+        ``max_concurrency``, ``on_result``, ``on_error`` and ``chunk_size``).
 
         Returns:
             One entry per pair, in input order: its :class:`ScoreResult`, or the exception it raised.
@@ -422,7 +467,9 @@ class InferenceProvider(ABC):
                 )
             return self.score(pair[0], pair[1], model, adapter_id)
 
-        return await self._run_all("score_batch", pairs, score_one, max_concurrency, on_result)
+        return await self._run_all(
+            "score_batch", pairs, score_one, max_concurrency, on_result, on_error=on_error, chunk_size=chunk_size
+        )
 
     async def _run_all(
         self,
@@ -431,31 +478,18 @@ class InferenceProvider(ABC):
         call: Callable[[_ItemT], Awaitable[_ResultT]],
         max_concurrency: int,
         on_result: Callable[[int, _ResultT | Exception], object] | None,
+        *,
+        on_error: str = "return",
+        chunk_size: int | None = None,
     ) -> list[_ResultT | Exception]:
-        """Run ``call`` on every item, at most ``max_concurrency`` at once; an item's error is its answer."""
-        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise InvalidRequestError(
-                f"max_concurrency must be a positive integer, got {max_concurrency!r}", provider=self.name
-            )
-        semaphore = asyncio.Semaphore(max_concurrency)
-        results: list[_ResultT | Exception | None] = [None] * len(items)
+        """Run ``call`` on every item, at most ``max_concurrency`` at once, by the batch policies of
+        :func:`inference._core.batches.run_batch`."""
+        from inference._core.batches import run_batch
 
-        async def run(index: int, item: _ItemT) -> None:
-            answer: _ResultT | Exception
-            async with semaphore:
-                try:
-                    answer = await call(item)
-                except Exception as error:  # the error is the item's answer
-                    answer = error
-            results[index] = answer
-            if on_result is not None:
-                try:
-                    on_result(index, answer)
-                except Exception:
-                    logger.exception("%s: on_result raised for item %d; ignored", operation, index)
-
-        await asyncio.gather(*(run(index, item) for index, item in enumerate(items)))
-        return [answer for answer in results if answer is not None]
+        return await run_batch(
+            items, call, operation=operation, provider=self.name, max_concurrency=max_concurrency,
+            chunk_size=chunk_size, on_error=on_error, on_result=on_result,
+        )
 
     # Token level ---------------------------------------------------------------------------------------
 
@@ -802,6 +836,8 @@ class InferenceProvider(ABC):
             "adapter_id": adapter_id,
             "adapter_scales": scales,
         }
+        if keywords.get("raw_prompt") is None and self._raw_prompt_by_default():
+            values["raw_prompt"] = True  # the provider's setting: it has one, so its options map sends raw prompts
         request = GenerationRequest.from_arguments(provider=self.name, **values)
         if request.prompt_token_ids is not None and not self.supports_token_prompts:
             raise self._cannot("generate from token ids (a TokenIds prompt)", "supports_token_prompts")
@@ -811,6 +847,14 @@ class InferenceProvider(ABC):
         if isinstance(request.prompt, tuple) and has_tool_turns(request.prompt):
             self._require_option("tools", "take a conversation with tool calls or tool results")
         return request
+
+    def _raw_prompt_by_default(self) -> bool:
+        """The provider's ``raw_prompt`` setting, where its type has one (see :mod:`inference.registry`)."""
+        from inference.config import SETTINGS
+
+        return any(setting.key == "raw_prompt" for setting in SETTINGS.get(self.name, ())) and bool(
+            self._settings["raw_prompt"]
+        )
 
     def _require_option(self, name: str, what: str | None = None) -> None:
         """Refuse option ``name`` if this provider's :attr:`options` says its backend cannot honour it (``what``:
@@ -827,6 +871,69 @@ class InferenceProvider(ABC):
             f"{type(self).__name__} cannot {asked} ({reason}); providers that can: {able}",
             provider=self.name,
         )
+
+    async def _generate_answer(self, request: GenerationRequest) -> GenerationResult:
+        """The checked result of a validated request: its ``n`` completions where the backend makes them
+        (``options["n"]`` is :class:`~inference.options.ByRequests`: ``n`` requests of one completion, at once)."""
+        await self._check_before_sending(request)
+        if request.n > 1 and isinstance(type(self).options.get("n"), ByRequests):
+            from inference._core.batches import all_or_none
+
+            seeds = [None if request.seed is None else request.seed + index for index in range(request.n)]
+            ones = [dataclasses.replace(request, n=1, seed=seed) for seed in seeds]
+            return GenerationResult.from_choices(await all_or_none([self._generate_one(one) for one in ones]))
+        return await self._generate_one(request)
+
+    async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
+        async with self._request_in_use(request) as sent:
+            return self._checked_result(request, await self._generate(sent))
+
+    async def _check_before_sending(self, request: GenerationRequest) -> None:
+        """What needs the backend's vocabulary: a :class:`~inference.tokens.TokenIds` prompt, ``logit_bias`` ids
+        (where the provider has its tokenizer at hand, ``supports_tokenize``)."""
+        await self._check_token_prompt(request)
+        if request.logit_bias and self.supports_tokenize:
+            vocabulary = await self._vocabulary_of(request.model)
+            ids = tuple(request.logit_bias)
+            check_token_limits(ids, vocabulary, provider=self.name, name="logit_bias", max_length=len(ids))
+
+    def _checked_result(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+        """``result`` as the caller receives it: each choice finished (an engine error or abort is a
+        :class:`ProviderError`, never a text), kept to the ``json_schema``, and under the adapter id asked for."""
+        asked = _asked_adapter(request)
+        if result.choices is None:
+            return _as_asked(self._kept_to_schema(request, self._finished(result)), asked)
+        choices = tuple(_as_asked(self._kept_to_schema(request, self._finished(one)), asked) for one in result.choices)
+        return dataclasses.replace(_as_asked(result, asked), choices=choices)
+
+    def _finished(self, result: GenerationResult) -> GenerationResult:
+        """Refuse a result whose ``finish_reason`` says the backend did not finish it (``"abort"``, ``"error"``,
+        anything not in :data:`~inference.results.FINISH_REASONS`)."""
+        if result.finish_reason not in FINISH_REASONS:
+            raise ProviderError(
+                f"{type(self).__name__}'s backend ended the generation with finish_reason {result.finish_reason!r} "
+                "(an engine error or an abort), not a finished text, so no result is returned: retry, and look at "
+                "the backend's log if it happens again",
+                provider=self.name,
+            )
+        return result
+
+    async def _in_time(self, request: GenerationRequest, deadline: float | None, work: Awaitable[_ResultT]) -> _ResultT:
+        """Await ``work``, cancelled at ``deadline`` (the event loop's time; ``None``: no limit) with a
+        :class:`ProviderTimeoutError` naming the request's ``timeout``."""
+        if deadline is None:
+            return await work
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(work, max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError as error:
+            if isinstance(error, ProviderTimeoutError) or loop.time() < deadline:
+                raise  # the backend's own timeout, not the call's
+            raise ProviderTimeoutError(
+                f"{type(self).__name__} did not finish within timeout={request.timeout:g} s, so the call was "
+                "cancelled (an in-process generation stops within a token): raise timeout, or ask for fewer tokens",
+                provider=self.name,
+            ) from None
 
     def _kept_to_schema(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
         """``result``, once its text is checked against the request's ``json_schema`` (when it has one): a finished
@@ -1077,6 +1184,11 @@ class _RequestInUse(Generic[_HeldT]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> bool | None:
         return await self.stack.__aexit__(exc_type, exc, traceback)
+
+
+def _deadline(request: GenerationRequest) -> float | None:
+    """When the call must end, in the event loop's time (``None``: no ``timeout``)."""
+    return None if request.timeout is None else asyncio.get_running_loop().time() + request.timeout
 
 
 def _asked_adapter(request: GenerationRequest) -> str | None:

@@ -84,6 +84,13 @@ def _max_adapters(prefix: str) -> Setting:
                    minimum=1, none_means="no limit")
 
 
+def _raw_prompt(prefix: str) -> Setting:
+    """``raw_prompt``, read from ``<prefix>_RAW_PROMPT``: the provider-level default of the ``raw_prompt`` option
+    (the base class applies it to every request that leaves the option at ``None``)."""
+    return Setting("raw_prompt", f"{prefix}_RAW_PROMPT", False, "bool",
+                   "Send prompts as they are, without the chat template, unless a request says raw_prompt=False")
+
+
 def _adapter_cache_dir(prefix: str, what: str) -> Setting:
     """``adapter_cache_dir``, read from ``<prefix>_ADAPTER_CACHE_DIR``: where converted adapters are kept."""
     return Setting("adapter_cache_dir", f"{prefix}_ADAPTER_CACHE_DIR", None, "directory", what,
@@ -278,6 +285,7 @@ _SPECS = (
                     "Prefix tokens the token-level cache holds, least recently used out (0: no cache)", minimum=0),
             Setting("context_length", "FAKE_CONTEXT_LENGTH", 2048, "int",
                     "Longest token sequence next_token_logprobs takes", minimum=1),
+            _raw_prompt("FAKE"),
         ),
         stand_in=True,
     ),

@@ -7,13 +7,27 @@ Every provider returns these same types, so code that reads them never depends o
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inference.messages import Message, ToolCallDict
 
-__all__ = ["BatchItem", "GenerationResult", "ScoreItem", "ScoreResult", "StreamEvent", "TokenLogprob", "ToolCall"]
+__all__ = [
+    "FINISH_REASONS",
+    "BatchItem",
+    "GenerationResult",
+    "ScoreItem",
+    "ScoreResult",
+    "StreamEvent",
+    "TokenLogprob",
+    "ToolCall",
+]
+
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter"})
+"""The ``finish_reason`` values of a result: a finished text. A backend that ends a generation otherwise (vLLM's
+``"abort"``, an ``"error"``) fails the call with a :class:`~inference.exceptions.ProviderError` instead."""
 
 
 @dataclass(frozen=True)
@@ -90,10 +104,12 @@ class GenerationResult:
         adapter_id: The adapter used, or ``None`` for the base model.
         token_count: Prompt tokens plus completion tokens; ``None`` when the backend did not report the prompt's
             tokens (a server that sends no usage in a stream).
-        finish_reason: ``"stop"`` (end of sequence or a stop string), ``"length"`` (``max_tokens`` reached) or
-            ``"tool_calls"`` (the model called tools: :attr:`tool_calls`). With ``json_schema``, ``"length"`` means
-            the JSON may be cut short (the text is the beginning of a JSON text); ``"stop"`` means it is complete and
-            valid against the schema (a backend text that is not is a ``ProviderError``, never a result).
+        finish_reason: ``"stop"`` (end of sequence or a stop string), ``"length"`` (``max_tokens`` reached),
+            ``"tool_calls"`` (the model called tools: :attr:`tool_calls`) or, from a hosted API, ``"content_filter"``
+            (its filter cut the text). Never an engine error or an abort: those are a ``ProviderError``. With
+            ``json_schema``, ``"length"`` means the JSON may be cut short (the text is the beginning of a JSON text);
+            ``"stop"`` means it is complete and valid against the schema (a backend text that is not is a
+            ``ProviderError``, never a result).
         prompt_tokens: Tokens in the prompt as the backend counted them; ``None`` when it did not say.
         completion_tokens: Tokens generated.
         logprobs: One :class:`TokenLogprob` per generated token when the request asked for ``logprobs``,
@@ -108,6 +124,11 @@ class GenerationResult:
             ``None``: the tokens that make ``text``, as the model produced them. The end-of-sequence token is not
             included, nor the tokens of a stop string cut from ``text`` (a token only partly in ``text`` is), so
             ``detokenize(token_ids)`` starts with ``text`` (and is ``text`` when no stop string cut a token).
+        choices: The ``n`` completions when the request asked for ``n > 1``, in order, each a result of its own
+            (its text, finish reason, logprobs, tool calls, reasoning and token counts); ``None`` for ``n = 1``.
+            This result is then the first choice (``text == choices[0].text``...) except for its token counts,
+            which add up: ``completion_tokens`` is the sum over the choices, ``prompt_tokens`` the prompt's, counted
+            once (as OpenAI's ``usage``), and ``token_count`` their sum.
     """
 
     text: str
@@ -122,6 +143,28 @@ class GenerationResult:
     tool_calls: tuple[ToolCall, ...] | None = None
     provider: str | None = None
     token_ids: tuple[int, ...] | None = None
+    choices: tuple[GenerationResult, ...] | None = None
+
+    @classmethod
+    def from_choices(cls, choices: Sequence[GenerationResult]) -> GenerationResult:
+        """The result of a request for ``len(choices)`` completions: the first choice, with every choice in
+        :attr:`choices` and the token counts added up (see :attr:`choices`); a single choice is returned as it is.
+
+        Raises:
+            ValueError: ``choices`` is empty.
+        """
+        if not choices:
+            raise ValueError("from_choices needs at least one choice")
+        first = choices[0]
+        if len(choices) == 1:
+            return first
+        completion_tokens = sum(choice.completion_tokens for choice in choices)
+        return replace(
+            first,
+            completion_tokens=completion_tokens,
+            token_count=None if first.prompt_tokens is None else first.prompt_tokens + completion_tokens,
+            choices=tuple(choice if choice.choices is None else replace(choice, choices=None) for choice in choices),
+        )
 
     def as_message(self) -> Message:
         """The result as the assistant message that continues the conversation: ``{"role": "assistant",

@@ -252,6 +252,31 @@ def _non_empty_text(value: object, name: str, fail: Fail) -> str:
     return text
 
 
+_TEMPLATE_OPTIONS = ("chat_template", "chat_template_kwargs", "thinking")
+"""The options that act through the chat template: nothing renders a raw prompt or token ids."""
+
+
+def _check_raw_prompt(request: GenerationOptions, provider: str) -> None:
+    """Refuse what a raw prompt cannot carry: it is the prompt string, sent as it is, with no chat template."""
+    prompt = getattr(request, "prompt", None)
+    if isinstance(prompt, tuple):
+        problem = "a list of messages, which only a chat template can render: send one string"
+    elif request.system_prompt is not None:
+        problem = "system_prompt, which only a chat template can place: write it into the prompt string"
+    elif request.tools:
+        problem = "tools, which the chat template renders: leave raw_prompt off"
+    else:
+        templated = [name for name in _TEMPLATE_OPTIONS if getattr(request, name) is not None]
+        if not templated:
+            return
+        problem = f"{templated[0]}, which acts through the chat template that a raw prompt skips"
+    raise InvalidRequestError(
+        f"raw_prompt (given, or the provider's raw_prompt setting) sends the prompt string without a chat template, "
+        f"so it cannot be combined with {problem}; or pass raw_prompt=False",
+        provider=provider,
+    )
+
+
 def _model_name(value: object, name: str, fail: Fail) -> str:
     """The model name; ``None`` is ``""`` (in-process providers use their loaded model)."""
     return "" if value is None else _text(value, name, fail)
@@ -307,6 +332,16 @@ class GenerationRequest(GenerationOptions):
                 "its first message, {'role': 'system', 'content': ...}",
                 provider=provider,
             )
+        if request.raw_prompt:
+            _check_raw_prompt(request, provider)
+        if isinstance(request.prompt, TokenIds):
+            templated = [name for name in _TEMPLATE_OPTIONS if getattr(request, name) is not None]
+            if templated:
+                raise InvalidRequestError(
+                    f"{templated[0]} cannot be combined with a TokenIds prompt: the ids are the model's whole input, "
+                    "no chat template renders them",
+                    provider=provider,
+                )
         if request.json_schema is not None and request.stop:
             request = replace(request, stop=())
         return request

@@ -68,6 +68,18 @@ OPENAI_OPTIONS: OptionMap = {
     "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
     "tool_choice": Refused("tool calling is not built yet for this backend"),
     "return_token_ids": Refused("generated token ids are not built yet for this backend"),
+    "n": Refused("n > 1 comes with the server slice (not built yet for this backend)"),
+    "presence_penalty": Refused("presence_penalty comes with the server slice (not built yet for this backend)"),
+    "frequency_penalty": Refused("frequency_penalty comes with the server slice (not built yet for this backend)"),
+    "min_p": Refused("min_p comes with the server slice (not built yet for this backend)"),
+    "logit_bias": Refused("logit_bias comes with the server slice (not built yet for this backend)"),
+    "raw_prompt": Refused("raw prompts are not built yet for this backend"),
+    "chat_template": Refused("a template override comes with the server slice (not built yet for this backend)"),
+    "chat_template_kwargs": Refused("template variables come with the server slice (not built yet here)"),
+    "thinking": Refused("the thinking switch is not built yet for this backend"),
+    "response_format": Sent("json_schema", "mapped to json_schema before anything is sent"),
+    "extra_body": Refused("extra_body comes with the server slice (not built yet for this backend)"),
+    "timeout": Sent("the call's deadline", "the base class cancels the call after timeout seconds"),
 }
 """How the OpenAI API receives each option; a provider's ``options`` map starts from it."""
 

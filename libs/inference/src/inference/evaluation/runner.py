@@ -81,7 +81,7 @@ def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "
 
     Raises:
         InvalidRequestError: A setting is out of range or of the wrong type (``max_tokens`` 0 included: the
-            message says how to score without generating).
+            message says how to score without generating), or ``n`` is above 1 (a row records one completion).
     """
     given = {key: provider_config[key] for key in GENERATION_KEYS if provider_config.get(key) is not None}
     given.setdefault("model", "")
@@ -93,6 +93,14 @@ def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "
             provider=provider,
         )
     request = GenerationRequest.from_arguments(provider=provider, prompt="", **given)
+    if request.n > 1:
+        raise InvalidRequestError(
+            f"n is {request.n}, and an evaluation row records one completion: leave n at 1, and run the evaluation "
+            "again with another seed for more samples (each run in its own output file)",
+            provider=provider,
+        )
+    if request.json_schema is not None:
+        given.setdefault("json_schema", request.json_schema)  # response_format, as the json_schema it maps to
     return {key: getattr(request, key) for key in given}
 
 

@@ -72,8 +72,14 @@ _SENT_SETTINGS = {
     "top_k": "top_k",
     "seed": "seed",
     "stop_sequences": "stop",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "logit_bias": "logit_bias",
+    "timeout": "timeout",
+    "extra_body": "extra_body",
 }
-"""pydantic-ai's setting -> the provider's option."""
+"""pydantic-ai's setting -> the provider's option (a provider that cannot honour one refuses the request with an
+``UnsupportedOperationError``: none is dropped)."""
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "tool_call"}
 """The provider's ``finish_reason`` -> pydantic-ai's."""
@@ -92,8 +98,7 @@ class InferenceModel(Model):
     """
 
     unsupported_settings: ClassVar[frozenset[Any]] = frozenset(
-        {"presence_penalty", "frequency_penalty", "logit_bias", "parallel_tool_calls", "timeout", "max_retries",
-         "extra_headers", "extra_body", "service_tier"}
+        {"parallel_tool_calls", "max_retries", "extra_headers", "service_tier"}
     )
 
     def __init__(
