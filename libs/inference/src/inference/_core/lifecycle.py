@@ -45,7 +45,7 @@ from inference._core.backend_names import Discovered, VersionedName, default_ver
 from inference._core.lifecycle_events import LifecycleEvents
 from inference._core.validation import listed
 from inference.adapters.source import AdapterSource
-from inference.adapters.stats import ProviderAdapterStats
+from inference.adapters.stats import AdapterStats, ProviderAdapterStats
 from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError, InvalidAdapterError
 
 __all__ = [
@@ -164,7 +164,7 @@ class AdapterRegistry:
 
     def ids(self) -> list[str]:
         """Ids the user loaded (resident or evicted), not those being unloaded."""
-        return [adapter_id for adapter_id, entry in self._entries.items() if not entry.unloading]
+        return list(self._listed())
 
     def path_of(self, name: str) -> str | None:
         """The path an adapter id, or a backend name in use now (a replaced id's, or one still draining), was
@@ -188,7 +188,7 @@ class AdapterRegistry:
 
     def backend_names(self) -> dict[str, str]:
         """Id -> backend name of every adapter the user loaded (not those being unloaded)."""
-        return {adapter_id: entry.backend for adapter_id, entry in self._entries.items() if not entry.unloading}
+        return {adapter_id: entry.backend for adapter_id, entry in self._listed().items()}
 
     def state_of(self, adapter_id: str) -> AdapterState | None:
         """The lifecycle state of ``adapter_id``, or ``None`` when it is not recorded."""
@@ -207,23 +207,26 @@ class AdapterRegistry:
 
     def stats(self) -> ProviderAdapterStats:
         """Per-adapter state and counters, with the provider's totals (see :mod:`inference.adapters.stats`)."""
-        listed_entries = {adapter_id: self._entries[adapter_id] for adapter_id in sorted(self.ids())}
         adapters = [
-            self._events.adapter_stats(
-                adapter_id,
+            AdapterStats(
+                adapter_id=adapter_id,
                 backend_name=entry.backend,
                 state=entry.state.value,
                 resident=entry.resident,
                 pinned=entry.pinned,
                 in_flight=entry.in_flight,
+                **self._events.adapter_counts(adapter_id),
             )
-            for adapter_id, entry in listed_entries.items()
+            for adapter_id, entry in sorted(self._listed().items())
         ]
         live = [*self._entries.values(), *self._by_backend.values()]  # replaced weights still draining count too
-        return self._events.provider_stats(
-            adapters,
+        return ProviderAdapterStats(
+            provider=self._provider,
+            adapters=tuple(adapters),
+            resident=sum(stats.resident for stats in adapters),
             evicted=sum(stats.state == AdapterState.EVICTED.value for stats in adapters),
             in_flight=sum(entry.in_flight for entry in {id(e): e for e in live}.values()),
+            **self._events.provider_counts(),
         )
 
     def note_reload(self, name: str, duration_ms: float, *, ok: bool = True) -> None:
@@ -566,6 +569,10 @@ class AdapterRegistry:
                 self._next_version = max(self._next_version, found.version + 1)
         entry.last_used = next(self._clock)
         return entry
+
+    def _listed(self) -> dict[str, _Entry]:
+        """The entries of the ids the user loaded, not those being unloaded."""
+        return {adapter_id: entry for adapter_id, entry in self._entries.items() if not entry.unloading}
 
     def _find(self, name: str) -> _Entry | None:
         """The entry of an adapter id, or of a backend name in use now (a replaced id's, or one still draining)."""

@@ -10,14 +10,13 @@ is importable, traced as a span ``inference.adapter.<event>`` with the same attr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
-
-from inference.adapters.stats import AdapterStats, ProviderAdapterStats
 
 __all__ = ["LifecycleEvents"]
 
@@ -64,7 +63,10 @@ class _Counts:
 
 @dataclass
 class _AdapterCounts(_Counts):
-    """One adapter id's, since it was first loaded (kept across replacements and losses, dropped by an unload)."""
+    """One adapter id's, since it was first loaded (kept across replacements and losses, dropped by an unload).
+
+    The fields are the counters of :class:`~inference.adapters.stats.AdapterStats`, by name.
+    """
 
     last_load_ms: float | None = None
     last_used: float | None = None
@@ -72,7 +74,10 @@ class _AdapterCounts(_Counts):
 
 @dataclass
 class _ProviderCounts(_Counts):
-    """The provider's, over its life (adapters unloaded since included)."""
+    """The provider's, over its life (adapters unloaded since included).
+
+    The fields are the counters of :class:`~inference.adapters.stats.ProviderAdapterStats`, by name.
+    """
 
     unloads: int = 0
     failed_loads: int = 0
@@ -137,42 +142,13 @@ class LifecycleEvents:
             pass
         self._record("reload", adapter_id, backend, path, duration_ms, "ok" if ok else "error", {"healed": True})
 
-    def adapter_stats(
-        self, adapter_id: str, *, backend_name: str, state: str, resident: bool, pinned: bool, in_flight: int
-    ) -> AdapterStats:
-        """``adapter_id``'s counters, with what the registry says of it now."""
-        counts = self._adapters.get(adapter_id, _AdapterCounts())
-        return AdapterStats(
-            adapter_id=adapter_id,
-            backend_name=backend_name,
-            state=state,
-            resident=resident,
-            pinned=pinned,
-            in_flight=in_flight,
-            loads=counts.loads,
-            evictions=counts.evictions,
-            reloads=counts.reloads,
-            replacements=counts.replacements,
-            last_load_ms=counts.last_load_ms,
-            last_used=counts.last_used,
-        )
+    def adapter_counts(self, adapter_id: str) -> dict[str, Any]:
+        """``adapter_id``'s counters, by their :class:`~inference.adapters.stats.AdapterStats` field names."""
+        return dataclasses.asdict(self._adapters.get(adapter_id, _AdapterCounts()))
 
-    def provider_stats(self, adapters: Sequence[AdapterStats], *, evicted: int, in_flight: int) -> ProviderAdapterStats:
-        """The provider's totals with ``adapters`` (one entry per listed adapter) and what is in use now."""
-        totals = self._totals
-        return ProviderAdapterStats(
-            provider=self._provider,
-            adapters=tuple(adapters),
-            resident=sum(stats.resident for stats in adapters),
-            evicted=evicted,
-            in_flight=in_flight,
-            loads=totals.loads,
-            evictions=totals.evictions,
-            reloads=totals.reloads,
-            replacements=totals.replacements,
-            unloads=totals.unloads,
-            failed_loads=totals.failed_loads,
-        )
+    def provider_counts(self) -> dict[str, Any]:
+        """The provider's counters, by their :class:`~inference.adapters.stats.ProviderAdapterStats` field names."""
+        return dataclasses.asdict(self._totals)
 
     def _attributes(self, adapter_id: str, backend: str, path: str, detail: dict[str, object]) -> dict[str, str]:
         return {
