@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inference._core.json_files import NotUtf8Error, decode_utf8
 from inference._core.validation import ADAPTER_ID_PATTERN
 from inference.exceptions import InvalidRequestError
 from inference.options import require_utf8
@@ -102,13 +103,11 @@ def load_prompts(path: str | os.PathLike[str]) -> list[EvalPrompt]:
             f"cannot read the prompt set {path}: {error.strerror or error}", path=str(path)
         ) from error
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        offset = error.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)  # decode() counts after the mark
-        line = data.count(b"\n", 0, offset) + 1
+        text = decode_utf8(data)
+    except NotUtf8Error as error:
         raise InvalidRequestError(
-            f"{path} line {line} is not UTF-8 text (byte 0x{data[offset]:02x} at byte {offset} cannot be decoded): "
-            "save the prompt set as UTF-8",
+            f"{path} line {error.line} is not UTF-8 text (byte 0x{error.byte:02x} at byte {error.offset} cannot be "
+            "decoded): save the prompt set as UTF-8",
             path=str(path),
         ) from None
     return parse_prompts(_jsonl_lines(text), source=str(path))
