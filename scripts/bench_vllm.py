@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from inference.testing.vllm_model import SERVER_ENVIRONMENT, build_vllm_model, server_command
+from inference.testing.vllm_model import SERVER_ENVIRONMENT, build_vllm_model, server_command, vllm_environment
 from inference.vllm_offline_provider import VLLMOfflineProvider
 from inference.vllm_provider import VLLMProvider
 
@@ -48,7 +48,7 @@ def _start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen[byt
     with log.open("wb") as sink:
         process = subprocess.Popen(
             server_command(sys.executable, model_dir, port), stdout=sink, stderr=subprocess.STDOUT,
-            env={**os.environ, **SERVER_ENVIRONMENT}, start_new_session=True,
+            env=vllm_environment(SERVER_ENVIRONMENT), start_new_session=True,
         )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

@@ -184,10 +184,10 @@ class VLLMServer:
 
     def start(self) -> None:
         """Start the server on its port (again, after :meth:`stop` or :meth:`kill`) and wait until it answers."""
-        from inference.testing.vllm_model import SERVER_ENVIRONMENT, server_command
+        from inference.testing.vllm_model import SERVER_ENVIRONMENT, server_command, vllm_environment
 
         command = server_command(VLLM_PYTHON, self.model_dir, self.port, served_name=self.model)
-        environment = {**os.environ, **SERVER_ENVIRONMENT}
+        environment = vllm_environment(SERVER_ENVIRONMENT)
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
         )

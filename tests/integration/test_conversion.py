@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
 from inference.adapters import gguf as gguf_conversion
+from inference.adapters import gguf_tensors
 from inference.adapters.gguf import convert_peft_to_gguf, convert_peft_to_gguf_cached, read_base_layout
 from inference.exceptions import AdapterConversionError, InvalidAdapterError
 from inference.testing.random_lora import write_random_peft_lora
@@ -141,7 +142,7 @@ def test_without_the_llama_permutation_the_adapter_is_wrong(
     import numpy as np
 
     model = tiny_models["llama"]
-    monkeypatch.setattr(gguf_conversion, "_PERMUTED_ARCHITECTURES", frozenset())
+    monkeypatch.setattr(gguf_tensors, "_PERMUTED_ARCHITECTURES", frozenset())
     converted = convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path / "unpermuted.gguf")
     ids = _ids(model)
     expected = _peft_logits(model, ids, model.adapter_dirs["a0"])
@@ -188,7 +189,7 @@ def test_the_cache_converts_once_per_adapter_and_base(
         raise AssertionError("converted again")
 
     with monkeypatch.context() as patch:
-        patch.setattr(gguf_conversion, "_gguf_lora_tensors", no_conversion)
+        patch.setattr(gguf_conversion, "gguf_lora_tensors", no_conversion)
         assert convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache) == first
     # Another base (same shapes, other architecture) and changed weights each get their own file.
     other_base = convert_peft_to_gguf_cached(adapter_copy, tiny_models["llama"].gguf_path, cache)

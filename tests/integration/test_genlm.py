@@ -171,3 +171,15 @@ def test_a_provider_without_next_token_distributions_is_refused_naming_who_can()
 
     with pytest.raises(UnsupportedOperationError, match=r"genlm-control.*providers that can: .*fake"):
         AsyncInferenceLM(Plain(), "m")
+
+
+def test_importing_the_integration_leaves_this_process_environment_as_it_was() -> None:
+    """genlm-backend's import sets vLLM engine-mode variables (V2 model runner) for every vLLM started later."""
+    script = textwrap.dedent("""
+        import os
+        before = dict(os.environ)
+        import inference.integrations.genlm
+        print(sorted(set(os.environ.items()) ^ set(before.items())))
+    """)
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300)
+    assert finished.stdout.strip() == "[]", finished.stdout

@@ -56,12 +56,12 @@ def vllm_python() -> Path:
 def seen(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> dict[str, Any]:
     """What the offline provider did in the scenario (its JSON), run once in ``.venv-vllm``."""
     python = vllm_python
-    from inference.testing.vllm_model import build_vllm_model
+    from inference.testing.vllm_model import build_vllm_model, vllm_environment
 
     build_vllm_model()  # built here, with this venv's transformers, before the scenario reads it
     directory = tmp_path_factory.mktemp("vllm-offline")
     out, log = directory / "seen.json", directory / "scenario.log"
-    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    environment = vllm_environment({"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
     with log.open("wb") as sink:
         finished = subprocess.run(
             [str(python), str(SCENARIO), str(out)], stdout=sink, stderr=subprocess.STDOUT, env=environment,
@@ -219,12 +219,12 @@ print("closed")
 async def test_a_plain_script_without_a_main_guard_runs_and_closes_without_a_word(
     vllm_python: Path, tmp_path: Path
 ) -> None:
-    from inference.testing.vllm_model import build_vllm_model
+    from inference.testing.vllm_model import build_vllm_model, vllm_environment
 
     model = build_vllm_model()
     script = tmp_path / "plain.py"
     script.write_text(PLAIN_SCRIPT, encoding="utf-8")
-    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    environment = vllm_environment({"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
     finished = await asyncio.to_thread(
         subprocess.run, [str(vllm_python), str(script), str(model.hf_dir)], capture_output=True, text=True,
         env=environment, cwd=tmp_path, timeout=900, check=False,

@@ -116,7 +116,7 @@ async def test_lifecycle_events_are_spans_when_opentelemetry_is_installed(monkey
     from collections.abc import Iterator
     from contextlib import contextmanager
 
-    from inference._core import lifecycle
+    from inference._core import lifecycle_events
 
     spans: list[tuple[str, dict[str, str]]] = []
 
@@ -126,7 +126,7 @@ async def test_lifecycle_events_are_spans_when_opentelemetry_is_installed(monkey
             spans.append((name, attributes))
             yield
 
-    monkeypatch.setattr(lifecycle, "_tracer", RecordingTracer())
+    monkeypatch.setattr(lifecycle_events, "_tracer", RecordingTracer())
     provider = FlakyProvider(max_adapters=1)
     await provider.load_adapter("a", "/adapters/a")
     await provider.load_adapter("b", "/adapters/b")
@@ -146,7 +146,7 @@ async def test_lifecycle_events_are_spans_when_opentelemetry_is_installed(monkey
 
 def test_the_real_opentelemetry_api_accepts_the_span_attributes() -> None:
     pytest.importorskip("opentelemetry")
-    from inference._core.lifecycle import _span
+    from inference._core.lifecycle_events import _span
 
     with _span("load", {"inference.adapter_id": "a", "inference.backend_name": "a"}):
         pass

@@ -11,6 +11,8 @@ import pytest
 
 import inference
 from inference import cli
+from inference.cli.options import _step_config
+from inference.cli.providers import _provider_report
 from inference.config import SETTINGS, Setting
 from inference.exceptions import MissingDependencyError, UnknownProviderError
 from inference.registry import PROVIDER_EXTRAS, PROVIDER_REGISTRY, PROVIDERS, load_provider_class
@@ -101,17 +103,17 @@ def test_import_optional_takes_the_extra_from_the_registry_or_the_argument() -> 
 def test_inference_providers_never_contacts_a_remote_default_unasked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("VLLM_BASE_URL", raising=False)
-    report = cli._provider_report("openai", None)
+    report = _provider_report("openai", None)
     assert report["server"] is True and report["base_url"] is None
     assert "not checked" in report["detail"] and "--openai-url" in report["detail"]
-    assert cli._provider_report("openai", "http://127.0.0.1:30000/v1")["base_url"] == "http://127.0.0.1:30000/v1"
+    assert _provider_report("openai", "http://127.0.0.1:30000/v1")["base_url"] == "http://127.0.0.1:30000/v1"
     monkeypatch.setenv("OPENAI_BASE_URL", "https://gateway.example/v1")
-    assert cli._provider_report("openai", None)["base_url"] == "https://gateway.example/v1"
-    assert cli._provider_report("vllm", None)["base_url"] == "http://localhost:8100/v1"  # local default: checked
+    assert _provider_report("openai", None)["base_url"] == "https://gateway.example/v1"
+    assert _provider_report("vllm", None)["base_url"] == "http://localhost:8100/v1"  # local default: checked
 
 
 def test_model_path_sets_the_model_setting_of_the_in_process_provider() -> None:
     parser = cli.build_parser()
     for name in ("llamacpp", "transformers"):
         args = parser.parse_args(["generate", "Hi", "--provider", name, "--model-path", "/m"])
-        assert cli._step_config(args)[PROVIDERS[name].model_setting or ""] == "/m"
+        assert _step_config(args)[PROVIDERS[name].model_setting or ""] == "/m"

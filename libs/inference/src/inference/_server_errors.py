@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference._core.redaction import redact_url
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
     AdapterNotFoundError,
@@ -69,10 +68,7 @@ class ServerResponseError(ProviderError, _HTTPStatusBase):
         # InferenceError.__init__ would hand the message on to httpx.HTTPStatusError.__init__, which needs
         # request and response too: initialise the httpx side directly and set the SDK's attributes here.
         _HTTPStatusBase.__init__(self, message, request=request, response=response)
-        self.message = message
-        self.provider = provider
-        self.url = redact_url(url) if url is not None else None
-        self.path = path
+        self._describe(message, provider=provider, url=url, path=path)
 
     @property
     def status_code(self) -> int | None:
@@ -100,12 +96,6 @@ class ServerInvalidAdapterError(ServerResponseError, InvalidAdapterError):
     """The server refused the adapter (no adapter at the path, rank too large, DoRA, ...)."""
 
 
-for _error in (
-    ServerResponseError,
-    RuntimeLoRADisabledError,
-    ServerModelNotFoundError,
-    ServerAdapterNotFoundError,
-    ServerAdapterAlreadyLoadedError,
-    ServerInvalidAdapterError,
-):
-    _error.__module__ = "inference.exceptions"  # where the error tree lists them (pickle finds them there too)
+# Each error's module is inference.exceptions, where the error tree lists them (pickle finds them there too).
+for _name in __all__:
+    globals()[_name].__module__ = "inference.exceptions"

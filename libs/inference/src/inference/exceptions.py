@@ -90,6 +90,10 @@ class InferenceError(Exception):
         path: str | None = None,
     ) -> None:
         super().__init__(message)
+        self._describe(message, provider=provider, url=url, path=path)
+
+    def _describe(self, message: str, *, provider: str | None, url: str | None, path: str | None) -> None:
+        """Set what every error carries: the message, the provider, the URL (credentials hidden), the path."""
         self.message = message
         self.provider = provider
         self.url = redact_url(url) if url is not None else None
@@ -213,18 +217,8 @@ class ProtocolError(ProviderError):
     """The server's answer does not follow the protocol (malformed JSON, missing fields)."""
 
 
-_SERVER_ERRORS = frozenset(
-    {
-        "RuntimeLoRADisabledError",
-        "ServerAdapterAlreadyLoadedError",
-        "ServerAdapterNotFoundError",
-        "ServerInvalidAdapterError",
-        "ServerModelNotFoundError",
-        "ServerResponseError",
-    }
-)
-"""The errors built from an HTTP answer: also ``httpx.HTTPStatusError``, so importing them imports httpx."""
-
+# The errors built from an HTTP answer are also ``httpx.HTTPStatusError``, so importing them imports httpx: they are
+# the names of ``__all__`` this module does not define, handed out by ``__getattr__`` on first access.
 if TYPE_CHECKING:
     from inference._server_errors import (
         RuntimeLoRADisabledError,
@@ -238,7 +232,7 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     """The HTTP answer errors, imported (with httpx) on first access."""
-    if name in _SERVER_ERRORS:
+    if name in __all__:  # listed but not defined above: one of inference._server_errors' errors
         from inference import _server_errors
 
         return getattr(_server_errors, name)

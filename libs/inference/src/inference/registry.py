@@ -8,7 +8,7 @@ imports a backend.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from inference._core.dependencies import import_optional
@@ -67,10 +67,20 @@ class ProviderSpec:
         return self.target.partition(":")[2]
 
 
-def _server_settings(prefix: str, base_url: str, what: str) -> tuple[Setting, ...]:
-    """``base_url``, ``timeout`` and ``max_retries``, read from ``<prefix>_BASE_URL`` and so on."""
+def _server_settings(prefix: str, base_url: str, what: str, *, api_key: str | None = None) -> tuple[Setting, ...]:
+    """``base_url``, ``api_key``, ``timeout`` and ``max_retries``, read from ``<prefix>_BASE_URL`` and so on.
+
+    ``api_key`` is the server's option that sets its key (``"vLLM --api-key"``), ``""`` for a server that takes a
+    key without one, ``None`` for a server that takes no key (no ``api_key`` setting).
+    """
+    key = () if api_key is None else (
+        Setting("api_key", f"{prefix}_API_KEY", None, "secret",
+                f"API key sent as a bearer token{f' ({api_key})' if api_key else ''}; never logged",
+                none_means="no key"),
+    )
     return (
         Setting("base_url", f"{prefix}_BASE_URL", base_url, "url", what),
+        *key,
         Setting("timeout", f"{prefix}_TIMEOUT", 120.0, "float", "Seconds to wait for one answer",
                 minimum=0, exclusive_minimum=True),
         Setting("max_retries", f"{prefix}_MAX_RETRIES", 2, "int", _RETRIES, minimum=0, maximum=100),
@@ -97,11 +107,6 @@ def _adapter_cache_dir(prefix: str, what: str) -> Setting:
                    none_means="~/.cache/inference-adapters")
 
 
-def _with_api_key(settings: tuple[Setting, ...], api_key: Setting) -> tuple[Setting, ...]:
-    """``settings`` with ``api_key`` second, after ``base_url``."""
-    return (settings[0], api_key, *settings[1:])
-
-
 _SPECS = (
     ProviderSpec(
         name="vllm",
@@ -111,11 +116,8 @@ _SPECS = (
         packages=("httpx",),
         server=True,
         settings=(
-            *_with_api_key(
-                _server_settings("VLLM", "http://localhost:8100/v1", "OpenAI-compatible base URL of the vLLM server"),
-                Setting("api_key", "VLLM_API_KEY", None, "secret",
-                        "API key sent as a bearer token (vLLM --api-key); never logged", none_means="no key"),
-            ),
+            *_server_settings("VLLM", "http://localhost:8100/v1", "OpenAI-compatible base URL of the vLLM server",
+                              api_key="vLLM --api-key"),
             Setting("max_lora_rank", "VLLM_MAX_LORA_RANK", 16, "int",
                     "Largest adapter rank accepted before sending (match the server's --max-lora-rank)", minimum=1),
             Setting("adapter_dir", "VLLM_ADAPTER_DIR", None, "str",
@@ -144,11 +146,8 @@ _SPECS = (
         packages=("httpx",),
         server=True,
         settings=(
-            *_with_api_key(
-                _server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API"),
-                Setting("api_key", "OPENAI_API_KEY", None, "secret",
-                        "API key sent as a bearer token; never logged", none_means="no key"),
-            ),
+            *_server_settings("OPENAI", "https://api.openai.com/v1", "Base URL of the OpenAI-compatible API",
+                              api_key=""),
             Setting("api", "OPENAI_API", "auto", "str",
                     "Route of generations: auto (chat; /v1/completions with the plain text once a server refuses chat "
                     "for want of a chat template), chat, or completions (for a model without a chat template, which "
@@ -219,11 +218,8 @@ _SPECS = (
         packages=("httpx", "gguf"),
         server=True,
         settings=(
-            *_with_api_key(
-                _server_settings("LLAMACPP_SERVER", "http://localhost:8080", "Base URL of llama.cpp's llama-server"),
-                Setting("api_key", "LLAMACPP_SERVER_API_KEY", None, "secret",
-                        "API key sent as a bearer token (llama-server --api-key); never logged", none_means="no key"),
-            ),
+            *_server_settings("LLAMACPP_SERVER", "http://localhost:8080", "Base URL of llama.cpp's llama-server",
+                              api_key="llama-server --api-key"),
             _adapter_cache_dir("LLAMACPP_SERVER", "Where PEFT adapters are converted to GGUF to match them with the "
                                "server's --lora files"),
         ),
@@ -326,15 +322,7 @@ def providers_with(capability: str) -> list[str]:
     It imports every provider module whose dependencies are installed (providers without them are left out), so
     it is for error messages and tools, not for hot paths.
     """
-    able: list[str] = []
-    for name in PROVIDER_REGISTRY:
-        try:
-            cls = load_provider_class(name)
-        except MissingDependencyError:
-            continue
-        if getattr(cls, capability, False):
-            able.append(name)
-    return able
+    return [name for name, cls in _installed_classes() if getattr(cls, capability, False)]
 
 
 def providers_sending(option: str) -> list[str]:
@@ -344,12 +332,14 @@ def providers_sending(option: str) -> list[str]:
     """
     from inference.options import Sent
 
-    able: list[str] = []
+    return [name for name, cls in _installed_classes() if isinstance(getattr(cls, "options", {}).get(option), Sent)]
+
+
+def _installed_classes() -> Iterator[tuple[str, type]]:
+    """Each provider type whose dependencies are installed, with its class (imported here)."""
     for name in PROVIDER_REGISTRY:
         try:
             cls = load_provider_class(name)
         except MissingDependencyError:
             continue
-        if isinstance(getattr(cls, "options", {}).get(option), Sent):
-            able.append(name)
-    return able
+        yield name, cls

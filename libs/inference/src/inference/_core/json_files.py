@@ -13,7 +13,28 @@ from typing import Any
 
 from inference.exceptions import InvalidRequestError
 
-__all__ = ["read_json_file"]
+__all__ = ["NotUtf8Error", "decode_utf8", "read_json_file"]
+
+
+class NotUtf8Error(ValueError):
+    """Bytes that are not UTF-8 text: the first undecodable ``byte``, its ``offset`` in the bytes and its ``line``."""
+
+    def __init__(self, byte: int, offset: int, line: int) -> None:
+        super().__init__(f"byte 0x{byte:02x} at byte {offset} (line {line}) is not UTF-8")
+        self.byte, self.offset, self.line = byte, offset, line
+
+
+def decode_utf8(data: bytes) -> str:
+    """``data`` as UTF-8 text, a leading byte-order mark skipped.
+
+    Raises:
+        NotUtf8Error: The bytes are not UTF-8; it says where (for the caller's sentence).
+    """
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        offset = error.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)  # decode() counts after the mark
+        raise NotUtf8Error(data[offset], offset, data.count(b"\n", 0, offset) + 1) from None
 
 
 def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
@@ -34,12 +55,10 @@ def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
     except OSError as error:
         raise fail(f"cannot be read: {error.strerror or error}") from None
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        offset = error.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)  # decode() counts after the mark
-        line = data.count(b"\n", 0, offset) + 1
+        text = decode_utf8(data)
+    except NotUtf8Error as error:
         raise fail(
-            f"is not UTF-8 text: byte 0x{data[offset]:02x} on line {line} cannot be decoded; save it as UTF-8"
+            f"is not UTF-8 text: byte 0x{error.byte:02x} on line {error.line} cannot be decoded; save it as UTF-8"
         ) from None
     try:
         document = json.loads(text)

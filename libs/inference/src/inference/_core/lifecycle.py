@@ -25,10 +25,9 @@ registry never calls twice at once for the same name. The name is the backend na
 the id itself until it is first replaced, then ``versioned(id, n)`` (``use()`` yields it, and requests are sent to
 the backend under it).
 
-Every backend load, unload, eviction and reload is counted (:meth:`AdapterRegistry.stats`), logged as one
-structured record on the ``inference.adapters`` logger (``extra``: ``adapter_event``, ``provider``,
-``adapter_id``, ``backend_name``, ``adapter_path``, ``duration_ms``, ``outcome``) and, when
-``opentelemetry-api`` is importable, traced as a span ``inference.adapter.<event>`` with the same attributes.
+Every backend load, unload, eviction and reload is counted (:meth:`AdapterRegistry.stats`), logged and traced
+(:mod:`inference._core.lifecycle_events`). The names of replaced weights are in :mod:`inference._core.backend_names`,
+the check of files changed in place in :mod:`inference._core.adapter_files`.
 """
 
 from __future__ import annotations
@@ -37,136 +36,37 @@ import asyncio
 import enum
 import itertools
 import logging
-import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
+from inference._core.adapter_files import FilesState, files_changed, files_state, source_files_state
+from inference._core.backend_names import Discovered, VersionedName, default_versioned_name, parse_versioned_name
+from inference._core.lifecycle_events import LifecycleEvents
 from inference._core.validation import listed
-from inference.adapters.peft import CONFIG_NAME, WEIGHT_NAMES
 from inference.adapters.source import AdapterSource
 from inference.adapters.stats import AdapterStats, ProviderAdapterStats
 from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError, InvalidAdapterError
+
+__all__ = [
+    "AdapterRegistry",
+    "AdapterState",
+    "BackendDiscover",
+    "BackendLoad",
+    "BackendUnload",
+    "Discovered",
+    "FilesState",
+    "VersionedName",
+    "default_versioned_name",
+    "files_state",
+    "parse_versioned_name",
+]
 
 logger = logging.getLogger("inference.adapters")
 
 BackendLoad = Callable[[str, AdapterSource], Awaitable[None]]
 BackendUnload = Callable[[str], Awaitable[None]]
 BackendDiscover = Callable[[str], Awaitable["str | Discovered | None"]]
-VersionedName = Callable[[str, int], str]
-
-
-def default_versioned_name(adapter_id: str, version: int) -> str:
-    """``id@version``: ``@`` is not allowed in an adapter id, so no id the user loads can take this name."""
-    return f"{adapter_id}@{version}"
-
-
-def parse_versioned_name(name: str) -> tuple[str, int] | None:
-    """``(id, version)`` of a :func:`default_versioned_name`, else ``None`` (a plain id)."""
-    adapter_id, at, version = name.rpartition("@")
-    if not at or not adapter_id or not version.isdigit() or not version.isascii():
-        return None
-    return adapter_id, int(version)
-
-
-@dataclass(frozen=True)
-class Discovered:
-    """An adapter the backend holds under a name other than its id: an id another process replaced.
-
-    Attributes:
-        path: Where its weights came from (what a reload reads).
-        backend: The name the backend holds it under (``versioned(id, version)``).
-        version: Its replacement number; this registry's later replacements are numbered after it, so that
-            they never take a name the backend already has.
-    """
-
-    path: str
-    backend: str
-    version: int
-
-
-FilesState = tuple[tuple[str, int, int], ...] | None
-"""The adapter files at a path: (name, size, modification time in ns) each; ``None`` where none can be read here."""
-
-
-def files_state(path: str) -> FilesState:
-    """What the adapter files at ``path`` look like now: a PEFT directory's config and weights, or a file.
-
-    ``None`` for a path this machine cannot read (one on a server, a Hub id, weights kept in memory). Other files
-    in the directory (a GGUF converted beside them) do not count.
-    """
-    try:
-        if os.path.isdir(path):
-            candidates = [os.path.join(path, name) for name in (CONFIG_NAME, *WEIGHT_NAMES)]
-        elif os.path.isfile(path):
-            candidates = [path]
-        else:
-            return None
-        state = []
-        for candidate in candidates:
-            try:
-                info = os.stat(candidate)
-            except FileNotFoundError:
-                continue
-            state.append((os.path.basename(candidate), info.st_size, info.st_mtime_ns))
-    except (OSError, ValueError):
-        return None
-    return tuple(state)
-
-
-def _files(source: AdapterSource) -> FilesState:
-    """The state of a source's files (``None`` for weights kept in memory, which have none)."""
-    return None if source.weights is not None else files_state(source.path)
-
-
-def _changed(entry: _Entry) -> bool:
-    """True when the entry's files were noted at load and are not what they were then."""
-    return entry.files is not None and files_state(entry.path) != entry.files
-
-
-_tracer: Any = None  # opentelemetry's tracer once looked up; False when opentelemetry-api is not installed
-
-
-def _span(event: str, attributes: dict[str, str]) -> AbstractContextManager[object]:
-    """A span ``inference.adapter.<event>`` when ``opentelemetry-api`` is importable, else nothing."""
-    global _tracer
-    if _tracer is None:
-        try:
-            from opentelemetry import trace
-        except ImportError:
-            _tracer = False
-        else:
-            _tracer = trace.get_tracer("inference")
-    if _tracer is False:
-        return nullcontext()
-    span: AbstractContextManager[object] = _tracer.start_as_current_span(
-        f"inference.adapter.{event}", attributes=attributes
-    )
-    return span
-
-
-@dataclass
-class _Counters:
-    """What happened to one adapter id since it was first loaded (kept across replacements and losses)."""
-
-    loads: int = 0
-    evictions: int = 0
-    reloads: int = 0
-    replacements: int = 0
-    last_load_ms: float | None = None
-    last_used: float | None = None
-
-
-@dataclass
-class _Totals:
-    loads: int = 0
-    evictions: int = 0
-    reloads: int = 0
-    replacements: int = 0
-    unloads: int = 0
-    failed_loads: int = 0
 
 
 class AdapterState(enum.Enum):
@@ -207,7 +107,6 @@ class _Entry:
     drained: asyncio.Event | None = None
     unloaded: asyncio.Future[None] | None = None
     evicting: bool = False
-    loads: int = 0
     files: FilesState = None
 
     @property
@@ -261,22 +160,21 @@ class AdapterRegistry:
         self._replacing: dict[str, asyncio.Lock] = {}
         self._retiring: set[asyncio.Future[None]] = set()  # retirements left to run by a cancelled replace
         self._clock = itertools.count(1)
-        self._counters: dict[str, _Counters] = {}
-        self._totals = _Totals()
+        self._events = LifecycleEvents(provider)
 
     def ids(self) -> list[str]:
         """Ids the user loaded (resident or evicted), not those being unloaded."""
-        return [adapter_id for adapter_id, entry in self._entries.items() if not entry.unloading]
+        return list(self._listed())
 
     def path_of(self, name: str) -> str | None:
         """The path an adapter id, or a backend name in use now (a replaced id's, or one still draining), was
         loaded from; ``None`` when neither is known."""
-        entry = self._entries.get(name) or self._by_backend.get(name)
+        entry = self._find(name)
         return entry.path if entry is not None else None
 
     def source_of(self, name: str) -> AdapterSource | None:
         """The source an adapter id, or a backend name in use now, was loaded from; ``None`` when neither is known."""
-        entry = self._entries.get(name) or self._by_backend.get(name)
+        entry = self._find(name)
         return entry.source if entry is not None else None
 
     def paths(self) -> set[str]:
@@ -290,7 +188,7 @@ class AdapterRegistry:
 
     def backend_names(self) -> dict[str, str]:
         """Id -> backend name of every adapter the user loaded (not those being unloaded)."""
-        return {adapter_id: entry.backend for adapter_id, entry in self._entries.items() if not entry.unloading}
+        return {adapter_id: entry.backend for adapter_id, entry in self._listed().items()}
 
     def state_of(self, adapter_id: str) -> AdapterState | None:
         """The lifecycle state of ``adapter_id``, or ``None`` when it is not recorded."""
@@ -309,27 +207,18 @@ class AdapterRegistry:
 
     def stats(self) -> ProviderAdapterStats:
         """Per-adapter state and counters, with the provider's totals (see :mod:`inference.adapters.stats`)."""
-        adapters = []
-        for adapter_id in sorted(self.ids()):
-            entry = self._entries[adapter_id]
-            counters = self._counters.get(adapter_id, _Counters())
-            adapters.append(
-                AdapterStats(
-                    adapter_id=adapter_id,
-                    backend_name=entry.backend,
-                    state=entry.state.value,
-                    resident=entry.resident,
-                    pinned=entry.pinned,
-                    in_flight=entry.in_flight,
-                    loads=counters.loads,
-                    evictions=counters.evictions,
-                    reloads=counters.reloads,
-                    replacements=counters.replacements,
-                    last_load_ms=counters.last_load_ms,
-                    last_used=counters.last_used,
-                )
+        adapters = [
+            AdapterStats(
+                adapter_id=adapter_id,
+                backend_name=entry.backend,
+                state=entry.state.value,
+                resident=entry.resident,
+                pinned=entry.pinned,
+                in_flight=entry.in_flight,
+                **self._events.adapter_counts(adapter_id),
             )
-        totals = self._totals
+            for adapter_id, entry in sorted(self._listed().items())
+        ]
         live = [*self._entries.values(), *self._by_backend.values()]  # replaced weights still draining count too
         return ProviderAdapterStats(
             provider=self._provider,
@@ -337,26 +226,15 @@ class AdapterRegistry:
             resident=sum(stats.resident for stats in adapters),
             evicted=sum(stats.state == AdapterState.EVICTED.value for stats in adapters),
             in_flight=sum(entry.in_flight for entry in {id(e): e for e in live}.values()),
-            loads=totals.loads,
-            evictions=totals.evictions,
-            reloads=totals.reloads,
-            replacements=totals.replacements,
-            unloads=totals.unloads,
-            failed_loads=totals.failed_loads,
+            **self._events.provider_counts(),
         )
 
     def note_reload(self, name: str, duration_ms: float, *, ok: bool = True) -> None:
         """Count, log and trace a reload the backend did outside the registry (a server that lost an adapter,
         healed by the provider during a request); ``name`` is the id or the backend name it was loaded under."""
-        entry = self._entries.get(name) or self._by_backend.get(name)
-        if entry is None:
-            return
-        adapter_id = next((key for key, value in self._entries.items() if value is entry), name)
-        attributes = {"inference.provider": self._provider, "inference.adapter_id": adapter_id,
-                      "inference.backend_name": entry.backend, "inference.adapter_path": entry.path}
-        with _span("reload", attributes):
-            pass
-        self._record("reload", adapter_id, entry, duration_ms, "ok" if ok else "error", {"healed": True})
+        entry = self._find(name)
+        if entry is not None:
+            self._events.note_reload(self._id_of(name, entry), entry.backend, entry.path, duration_ms, ok=ok)
 
     def refuse_changed(self, name: str) -> None:
         """Raise when the files an adapter (an id, or a backend name in use now) was loaded from changed since:
@@ -365,12 +243,12 @@ class AdapterRegistry:
         Raises:
             InvalidAdapterError: The files changed in place since the load.
         """
-        entry = self._entries.get(name) or self._by_backend.get(name)
+        entry = self._find(name)
         if entry is not None:
-            self._refuse_changed(next((key for key, value in self._entries.items() if value is entry), name), entry)
+            self._refuse_changed(self._id_of(name, entry), entry)
 
     def _refuse_changed(self, adapter_id: str, entry: _Entry) -> None:
-        if _changed(entry):
+        if files_changed(entry.path, entry.files):
             raise InvalidAdapterError(
                 f"adapter {adapter_id!r} must be loaded again and its files at {entry.path} changed since it was "
                 "loaded, which would serve other weights under the same id: call load_adapter(..., replace=True) "
@@ -389,7 +267,9 @@ class AdapterRegistry:
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
-                entry = _Entry(source=source, backend=adapter_id, identity=identity, pinned=pin, files=_files(source))
+                entry = _Entry(
+                    source=source, backend=adapter_id, identity=identity, pinned=pin, files=source_files_state(source)
+                )
                 self._entries[adapter_id] = entry
                 try:
                     await self._make_resident(adapter_id, entry)
@@ -397,8 +277,7 @@ class AdapterRegistry:
                     # A cancelled caller may leave the backend holding the adapter: keep the record then.
                     if not entry.resident and self._entries.get(adapter_id) is entry:
                         del self._entries[adapter_id]
-                        if not self._counters.get(adapter_id, _Counters(loads=1)).loads:
-                            del self._counters[adapter_id]
+                        self._events.forget_unloaded(adapter_id)
                     raise
                 return
             if entry.transition is not None:
@@ -408,7 +287,7 @@ class AdapterRegistry:
                 await self._wait_unloaded(adapter_id, entry)
                 continue
             if entry.identity == identity:
-                if _changed(entry):
+                if files_changed(entry.path, entry.files):
                     if not replace:
                         raise AdapterAlreadyLoadedError(
                             f"adapter {adapter_id!r} is loaded from {entry.path}, whose files changed since it was "
@@ -440,15 +319,7 @@ class AdapterRegistry:
         entry.unloading = True
         entry.unloaded = asyncio.get_running_loop().create_future()
         try:
-            if entry.in_flight:
-                entry.drained = asyncio.Event()
-                await entry.drained.wait()
-            while entry.transition is not None:
-                await asyncio.shield(entry.transition)
-            if entry.resident:
-                async with self._transition(entry):
-                    with self._observed("unload", adapter_id, entry):
-                        await self._finish(entry, self._unload(entry.backend), resident_after=False)
+            await self._drain_and_unload(adapter_id, entry)
         except BaseException:
             entry.unloading = False
             if not entry.resident and self._entries.get(adapter_id) is entry:
@@ -458,8 +329,7 @@ class AdapterRegistry:
             if self._entries.get(adapter_id) is entry:
                 del self._entries[adapter_id]
             self._by_backend.pop(entry.backend, None)
-            self._counters.pop(adapter_id, None)
-            self._totals.unloads += 1
+            self._events.unloaded(adapter_id)
         finally:
             entry.unloaded.set_result(None)  # a load of the same id waiting for this unload goes on
 
@@ -483,7 +353,7 @@ class AdapterRegistry:
             break
         entry.in_flight += 1
         entry.last_used = next(self._clock)
-        self._counters.setdefault(adapter_id, _Counters()).last_used = time.time()
+        self._events.used(adapter_id)
         try:
             yield entry.backend
         finally:
@@ -537,26 +407,23 @@ class AdapterRegistry:
             backend=self._versioned(adapter_id, version),
             identity=identity,
             pinned=old.pinned or pin,
-            files=_files(source),
+            files=source_files_state(source),
         )
         self._by_backend[new.backend] = new
         interrupted: BaseException | None = None
         try:
             async with self._transition(new):
                 await self._evict_for_one_more(exclude=adapter_id)
-                with self._observed("load", adapter_id, new, replaces=old.backend):
-                    await self._finish(new, self._load(new.backend, new.source), resident_after=True)
+                await self._backend("load", adapter_id, new, replaces=old.backend)
         except BaseException as error:
             if not new.resident:
                 self._by_backend.pop(new.backend, None)
                 raise
             interrupted = error
-        new.loads = 1
         new.last_used = next(self._clock)
         self._entries[adapter_id] = new  # the switch: from here on use() hands out the new backend name
         self._by_backend.setdefault(old.backend, old)
-        self._counters.setdefault(adapter_id, _Counters()).replacements += 1
-        self._totals.replacements += 1
+        self._events.replaced(adapter_id)
         logger.info("%s: adapter %r now serves %s (was %s)", self._provider, adapter_id, source.path, old.path)
         return interrupted
 
@@ -564,15 +431,7 @@ class AdapterRegistry:
         """Unload replaced weights after the requests still using them."""
         old.unloading = True
         try:
-            if old.in_flight:
-                old.drained = asyncio.Event()
-                await old.drained.wait()
-            while old.transition is not None:
-                await asyncio.shield(old.transition)
-            if old.resident:
-                async with self._transition(old):
-                    with self._observed("unload", adapter_id, old, replaced=True):
-                        await self._finish(old, self._unload(old.backend), resident_after=False)
+            await self._drain_and_unload(adapter_id, old, replaced=True)
         except Exception:
             logger.warning(
                 "%s: unloading the replaced weights %r failed; they stay in the backend",
@@ -589,10 +448,7 @@ class AdapterRegistry:
         self._refuse_changed(adapter_id, entry)
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
-            event = "reload" if self._counters.get(adapter_id, _Counters()).loads else "load"
-            with self._observed(event, adapter_id, entry):
-                await self._finish(entry, self._load(entry.backend, entry.source), resident_after=True)
-        entry.loads += 1
+            await self._backend("reload" if self._events.loaded_before(adapter_id) else "load", adapter_id, entry)
         entry.last_used = next(self._clock)
 
     @staticmethod
@@ -668,73 +524,30 @@ class AdapterRegistry:
             entry.evicting = True
             try:
                 async with self._transition(entry):
-                    with self._observed("evict", victim, entry):
-                        await self._finish(entry, self._unload(entry.backend), resident_after=False)
+                    await self._backend("evict", victim, entry)
             finally:
                 entry.evicting = False
 
-    @contextmanager
-    def _observed(self, event: str, adapter_id: str, entry: _Entry, **detail: object) -> Iterator[None]:
-        """Count, log and trace one backend ``event`` (``load``, ``reload``, ``unload``, ``evict``)."""
-        attributes = {
-            "inference.provider": self._provider,
-            "inference.adapter_id": adapter_id,
-            "inference.backend_name": entry.backend,
-            "inference.adapter_path": entry.path,
-            **{f"inference.{key}": str(value) for key, value in detail.items()},
-        }
-        start = time.perf_counter()
-        outcome = "error"
-        try:
-            with _span(event, attributes):
-                yield
-            outcome = "ok"
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        finally:
-            self._record(event, adapter_id, entry, (time.perf_counter() - start) * 1000, outcome, detail)
-
-    def _record(
-        self, event: str, adapter_id: str, entry: _Entry, ms: float, outcome: str, detail: dict[str, object]
-    ) -> None:
-        totals = self._totals
-        counters = self._counters.setdefault(adapter_id, _Counters())
-        if outcome == "ok":
+    async def _backend(self, event: str, adapter_id: str, entry: _Entry, **detail: object) -> None:
+        """Run the backend's load (``load``, ``reload``) or unload (``unload``, ``evict``) of ``entry`` to its end,
+        counted, logged and traced (``detail`` adds to the record)."""
+        with self._events.observed(event, adapter_id, entry.backend, entry.path, **detail):
             if event in ("load", "reload"):
-                counters.loads += 1
-                counters.last_load_ms = ms
-                totals.loads += 1
-                if event == "reload":
-                    counters.reloads += 1
-                    totals.reloads += 1
-            elif event == "evict":
-                counters.evictions += 1
-                totals.evictions += 1
-        elif event in ("load", "reload") and outcome == "error":
-            totals.failed_loads += 1
-        extra = {
-            "adapter_event": event,
-            "provider": self._provider,
-            "adapter_id": adapter_id,
-            "backend_name": entry.backend,
-            "adapter_path": entry.path,
-            "duration_ms": round(ms, 3),
-            "outcome": outcome,
-            **detail,
-        }
-        logger.log(
-            logging.INFO if outcome == "ok" else logging.WARNING,
-            "%s: adapter %r %s (backend name %r, %s): %s in %.1f ms",
-            self._provider,
-            adapter_id,
-            event,
-            entry.backend,
-            entry.path,
-            outcome,
-            ms,
-            extra=extra,
-        )
+                await self._finish(entry, self._load(entry.backend, entry.source), resident_after=True)
+            else:
+                await self._finish(entry, self._unload(entry.backend), resident_after=False)
+
+    async def _drain_and_unload(self, adapter_id: str, entry: _Entry, **detail: object) -> None:
+        """Wait for the requests using ``entry`` and for a transition in progress, then unload its weights from the
+        backend where they are."""
+        if entry.in_flight:
+            entry.drained = asyncio.Event()
+            await entry.drained.wait()
+        while entry.transition is not None:
+            await asyncio.shield(entry.transition)
+        if entry.resident:
+            async with self._transition(entry):
+                await self._backend("unload", adapter_id, entry, **detail)
 
     async def _wait_unloaded(self, adapter_id: str, entry: _Entry) -> None:
         if entry.unloaded is not None:
@@ -756,6 +569,18 @@ class AdapterRegistry:
                 self._next_version = max(self._next_version, found.version + 1)
         entry.last_used = next(self._clock)
         return entry
+
+    def _listed(self) -> dict[str, _Entry]:
+        """The entries of the ids the user loaded, not those being unloaded."""
+        return {adapter_id: entry for adapter_id, entry in self._entries.items() if not entry.unloading}
+
+    def _find(self, name: str) -> _Entry | None:
+        """The entry of an adapter id, or of a backend name in use now (a replaced id's, or one still draining)."""
+        return self._entries.get(name) or self._by_backend.get(name)
+
+    def _id_of(self, name: str, entry: _Entry) -> str:
+        """The id ``entry`` is listed under; ``name`` for weights no longer listed (replaced, still draining)."""
+        return next((key for key, value in self._entries.items() if value is entry), name)
 
     def _not_found(self, adapter_id: str) -> AdapterNotFoundError:
         entry = self._entries.get(adapter_id)

@@ -376,7 +376,7 @@ def base_model_type(adapter: PeftAdapter) -> str | None:
         if local.is_dir():
             config_file = local / "config.json"
         elif local.is_file() and local.suffix.lower() == ".gguf":
-            from inference.adapters.gguf import _read_gguf_architecture
+            from inference.adapters.gguf_layout import _read_gguf_architecture
 
             return _read_gguf_architecture(local)
         else:

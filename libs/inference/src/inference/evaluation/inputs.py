@@ -7,16 +7,15 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from inference._core.validation import ADAPTER_ID_PATTERN
+from inference._core.json_files import NotUtf8Error, decode_utf8
+from inference._core.validation import ADAPTER_ID_PATTERN, validate_adapter_id
+from inference.adapters.weights import AdapterWeights
 from inference.exceptions import InvalidRequestError
 from inference.options import require_utf8
-
-if TYPE_CHECKING:
-    from inference.adapters.weights import AdapterWeights
 
 __all__ = [
     "BASE_MODEL_ID",
@@ -102,13 +101,11 @@ def load_prompts(path: str | os.PathLike[str]) -> list[EvalPrompt]:
             f"cannot read the prompt set {path}: {error.strerror or error}", path=str(path)
         ) from error
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        offset = error.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)  # decode() counts after the mark
-        line = data.count(b"\n", 0, offset) + 1
+        text = decode_utf8(data)
+    except NotUtf8Error as error:
         raise InvalidRequestError(
-            f"{path} line {line} is not UTF-8 text (byte 0x{data[offset]:02x} at byte {offset} cannot be decoded): "
-            "save the prompt set as UTF-8",
+            f"{path} line {error.line} is not UTF-8 text (byte 0x{error.byte:02x} at byte {error.offset} cannot be "
+            "decoded): save the prompt set as UTF-8",
             path=str(path),
         ) from None
     return parse_prompts(_jsonl_lines(text), source=str(path))
@@ -270,3 +267,77 @@ def _unique_ids(paths: list[Path]) -> list[str]:
         taken.add(candidate)
         result.append(candidate)
     return result
+
+
+AdapterInput = str | os.PathLike[str] | AdapterSpec | AdapterWeights
+"""One item of ``evaluate_adapters``' ``adapters``: a path or glob, an :class:`AdapterSpec`, or weights in memory."""
+
+
+def adapter_specs(
+    adapters: Sequence[AdapterInput] | str | os.PathLike[str] | AdapterWeights,
+) -> tuple[list[AdapterSpec], bool]:
+    """The adapters, and whether the caller chose their ids (``AdapterSpec`` objects).
+
+    Bare weights get the id ``""`` here; :func:`name_weights` names them once they are hashed.
+    """
+    if isinstance(adapters, (str, os.PathLike)):
+        return discover_adapters([adapters]), False
+    items: list[Any] = [adapters] if isinstance(adapters, AdapterWeights) else list(adapters)
+    weights = [AdapterSpec("", weights=item) for item in items if isinstance(item, AdapterWeights)]
+    given = [item for item in items if isinstance(item, AdapterSpec)]
+    paths = [item for item in items if not isinstance(item, (AdapterSpec, AdapterWeights))]
+    if given and paths:
+        raise InvalidRequestError(
+            "give adapters either as paths and globs or as AdapterSpec objects, not both (weights in memory go "
+            "with either)"
+        )
+    if given:
+        ids = [spec.id for spec in given]
+        if len(set(ids)) != len(ids):
+            raise InvalidRequestError(f"adapter ids must be unique, got {ids}")
+        for spec in given:
+            _check_spec(spec)
+        return [*given, *weights], True
+    if weights and not paths:
+        return weights, True
+    return [*discover_adapters(paths), *weights], False
+
+
+def _check_spec(spec: AdapterSpec) -> None:
+    validate_adapter_id(spec.id, provider="evaluation")
+    if (spec.path is None) == (spec.weights is None):
+        raise InvalidRequestError(
+            f"AdapterSpec {spec.id!r} needs either a path or weights (AdapterSpec(id, path) or AdapterSpec(id, "
+            "weights=AdapterWeights(...))), not both or neither"
+        )
+    if spec.weights is not None:
+        if not isinstance(spec.weights, AdapterWeights):
+            raise InvalidRequestError(
+                f"AdapterSpec {spec.id!r}: weights must be an AdapterWeights, got {type(spec.weights).__name__}"
+            )
+        return
+    if not Path(str(spec.path)).exists():
+        raise InvalidRequestError(
+            f"adapter path {spec.path} of {spec.id!r} does not exist here: the runner hashes each adapter's "
+            "files to tell versions apart, so give a path readable where the evaluation runs",
+            path=str(spec.path),
+        )
+
+
+def name_weights(specs: list[AdapterSpec], hashes: list[str | None]) -> tuple[list[AdapterSpec], list[str | None]]:
+    """Bare weights named after their content hash (``weights-<12 hex digits>``), the same weights given twice kept
+    once; every id unique."""
+    named: list[AdapterSpec] = []
+    kept: list[str | None] = []
+    seen: set[str] = set()
+    for spec, content in zip(specs, hashes, strict=True):
+        if spec.id == "":
+            spec = replace(spec, id=f"weights-{str(content)[:12]}")
+            if spec.id in seen:
+                continue  # the same weights twice: evaluated once, as a path given twice
+        if spec.id in seen:
+            raise InvalidRequestError(f"adapter id {spec.id!r} is given twice: ids must be unique")
+        seen.add(spec.id)
+        named.append(spec)
+        kept.append(content)
+    return named, kept

@@ -38,6 +38,7 @@ __all__ = [
     "check_file_path",
     "open_results",
     "read_rows",
+    "row_error",
     "row_key",
 ]
 
@@ -80,6 +81,11 @@ ROW_FIELDS = (
 text, and ``settings`` the run's provider, base model, generation settings and scorer (see
 :mod:`inference.evaluation.identity`). Rows written before these three existed lack them.
 """
+
+
+def row_error(stage: str, error: BaseException) -> dict[str, str]:
+    """The ``error`` field of a row: the stage that failed (``load``, ``score``, ``generate``), the type and message."""
+    return {"stage": stage, "type": type(error).__name__, "message": str(error) or repr(error)}
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str]:

@@ -17,11 +17,11 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference._core.validation import GenerationRequest, validate_adapter_id
+from inference._core.validation import GenerationRequest
 from inference.adapters.weights import AdapterWeights
 from inference.evaluation.identity import (
     Reconciled,
@@ -31,10 +31,19 @@ from inference.evaluation.identity import (
     run_settings,
     settings_mode,
 )
-from inference.evaluation.inputs import BASE_MODEL_ID, AdapterSpec, EvalPrompt, discover_adapters, load_prompts
+from inference.evaluation.inputs import (
+    BASE_MODEL_ID,
+    AdapterInput,
+    AdapterSpec,
+    EvalPrompt,
+    adapter_specs,
+    load_prompts,
+    name_weights,
+)
+from inference.evaluation.likelihood import likelihood_fields, score_pairs, with_likelihood
 from inference.evaluation.progress import Progress
-from inference.evaluation.rows import ResultsWriter, check_file_path, open_results, read_rows, row_key
-from inference.evaluation.scoring import Scorer, regex_match, resolve_scorer, score_value
+from inference.evaluation.rows import ResultsWriter, check_file_path, open_results, read_rows, row_error, row_key
+from inference.evaluation.scoring import Scorer, resolve_scorer, score_value
 from inference.evaluation.summary import (
     AdapterTimings,
     EvaluationSummary,
@@ -168,10 +177,6 @@ class _Run:
         self.report(str(row["adapter_id"]))
 
 
-AdapterInput = str | os.PathLike[str] | AdapterSpec | AdapterWeights
-"""One item of ``evaluate_adapters``' ``adapters``: a path or glob, an :class:`AdapterSpec`, or weights in memory."""
-
-
 async def evaluate_adapters(
     adapters: Sequence[AdapterInput] | str | os.PathLike[str] | AdapterWeights,
     prompts: str | os.PathLike[str] | Sequence[EvalPrompt],
@@ -284,7 +289,7 @@ async def evaluate_adapters(
         raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(base, bool):
         raise InvalidRequestError(f"base must be True or False, got {base!r}")
-    specs, explicit_ids = _adapter_specs(adapters)
+    specs, explicit_ids = adapter_specs(adapters)
     prompt_list = load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else list(prompts)
     if not prompt_list:
         raise InvalidRequestError("the prompt set is empty")
@@ -320,7 +325,7 @@ async def evaluate_adapters(
               for spec in specs)
         )
     )  # fmt: skip
-    specs, hashes = _name_weights(specs, hashes)
+    specs, hashes = name_weights(specs, hashes)
     if base:
         specs, hashes = [AdapterSpec(BASE_MODEL_ID), *specs], [None, *hashes]
     checked: list[tuple[str, dict[str, Any], dict[str, Any], Reconciled]] = []
@@ -445,76 +450,6 @@ def _resolve_mode(mode: str, rows: Sequence[Mapping[str, Any]], prompts: Sequenc
     return "generate"
 
 
-def _adapter_specs(
-    adapters: Sequence[AdapterInput] | str | os.PathLike[str] | AdapterWeights,
-) -> tuple[list[AdapterSpec], bool]:
-    """The adapters, and whether the caller chose their ids (``AdapterSpec`` objects).
-
-    Bare weights get the id ``""`` here; :func:`_name_weights` names them once they are hashed.
-    """
-    if isinstance(adapters, (str, os.PathLike)):
-        return discover_adapters([adapters]), False
-    items: list[Any] = [adapters] if isinstance(adapters, AdapterWeights) else list(adapters)
-    weights = [AdapterSpec("", weights=item) for item in items if isinstance(item, AdapterWeights)]
-    given = [item for item in items if isinstance(item, AdapterSpec)]
-    paths = [item for item in items if not isinstance(item, (AdapterSpec, AdapterWeights))]
-    if given and paths:
-        raise InvalidRequestError(
-            "give adapters either as paths and globs or as AdapterSpec objects, not both (weights in memory go "
-            "with either)"
-        )
-    if given:
-        ids = [spec.id for spec in given]
-        if len(set(ids)) != len(ids):
-            raise InvalidRequestError(f"adapter ids must be unique, got {ids}")
-        for spec in given:
-            _check_spec(spec)
-        return [*given, *weights], True
-    if weights and not paths:
-        return weights, True
-    return [*discover_adapters(paths), *weights], False
-
-
-def _check_spec(spec: AdapterSpec) -> None:
-    validate_adapter_id(spec.id, provider="evaluation")
-    if (spec.path is None) == (spec.weights is None):
-        raise InvalidRequestError(
-            f"AdapterSpec {spec.id!r} needs either a path or weights (AdapterSpec(id, path) or AdapterSpec(id, "
-            "weights=AdapterWeights(...))), not both or neither"
-        )
-    if spec.weights is not None:
-        if not isinstance(spec.weights, AdapterWeights):
-            raise InvalidRequestError(
-                f"AdapterSpec {spec.id!r}: weights must be an AdapterWeights, got {type(spec.weights).__name__}"
-            )
-        return
-    if not Path(str(spec.path)).exists():
-        raise InvalidRequestError(
-            f"adapter path {spec.path} of {spec.id!r} does not exist here: the runner hashes each adapter's "
-            "files to tell versions apart, so give a path readable where the evaluation runs",
-            path=str(spec.path),
-        )
-
-
-def _name_weights(specs: list[AdapterSpec], hashes: list[str | None]) -> tuple[list[AdapterSpec], list[str | None]]:
-    """Bare weights named after their content hash (``weights-<12 hex digits>``), the same weights given twice kept
-    once; every id unique."""
-    named: list[AdapterSpec] = []
-    kept: list[str | None] = []
-    seen: set[str] = set()
-    for spec, content in zip(specs, hashes, strict=True):
-        if spec.id == "":
-            spec = replace(spec, id=f"weights-{str(content)[:12]}")
-            if spec.id in seen:
-                continue  # the same weights twice: evaluated once, as a path given twice
-        if spec.id in seen:
-            raise InvalidRequestError(f"adapter id {spec.id!r} is given twice: ids must be unique")
-        seen.add(spec.id)
-        named.append(spec)
-        kept.append(content)
-    return named, kept
-
-
 def _adapters_at_once(provider: InferenceProvider, asked: int) -> int:
     """``adapters_in_flight``, capped at the provider's ``max_adapters`` where it has one."""
     capacity = getattr(provider, "max_adapters", None)
@@ -571,7 +506,7 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
         except Exception as error:  # any failure to load is this adapter's result; the run goes on
             logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path or "in memory", error)
             for prompt in pending:
-                run.write(_row(run, spec, prompt, error=_error("load", error)))
+                run.write(_row(run, spec, prompt, error=row_error("load", error)))
             return AdapterTimings(load_s=time.perf_counter() - start)
         load_s = time.perf_counter() - start
     try:
@@ -599,16 +534,6 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
     return AdapterTimings(load_s=load_s, generate_s=generate_s, unload_s=unload_s, score_s=score_s)
 
 
-def _pairs(prompt: EvalPrompt, scorer: Scorer | None) -> list[tuple[str, str]]:
-    """What a row scores: its expected answer (not a pattern: not with the regex scorer), then each choice, every
-    one after the prompt's text as given (no chat template, no system prompt), as lm-eval scores."""
-    pairs = []
-    if prompt.expected and scorer is not regex_match:
-        pairs.append((prompt.prompt, prompt.expected))
-    pairs += [(prompt.prompt, choice) for choice in prompt.choices or ()]
-    return pairs
-
-
 async def _score_all(
     run: _Run, spec: AdapterSpec, adapter_id: str | None, pending: list[EvalPrompt]
 ) -> dict[str, dict[str, Any]]:
@@ -620,7 +545,7 @@ async def _score_all(
     """
     if not run.provider.supports_scoring:
         return {}
-    wanted = [(prompt, _pairs(prompt, run.scorer)) for prompt in pending]
+    wanted = [(prompt, score_pairs(prompt, run.scorer)) for prompt in pending]
     pairs = [pair for _, prompt_pairs in wanted for pair in prompt_pairs]
     if not pairs:
         return {}
@@ -640,7 +565,7 @@ async def _score_all(
         if remaining[owner]:
             return
         prompt = wanted[owner][0]
-        fields[prompt.id] = _likelihood_fields(prompt, run.scorer, items[owner])
+        fields[prompt.id] = likelihood_fields(prompt, run.scorer, items[owner])
         if run.mode == "score" and not failures:
             try:  # score_batch would log and swallow an error of this callback: a full disk must stop the run
                 run.write(_scored_row(run, spec, prompt, fields[prompt.id]))
@@ -654,51 +579,9 @@ async def _score_all(
     return fields
 
 
-def _likelihood_fields(
-    prompt: EvalPrompt, scorer: Scorer | None, items: Sequence[ScoreResult | Exception | None]
-) -> dict[str, Any]:
-    """The log-likelihood fields of a row from its scores (in :func:`_pairs` order).
-
-    - ``nll_per_token``: of ``expected`` after the prompt, when the row has an expected answer (not a pattern:
-      nothing with the regex scorer).
-    - For a multiple-choice row: ``choice_logprobs`` (each choice scored after the prompt), ``predicted`` (the
-      highest: lm-eval's ``acc``), ``predicted_norm`` (the highest per character of the choice: lm-eval's
-      ``acc_norm``), ``correct`` and ``correct_norm``.
-    """
-    failed = next((item for item in items if not isinstance(item, ScoreResult)), None)
-    if failed is not None:
-        error = failed if isinstance(failed, Exception) else RuntimeError("no score came back")
-        return {"error": _error("score", error)}
-    scores = [item for item in items if isinstance(item, ScoreResult)]
-    result: dict[str, Any] = {}
-    if prompt.expected and scorer is not regex_match:
-        result["nll_per_token"] = scores.pop(0).nll_per_token
-    if prompt.choices is not None:
-        sums = [score.logprob for score in scores]
-        normalised = [score.logprob / len(choice) for score, choice in zip(scores, prompt.choices, strict=True)]
-        predicted, predicted_norm = sums.index(max(sums)), normalised.index(max(normalised))
-        result |= {
-            "choice_logprobs": sums,
-            "predicted": predicted,
-            "predicted_norm": predicted_norm,
-            "correct": predicted == prompt.answer,
-            "correct_norm": predicted_norm == prompt.answer,
-        }
-    return result
-
-
-def _with_likelihood(row: dict[str, Any], likelihood: Mapping[str, Any]) -> dict[str, Any]:
-    """``row`` with its log-likelihood fields, or with the scoring error as its error (its generation is kept)."""
-    if "error" in likelihood:
-        row["error"] = likelihood["error"]
-    else:
-        row |= likelihood
-    return row
-
-
 def _scored_row(run: _Run, spec: AdapterSpec, prompt: EvalPrompt, likelihood: Mapping[str, Any]) -> dict[str, Any]:
     """The row of a score-only run: no generation (``output``, tokens, latency are ``null``), the likelihoods."""
-    return _with_likelihood(_row(run, spec, prompt), likelihood)
+    return with_likelihood(_row(run, spec, prompt), likelihood)
 
 
 async def _generate_all(
@@ -723,10 +606,10 @@ async def _generate_all(
                 result = error
             latency = time.perf_counter() - start
             if isinstance(result, Exception):
-                row = _row(run, spec, prompt, latency_s=latency, error=_error("generate", result))
+                row = _row(run, spec, prompt, latency_s=latency, error=row_error("generate", result))
             else:
                 row = _scored(run.scorer, _row(run, spec, prompt, result=result, latency_s=latency), prompt)
-                row = _with_likelihood(row, likelihood.get(prompt.id, {}))
+                row = with_likelihood(row, likelihood.get(prompt.id, {}))
         run.write(row)
 
     await _all_or_cancel([one(prompt) for prompt in pending])
@@ -766,7 +649,3 @@ def _scored(scorer: Scorer | None, row: dict[str, Any], prompt: EvalPrompt) -> d
     except Exception as error:  # a scorer bug costs this row's score, not the run
         row["score_error"] = f"{type(error).__name__}: {error}"
     return row
-
-
-def _error(stage: str, error: BaseException) -> dict[str, str]:
-    return {"stage": stage, "type": type(error).__name__, "message": str(error) or repr(error)}

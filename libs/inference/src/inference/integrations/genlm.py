@@ -43,6 +43,7 @@ Needs the extra ``genlm`` (``pip install 'inference-adapters[genlm]'``): genlm-b
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,8 +53,27 @@ from inference.provider import InferenceProvider
 from inference.sync import run_sync
 from inference.tokens import TokenVocabulary
 
+_GENLM_IMPORT_VARIABLES = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")
+"""What importing genlm-backend writes into ``os.environ`` for its own in-process vLLM, even where vLLM is absent.
+
+Left there, they reach every vLLM this process starts later (a server started with ``VLLM_USE_V2_MODEL_RUNNER=1``
+on a CPU without Triton refuses to start): the import below puts them back as they were."""
+
+
+def _import_genlm_backend() -> Any:
+    before = {name: os.environ.get(name) for name in _GENLM_IMPORT_VARIABLES}
+    try:
+        return import_optional("genlm.backend.llm", provider="genlm", extra="genlm")
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 _torch: Any = import_optional("torch", provider="genlm", extra="genlm")
-_AsyncLM: Any = import_optional("genlm.backend.llm", provider="genlm", extra="genlm").AsyncLM
+_AsyncLM: Any = _import_genlm_backend().AsyncLM
 _Token: Any = import_optional("genlm.backend.tokenization", provider="genlm", extra="genlm").Token
 
 __all__ = ["AsyncInferenceLM", "VocabularyTokenizer"]

@@ -32,10 +32,25 @@ from inference.testing.tiny_models import (
     default_cache_dir,
 )
 
-__all__ = ["SERVER_ENVIRONMENT", "VLLM_BUILD_VERSION", "build_vllm_model", "server_command", "without_chat_template"]
+__all__ = [
+    "SERVER_ENVIRONMENT", "VLLM_BUILD_VERSION", "build_vllm_model", "server_command", "vllm_environment",
+    "without_chat_template",
+]
 
 SERVER_ENVIRONMENT = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 """What a vLLM server for these models needs in its environment: runtime LoRA routes, 1 GiB of CPU KV cache."""
+
+_ENGINE_MODE_VARIABLES = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")
+
+
+def vllm_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a vLLM child process, without the engine-mode variables a library set here.
+
+    Importing genlm-backend writes ``VLLM_USE_V2_MODEL_RUNNER=1`` (and two more) into ``os.environ`` for its own
+    in-process engine; inherited, they make vLLM's CPU build refuse to start ("Model Runner V2 requires Triton").
+    """
+    environment = {name: value for name, value in os.environ.items() if name not in _ENGINE_MODE_VARIABLES}
+    return {**environment, **(extra or {})}
 
 
 def server_command(python: str | Path, model_dir: str | Path, port: int, *, served_name: str = "tiny") -> list[str]:
