@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inference import __version__
+from inference._core.env_file import settings_environment
 from inference._core.redaction import redact_url
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
 from inference.exceptions import AdapterNotFoundError, ConfigurationError, InferenceError
@@ -949,7 +950,8 @@ def _provider_report(name: str, url: str | None) -> dict[str, Any]:
     if spec.server:
         report["base_url"] = settings["base_url"]
         base_url_setting = next(setting for setting in spec.settings if setting.key == "base_url")
-        if not url and not os.environ.get(base_url_setting.env_var) and not _on_this_machine(settings["base_url"]):
+        configured = settings_environment().get(base_url_setting.env_var)  # the process's, else the .env file's
+        if not url and not configured and not _on_this_machine(settings["base_url"]):
             report["base_url"] = None  # a remote default (https://api.openai.com/v1): not contacted unasked
             report["detail"] = (
                 f"not checked: the default {redact_url(settings['base_url'])} is remote; give --{name}-url or set "
