@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
     from inference.fake_provider import FakeProvider
     from inference.fallback import FallbackProvider
+    from inference.health import BackendHealth, ProviderHealth
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.llamacpp_server_provider import LlamaCppServerProvider
     from inference.messages import Message
@@ -74,6 +75,7 @@ _LAZY = {
     "PROVIDERS": "inference.registry",
     **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob", "ToolCall"), "inference.results"),
     "FallbackProvider": "inference.fallback",
+    **dict.fromkeys(("BackendHealth", "ProviderHealth"), "inference.health"),
     **dict.fromkeys(("SyncProvider", "get_sync_provider", "get_sync_provider_for_step"), "inference.sync"),
     **dict.fromkeys(("TokenCacheStats", "TokenIds", "TokenVocabulary"), "inference.tokens"),
     # The errors built from HTTP answers import httpx (see inference._server_errors).
@@ -103,6 +105,7 @@ __all__ = [
     "AdapterError",
     "AdapterNotFoundError",
     "AdapterWeights",
+    "BackendHealth",
     "ConfigurationError",
     "FakeProvider",
     "FallbackProvider",
@@ -123,6 +126,7 @@ __all__ = [
     "OpenAIProvider",
     "ProtocolError",
     "ProviderError",
+    "ProviderHealth",
     "ProviderTimeoutError",
     "ProviderUnavailableError",
     "RuntimeLoRADisabledError",

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inference import __version__
+from inference._cli.health import add_health
 from inference._core.env_file import settings_environment
 from inference._core.redaction import redact_url
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_adapter(subcommands)
     _add_eval(subcommands)
     _add_providers(subcommands)
+    add_health(subcommands)
     _add_lm_eval(subcommands)
     return parser
 

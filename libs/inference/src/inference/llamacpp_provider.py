@@ -260,6 +260,9 @@ class LlamaCppProvider(InProcessProvider[_Adapter]):
         """How many times the base model was loaded (1 with hot-swap; grows per switch in reload mode)."""
         return self._loads
 
+    def _model_loaded(self) -> bool:
+        return self._llama is not None
+
     @property
     def uses_hot_swap(self) -> bool | None:
         """True when adapters are swapped with llama.cpp's adapter API, False in reload mode.

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
     from inference._core.token_batching import TokenBatcher
     from inference.adapters.weights import AdapterWeights
+    from inference.health import BackendHealth, ProviderHealth
 
 logger = logging.getLogger("inference")
 
@@ -757,6 +758,41 @@ class InferenceProvider(ABC):
         """
         return self._adapter_registry.stats()
 
+    async def health(self, *, timeout: float = 5.0) -> ProviderHealth:
+        """Whether the provider can serve now, backend by backend: up, latency, models and adapters.
+
+        A server provider asks each server (each replica) ``GET /models``, at once and without retries; an
+        in-process provider says whether its model is loaded (it loads on first use: not loaded yet is up, a model
+        file that does not exist is down) and which adapters are resident. Nothing is generated and no model is
+        loaded. ``inference health`` prints it as a container probe.
+
+        Example:
+            >>> import asyncio
+            >>> from inference.fake_provider import FakeProvider
+            >>> health = asyncio.run(FakeProvider().health())
+            >>> health.status, health.backends[0].up
+            ('up', True)
+
+        Args:
+            timeout: Seconds to wait for each server's answer.
+
+        Returns:
+            The status (``"up"``: every backend up, ``"degraded"``: some, ``"down"``: none, or the provider is
+            closed) and one :class:`~inference.health.BackendHealth` per backend. A backend that is down is reported,
+            never raised.
+
+        Raises:
+            InvalidRequestError: ``timeout`` is not a positive number.
+        """
+        from inference.health import ProviderHealth
+
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise InvalidRequestError(f"timeout must be a positive number of seconds, got {timeout!r}",
+                                      provider=self.name)
+        if self.closed:
+            return ProviderHealth.of(self.name, (), error=f"this {type(self).__name__} is closed")
+        return ProviderHealth.of(self.name, await self._health(float(timeout)))
+
     async def aclose(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Free what the provider holds (connections, model weights). Safe to call twice."""
 
@@ -870,6 +906,44 @@ class InferenceProvider(ABC):
         return normalise_path(text)
 
     # Hooks for backends -------------------------------------------------------------------------------
+
+    async def _health(self, timeout: float) -> Sequence[BackendHealth]:
+        """One :class:`~inference.health.BackendHealth` per backend (the hook of :meth:`health`, which makes the
+        status from them).
+
+        This default: a provider with a ``base_url`` setting asks each of its URLs ``GET /models``
+        (:func:`inference.health.probe_servers`: up, latency, models and adapters listed); any other one reports
+        its model (the setting that names it; loaded or not, from :meth:`_model_loaded`) with the adapters resident.
+        Override it to report what the provider knows better, e.g. a server provider with replicas: each replica's
+        own state (marked down since when, its adapters placed), and a probe of those not known to be down. Report
+        a backend that is down with its ``error``; never raise for it.
+        """
+        from inference.health import BackendHealth, probe_servers
+
+        base_url = self._settings.get("base_url")
+        if isinstance(base_url, str) and base_url:
+            key = self._settings.get("api_key") or getattr(self, "_api_key", None)  # servers keep it apart
+            return await probe_servers(self.name, base_url.split(","), api_key=key, timeout=timeout)
+        from inference.registry import PROVIDERS
+
+        spec = PROVIDERS.get(self.name)
+        key = spec.model_setting if spec is not None else None
+        setting = next((setting for setting in spec.settings if setting.key == key), None) if spec else None
+        model = self._settings.get(key) if key else None
+        loaded = self._model_loaded()
+        error = None
+        if setting is not None and not model:
+            error = f"no model configured: give {setting.key}, or set {setting.env_var}"
+        elif setting is not None and setting.kind == "path" and not loaded and not Path(str(model)).exists():
+            error = f"the model file {model} does not exist"
+        resident = tuple(sorted(entry.adapter_id for entry in self.adapter_stats().adapters
+                                if entry.state == "resident"))
+        return [BackendHealth(str(model or self.name), error is None, models=(str(model),) if model else (),
+                              adapters=resident, model_loaded=loaded, error=error)]
+
+    def _model_loaded(self) -> bool | None:
+        """Whether the model is in memory now, for :meth:`health` (``None``: not a model this process loads)."""
+        return None
 
     @abstractmethod
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
