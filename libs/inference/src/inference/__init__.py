@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from inference.health import BackendHealth, ProviderHealth
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.llamacpp_server_provider import LlamaCppServerProvider
+    from inference.logs import configure_logging
     from inference.messages import Message
     from inference.ollama_provider import OllamaProvider
     from inference.openai_provider import OpenAIProvider
@@ -75,6 +76,7 @@ _LAZY = {
     "PROVIDERS": "inference.registry",
     **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob", "ToolCall"), "inference.results"),
     "FallbackProvider": "inference.fallback",
+    "configure_logging": "inference.logs",
     **dict.fromkeys(("BackendHealth", "ProviderHealth"), "inference.health"),
     **dict.fromkeys(("SyncProvider", "get_sync_provider", "get_sync_provider_for_step"), "inference.sync"),
     **dict.fromkeys(("TokenCacheStats", "TokenIds", "TokenVocabulary"), "inference.tokens"),
@@ -147,6 +149,7 @@ __all__ = [
     "__version__",
     "aclose_all_providers",
     "clear_provider_cache",
+    "configure_logging",
     "get_provider",
     "get_provider_for_step",
     "get_sync_provider",

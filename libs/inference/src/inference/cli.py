@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from inference import __version__
 from inference._cli.health import add_health
+from inference._cli.logs import add_log_options, command_logging, log_error
 from inference._core.env_file import settings_environment
 from inference._core.redaction import redact_url
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
@@ -73,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Run 'inference COMMAND --help' for a command's options and examples.\n"
             "Exit status: 0 success, 1 the SDK refused or failed (reason on stderr), 2 usage error,\n"
             "130 interrupted, 141 stdout closed early (a pipe into head).\n"
-            "Settings not given on the command line come from the environment (see .env.example)."
+            "Settings not given on the command line come from the environment, then ./.env (see .env.example).\n"
+            "Log lines on stderr: --log-level/INFERENCE_LOG_LEVEL, --log-format/INFERENCE_LOG_FORMAT (text, json)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_providers(subcommands)
     add_health(subcommands)
     _add_lm_eval(subcommands)
+    add_log_options(parser)
     return parser
 
 
@@ -135,6 +138,11 @@ def _run(argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        restore_logging = command_logging(args)
+    except ConfigurationError as error:  # INFERENCE_LOG_LEVEL or INFERENCE_LOG_FORMAT
+        _print_error(f"usage error: {error}")
+        return 2
+    try:
         return handler(args)
     except _UsageError as error:
         _print_error(f"usage error: {error}")
@@ -152,11 +160,15 @@ def _run(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         _print_error("interrupted")
         return 130
+    finally:
+        restore_logging()
 
 
 def _print_error(message: str) -> None:
-    """One line on stderr, whatever line breaks the message holds."""
-    print(f"inference: {' '.join(message.split())}", file=sys.stderr)
+    """One line on stderr, whatever line breaks the message holds (a JSON record with INFERENCE_LOG_FORMAT=json)."""
+    line = " ".join(message.split())
+    if not log_error(line):
+        print(f"inference: {line}", file=sys.stderr)
 
 
 def _os_error_sentence(error: OSError) -> str:
