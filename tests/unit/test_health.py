@@ -114,3 +114,16 @@ def test_an_invalid_configuration_exits_2_with_one_error_line(
     assert status == 2
     assert json.loads(out)["status"] == "down" and needle in json.loads(out)["error"]
     assert err.count("\n") == 1 and needle in err
+
+
+def test_providers_calls_a_fleet_with_one_replica_down_degraded_not_unreachable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with respx.mock(assert_all_mocked=False) as router:  # the other providers' local default URLs go unanswered
+        router.route(host__in=("localhost", "127.0.0.1")).mock(side_effect=httpx.ConnectError("refused"))
+        router.get(f"{A}/models").respond(200, json=MODELS)
+        router.get(f"{B}/models").mock(side_effect=httpx.ConnectError("All connection attempts failed"))
+        status, out, _ = run(["providers", "--vllm-url", f"{A},{B}", "--json"], capsys)
+    vllm = next(report for report in json.loads(out)["providers"] if report["name"] == "vllm")
+    assert status == 0 and vllm["reachable"] is True
+    assert vllm["detail"] == f"degraded: 1 of 2 replicas answer; {B}: ConnectError"

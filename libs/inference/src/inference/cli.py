@@ -1006,17 +1006,19 @@ async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[b
         return {name: (False, "cannot check: httpx is not installed") for name in urls}
 
     async def check(client: httpx.AsyncClient, base_url: str) -> tuple[bool, str | None]:
-        reachable, notes = True, []
-        for url in base_url.split(","):
+        urls, answered, notes = base_url.split(","), 0, []
+        for url in urls:
             try:
                 response = await client.get(f"{api_base(url)}/models", params=base_url_query(url))
             except httpx.HTTPError as error:
-                reachable = False
                 notes.append(f"{redact_url(url)}: {type(error).__name__}")
                 continue
+            answered += 1
             if response.status_code >= 400:  # something answers: reachable, but say what it said
                 notes.append(f"{redact_url(url)}: answered HTTP {response.status_code}")
-        return reachable, "; ".join(notes) or None
+        if 0 < answered < len(urls):  # some replicas answer: reachable, but not the whole fleet
+            notes.insert(0, f"degraded: {answered} of {len(urls)} replicas answer")
+        return answered > 0, "; ".join(notes) or None
 
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:  # no proxy, as the providers
         answers = await asyncio.gather(*(check(client, url) for url in urls.values()))

@@ -106,11 +106,19 @@ async def probe_servers(
         base_urls: The servers' base URLs (one per replica).
         api_key: Sent as a bearer token, where set.
         timeout: Seconds to wait for each answer.
-    """
-    import httpx
 
+    Raises:
+        MissingDependencyError: httpx is not installed (the provider's extra).
+    """
+    try:
+        import httpx
+
+        from inference._servers.http import api_base, base_url_query
+    except ImportError as error:  # a server provider's extra brings httpx
+        from inference._core.dependencies import missing_dependency
+
+        raise missing_dependency(error.name or "httpx", provider=provider, error=error) from error
     from inference._core.redaction import redact_url
-    from inference._servers.http import api_base, base_url_query
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 

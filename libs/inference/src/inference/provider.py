@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
+from inference._core.telemetry import observe, observed_adapter_hook
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
@@ -172,8 +173,8 @@ class InferenceProvider(ABC):
         self._adapter_weights = AdapterWeightsStore(self.name, self, parent=self._adapter_weights_dir)
         self._adapter_registry = AdapterRegistry(
             self.name,
-            load=self._load_adapter,
-            unload=self._unload_adapter,
+            load=observed_adapter_hook(self.name, "load", self._load_adapter),
+            unload=observed_adapter_hook(self.name, "unload", self._unload_adapter),
             capacity=lambda: self.max_adapters,
             discover=self._discover_adapter,
             versioned=self._versioned_adapter_name,
@@ -234,10 +235,14 @@ class InferenceProvider(ABC):
             ProviderError: The backend failed (unavailable, timeout, error status), or its text for a
                 ``json_schema`` does not parse or validate although it finished (``finish_reason`` ``"stop"``).
         """
-        request = self._request("generate", locals())
-        await self._check_token_prompt(request)
-        async with self._request_in_use(request) as sent:
-            return _as_asked(self._kept_to_schema(request, await self._generate(sent)), _asked_adapter(request))
+        with observe(self.name, "generate") as observed:
+            request = self._request("generate", locals())
+            observed.request(request.model, _asked_adapter(request))
+            await self._check_token_prompt(request)
+            async with self._request_in_use(request) as sent:
+                result = _as_asked(self._kept_to_schema(request, await self._generate(sent)), _asked_adapter(request))
+            observed.result(result.prompt_tokens, result.completion_tokens, result.finish_reason)
+            return result
 
     async def stream(
         self,
@@ -279,18 +284,23 @@ class InferenceProvider(ABC):
             AdapterNotFoundError: ``adapter_id`` is not loaded.
             ProviderError: The backend failed (unavailable, timeout, error status), before or during the stream.
         """
-        request = self._request("stream", locals())
-        await self._check_token_prompt(request)
-        async with self._request_in_use(request) as sent:
-            events = self._stream(sent)
-            try:
-                async for event in events:
-                    if isinstance(event, str):
-                        yield event
-                    else:
-                        yield _as_asked(self._kept_to_schema(request, event), _asked_adapter(request))
-            finally:
-                await events.aclose()  # type: ignore[attr-defined]
+        with observe(self.name, "stream", current=False) as observed:
+            request = self._request("stream", locals())
+            observed.request(request.model, _asked_adapter(request))
+            await self._check_token_prompt(request)
+            async with self._request_in_use(request) as sent:
+                events = self._stream(sent)
+                try:
+                    async for event in events:
+                        if isinstance(event, str):
+                            observed.piece()
+                            yield event
+                        else:
+                            final = _as_asked(self._kept_to_schema(request, event), _asked_adapter(request))
+                            observed.result(final.prompt_tokens, final.completion_tokens, final.finish_reason)
+                            yield final
+                finally:
+                    await events.aclose()  # type: ignore[attr-defined]
 
     async def generate_batch(
         self,
@@ -365,12 +375,16 @@ class InferenceProvider(ABC):
                 context window.
             AdapterNotFoundError: ``adapter_id`` is not loaded.
         """
-        request = ScoreRequest.checked(
-            provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
-        )
-        self._require_scoring("score")
-        async with self._adapter_in_use(request.adapter_id) as backend:
-            return _as_asked(await self._score(_sent_as(request, backend)), request.adapter_id)
+        with observe(self.name, "score") as observed:
+            request = ScoreRequest.checked(
+                provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
+            )
+            observed.request(request.model, request.adapter_id)
+            self._require_scoring("score")
+            async with self._adapter_in_use(request.adapter_id) as backend:
+                result = _as_asked(await self._score(_sent_as(request, backend)), request.adapter_id)
+            observed.scored(result.num_tokens)
+            return result
 
     async def score_rolling(self, text: str, model: str, adapter_id: str | None = None) -> ScoreResult:
         """The log-likelihood of all of ``text`` (lm-eval's ``loglikelihood_rolling``), for perplexity.
@@ -384,12 +398,16 @@ class InferenceProvider(ABC):
             InvalidRequestError: ``text`` is empty.
             AdapterNotFoundError: ``adapter_id`` is not loaded.
         """
-        request = ScoreRequest.checked(
-            provider=self.name, context="", continuation=text, model=model, adapter_id=adapter_id
-        )
-        self._require_scoring("score_rolling")
-        async with self._adapter_in_use(request.adapter_id) as backend:
-            return _as_asked(await self._score_rolling(_sent_as(request, backend)), request.adapter_id)
+        with observe(self.name, "score_rolling") as observed:
+            request = ScoreRequest.checked(
+                provider=self.name, context="", continuation=text, model=model, adapter_id=adapter_id
+            )
+            observed.request(request.model, request.adapter_id)
+            self._require_scoring("score_rolling")
+            async with self._adapter_in_use(request.adapter_id) as backend:
+                result = _as_asked(await self._score_rolling(_sent_as(request, backend)), request.adapter_id)
+            observed.scored(result.num_tokens)
+            return result
 
     async def score_batch(
         self,
