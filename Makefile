@@ -20,7 +20,7 @@ LLAMA_SERVER_STAMP := $(LLAMA_SERVER_VENV)/.installed-stamp
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PIP) --editable ".[all,dev,demo,lm-eval,pydantic-ai,langchain,genlm,otel,prometheus]"
+	$(PIP) --editable ".[all,dev,demo,lm-eval,plot,pydantic-ai,langchain,genlm,otel,prometheus]"
 	touch $@
 
 install: $(STAMP)

@@ -156,7 +156,7 @@ async def main(args: argparse.Namespace) -> int:
                 return time.perf_counter() - start
 
             def switch_to(adapter_id: str) -> float:
-                return timed(lambda: provider._activate(adapter_id))
+                return timed(lambda: provider._activate(((adapter_id, 1.0),)))  # backend names and scales
 
             swaps = [await provider._worker.run(switch_to, ("a0", "a1")[i % 2]) for i in range(args.switches)]
             swap_s = statistics.median(swaps)

@@ -12,12 +12,19 @@ directory to GGUF on load, into a fresh cache) on M prompts, greedy, and reports
 - with ``--adapters-in-flight 1 8``: each count in turn, adapters per minute over the wall time, and whether the
   rows are equal row for row (target on Transformers, which batches different adapters together: at least 3x
   at 8 in flight against 1).
+- with ``--score-only``: a multiple-choice prompt set (M prompts x 4 choices, plus a reference answer each), three
+  ways per provider: the runner generating (``max_tokens``) and scoring, the runner scoring only (``mode="score"``:
+  every row's choices in one ``score_batch`` per adapter), and the scoring loop the runner had before (each choice
+  of each row scored one after another, no generation); the wall time of each, the ratios, the phases' times, and
+  whether the score-only likelihoods equal the generating run's. Each way runs ``--rounds`` times in turn and its
+  fastest run counts (torch pinned to one thread on Transformers).
 
 Usage::
 
     python scripts/bench_eval.py                       # 50 adapters x 20 prompts, max_tokens 16, both providers
     python scripts/bench_eval.py --adapters 10 --prompts 5 --providers llamacpp
     python scripts/bench_eval.py --providers transformers --adapters-in-flight 1 8
+    python scripts/bench_eval.py --providers transformers --score-only --adapters 20
 """
 
 from __future__ import annotations
@@ -139,6 +146,109 @@ async def bench(
     }, outputs
 
 
+CHOICES = (" the sea", " a small house", " and then", " nothing at all")
+
+
+def choice_prompts(count: int) -> list[Any]:
+    from inference.evaluation import EvalPrompt
+
+    return [
+        EvalPrompt(f"p{index}", PROMPTS[index % len(PROMPTS)] + f" ({index})", expected=" they went home",
+                   choices=CHOICES, answer=index % len(CHOICES))
+        for index in range(count)
+    ]  # fmt: skip
+
+
+async def bench_scoring(
+    name: str,
+    tiny: Any,
+    adapters: list[Path],
+    prompt_count: int,
+    max_tokens: int,
+    workdir: Path,
+    concurrency: int,
+    rounds: int = 3,
+) -> None:
+    """The three ways of a likelihood evaluation, on one provider, in one process (so the ratios compare); each way
+    ``rounds`` times, in turn, keeping each way's fastest (the machine is shared: the least disturbed run)."""
+    from inference.evaluation import evaluate_adapters
+
+    prompts = choice_prompts(prompt_count)
+    if name == "transformers":
+        import torch
+
+        torch.set_num_threads(1)  # as bench_batching.py: rounds stay comparable on a shared 2-core machine
+    provider = make_provider(name, tiny, workdir)
+    walls: dict[str, float] = {}
+    likelihoods: dict[str, dict[tuple[str, str], Any]] = {}
+    summaries: dict[str, Any] = {}
+
+    async def runner(mode: str) -> float:
+        output = workdir / f"{name}-{mode}-{time.time_ns()}.jsonl"
+        start = time.perf_counter()
+        summary = await evaluate_adapters(
+            adapters, prompts, {"max_tokens": max_tokens, "temperature": 0.0}, output, provider=provider,
+            max_concurrency=concurrency, mode=mode, base=False,
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        if summary.errors:
+            raise SystemExit(f"{name} {mode}: {summary.errors} rows failed")
+        if wall < walls.get(mode, float("inf")):
+            summaries[mode] = summary
+        with output.open() as lines:
+            likelihoods[mode] = {
+                (row["adapter_id"], row["prompt_id"]): (row["nll_per_token"], row["choice_logprobs"])
+                for row in map(json.loads, lines)
+            }
+        return wall
+
+    async def loop() -> float:  # before: each choice of each row scored one after another, no generation
+        start = time.perf_counter()
+        for index, path in enumerate(adapters):
+            adapter_id = f"loop-{index}"
+            await provider.load_adapter(adapter_id, str(path))
+            for prompt in prompts:
+                await provider.score(prompt.prompt, prompt.expected, "", adapter_id)
+                for choice in prompt.choices:
+                    await provider.score(prompt.prompt, choice, "", adapter_id)
+            await provider.unload_adapter(adapter_id)
+        return time.perf_counter() - start
+
+    try:
+        await provider.score("Hello", " world", "")  # the model loads here, outside the timing
+        await provider.load_adapter("warm-up", str(adapters[0]))  # and the adapter machinery (PEFT's wrapping)
+        await provider.score("Hello", " world", "", "warm-up")
+        await provider.unload_adapter("warm-up")
+        for _ in range(rounds):
+            for way in ("generate", "score", "loop"):
+                wall = await (loop() if way == "loop" else runner(way))
+                walls[way] = min(wall, walls.get(way, float("inf")))
+    finally:
+        await provider.aclose()
+    worst = max(
+        max(abs(a - b) for a, b in zip([nll, *choices], [nll2, *choices2], strict=True))
+        for key, (nll, choices) in likelihoods["score"].items()
+        for nll2, choices2 in [likelihoods["generate"][key]]
+    )
+    pairs = len(adapters) * prompt_count * (len(CHOICES) + 1)
+    for mode, label in (("generate", f"generate ({max_tokens} tokens) + score"), ("score", "score only")):
+        times = summaries[mode].timings()
+        print(
+            f"{name:<13} {label:<29} wall {walls[mode]:7.2f} s  {len(adapters) / (walls[mode] / 60):7.1f} adapters/min"
+            f"  (scoring {times['score_s']:6.2f} s, generating {times['generate_s']:6.2f} s, "
+            f"load+unload {times['load_s'] + times['unload_s']:5.2f} s)"
+        )
+    print(
+        f"{name:<13} {'one choice at a time (before)':<29} wall {walls['loop']:7.2f} s  "
+        f"{len(adapters) / (walls['loop'] / 60):7.1f} adapters/min  ({pairs} pairs; fastest of {rounds} rounds each)"
+    )
+    print(
+        f"{'':13} score only: {walls['generate'] / walls['score']:.1f}x the speed of generate + score, "
+        f"{walls['loop'] / walls['score']:.1f}x that of one choice at a time; largest difference of the "
+        f"likelihoods against the generating run {worst:.1e}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapters", type=int, default=50)
@@ -148,6 +258,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=20, help="requests in flight (Transformers batches them)")
     parser.add_argument("--adapters-in-flight", type=int, nargs="+", default=[1], help="adapters at once, each in turn")
     parser.add_argument("--max-batch-size", type=int, default=32, help="Transformers' max_batch_size (default 32)")
+    parser.add_argument(
+        "--score-only",
+        action="store_true",
+        help="the likelihood evaluation instead: a multiple-choice set scored only, against generating and scoring "
+        "and against one choice at a time",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="--score-only: runs of each way (the fastest kept)")
     parser.add_argument(
         "--baseline-without-spare-slots",
         action="store_true",
@@ -171,6 +288,13 @@ def main() -> int:
             f"concurrency {args.concurrency}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
         )
         for name in args.providers:
+            if args.score_only:
+                asyncio.run(
+                    bench_scoring(
+                        name, tiny, adapters, args.prompts, args.max_tokens, workdir, args.concurrency, args.rounds
+                    )
+                )
+                continue
             baseline: tuple[float, dict[tuple[str, str], Any]] | None = None
             runs: list[tuple[int, int | None]] = [(in_flight, None) for in_flight in args.adapters_in_flight]
             if args.baseline_without_spare_slots and name == "transformers":

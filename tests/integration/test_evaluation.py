@@ -19,6 +19,7 @@ import pytest
 
 from inference.adapters.source import AdapterSource
 from inference.evaluation import (
+    BASE_MODEL_ID,
     EvalPrompt,
     Progress,
     TerminalProgress,
@@ -73,8 +74,10 @@ def pairs(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return sorted((row["adapter_id"], row["prompt_id"]) for row in rows)
 
 
-def expected_pairs(adapters: list[str], prompts: list[EvalPrompt]) -> list[tuple[str, str]]:
-    return sorted((adapter, prompt.id) for adapter in adapters for prompt in prompts)
+def expected_pairs(adapters: list[str], prompts: list[EvalPrompt], *, base: bool = True) -> list[tuple[str, str]]:
+    """Every (adapter, prompt) pair, and the base model's (``(base)``) where the run has its reference row."""
+    every = [*([BASE_MODEL_ID] if base else []), *adapters]
+    return sorted((adapter, prompt.id) for adapter in every for prompt in prompts)
 
 
 async def fake_output(prompt: EvalPrompt, adapter_id: str, path: Path) -> str:
@@ -102,8 +105,11 @@ async def test_every_pair_gets_one_row_with_output_tokens_and_latency(tmp_path: 
     assert row["completion_tokens"] <= 6 and row["prompt_tokens"] == 5  # 3 prompt words + 2 system words
     assert row["finish_reason"] in ("stop", "length") and row["latency_s"] >= 0
     assert row["error"] is None and row["score"] is None
-    assert (summary.rows_total, summary.rows_written, summary.rows_resumed, summary.errors) == (15, 15, 0, 0)
+    assert (summary.rows_total, summary.rows_written, summary.rows_resumed, summary.errors) == (20, 20, 0, 0)
     assert [adapter.rows for adapter in summary.adapters] == [5, 5, 5]
+    assert summary.base is not None and summary.base.rows == 5  # the base model's reference row
+    base_row = next(row for row in rows if (row["adapter_id"], row["prompt_id"]) == (BASE_MODEL_ID, "p3"))
+    assert base_row["output"].startswith("[base]") and base_row["adapter_path"] is None
 
 
 async def test_the_csv_summary_sits_next_to_the_results(tmp_path: Path) -> None:
@@ -111,8 +117,8 @@ async def test_the_csv_summary_sits_next_to_the_results(tmp_path: Path) -> None:
     summary = await evaluate_adapters(adapters, PROMPTS, FAKE, tmp_path / "out" / "run.jsonl", scorer="exact")
     assert summary.csv_path == tmp_path / "out" / "run.summary.csv"
     table = list(csv.DictReader(io.StringIO(summary.csv_path.read_text())))
-    assert [line["adapter_id"] for line in table] == ["x", "y"]
-    for line, adapter in zip(table, summary.adapters, strict=True):
+    assert [line["adapter_id"] for line in table] == ["(base)", "x", "y"]
+    for line, adapter in zip(table[1:], summary.adapters, strict=True):
         assert int(line["rows"]) == 5 and int(line["errors"]) == 0
         assert float(line["mean_latency_s"]) == pytest.approx(adapter.mean_latency_s)
         assert int(line["completion_tokens"]) == adapter.completion_tokens
@@ -152,7 +158,7 @@ async def test_a_rerun_after_a_kill_at_any_byte_finishes_with_one_row_per_pair(t
         summary = await evaluate_adapters(adapters, PROMPTS, FAKE, output)
         rows = read_rows(output)
         assert pairs(rows) == expected_pairs(["a0", "a1", "a2"], PROMPTS), f"cut at byte {cut}"
-        assert summary.rows_resumed == kept and summary.rows_written == 15 - kept
+        assert summary.rows_resumed == kept and summary.rows_written == 20 - kept
         assert {(row["adapter_id"], row["prompt_id"]): row["output"] for row in rows} == reference
         assert output.read_bytes().endswith(b"\n")
         assert all(json.loads(line) for line in output.read_bytes().splitlines())
@@ -187,10 +193,10 @@ async def test_an_interrupted_run_resumes_where_it_stopped(tmp_path: Path, stop_
             adapters, PROMPTS, FAKE, output, provider=provider, on_progress=interrupt, max_concurrency=2
         )
     kept = len(read_rows(output))  # requests already answered when it stopped were written too
-    assert stop_after <= kept <= 10
+    assert stop_after <= kept <= 15
     assert await provider.list_adapters() == []  # the adapter in use was unloaded on the way out
     summary = await evaluate_adapters(adapters, PROMPTS, FAKE, output, provider=provider)
-    assert summary.rows_resumed == kept and summary.rows_written == 10 - kept
+    assert summary.rows_resumed == kept and summary.rows_written == 15 - kept
     assert pairs(read_rows(output)) == expected_pairs(["a0", "a1"], PROMPTS)
 
 
@@ -225,7 +231,7 @@ def test_a_process_killed_with_sigkill_resumes_with_every_pair_once(
     resumed = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60, env=env)
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout)
-    assert summary["rows_resumed"] == kill_at - 1 and summary["rows_written"] == 15 - (kill_at - 1)
+    assert summary["rows_resumed"] == kill_at - 1 and summary["rows_written"] == 20 - (kill_at - 1)
     rows = read_rows(output)
     assert pairs(rows) == expected_pairs(["a0", "a1", "a2"], PROMPTS)
     assert all(row["score"] == 1.0 for row in rows)
@@ -335,14 +341,14 @@ async def test_a_user_function_by_import_path_gets_output_expected_and_row(
 ) -> None:
     (tmp_path / "my_scoring.py").write_text(
         "def words(output, expected, row):\n"
-        "    assert row['adapter_id'] == 'a0' and row['error'] is None\n"
+        "    assert row['adapter_id'] in ('a0', '(base)') and row['error'] is None\n"
         "    return len(output.split()) / 10 if expected != 'boom' else 1 / 0\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     prompts = [EvalPrompt("p", "hello", None, "x"), EvalPrompt("q", "hello again", None, "boom")]
     output = tmp_path / "r.jsonl"
     summary = await evaluate_adapters(make_adapters(tmp_path, ["a0"]), prompts, FAKE, output, scorer="my_scoring:words")
-    rows = {row["prompt_id"]: row for row in read_rows(output)}
+    rows = {row["prompt_id"]: row for row in read_rows(output) if row["adapter_id"] == "a0"}
     assert rows["p"]["score"] == pytest.approx(len(rows["p"]["output"].split()) / 10)
     assert rows["q"]["score"] is None and rows["q"]["score_error"].startswith("ZeroDivisionError")
     assert summary.adapters[0].score == rows["p"]["score"]
@@ -353,7 +359,8 @@ async def test_a_callable_returning_bools_scores_one_and_zero(tmp_path: Path) ->
     summary = await evaluate_adapters(
         make_adapters(tmp_path, ["a0"]), PROMPTS, FAKE, output, scorer=lambda out, exp, row: row["prompt_id"] < "p2"
     )
-    assert [row["score"] for row in sorted(read_rows(output), key=lambda row: row["prompt_id"])] == [1, 1, 0, 0, 0]
+    rows = sorted((row for row in read_rows(output) if row["adapter_id"] == "a0"), key=lambda row: row["prompt_id"])
+    assert [row["score"] for row in rows] == [1, 1, 0, 0, 0]
     assert summary.adapters[0].score == pytest.approx(0.4)
 
 
@@ -452,14 +459,15 @@ def test_a_real_eval_on_llamacpp_through_the_cli(
     first = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=repo_root, env=env)
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout)
-    assert summary["rows_written"] == 12 and summary["errors"] == 3
+    assert summary["rows_written"] == 15 and summary["errors"] == 3  # 4 adapters and the base model, 3 prompts
+    assert summary["base"]["errors"] == 0 and summary["base"]["scored"] == 2
     by_id = {adapter["adapter_id"]: adapter for adapter in summary["adapters"]}
     assert list(by_id) == ["a0", "a1", "a2", "zz-broken"]
     assert "adapter_config.json" in by_id["zz-broken"]["load_error"]
     for name in ("a0", "a1", "a2"):
         assert by_id[name]["errors"] == 0 and by_id[name]["completion_tokens"] > 0 and by_id[name]["scored"] == 2
     rows = {(row["adapter_id"], row["prompt_id"]): row for row in read_rows(output)}
-    assert len(rows) == 12
+    assert len(rows) == 15
     outputs = {rows[(name, "story")]["output"] for name in ("a0", "a1", "a2")}
     assert len(outputs) == 3  # each adapter changes the greedy answer
     assert all(rows[(name, "story")]["prompt_tokens"] > 0 for name in ("a0", "a1", "a2"))
@@ -471,9 +479,9 @@ def test_a_real_eval_on_llamacpp_through_the_cli(
     second = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=repo_root, env=env)
     assert second.returncode == 0, second.stderr
     resumed = json.loads(second.stdout)
-    assert resumed["rows_written"] == 12 - data[:cut].count(b"\n")
+    assert resumed["rows_written"] == 15 - data[:cut].count(b"\n")
     again = {(row["adapter_id"], row["prompt_id"]): row for row in read_rows(output)}
-    assert len(read_rows(output)) == 12
+    assert len(read_rows(output)) == 15
     assert {key: row["output"] for key, row in again.items()} == {key: row["output"] for key, row in rows.items()}
 
 

@@ -138,14 +138,15 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_while_the_first_writ
             first.wait()
     assert first.returncode == 0, err
     summary = json.loads(out)
-    assert (summary["rows_written"], summary["rows_resumed"]) == (15, 0)
+    assert (summary["rows_written"], summary["rows_resumed"]) == (20, 0)  # 3 adapters and the base model
     rows = read_rows(output)
-    assert sorted(row_key(row) for row in rows) == [(a, f"p{i}") for a in ("a0", "a1", "a2") for i in range(5)]
+    every = ("(base)", "a0", "a1", "a2")
+    assert sorted(row_key(row) for row in rows) == [(a, f"p{i}") for a in every for i in range(5)]
 
     # Released when the run ends (the kernel drops it even after a SIGKILL: see the resume tests): a third run resumes.
     third = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60, env=env)
     assert third.returncode == 0, third.stderr
-    assert (json.loads(third.stdout)["rows_written"], json.loads(third.stdout)["rows_resumed"]) == (0, 15)
+    assert (json.loads(third.stdout)["rows_written"], json.loads(third.stdout)["rows_resumed"]) == (0, 20)
 
 
 async def test_a_second_run_in_the_same_process_is_refused_too_and_nothing_is_written(tmp_path: Path) -> None:
@@ -169,7 +170,7 @@ async def test_a_second_run_in_the_same_process_is_refused_too_and_nothing_is_wr
     assert output.read_bytes() == before
     release.set()
     summary = await first
-    assert summary.rows_written == 1 and len(read_rows(output)) == 1
+    assert summary.rows_written == 2 and len(read_rows(output)) == 2  # the adapter's row and the base model's
 
 
 async def test_a_file_holding_pairs_twice_summarises_and_resumes_each_pair_once(tmp_path: Path) -> None:
@@ -183,13 +184,13 @@ async def test_a_file_holding_pairs_twice_summarises_and_resumes_each_pair_once(
     failed = {"score": 0.0, "error": {"stage": "generate", "type": "X", "message": "x"}}
     copies = [json.loads(line) | failed for line in lines]
     output.write_text("".join(line + "\n" for line in lines) + "".join(json.dumps(row) + "\n" for row in copies))
-    assert len(read_rows(output)) == 16
+    assert len(read_rows(output)) == 24  # 2 adapters and the base model, 4 prompts, twice
 
     again = await evaluate_adapters(adapters, prompts, FAKE, output, scorer=lambda *_: 1.0)
-    assert (again.rows_written, again.rows_resumed) == (0, 8)
+    assert (again.rows_written, again.rows_resumed) == (0, 12)
     assert [(adapter.rows, adapter.errors, adapter.score) for adapter in again.adapters] == [(4, 0, 1.0)] * 2
     with open(again.csv_path, newline="", encoding="utf-8") as handle:
-        assert [row["rows"] for row in csv.DictReader(handle)] == ["4", "4"]
+        assert [row["rows"] for row in csv.DictReader(handle)] == ["4", "4", "4"]
     specs = [AdapterSpec(adapter.adapter_id, Path(adapter.adapter_path)) for adapter in again.adapters]
     by_hand = summarise(read_rows(output), specs, [prompt.id for prompt in prompts])
     assert [(adapter.rows, adapter.errors) for adapter in by_hand] == [(4, 0), (4, 0)]
@@ -273,10 +274,11 @@ async def test_a_full_disk_names_the_results_file_and_a_rerun_resumes(
     )
     monkeypatch.undo()
     kept = read_rows(output)
-    assert 0 < len(kept) < 10
+    assert 0 < len(kept) < 15
     summary = await evaluate_adapters(adapters, prompts, FAKE, output)  # space again: it resumes
-    assert (summary.rows_resumed, summary.rows_written) == (len(kept), 10 - len(kept))
-    assert sorted(row_key(row) for row in read_rows(output)) == [(a, f"p{i}") for a in ("a0", "a1") for i in range(5)]
+    assert (summary.rows_resumed, summary.rows_written) == (len(kept), 15 - len(kept))
+    every = ("(base)", "a0", "a1")
+    assert sorted(row_key(row) for row in read_rows(output)) == [(a, f"p{i}") for a in every for i in range(5)]
 
 
 async def test_a_full_disk_names_the_summary_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,7 +323,7 @@ async def test_the_lock_is_released_when_the_run_ends_even_if_a_forked_child_hol
     try:
         await evaluate_adapters(adapters, [EvalPrompt("p0", "hi")], FAKE, output, provider=Forking())
         again = await evaluate_adapters(adapters, [EvalPrompt("p1", "ho")], FAKE, output)  # the worker still lives
-        assert again.rows_written == 1
+        assert again.rows_written == 2  # p1 for the adapter and the base model
     finally:
         os.close(write_end)
         os.close(read_end)

@@ -62,10 +62,11 @@ def adapter_dirs(root: Path, count: int) -> list[Path]:
 async def test_n_adapters_are_evaluated_at_once_and_the_rows_are_those_of_one_at_a_time(tmp_path: Path) -> None:
     adapters = adapter_dirs(tmp_path / "adapters", 7)
     one = CountingFake()
-    await evaluate_adapters(adapters, PROMPTS, {"max_tokens": 5}, tmp_path / "one.jsonl", provider=one)
+    settings = {"max_tokens": 5}
+    await evaluate_adapters(adapters, PROMPTS, settings, tmp_path / "one.jsonl", provider=one, base=False)
     three = CountingFake(failing="adapter-03")
-    summary = await evaluate_adapters(
-        adapters, PROMPTS, {"max_tokens": 5}, tmp_path / "three.jsonl", provider=three, adapters_in_flight=3
+    summary = await evaluate_adapters(  # no base model: the three places start three adapters together
+        adapters, PROMPTS, settings, tmp_path / "three.jsonl", provider=three, adapters_in_flight=3, base=False
     )
     assert one.most_at_once == 1 and three.most_at_once == 3
     got, want = outputs(tmp_path / "three.jsonl"), outputs(tmp_path / "one.jsonl")
@@ -87,7 +88,7 @@ async def test_resuming_with_adapters_in_flight_runs_only_what_is_missing(tmp_pa
     summary = await evaluate_adapters(
         adapters, PROMPTS, {"max_tokens": 5}, output, provider=provider, adapters_in_flight=4
     )
-    assert summary.rows_resumed == 2 * len(PROMPTS) and summary.rows_written == 3 * len(PROMPTS)
+    assert summary.rows_resumed == 3 * len(PROMPTS) and summary.rows_written == 3 * len(PROMPTS)  # base resumed
     assert provider.most_at_once == 3
 
 
@@ -113,6 +114,7 @@ async def test_cancelling_a_run_with_adapters_in_flight_unloads_them(tmp_path: P
             adapters_in_flight=3,
             max_concurrency=2,
             warmup=False,
+            base=False,  # three places, three adapters
         )
     )
     while provider.generating < 3 * 2:  # three adapters loaded, two prompts of each in flight
@@ -160,4 +162,4 @@ async def test_the_provider_s_max_adapters_caps_the_adapters_in_flight(tiny_mode
     assert outputs(tmp_path / "four.jsonl") == outputs(tmp_path / "one.jsonl")  # same rows, batched across adapters
     assert len({text for text, _ in outputs(tmp_path / "one.jsonl").values()}) > len(PROMPTS)  # adapters differ
     rows = [json.loads(line) for line in (tmp_path / "four.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 * len(PROMPTS)
+    assert len(rows) == 7 * len(PROMPTS)  # 6 adapters and the base model

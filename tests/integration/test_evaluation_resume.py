@@ -51,12 +51,13 @@ async def test_checkpoints_appended_one_at_a_time_each_get_their_own_rows(tmp_pa
     assert [adapter.adapter_id for adapter in one.adapters] == ["adapter"]
 
     two = await evaluate_adapters([second], PROMPTS, FAKE, output)
-    assert two.rows_written == 4 and two.rows_resumed == 0  # before: 0 written, ckpt-100's rows "resumed"
+    # before: 0 written, ckpt-100's rows "resumed"; the base model's rows, written by the first run, are reused
+    assert two.rows_written == 4 and two.rows_resumed == 4
     [summary] = two.adapters
     assert summary.adapter_id == "ckpt-200-adapter" and summary.adapter_path == str(second)
     assert summary.adapter_hash == adapter_hash(second) != adapter_hash(first)
     rows = by_pair(read_rows(output))
-    assert len(rows) == 8
+    assert len(rows) == 12
     assert {rows[("ckpt-200-adapter", p.id)]["adapter_path"] for p in PROMPTS} == {str(second)}
     assert rows[("ckpt-200-adapter", "p0")]["output"].startswith("[ckpt-200-adapter] ")
     assert rows[("adapter", "p0")]["output"].startswith("[adapter] ")
@@ -64,7 +65,7 @@ async def test_checkpoints_appended_one_at_a_time_each_get_their_own_rows(tmp_pa
     # Both at once, in any order, later: each finds its own rows under the id the file gave it.
     for order in ([first, second], [second, first]):
         both = await evaluate_adapters(order, PROMPTS, FAKE, output)
-        assert (both.rows_written, both.rows_resumed) == (0, 8)
+        assert (both.rows_written, both.rows_resumed) == (0, 12)
         ids = {adapter.adapter_path: adapter.adapter_id for adapter in both.adapters}
         assert ids == {str(first): "adapter", str(second): "ckpt-200-adapter"}
         assert all(adapter.rows == 4 for adapter in both.adapters)
@@ -76,10 +77,10 @@ async def test_a_third_checkpoint_with_the_same_name_gets_a_third_id(tmp_path: P
     ids = []
     for path in paths:
         summary = await evaluate_adapters([path], PROMPTS[:1], FAKE, output)
-        assert summary.rows_written == 1
+        assert summary.rows_written == (2 if not ids else 1)  # the base model's row once, with the first
         ids.append(summary.adapters[0].adapter_id)
     assert ids == ["adapter", "ckpt-100-adapter", "ckpt-300-adapter"]  # b/ckpt-100 gets the first free name
-    assert len({row["adapter_path"] for row in read_rows(output)}) == 3
+    assert len({row["adapter_path"] for row in read_rows(output) if row["adapter_id"] != "(base)"}) == 3
 
 
 async def test_two_adapters_with_one_name_in_one_run_get_distinct_valid_ids(tmp_path: Path) -> None:

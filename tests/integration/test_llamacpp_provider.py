@@ -364,6 +364,33 @@ async def test_reload_fallback_gives_the_same_output_as_hot_swap(
         assert await greedy(provider) == references["qwen2"][None]
 
 
+@pytest.mark.parametrize("n_parallel", [1, 4])
+async def test_reload_mode_answers_json_schema_requests_after_an_adapter_switch(
+    n_parallel: int, tiny_models: Any, adapter_cache: Path
+) -> None:
+    """Reload mode rebuilds the model at each switch, and the JSON-schema grammar must follow it (before the fix, its
+    tokenizer kept the freed model's vocabulary: the first schema request after a switch failed with a ProviderError,
+    "the grammar refused token ...")."""
+    model = tiny_models["qwen2"]
+    schema = {
+        "type": "object",
+        "properties": {"name": {"enum": ["alpha", "beta"]}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    async with make_provider(model, adapter_cache, hot_swap=False, n_parallel=n_parallel) as provider:
+        await provider.load_adapter("a0", model.adapter_dirs["a0"])
+        await provider.load_adapter("a1", model.adapter_dirs["a1"])
+        answers = []
+        for adapter_id in ["a0", "a1", None, "a0"]:
+            result = await provider.generate(
+                "Give JSON", model="tiny", adapter_id=adapter_id, json_schema=schema, temperature=0, max_tokens=40
+            )
+            answers.append((json.loads(result.text)["name"] in ("alpha", "beta"), result.finish_reason))
+        assert answers == [(True, "stop")] * 4
+        assert provider.model_loads == 5  # the base (to check the adapters), then one rebuild per switch
+
+
 async def test_factory_builds_the_provider_from_the_environment(
     tiny_models: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

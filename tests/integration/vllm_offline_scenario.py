@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy
+from safetensors.numpy import load_file, save_file
+
 from inference.exceptions import InferenceError
 from inference.results import GenerationResult
 from inference.testing.vllm_model import build_vllm_model
@@ -160,10 +163,16 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     structured = await provider.generate("Give me JSON", model="tiny", max_tokens=60, json_schema=SCHEMA, stop=":")
     out["json"] = generation(structured)
 
-    rank16 = scratch / "rank16"
+    rank16 = scratch / "rank16"  # a1 with its matrices padded to rank 16 (a config r alone is refused as a lie)
     shutil.copytree(model.adapter_dirs["a1"], rank16)
     config = json.loads((rank16 / "adapter_config.json").read_text())
     (rank16 / "adapter_config.json").write_text(json.dumps({**config, "r": 16}))
+    weights = load_file(str(rank16 / "adapter_model.safetensors"))
+    for name, tensor in weights.items():
+        rank = tensor.shape[0] if ".lora_A." in name else tensor.shape[1]
+        padding = [(0, 16 - rank), (0, 0)] if ".lora_A." in name else [(0, 0), (0, 16 - rank)]
+        weights[name] = numpy.pad(tensor, padding)
+    save_file(weights, str(rank16 / "adapter_model.safetensors"), metadata={"format": "pt"})
     out["errors"] = {
         "missing_adapter": await error_of(provider.load_adapter("ghost", scratch / "missing")),
         "rank_too_large": await error_of(provider.load_adapter("big", rank16)),

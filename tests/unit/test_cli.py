@@ -217,16 +217,19 @@ def test_eval_writes_rows_and_prints_the_table(
 ) -> None:
     adapters, prompts, output = eval_files
     argv = ["eval", "--adapters", str(adapters / "*"), "--prompts", str(prompts), "--output", str(output)]
-    status, out, err = run([*argv, "--provider", "fake", "--score", "regex", "--max-tokens", "4"], capsys)
+    argv += ["--provider", "fake", "--score", "regex", "--max-tokens", "4", "--no-plot"]
+    status, out, err = run(argv, capsys)
     assert status == 0, err
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted((row["adapter_id"], row["prompt_id"]) for row in rows) == [
-        (a, f"p{i}") for a in ("a1", "a2") for i in range(3)
+        (a, f"p{i}") for a in ("(base)", "a1", "a2") for i in range(3)
     ]
     assert all(row["completion_tokens"] <= 4 for row in rows)
     table = out.splitlines()
     assert table[0].split() == ["adapter", "rows", "score", "latency_s", "tokens/s", "errors"]
-    assert table[1].split()[:3] == ["a1", "3", "1.000"] and table[2].split()[:3] == ["a2", "3", "0.000"]
+    assert table[1].split()[:3] == ["(base)", "3", "0.000"]  # the base model's reference line first
+    assert table[2].split()[:4] == ["a1", "3", "1.000", "(+1.000)"] and table[3].split()[:3] == ["a2", "3", "0.000"]
+    assert "best score: a1 1.000 (higher is better; base model 0.000)" in out
     assert output.with_name("results.summary.csv").is_file()
     assert err == ""  # not a terminal: no progress bar
 
@@ -244,7 +247,7 @@ def test_eval_with_adapters_in_flight_writes_the_same_rows(
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         return {(row["adapter_id"], row["prompt_id"]): row["output"] for row in rows}
 
-    assert texts(output.with_name("two.jsonl")) == texts(output) and len(texts(output)) == 6
+    assert texts(output.with_name("two.jsonl")) == texts(output) and len(texts(output)) == 9  # and the base model
     status, _, err = run([*argv, "--output", str(output), "--adapters-in-flight", "0"], capsys)
     assert status == 2 and "--adapters-in-flight must be at least 1" in err
 
@@ -258,13 +261,14 @@ def test_eval_json_summary_and_resumption(
     status, out, _ = run(argv, capsys)
     assert status == 0
     first = json.loads(out)
-    assert (first["rows_total"], first["rows_written"], first["rows_resumed"], first["errors"]) == (6, 6, 0, 0)
+    assert (first["rows_total"], first["rows_written"], first["rows_resumed"], first["errors"]) == (9, 9, 0, 0)
     assert [adapter["adapter_id"] for adapter in first["adapters"]] == ["a1", "a2"]
+    assert first["base"]["adapter_id"] == "(base)" and first["base"]["rows"] == 3
     status, out, _ = run(argv, capsys)
     assert status == 0
     again = json.loads(out)
-    assert (again["rows_written"], again["rows_resumed"]) == (0, 6)
-    assert len(output.read_text().splitlines()) == 6
+    assert (again["rows_written"], again["rows_resumed"]) == (0, 9)
+    assert len(output.read_text().splitlines()) == 9
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def test_a_prompt_with_a_raw_line_separator_is_evaluated(
     argv = ["eval", "--adapters", str(adapter), "--prompts", str(prompts), "--output", str(output)]
     argv += ["--provider", "fake"]
     assert main([*argv, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["rows_written"] == 2
+    assert json.loads(capsys.readouterr().out)["rows_written"] == 4  # the adapter's rows and the base model's
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,8 @@ async def test_rows_summary_and_csv_carry_nll_and_multiple_choice_accuracy(tmp_p
     provider = FakeProvider()
     output = tmp_path / "out.jsonl"
     summary = await evaluate_adapters([tmp_path / "style"], PROMPTS, FAKE, output, provider=provider)
-    rows = {row["prompt_id"]: row for row in map(json.loads, output.read_text().splitlines())}
+    lines = map(json.loads, output.read_text().splitlines())
+    rows = {row["prompt_id"]: row for row in lines if row["adapter_id"] == "style"}
     await provider.load_adapter("style", str(tmp_path / "style"))
     expected = {prompt.id: await expected_fields(provider, "style", prompt) for prompt in PROMPTS}
     for prompt in PROMPTS:
@@ -64,7 +65,8 @@ async def test_rows_summary_and_csv_carry_nll_and_multiple_choice_accuracy(tmp_p
     assert adapter.nll_per_token == pytest.approx(sum(nll) / 2)
     assert adapter.acc == (expected["q2"]["correct"] + expected["q3"]["correct"]) / 2
     assert adapter.acc_norm == (expected["q2"]["correct_norm"] + expected["q3"]["correct_norm"]) / 2
-    (line,) = csv.DictReader(summary.csv_path.read_text().splitlines())
+    base, line = csv.DictReader(summary.csv_path.read_text().splitlines())
+    assert base["adapter_id"] == "(base)" and float(base["acc"]) == summary.base.acc
     assert float(line["nll_per_token"]) == pytest.approx(adapter.nll_per_token)
     assert float(line["acc"]) == adapter.acc and float(line["acc_norm"]) == adapter.acc_norm
     assert "nll/token" in summary.format_table() and "acc_norm" in summary.format_table()
@@ -75,7 +77,7 @@ async def test_a_resume_keeps_the_metrics_and_changed_choices_are_refused(tmp_pa
     output = tmp_path / "out.jsonl"
     first = await evaluate_adapters([tmp_path / "style"], PROMPTS, FAKE, output)
     again = await evaluate_adapters([tmp_path / "style"], PROMPTS, FAKE, output)
-    assert again.rows_resumed == len(PROMPTS) and again.adapters[0].acc == first.adapters[0].acc
+    assert again.rows_resumed == 2 * len(PROMPTS) and again.adapters[0].acc == first.adapters[0].acc  # and the base
     changed = [*PROMPTS[:1], EvalPrompt("q2", "Two plus two is", choices=(" four", " five"), answer=0), *PROMPTS[2:]]
     with pytest.raises(ResultsFileMismatchError, match="q2"):
         await evaluate_adapters([tmp_path / "style"], changed, FAKE, output)

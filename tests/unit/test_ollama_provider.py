@@ -1101,6 +1101,19 @@ async def test_the_same_adapter_on_another_base_needs_replace(
     assert await adapters.list_adapters() == ["a0"]
 
 
+async def test_a_replacement_is_created_on_the_base_its_load_names(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any]
+) -> None:
+    """The base travels with the load (the adapter's source), also to the replacement's versioned backend name: the
+    new weights are not created on the provider's default base."""
+    server.bases["tiny-qwen2-copy"] = server.bases[BASE_MODEL]
+    await adapters.load_adapter("a0", qwen_lora, base_model="tiny-qwen2-copy")
+    replacement = tiny_models["qwen2"].adapter_dirs["a1"]
+    await adapters.load_adapter("a0", replacement, base_model="tiny-qwen2-copy", replace=True)
+    assert [create["from"] for create in server.creates] == ["tiny-qwen2-copy", "tiny-qwen2-copy"]
+    assert await adapters.list_adapters() == ["a0"]
+
+
 async def test_concurrent_loads_each_create_on_the_base_they_asked_for(
     adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path
 ) -> None:

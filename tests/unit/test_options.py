@@ -196,7 +196,7 @@ def test_eval_takes_every_option_from_flags_or_set_into_the_results(
     ]
     settings += ["--set=stop=END", "--set=stop=STOP"]
     assert main([*argv, "--provider", "fake", "--no-progress", *settings]) == 0
-    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    rows = [json.loads(line) for line in output.read_text().splitlines() if '"adapter_id": "style"' in line]
     recorded = {name: rows[0]["settings"][name] for name in OPTIONS}
     assert recorded == {**EVERY_OPTION_SET, "stop": []}  # the run's settings: no stop string with a json_schema
     # What the provider was asked, not its answers: the fake's one-word JSON answers for the two system prompts

@@ -36,7 +36,13 @@ from inference._cli.logs import add_log_options, command_logging, log_error
 from inference._core.env_file import settings_environment
 from inference._core.redaction import redact_url
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
-from inference.exceptions import AdapterNotFoundError, ConfigurationError, InferenceError
+from inference.exceptions import (
+    AdapterNotFoundError,
+    ConfigurationError,
+    InferenceError,
+    InvalidRequestError,
+    MissingDependencyError,
+)
 from inference.options import OPTIONS
 from inference.registry import PROVIDER_EXTRAS, PROVIDER_REGISTRY, PROVIDERS
 
@@ -774,14 +780,18 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
         "eval",
         help="evaluate many adapters on a prompt set (resumable JSONL results, scoring, summary)",
         description=(
-            "For each adapter: load it, generate every prompt of the prompt set (at most --concurrency requests "
-            "at once), unload it. One JSONL row per (adapter, prompt) is written to --output as it finishes; "
+            "For each adapter, and for the base model (the reference row, '(base)'; --no-base skips it): load it, "
+            "score every expected answer and choice of the prompt set by log-likelihood in one batch (providers "
+            "that can score), generate every prompt (at most --concurrency requests at once; --score-only skips "
+            "generating), unload it. One JSONL row per (adapter, prompt) is written to --output as it finishes; "
             "running the same command again resumes (pairs already in the file are skipped). A results file holds "
             "one experiment: rows are reused only for the same adapter files and prompt text, and a file written "
-            "with other settings (model, --max-tokens, --temperature, scorer...) is refused. An adapter that "
-            "cannot be loaded gets one row per prompt with the load error, and the run goes on. At the end a "
-            "per-adapter table (score, mean latency, tokens/s, errors) is printed and written as CSV next to the "
-            "output (results.jsonl -> results.summary.csv). A progress bar is drawn on stderr when it is a terminal."
+            "with other settings (model, --max-tokens, --temperature, scorer, --score-only...) is refused. An "
+            "adapter that cannot be loaded gets one row per prompt with the load error, and the run goes on. At "
+            "the end a per-adapter table (score, nll/token, acc, latency, tokens/s, errors; each figure's "
+            "difference from the base model in brackets; the best adapter per figure) is printed, written as CSV "
+            "next to the output (results.jsonl -> results.summary.csv) and drawn as a PNG beside it "
+            "(results.summary.png, with the plot extra). A progress bar is drawn on stderr when it is a terminal."
         ),
         epilog=(
             "prompt set (JSONL, one object per line):\n"
@@ -793,6 +803,8 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
             "  inference eval --adapters a1 a2 --prompts p.jsonl --output r.jsonl --provider vllm \\\n"
             "      --base-url http://gpu:8100/v1 --model Qwen/Qwen2.5-0.5B --score regex --concurrency 16\n"
             "  inference eval ... --score mypkg.scoring:f1    # f1(output, expected, row) -> float | bool\n"
+            "  inference eval --adapters 'runs/*/adapter' --prompts mc.jsonl --output nll.jsonl --score-only \\\n"
+            "      --provider transformers --model-path google/gemma-3-270m --sort acc   # likelihoods only\n"
             "exit status: 0 when the run finished (rows may carry errors: see the errors column), 1 when the run\n"
             "could not start (the output holds rows of other settings included) or every row failed, 2 usage\n"
             "error. --json prints the summary as one JSON object."
@@ -827,21 +839,75 @@ def _add_eval(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
     command.add_argument(
         "--score", metavar="exact|regex|pkg.mod:func", help="score each row: exact match, regex search, or a function"
     )
+    modes = command.add_mutually_exclusive_group()
+    modes.add_argument(
+        "--score-only",
+        dest="mode",
+        action="store_const",
+        const="score",
+        help="only score the expected answers and choices by log-likelihood (nll/token, acc): no generation, so "
+        "no --score and no generation options; every prompt needs 'expected' or 'choices'. The default when no "
+        "--score is given and every prompt has 'choices'",
+    )
+    modes.add_argument(
+        "--generate",
+        dest="mode",
+        action="store_const",
+        const="generate",
+        help="generate every prompt even when every prompt has 'choices' and no --score is given",
+    )
+    command.add_argument(
+        "--no-base",
+        dest="base",
+        action="store_false",
+        help="leave out the base model's reference row (it costs one adapter's worth of requests, once per output)",
+    )
+    command.add_argument(
+        "--sort",
+        metavar="FIGURE",
+        help="sort the table best first by score, nll_per_token, acc, acc_norm, mean_latency_s or tokens_per_s "
+        "(nll_per_token and mean_latency_s: lower is better; the others: higher)",
+    )
+    plots = command.add_mutually_exclusive_group()
+    plots.add_argument(
+        "--plot",
+        dest="plot",
+        action="store_true",
+        default=None,
+        help="draw the figures per adapter as results.summary.png (default: when matplotlib is installed; with "
+        "--plot it must be: pip install 'inference-adapters[plot]')",
+    )
+    plots.add_argument("--no-plot", dest="plot", action="store_false", help="draw no plot")
     command.add_argument("--json", action="store_true", help="print the summary as JSON for scripts")
     command.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
     _add_generation_options(
         command, notes={"max_tokens": "default: 256", "system_prompt": "for the prompts that have none"}
     )
     _add_provider_options(command)
-    command.set_defaults(handler=_eval)
+    command.set_defaults(handler=_eval, mode="auto")
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from inference.evaluation import TerminalProgress, evaluate_adapters, summary_csv_path
+    from inference.evaluation import METRICS, TerminalProgress, evaluate_adapters, summary_csv_path, summary_plot_path
+    from inference.evaluation.plot import PLOT_EXTRA, can_plot
     from inference.evaluation.rows import check_file_path
 
     check_file_path(args.output)  # --output /dev/stdout | cat would hang reading its own pipe: refused first
     check_file_path(summary_csv_path(args.output), "summary file")
+    if args.plot is not False:
+        check_file_path(summary_plot_path(args.output), "plot file")
+    if args.plot and not can_plot():  # asked for: say so before the run, not after it
+        raise MissingDependencyError(
+            f"--plot needs matplotlib, which is not installed: run pip install 'inference-adapters[{PLOT_EXTRA}]', "
+            "or leave --plot out"
+        )
+    if args.sort is not None and args.sort not in METRICS:
+        raise _UsageError(f"--sort {args.sort!r}: use one of {', '.join(METRICS)}")
+    if args.mode == "score" and args.score:
+        raise _UsageError(
+            "--score judges generated text, and --score-only generates none: drop one of them (the log-likelihood "
+            "figures need no --score)"
+        )
     if args.concurrency < 1:
         raise _UsageError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.adapters_in_flight < 1:
@@ -863,27 +929,59 @@ def _eval(args: argparse.Namespace) -> int:
                 scorer=args.score,
                 on_progress=progress,
                 adapters_in_flight=args.adapters_in_flight,
+                mode=args.mode,
+                base=args.base,
             )
         )
     finally:
         progress.close()
+    plot, plot_note = _eval_plot(summary, args.plot, can_plot(), PLOT_EXTRA)
     if args.json:
-        _print_json(summary.to_dict())
+        _print_json({**summary.to_dict(), "plot_path": None if plot is None else str(plot)})
     else:
-        print(summary.format_table())
+        print(summary.format_table(sort_by=args.sort))
+        drawn = f"  plot: {plot}" if plot is not None else ""
         print(
-            f"\nresults: {summary.output}  summary: {summary.csv_path}  "
+            f"\nresults: {summary.output}  summary: {summary.csv_path}{drawn}  "
             f"({summary.rows_written} rows written, {summary.rows_resumed} resumed)"
         )
-    rows = sum(adapter.rows for adapter in summary.adapters)
+        print(_eval_times(summary.timings(), summary.elapsed_s))
+    if plot_note:
+        print(f"inference: {plot_note}", file=sys.stderr)
+    everyone = [*([summary.base] if summary.base is not None else []), *summary.adapters]
+    rows = sum(adapter.rows for adapter in everyone)
     if rows and summary.errors == rows:
-        first = next(adapter for adapter in summary.adapters if adapter.errors)
+        first = next(adapter for adapter in everyone if adapter.errors)
         detail = first.load_error or "see the error field of the rows"
         print(f"inference: error: every row failed (first adapter {first.adapter_id}: {detail})", file=sys.stderr)
         return 1
     if summary.errors:
         print(f"inference: {summary.errors} of {rows} rows have errors (see {summary.output})", file=sys.stderr)
     return 0
+
+
+def _eval_plot(summary: Any, asked: bool | None, available: bool, extra: str) -> tuple[Path | None, str | None]:
+    """Draw the summary's plot where asked (``--plot``) or by default where matplotlib is installed: its path, and a
+    note for stderr when none was drawn although it could have been wanted."""
+    if asked is False:
+        return None, None
+    if not available:
+        return None, (
+            f"no plot drawn: matplotlib is not installed (pip install 'inference-adapters[{extra}]'; --no-plot "
+            "skips this note)"
+        )
+    try:
+        return summary.write_plot(), None
+    except InferenceError as error:  # the run's results stand; the plot is extra
+        nothing_to_draw = isinstance(error, InvalidRequestError)  # no score, nll/token or acc in any adapter
+        return None, f"no plot drawn: {error}" if asked or not nothing_to_draw else None
+
+
+def _eval_times(timings: dict[str, float], elapsed_s: float) -> str:
+    """``time: scoring 3.2 s, generating 40.1 s, loading 1.2 s, unloading 0.3 s (this run: 45.0 s)``."""
+    names = (("score_s", "scoring"), ("generate_s", "generating"), ("load_s", "loading"), ("unload_s", "unloading"))
+    parts = [f"{label} {timings[key]:.1f} s" for key, label in names if timings.get(key)]
+    return f"time: {', '.join(parts) or 'nothing to do'} (this run: {elapsed_s:.1f} s)"
 
 
 # providers ---------------------------------------------------------------------------------------------------

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inference._core.paths import expand_path, path_identity
-from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ServerClient
-from inference._servers.openai_compatible import CHAT, COMPLETIONS, OpenAICompatibleProvider, Replica
+from inference._servers.openai_compatible import OpenAICompatibleProvider
+from inference._servers.openai_wire import CHAT, COMPLETIONS
+from inference._servers.replicas import Replica
+from inference._servers.routes import RouteChoice
 from inference.adapters.gguf import convert_peft_to_gguf_cached
 from inference.adapters.source import AdapterSource
 from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
@@ -135,11 +137,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self.adapter_cache_dir = expand_path(self._settings["adapter_cache_dir"] or "~/.cache/inference-adapters")
         self._props: dict[str, dict[str, Any]] = {}  # replica URL -> its GET /props
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
-
-    def __repr__(self) -> str:
-        key = "***" if self._api_key else "None"
-        adapters = sorted(self._adapter_registry.ids())
-        return f"LlamaCppServerProvider(base_url={redact_url(self.base_url)!r}, api_key={key}, adapters={adapters})"
+        self._route_choice = _TemplateFromProps(self._server_props)
 
     async def served_adapters(self) -> list[ServedAdapter]:
         """The adapters the (first) server loaded at start, read again from ``GET /lora-adapters``."""
@@ -250,17 +248,6 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             body["cache_prompt"] = False
         return body
 
-    async def _route(self, replica: Replica, request: GenerationRequest) -> str:
-        """Chat when the server's model has a chat template of its own (``GET /props``), else plain-text completions.
-
-        For a model without one, llama-server reports (and chats with) its ChatML fallback: that template counts
-        as none, so such a model reads the same text as in the in-process provider.
-        """
-        template = (await self._server_props(replica)).get("chat_template")
-        if not isinstance(template, str) or not template.strip() or template.strip() == FALLBACK_TEMPLATE:
-            return COMPLETIONS
-        return CHAT
-
     # Adapters -----------------------------------------------------------------------------------------------
 
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
@@ -365,6 +352,23 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         if path.is_dir():
             return f"<the GGUF of `inference convert-adapter {adapter_path} --base <the server's model>`>"
         return adapter_path
+
+
+class _TemplateFromProps(RouteChoice):
+    """Chat when the server's model has a chat template of its own (``GET /props``), else plain-text completions.
+
+    For a model without one, llama-server reports (and chats with) its ChatML fallback: that template counts as
+    none, so such a model reads the same text as in the in-process provider.
+    """
+
+    def __init__(self, props: Callable[[Replica], Awaitable[dict[str, Any]]]) -> None:
+        self._props = props
+
+    async def route(self, replica: Replica, request: GenerationRequest) -> str:
+        template = (await self._props(replica)).get("chat_template")
+        if not isinstance(template, str) or not template.strip() or template.strip() == FALLBACK_TEMPLATE:
+            return COMPLETIONS
+        return CHAT
 
 
 class _HeldEvents:

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
-
-import httpx
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from inference._core.paths import directory_problem, expand_path
 from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest, validate_adapter_id
-from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, server_root
+from inference._servers.http import ServerClient, server_root
+from inference._servers.ollama_chat import OllamaChat
 from inference._servers.ollama_models import (
     OllamaModels,
     base_model_digest,
@@ -35,7 +33,6 @@ from inference.exceptions import (
 )
 from inference.options import OptionMap, Refused, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
-from inference.results import TokenLogprob
 
 if TYPE_CHECKING:
     from inference.adapters.source import AdapterSource
@@ -163,7 +160,7 @@ class OllamaProvider(InferenceProvider):
             env_prefix="OLLAMA",
         )
         self.native_url = server_root(self.base_url)
-        self._chat_url = f"{self.native_url}/api/chat"
+        self._chat = OllamaChat(self._http, self.native_url, think=self.think, provider=self.name)
         cache_dir = expand_path(settings["adapter_cache_dir"] or default_cache_dir())
         self.adapter_cache_dir = cache_dir
         problem = directory_problem(self.adapter_cache_dir)
@@ -397,215 +394,22 @@ class OllamaProvider(InferenceProvider):
         return request.model
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        def send(model: str) -> Awaitable[httpx.Response]:
-            return self._http.request(
-                "POST",
-                self._chat_url,
-                operation=f"generate with model {model!r}",
-                json_body=_chat_body(request, model, stream=False, think=self.think),
-                handlers=self._handlers(model),
-            )
-
-        with self._schema_refusals(request):
-            model, response = await self._recreating(request, send)
-        operation = f"generate with model {model!r}"
-        body = self._http.parse_json(response, operation=operation)
-        try:
-            text = body["message"]["content"]
-            if not isinstance(text, str):
-                raise TypeError("message.content is not a string")
-            logprobs = _token_logprobs(body, request.logprobs) if request.logprobs is not None else None
-        except (KeyError, TypeError, AttributeError) as error:
-            problem = f"an answer that is not an Ollama chat reply ({error})"
-            raise self._http.protocol_error(operation, problem) from error
-        return self._result(body, request, model, text, operation, logprobs, _thinking(body) or None)
+        chat = self._chat
+        with chat.schema_refusals(request):
+            model, response = await self._recreating(request, lambda model: chat.send(request, model))
+        return chat.answer(response, request, model)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        chat = self._chat
         async with contextlib.AsyncExitStack() as stack:
-
-            async def send(model: str) -> AsyncIterator[Any]:
-                lines = self._http.stream_json_lines(
-                    "POST",
-                    self._chat_url,
-                    operation=f"stream from model {model!r}",
-                    json_body=_chat_body(request, model, stream=True, think=self.think),
-                    handlers=self._handlers(model),
-                )
-                return await stack.enter_async_context(lines)
-
-            with self._schema_refusals(request):
-                model, lines = await self._recreating(request, send)
-            operation = f"stream from model {model!r}"
-            pieces: list[str] = []
-            thoughts: list[str] = []
-            logprobs: list[TokenLogprob] = []
-            async for line in lines:
-                event = self._chat_chunk(line, operation)
-                thoughts.append(_thinking(event))
-                if request.logprobs is not None:
-                    try:
-                        logprobs.extend(_token_logprobs(event, request.logprobs))
-                    except (TypeError, AttributeError) as error:
-                        problem = f"a stream line with malformed logprobs ({error})"
-                        raise self._http.protocol_error(operation, problem) from error
-                piece = event["message"]["content"]
-                if piece:
-                    pieces.append(piece)
-                    yield piece
-                if event.get("done"):
-                    yield self._result(
-                        event,
-                        request,
-                        model,
-                        "".join(pieces),
-                        operation,
-                        logprobs if request.logprobs is not None else None,
-                        "".join(thoughts) or None,
-                    )
-                    return
-            raise self._http.protocol_error(operation, "a stream that ended before its done line")
-
-    @contextlib.contextmanager
-    def _schema_refusals(self, request: GenerationRequest) -> Iterator[None]:
-        """A 400 about ``format`` when the request has a ``json_schema``: the schema is an invalid request."""
-        try:
-            yield
-        except ServerResponseError as error:
-            message = str(error).lower()
-            about_schema = "format" in message or "schema" in message
-            if request.json_schema is None or error.status_code != 400 or not about_schema:
-                raise
-            raise InvalidRequestError(
-                f"Ollama at {self.native_url} could not use the json_schema ({error}): simplify the schema to what "
-                "Ollama's grammar supports",
-                provider=self.name,
-            ) from error
-
-    def _chat_chunk(self, event: Any, operation: str) -> dict[str, Any]:
-        message = event.get("message") if isinstance(event, dict) else None
-        if not isinstance(message, dict) or not isinstance(message.get("content", ""), str):
-            shown = json.dumps(event)[:200]
-            raise self._http.protocol_error(operation, f"a stream line that is not an Ollama chat chunk: {shown}")
-        message.setdefault("content", "")
-        assert isinstance(event, dict)
-        return event
-
-    def _result(
-        self,
-        body: dict[str, Any],
-        request: GenerationRequest,
-        model: str,
-        text: str,
-        operation: str,
-        logprobs: list[TokenLogprob] | None = None,
-        reasoning: str | None = None,
-    ) -> GenerationResult:
-        counts = (body.get("prompt_eval_count") or 0, body.get("eval_count") or 0)
-        if any(isinstance(count, bool) or not isinstance(count, int) or count < 0 for count in counts):
-            problem = f"token counts that are not non-negative integers (prompt_eval_count, eval_count = {counts!r})"
-            raise self._http.protocol_error(operation, problem)
-        prompt_tokens, completion_tokens = counts
-        if request.logprobs is not None and not logprobs and completion_tokens > 0:
-            raise self._http.protocol_error(
-                operation,
-                "an answer without the token logprobs asked for: Ollama reports them from version 0.12.11 on; "
-                "upgrade the server, or ask without logprobs",
-            )
-        return GenerationResult(
-            text=text,
-            model=str(body.get("model") or model),
-            adapter_id=request.adapter_id,
-            token_count=prompt_tokens + completion_tokens,
-            finish_reason="length" if body.get("done_reason") == "length" else "stop",
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
-            reasoning=reasoning,
-        )
-
-    def _handlers(self, model: str) -> ErrorHandlers:
-        return {404: lambda answer: self._not_found(answer, model)}
-
-    def _not_found(self, answer: ServerAnswer, model: str) -> ServerResponseError:
-        if answer.route_missing:
-            return answer.error(
-                ServerResponseError,
-                f"the server at {self.native_url} has no Ollama native API ({answer.response.request.url.path} "
-                "answered 404 Not Found): it is another kind of server (an OpenAI-only server such as "
-                "llama_cpp.server?); point OLLAMA_BASE_URL (or base_url) at Ollama, or use the vllm provider for "
-                "OpenAI-compatible servers",
-            )
-        if parse_derived_model_name(model) is not None:
-            hint = "the adapter's model was deleted from the server: load the adapter again"
-        else:
-            hint = f"run `ollama pull {model}` on the server"
-        sentence = f"{answer.where} has no model {model!r} ({answer.message}): {hint}"
-        return answer.error(ServerModelNotFoundError, sentence)
+            with chat.schema_refusals(request):
+                model, lines = await self._recreating(request, lambda model: chat.open(stack, request, model))
+            async for event in chat.events(lines, request, model):
+                yield event
 
     async def aclose(self) -> None:
         """Close the pooled connections (derived models stay on the server). The provider reconnects if used."""
         await self._http.aclose()
-
-
-def _chat_body(request: GenerationRequest, model: str, *, stream: bool, think: str = "auto") -> dict[str, Any]:
-    """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply.
-
-    ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``.
-    """
-    messages = request.messages  # the one message rule (GenerationRequest.messages)
-    options: dict[str, Any] = {"num_predict": request.max_tokens}
-    for key, value in (
-        ("temperature", request.temperature),
-        ("top_p", request.top_p),
-        ("top_k", request.top_k),
-        ("repeat_penalty", request.repetition_penalty),
-        ("seed", request.seed),
-    ):
-        if value is not None:
-            options[key] = value
-    if request.stop:
-        options["stop"] = list(request.stop)
-    body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream, "options": options}
-    if request.json_schema is not None:
-        body["format"] = dict(request.json_schema)
-    if request.logprobs is not None:
-        body["logprobs"] = True
-        body["top_logprobs"] = request.logprobs
-    if think != "auto":
-        body["think"] = {"true": True, "false": False}.get(think, think)
-    return body
-
-
-def _thinking(body: dict[str, Any]) -> str:
-    """``message.thinking`` of an answer or stream line (``""`` when absent)."""
-    message = body.get("message")
-    thinking = message.get("thinking") if isinstance(message, dict) else None
-    return thinking if isinstance(thinking, str) else ""
-
-
-def _token_logprobs(body: dict[str, Any], k: int) -> list[TokenLogprob]:
-    """The ``logprobs`` of an ``/api/chat`` answer or stream line: ``[{token, logprob, bytes, top_logprobs}]``.
-
-    Raises:
-        TypeError: The field is not a list of entries with a text token and a numeric logprob.
-    """
-    entries = body.get("logprobs") or []
-    if not isinstance(entries, list):
-        raise TypeError(f"logprobs is {type(entries).__name__}, not a list")
-    result = []
-    for entry in entries:
-        token = entry.get("token", "") if isinstance(entry, dict) else None
-        logprob = entry.get("logprob", 0.0) if isinstance(entry, dict) else None  # Go omits zero values
-        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
-            raise TypeError(f"a logprobs entry without a token and a logprob: {entry!r:.200}")
-        top = [
-            (alternative.get("token", ""), float(alternative.get("logprob", 0.0)))
-            for alternative in entry.get("top_logprobs") or []
-            if isinstance(alternative, dict) and isinstance(alternative.get("logprob", 0.0), (int, float))
-        ]
-        top.sort(key=lambda pair: pair[1], reverse=True)
-        result.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
-    return result
 
 
 def _untagged(model: str) -> str:

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inference._core.validation import GenerationRequest
-from inference._servers.http import ErrorHandlers, ServerAnswer
-from inference._servers.openai_compatible import CHAT, COMPLETIONS, OpenAICompatibleProvider, Replica
-from inference.exceptions import ServerResponseError
-
-_NO_CHAT_TEMPLATE = "chat template"
-"""In a server's 400 for chat on a model without one (vLLM: ``... default chat template is no longer allowed, so
-you must provide a chat template if the tokenizer does not define one``)."""
+from inference._servers.openai_compatible import OpenAICompatibleProvider
+from inference._servers.routes import ChatUntilRefused
 
 __all__ = ["OpenAIProvider"]
 
@@ -71,35 +65,4 @@ class OpenAIProvider(OpenAICompatibleProvider):
     ) -> None:
         super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries, api=api)
         self.api: str = self._settings["api"]
-        self._chatless: set[str] = set()  # base URLs of the replicas that refused chat for want of a chat template
-
-    async def _route(self, replica: Replica, request: GenerationRequest) -> str:
-        """The ``api`` setting; for ``"auto"``, chat until the replica refused it for want of a chat template."""
-        if self.api != "auto":
-            return self.api
-        return COMPLETIONS if replica.base_url in self._chatless else CHAT
-
-    def _other_route(self, replica: Replica, route: str, refused: ServerResponseError) -> str | None:
-        """With ``api="auto"``, completions for a replica that refused chat for want of a chat template."""
-        if self.api != "auto" or route != CHAT or refused.status_code != 400 or _NO_CHAT_TEMPLATE not in str(refused):
-            return None
-        self._chatless.add(replica.base_url)
-        self._logger.info(
-            "%s has no chat template for its model; generating through /v1/completions", replica.http.where
-        )
-        return COMPLETIONS
-
-    def _generation_handlers(self, request: GenerationRequest, reloaded_from: str | None) -> ErrorHandlers:
-        return {**super()._generation_handlers(request, reloaded_from), 400: self._no_chat_template}
-
-    def _no_chat_template(self, answer: ServerAnswer) -> ServerResponseError | None:
-        """A 400 refusing chat for a model without a chat template: say which setting sends plain text instead."""
-        chatting = answer.response.request.url.path.endswith("/chat/completions")
-        if not chatting or _NO_CHAT_TEMPLATE not in answer.message:
-            return None
-        return answer.error(
-            ServerResponseError,
-            f"{answer.where} cannot chat with its model: it has no chat template ({answer.message}). Generate "
-            "through /v1/completions instead: OPENAI_API=completions (or api=...), or give the server a chat "
-            "template",
-        )
+        self._route_choice = ChatUntilRefused(self.api, env_prefix=self.env_prefix)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from inference._core.validation import AdapterScales, GenerationRequest, adapters_label, listed
@@ -25,7 +25,14 @@ from inference._inprocess.worker import ModelWorker
 from inference.exceptions import AdapterNotFoundError, ConfigurationError, InvalidRequestError, ProviderError
 from inference.provider import InferenceProvider
 
-__all__ = ["InProcessProvider", "chat_messages", "non_finite_logits", "plain_prompt"]
+__all__ = [
+    "InProcessProvider",
+    "adapter_not_loaded",
+    "chat_messages",
+    "non_finite_logits",
+    "plain_prompt",
+    "require_prompt",
+]
 
 ResidentT = TypeVar("ResidentT")
 """What a provider keeps per adapter resident in its backend (a llama.cpp handle, a PEFT adapter name)."""
@@ -59,6 +66,23 @@ def non_finite_logits(provider: str, adapters: AdapterScales) -> ProviderError:
         f"the model's logits are not finite (NaN, infinity, or all equal after an overflow) for this request with "
         f"{used}: an adapter's weights, lora_alpha or scale are too large for the model's numbers; lower the scale "
         "or check the adapter (the provider is still usable)",
+        provider=provider,
+    )
+
+
+def require_prompt(ids: Sequence[int], *, provider: str) -> None:
+    """Refuse a prompt that is no tokens at all (the model would have nothing to continue)."""
+    if not ids:
+        raise InvalidRequestError("the prompt is empty after tokenisation: give a non-empty prompt", provider=provider)
+
+
+def adapter_not_loaded(
+    adapter_id: str, resident: Iterable[str], *, provider: str, where: str = "the model"
+) -> AdapterNotFoundError:
+    """The error of a request for an adapter that is not resident in the backend (``where``), listing those that are."""
+    return AdapterNotFoundError(
+        f"adapter {adapter_id!r} is not loaded in {where}: call load_adapter first "
+        f"(resident: {listed(sorted(resident)) or 'none'})",
         provider=provider,
     )
 
@@ -164,14 +188,7 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
         return None
 
     def _not_loaded(self, adapter_id: str) -> AdapterNotFoundError:
-        return AdapterNotFoundError(
-            f"adapter {adapter_id!r} is not loaded in {self._backend_label}: call load_adapter first "
-            f"(resident: {listed(sorted(self._resident)) or 'none'})",
-            provider=self.name,
-        )
+        return adapter_not_loaded(adapter_id, self._resident, provider=self.name, where=self._backend_label)
 
     def _require_prompt(self, ids: Sequence[int]) -> None:
-        if not ids:
-            raise InvalidRequestError(
-                "the prompt is empty after tokenisation: give a non-empty prompt", provider=self.name
-            )
+        require_prompt(ids, provider=self.name)

@@ -4,7 +4,8 @@ Requests are put in a :class:`BatchQueue` on the event loop's thread; the model'
 them out with :meth:`BatchQueue.next_batch`. A batch starts when the oldest waiting request has waited
 ``window_s`` or when ``max_batch_size`` compatible requests are waiting, whichever comes first. Requests
 whose batch keys differ (e.g. other sampling settings) never share a batch; the oldest request's key
-goes first, so no request waits behind later ones forever.
+goes first, so no request waits behind later ones forever. The queue holds any kind of request (generation
+requests, score calls): its entries are :class:`PendingRequest` objects typed by request and result.
 
 The helpers below turn a batch into one left-padded input (:func:`left_pad`), stop each row at its own
 ``max_tokens`` (:class:`RowLimits`) or once its caller gave up (:class:`RowsCancelled`, the per-row form of
@@ -21,16 +22,21 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from inference._core.validation import GenerationRequest
 from inference.provider import GenerationResult
 
 __all__ = ["BatchQueue", "BatchRow", "PendingRequest", "RowLimits", "RowsCancelled", "cut_row", "left_pad"]
 
+RequestT = TypeVar("RequestT")
+"""What is queued: a :class:`~inference._core.validation.GenerationRequest`, a score call..."""
+ResultT = TypeVar("ResultT")
+"""What the worker answers it with."""
+
 
 @dataclass(eq=False)
-class PendingRequest:
+class PendingRequest(Generic[RequestT, ResultT]):
     """One request on its way to the model's worker thread, with what the worker needs to serve it.
 
     Attributes:
@@ -42,14 +48,14 @@ class PendingRequest:
         key: Its batch key, computed once by the worker thread (requests share a batch only if keys are equal).
     """
 
-    request: GenerationRequest
-    future: Future[GenerationResult] = field(default_factory=Future)
+    request: RequestT
+    future: Future[ResultT] = field(default_factory=Future)
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     key: Hashable | None = None
 
 
-class BatchQueue:
+class BatchQueue(Generic[RequestT, ResultT]):
     """A thread-safe queue that hands out batches of compatible requests.
 
     Args:
@@ -60,22 +66,22 @@ class BatchQueue:
     def __init__(self, max_batch_size: int, window_s: float) -> None:
         self.max_batch_size = max_batch_size
         self.window_s = window_s
-        self._pending: list[PendingRequest] = []
+        self._pending: list[PendingRequest[RequestT, ResultT]] = []
         self._condition = threading.Condition()
 
     def __len__(self) -> int:
         with self._condition:
             return len(self._pending)
 
-    def put(self, request: GenerationRequest) -> PendingRequest:
+    def put(self, request: RequestT) -> PendingRequest[RequestT, ResultT]:
         """Queue ``request`` and wake a worker waiting for its batch to fill; returns its entry."""
-        entry = PendingRequest(request)
+        entry: PendingRequest[RequestT, ResultT] = PendingRequest(request)
         with self._condition:
             self._pending.append(entry)
             self._condition.notify_all()
         return entry
 
-    def discard(self, entry: PendingRequest) -> None:
+    def discard(self, entry: PendingRequest[RequestT, ResultT]) -> None:
         """The caller gave up: set ``entry``'s cancel event, take it out of the queue, cancel its future.
 
         A request whose batch is already running stops at its next token (the worker sees the event).
@@ -86,15 +92,23 @@ class BatchQueue:
                 self._pending.remove(entry)
         entry.future.cancel()
 
-    def next_batch(self, key_of: Callable[[GenerationRequest], Hashable]) -> list[PendingRequest]:
+    def next_batch(
+        self,
+        key_of: Callable[[RequestT], Hashable] | None = None,
+        first: Callable[[RequestT], Hashable] | None = None,
+    ) -> list[PendingRequest[RequestT, ResultT]]:
         """Wait for the oldest request's window, then return it and the compatible requests behind it.
 
         Args:
             key_of: Gives a request's batch key; called once per request, on the calling (worker) thread.
+                ``None``: every request is compatible with every other.
+            first: Orders a batch: the compatible requests whose ``first`` equals the oldest's go before the
+                others (each part oldest first), so a batch is as uniform as the waiting requests allow (a
+                forward pass of one adapter skips PEFT's mixed-adapter path). ``None``: oldest first.
 
         Returns:
-            Up to ``max_batch_size`` requests with equal keys, oldest first, each future marked running
-            (so callers can no longer cancel it); an empty list when nothing is waiting.
+            Up to ``max_batch_size`` compatible requests, each future marked running (so callers can no
+            longer cancel it); an empty list when nothing is waiting.
         """
         with self._condition:
             while True:
@@ -103,11 +117,16 @@ class BatchQueue:
                 ]
                 if not self._pending:
                     return []
-                for entry in self._pending:
-                    if entry.key is None:
-                        entry.key = key_of(entry.request)
+                if key_of is not None:
+                    for entry in self._pending:
+                        if entry.key is None:
+                            entry.key = key_of(entry.request)
                 head = self._pending[0]
-                group = [entry for entry in self._pending if entry.key == head.key][: self.max_batch_size]
+                group = [entry for entry in self._pending if entry.key == head.key]
+                if first is not None:
+                    wanted = first(head.request)
+                    group.sort(key=lambda entry: first(entry.request) != wanted)  # stable: oldest first in each
+                group = group[: self.max_batch_size]
                 remaining = head.enqueued_at + self.window_s - time.monotonic()
                 if len(group) >= self.max_batch_size or remaining <= 0:
                     break
@@ -127,7 +146,7 @@ class BatchRow:
         limit: The most new tokens for this row (``max_tokens``, or less where the context ends first).
     """
 
-    entry: PendingRequest
+    entry: PendingRequest[GenerationRequest, GenerationResult]
     prompt_ids: list[int]
     limit: int
 
@@ -171,7 +190,7 @@ class RowsCancelled:
         entries: The batch's requests, one per row, in row order.
     """
 
-    def __init__(self, torch: Any, entries: list[PendingRequest]) -> None:
+    def __init__(self, torch: Any, entries: list[PendingRequest[GenerationRequest, GenerationResult]]) -> None:
         self.torch = torch
         self.entries = entries
 

@@ -24,13 +24,11 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["GrammarRows", "JsonGrammars", "SchemaRefused"]
+from inference.exceptions import InvalidRequestError
+
+__all__ = ["GrammarRows", "JsonGrammars"]
 
 _CACHE_SIZE = 64
-
-
-class SchemaRefused(ValueError):
-    """llguidance cannot compile the schema; the message says why."""
 
 
 class JsonGrammars:
@@ -38,19 +36,22 @@ class JsonGrammars:
 
     Args:
         llguidance: The ``llguidance`` module.
-        tokenizer: The model's ``LLTokenizer`` (``llguidance.hf.from_tokenizer``), sized to the logits.
+        tokenizer: The model's ``LLTokenizer`` (``llguidance.hf.from_tokenizer``, or
+            ``llguidance.llamacpp.lltokenizer_from_vocab``), sized to the logits.
+        provider: The provider's name, for errors.
     """
 
-    def __init__(self, llguidance: Any, tokenizer: Any) -> None:
+    def __init__(self, llguidance: Any, tokenizer: Any, *, provider: str) -> None:
         self.llguidance = llguidance
         self.tokenizer = tokenizer
+        self.provider = provider
         self._compiled: OrderedDict[str, Any] = OrderedDict()
 
     def matcher(self, schema: Mapping[str, Any]) -> Any:
         """A matcher at the start of ``schema``'s JSON (compiled once per schema, copied per row).
 
         Raises:
-            SchemaRefused: The grammar compiler refuses the schema (e.g. a regex with look-around).
+            InvalidRequestError: The grammar compiler refuses the schema (e.g. a regex with look-around).
         """
         key = json.dumps(schema, sort_keys=True, default=str)
         template = self._compiled.get(key)
@@ -60,14 +61,21 @@ class JsonGrammars:
                 grammar = matcher_class.grammar_from_json_schema(dict(schema), overrides={"whitespace_flexible": False})
                 template = matcher_class(self.tokenizer, grammar, log_level=0)
             except (ValueError, TypeError, RuntimeError) as error:
-                raise SchemaRefused(str(error)) from error
+                raise self._refused(str(error)) from error
             if template.is_error():
-                raise SchemaRefused(_first_lines(template.get_error()))
+                raise self._refused(_first_lines(template.get_error()))
             self._compiled[key] = template
             if len(self._compiled) > _CACHE_SIZE:
                 self._compiled.popitem(last=False)
         self._compiled.move_to_end(key)
         return template.deep_copy()
+
+    def _refused(self, reason: str) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"json_schema cannot be compiled into a grammar ({reason}): simplify the schema "
+            "(llguidance supports most of JSON schema, but not e.g. regex look-around)",
+            provider=self.provider,
+        )
 
 
 class GrammarRows:

@@ -27,13 +27,18 @@ Scheduling, in one place:
   after a cancelled long prompt does not wait for the rest of its chunk. A step with a sequence still wanted runs
   to its end.
 
+A request reaches the loop from the event loop through :class:`LoopStarter`: it joins the batcher, a loop call is
+queued on the model's worker, and the caller awaits its answer (queuing the loop again when it gave way).
+
 Nothing here imports llama_cpp: the module and the provider's helpers come in through :class:`BatchBackend`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,9 +47,10 @@ from inference._core.validation import AdapterScales, GenerationRequest
 from inference._inprocess.llamacpp_completion import Completion
 from inference._inprocess.llamacpp_logits import clear_memory
 from inference._inprocess.streaming import PieceSink
+from inference._inprocess.worker import ModelWorker
 from inference.provider import GenerationResult
 
-__all__ = ["BatchBackend", "BatchEntry", "ContinuousBatcher", "Started"]
+__all__ = ["BatchBackend", "BatchEntry", "ContinuousBatcher", "LoopStarter", "Started"]
 
 
 @dataclass(eq=False)
@@ -357,3 +363,57 @@ _ABORTED = 2
 
 class _Abandoned(Exception):
     """The answer of a request whose caller gave up (nobody waits for it)."""
+
+
+class LoopStarter:
+    """Starts a request in the decode loop, from the event loop (a :data:`~inference._inprocess.streaming.JobStarter`).
+
+    Args:
+        batcher: The requests waiting for the loop, and the loop.
+        worker: The model's worker thread.
+        serve: Runs the loop on the worker thread (:meth:`ContinuousBatcher.serve` with the provider's backend).
+    """
+
+    def __init__(self, batcher: ContinuousBatcher, worker: ModelWorker, serve: Callable[[], None]) -> None:
+        self.batcher = batcher
+        self.worker = worker
+        self.serve = serve
+
+    def __call__(
+        self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
+    ) -> asyncio.Future[GenerationResult]:
+        """Queue a request for the decode loop; the returned future drives the loop until it is answered."""
+        entry = self.batcher.put(request, sink, cancel)
+        loop_call = self.worker.submit(self.serve)  # queued now: a later aclose() runs after it
+        return asyncio.ensure_future(self._answer(entry, loop_call))
+
+    async def _answer(self, entry: BatchEntry, loop_call: asyncio.Future[None]) -> GenerationResult:
+        """Wait for ``entry``'s answer while a decode loop runs on the worker thread.
+
+        The answer comes the moment its sequence ends (the loop goes on for the others). When the loop
+        returns without it (it gave way to a load or a score queued behind it), the loop is queued again.
+        """
+        answer = asyncio.wrap_future(entry.future)
+        answer.add_done_callback(_retrieve)  # read through entry.future below
+        try:
+            while True:
+                waiting: set[asyncio.Future[Any]] = {answer, loop_call}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if loop_call.done():
+                    loop_call.result()  # a failure of the loop itself (the model could not load)
+                if entry.future.done():
+                    return entry.future.result()
+                if loop_call.done():
+                    loop_call = self.worker.submit(self.serve)
+        finally:
+            if not entry.future.done():
+                self.batcher.discard(entry)
+            if not loop_call.done():
+                loop_call.cancel()  # dropped if it has not started; a running loop serves the others on
+                loop_call.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an abandoned future's error as seen (nobody waits for it any more)."""
+    if not future.cancelled():
+        future.exception()

@@ -7,8 +7,9 @@ Everything that talks to a server goes through one :class:`ServerClient` per pro
 - on demand, clients that send every request over one TCP connection (:meth:`ServerClient.one_connection`), for
   requests that must reach the same server process: a restarted server cannot answer on the old connection;
 - bounded retries with exponential backoff (and ``Retry-After``, capped) for connect errors and the
-  statuses 429, 502, 503 and 504 only, in the client's transport, so requests sent by the ``openai``
-  client (its own retries off) and by the providers themselves are retried in this one place;
+  statuses 429, 502, 503 and 504 only, in the client's transport (:mod:`inference._servers.transport`), so
+  requests sent by the ``openai`` client (its own retries off) and by the providers themselves are retried in
+  this one place;
 - one translation of failures into the error tree: transport errors, timeouts, malformed JSON, and
   :meth:`ServerClient.error_from_response`, which maps an error answer by status code first and lets each
   provider pass the cases specific to its backend;
@@ -28,26 +29,28 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
-import email.utils
-import functools
-import itertools
 import json
 import logging
-import math
-import random
 import re
-import ssl
 import sys
-import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
 from inference._core.redaction import redact_url
 from inference._core.settings import validate_base_url
+from inference._servers.transport import (
+    CONNECT_TIMEOUT_MAX,
+    ONE_CONNECTION,
+    ONE_CONNECTION_CLIENTS_KEPT,
+    RETRY_STATUSES,
+    PooledTransport,
+    RetryPolicy,
+    ssl_context,
+)
 from inference.exceptions import (
     ConfigurationError,
     InferenceError,
@@ -60,6 +63,7 @@ from inference.exceptions import (
 
 __all__ = [
     "RETRY_STATUSES",
+    "ErrorHandler",
     "ErrorHandlers",
     "RetryPolicy",
     "ServerAnswer",
@@ -72,32 +76,16 @@ __all__ = [
     "server_root",
 ]
 
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-"""Statuses that mean "try again shortly"; every other error status is final."""
 
-CONNECT_TIMEOUT_MAX = 10.0
-"""Seconds to wait for a TCP connection, at most, whatever the read timeout is."""
-
-POOL_SHARDS = 32
-"""Connection pools per client, used in turn. httpcore's pool does work proportional to its connections
-and queued requests on every request, so one pool of hundreds of connections costs O(n^2) CPU at high
-concurrency (at 256 requests in flight, one pool gave about a quarter of the openai client's own
-throughput); 32 small pools keep that cost low (see ``scripts/bench_http_overhead.py``)."""
-
-_SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=30.0)
-"""Per pool: 32 x 32 = 1024 connections in all, 256 kept alive."""
-
-_ONE_CONNECTION = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30.0)
-"""The pool of a :meth:`ServerClient.one_connection` client."""
-
-ONE_CONNECTION_CLIENTS_KEPT = 16
-"""One-connection clients kept (with their open connections) for the next :meth:`ServerClient.one_connection`."""
+_ErrorT = TypeVar("_ErrorT", bound=InferenceError)
 
 
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """One default TLS context for every pool (making one loads the CA bundle: tens of milliseconds)."""
-    return httpx.create_ssl_context()
+def _json_or_none(content: bytes) -> Any:
+    """The JSON value of a body; ``None`` when it is empty or not JSON."""
+    try:
+        return json.loads(content) if content else None
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        return None
 
 
 def is_connect_failure(error: BaseException) -> bool:
@@ -140,15 +128,11 @@ def is_route_missing(response: httpx.Response) -> bool:
     """
     if response.status_code not in (404, 405):
         return False
-    try:
-        body = json.loads(response.content) if response.content else None
-    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
-        body = None
-    else:
-        if isinstance(body, dict):
-            return set(body) == {"detail"} and body["detail"] in _ROUTE_MISSING_JSON
-        if body is not None:
-            return False
+    body = _json_or_none(response.content)
+    if isinstance(body, dict):
+        return set(body) == {"detail"} and body["detail"] in _ROUTE_MISSING_JSON
+    if body is not None:
+        return False
     text = response.content.decode("utf-8", errors="replace").strip()
     if "<" in text:  # an HTML error page: look at its title or heading
         match = re.search(r"<(title|h1)[^>]*>([^<]*)<", text, re.IGNORECASE)
@@ -211,99 +195,6 @@ def base_url_query(base_url: str) -> tuple[tuple[str, str], ...]:
     return tuple(parse_qsl(urlsplit(base_url).query, keep_blank_values=True))
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient failures are retried.
-
-    Attributes:
-        max_retries: Retries after the first attempt (``0`` = no retry).
-        backoff_base: Seconds before the first retry; doubled for each later one.
-        backoff_max: The most seconds between two attempts from backoff alone.
-        retry_after_max: The most seconds a server's ``Retry-After`` may make us wait.
-    """
-
-    max_retries: int = 2
-    backoff_base: float = 0.1
-    backoff_max: float = 2.0
-    retry_after_max: float = 5.0
-
-    def delay(self, retry_number: int, retry_after: str | None = None) -> float:
-        """Seconds to wait before retry ``retry_number`` (0-based), honouring ``Retry-After`` if given."""
-        seconds = _parse_retry_after(retry_after)
-        if seconds is not None and math.isfinite(seconds):
-            return min(max(seconds, 0.0), self.retry_after_max)
-        backoff = min(self.backoff_base * 2.0**retry_number, self.backoff_max)
-        return backoff * (0.75 + 0.25 * random.random())  # a little jitter, so clients spread out
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return when.timestamp() - time.time()
-
-
-class _PooledTransport(httpx.AsyncBaseTransport):
-    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504.
-
-    Attributes:
-        last_connection: The connection (httpcore's network stream) the last answer came on, ``None`` when the
-            transport does not say; meaningful for a one-connection transport used by one task at a time.
-    """
-
-    def __init__(
-        self,
-        policy: RetryPolicy,
-        logger: logging.Logger,
-        *,
-        shards: int = POOL_SHARDS,
-        limits: httpx.Limits = _SHARD_LIMITS,
-    ) -> None:
-        context = _ssl_context()
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=context) for _ in range(shards)]
-        self._next_pool = itertools.cycle(self._pools).__next__
-        self._policy = policy
-        self._logger = logger
-        self.last_connection: object | None = None
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        retry_number = 0
-        while True:
-            try:
-                response = await self._next_pool().handle_async_request(request)
-            except httpx.ConnectError as error:  # the request never reached the server: safe to resend
-                if retry_number >= self._policy.max_retries:
-                    raise
-                delay, reason = self._policy.delay(retry_number), f"connect error ({error})"
-            else:
-                self.last_connection = response.extensions.get("network_stream")
-                if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
-                    return response
-                delay = self._policy.delay(retry_number, response.headers.get("retry-after"))
-                reason = f"status {response.status_code}"
-                await response.aclose()
-            retry_number += 1
-            self._logger.info(
-                "retrying %s %s in %.2f s after %s (retry %d of %d)",
-                request.method,
-                redact_url(str(request.url)),
-                delay,
-                reason,
-                retry_number,
-                self._policy.max_retries,
-            )
-            await asyncio.sleep(delay)
-
-    async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.aclose()
 
 
 @dataclass(frozen=True)
@@ -347,7 +238,10 @@ class ServerAnswer:
         )
 
 
-ErrorHandlers = Mapping[int, Callable[[ServerAnswer], "ServerResponseError | None"]]
+ErrorHandler = Callable[[ServerAnswer], "ServerResponseError | None"]
+"""A backend-specific case: the error an answer means, or ``None`` for the generic one."""
+
+ErrorHandlers = Mapping[int, ErrorHandler]
 """Backend-specific cases: status code -> handler returning the error, or ``None`` for the generic one."""
 
 
@@ -395,10 +289,10 @@ class ServerClient:
         self.logger = logging.getLogger(f"inference.{provider}")
         self._headers = dict(headers or {})
         self._params = base_url_query(base_url)
-        _ssl_context()  # made here, once per process, rather than on the event loop at first request
+        ssl_context()  # made here, once per process, rather than on the event loop at first request
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._transport: _PooledTransport | None = None
+        self._transport: PooledTransport | None = None
         self._single = False  # a one_connection() client: one connection, not the pools
         self._kept: list[ServerClient] = []  # one-connection clients for the next one_connection()
 
@@ -416,9 +310,9 @@ class ServerClient:
         client = self._client
         if client is None or self._loop is not loop or client.is_closed:
             if self._single:
-                transport = _PooledTransport(self.retry_policy, self.logger, shards=1, limits=_ONE_CONNECTION)
+                transport = PooledTransport(self.retry_policy, self.logger, shards=1, limits=ONE_CONNECTION)
             else:
-                transport = _PooledTransport(self.retry_policy, self.logger)
+                transport = PooledTransport(self.retry_policy, self.logger)
             # A client left on another (usually closed) loop cannot be closed from here; drop it.
             client = httpx.AsyncClient(
                 transport=transport, timeout=self.httpx_timeout, headers=self._headers, params=self._params or None
@@ -519,13 +413,16 @@ class ServerClient:
         except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
             raise self.protocol_error(operation, f"malformed JSON ({error})") from error
 
+    def _error(self, error_class: type[_ErrorT], sentence: str) -> _ErrorT:
+        """``error_class`` with ``sentence``, carrying this client's provider and (redacted) URL."""
+        return error_class(sentence, provider=self.provider, url=self.shown_url)
+
     def protocol_error(self, operation: str, problem: str) -> ProtocolError:
         """An answer that does not follow the protocol, with a hint about the base URL."""
-        return ProtocolError(
+        return self._error(
+            ProtocolError,
             f"{self.where} answered {operation} with {problem}: check that {self.env_prefix}_BASE_URL "
             f"(or base_url) points at {a_server(self.server)}",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def error_from_exception(
@@ -544,19 +441,17 @@ class ServerClient:
         openai = sys.modules.get("openai")
         cause = error if isinstance(error, httpx.HTTPError) else error.__cause__
         if isinstance(cause or error, (httpx.InvalidURL, httpx.UnsupportedProtocol)):
-            return ConfigurationError(
+            return self._error(
+                ConfigurationError,
                 f"{self.where} cannot be asked to {operation}: the URL is not usable ({cause or error}); set "
                 f"{self.env_prefix}_BASE_URL (or base_url) to http://HOST:PORT/v1",
-                provider=self.provider,
-                url=self.shown_url,
             )
         if isinstance(cause, httpx.LocalProtocolError):  # this request is not valid HTTP: not the server's fault
-            return ConfigurationError(
+            return self._error(
+                ConfigurationError,
                 f"{self.where} was not asked to {operation}: the request could not be sent, because a header or the "
                 f"URL holds a character HTTP forbids; check the API key (api_key) and {self.env_prefix}_BASE_URL (or "
                 "base_url)",
-                provider=self.provider,
-                url=self.shown_url,
             )
         if isinstance(cause, httpx.TimeoutException) or (
             openai is not None and isinstance(error, openai.APITimeoutError)
@@ -571,16 +466,14 @@ class ServerClient:
         if isinstance(error, ValueError):  # json.JSONDecodeError from a body that is not JSON
             return self.protocol_error(operation, f"malformed JSON ({error})")
         if openai is not None and isinstance(error, openai.APIError):  # an error event inside a stream
-            return ProviderError(
+            return self._error(
+                ProviderError,
                 f"{self.where} reported an error during {operation}: {error.message}. The server failed; its "
                 "log says why",
-                provider=self.provider,
-                url=self.shown_url,
             )
-        return ProviderError(
+        return self._error(
+            ProviderError,
             f"{self.where} failed during {operation}: {type(error).__name__}: {error}",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def _timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
@@ -588,11 +481,10 @@ class ServerClient:
             what = f"accept a connection within {self.httpx_timeout.connect:g} s"
         else:
             what = f"answer within {self.timeout:g} s ({operation})"
-        return ProviderTimeoutError(
+        return self._error(
+            ProviderTimeoutError,
             f"{self.where} did not {what}: check that the server is up and not overloaded, or raise the "
             f"timeout ({self.env_prefix}_TIMEOUT or timeout=)",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def _unavailable_error(self, cause: BaseException) -> ProviderUnavailableError:
@@ -600,20 +492,18 @@ class ServerClient:
         tried = f"{attempts} attempts" if attempts > 1 else "1 attempt"
         detail = str(cause) or type(cause).__name__
         server = a_server(self.server).partition(" ")[2]  # "vLLM server", "llama-server"
-        return ProviderUnavailableError(
+        return self._error(
+            ProviderUnavailableError,
             f"nothing answers at {self.shown_url} ({detail}; {tried}): start the {server} there, "
             f"or point {self.env_prefix}_BASE_URL (or base_url) at the running server",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     def _broken_error(self, operation: str, cause: BaseException) -> ProviderUnavailableError:
         detail = str(cause) or type(cause).__name__
-        return ProviderUnavailableError(
+        return self._error(
+            ProviderUnavailableError,
             f"{self.where} dropped the connection during {operation} ({detail}): the server crashed, "
             "restarted or was stopped while answering; check that it is up (its log says why), then retry",
-            provider=self.provider,
-            url=self.shown_url,
         )
 
     @contextlib.asynccontextmanager
@@ -740,11 +630,7 @@ class ServerClient:
 
 
 def _answer(response: httpx.Response, *, operation: str, where: str, provider: str, url: str) -> ServerAnswer:
-    body: Any = None
-    try:
-        body = json.loads(response.content) if response.content else None
-    except (ValueError, RecursionError):
-        body = None
+    body = _json_or_none(response.content)
     message = _server_message(body) if body is not None else response.text.strip()
     return ServerAnswer(
         response=response,
@@ -760,7 +646,7 @@ def _answer(response: httpx.Response, *, operation: str, where: str, provider: s
 
 def _server_message(body: Any) -> str:
     if isinstance(body, dict):
-        for key in ("error", "message", "detail"):
+        for key in ("error", "message", "detail", "error_message"):  # error_message: SGLang's LoRA routes
             value = body.get(key)
             if isinstance(value, dict):
                 return _server_message(value)

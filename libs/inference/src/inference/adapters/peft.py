@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,10 @@ __all__ = [
     "PeftAdapter",
     "base_model_type",
     "check_base_model",
+    "check_layer_shapes",
     "check_lora_config",
     "check_ranks",
+    "check_target_modules",
     "pattern_key",
     "read_peft_adapter",
     "read_safetensors_shapes",
@@ -251,6 +253,78 @@ def check_ranks(
                 f"lora_A is ({expected}, in_features) and lora_B (out_features, {expected}); the config does not "
                 "describe these weights: save the adapter again with PeftModel.save_pretrained, or correct its "
                 "r / rank_pattern"
+            )
+
+
+def check_target_modules(
+    adapter: PeftAdapter, module_names: Iterable[str], model: str, refuse: Callable[[str], InvalidAdapterError]
+) -> None:
+    """Refuse an adapter whose ``target_modules`` name modules the model does not have (another architecture).
+
+    As PEFT matches them: a string is a regular expression some module's whole name must match
+    (``"all-linear"`` always passes), a list holds names some module's name equals or ends with (after a ``.``).
+
+    Args:
+        adapter: The adapter.
+        module_names: The names of the model's modules (``named_modules()``).
+        model: The model's name, for the message.
+        refuse: Builds the error from a reason (its message starts with what the adapter is).
+    """
+    raw = adapter.config.get("target_modules")
+    if raw == "all-linear":
+        return
+    names = [name for name in module_names if name]
+    if isinstance(raw, str):
+        missing = [] if any(re.fullmatch(raw, name) for name in names) else [raw]
+    else:
+        missing = [
+            target
+            for target in adapter.target_modules
+            if not any(name == target or name.endswith("." + target) for name in names)
+        ]
+    if missing:
+        raise refuse(
+            f"targets modules that {model} does not have ({listed(missing)}): "
+            "it was trained for another model architecture"
+        )
+
+
+def check_layer_shapes(
+    adapter: PeftAdapter,
+    shapes: Mapping[str, tuple[int, ...]],
+    layers: Mapping[str, tuple[int, int] | None],
+    model: str,
+    refuse: Callable[[str], InvalidAdapterError],
+) -> None:
+    """Refuse LoRA matrices that do not fit the layers they adapt (an adapter trained for another base model).
+
+    ``lora_A`` is ``(rank, in_features)`` and ``lora_B`` ``(out_features, rank)``. Names that are not LoRA
+    matrices, matrices that are not 2-D, and layers without linear features are left alone.
+
+    Args:
+        adapter: The adapter (its ``base_model_name_or_path`` is named in the message).
+        shapes: State-dict name -> shape of the adapter's tensors (``...q_proj.lora_A.weight``).
+        layers: Every module name of the model -> its ``(in_features, out_features)``, or ``None`` for a module
+            that has none.
+        model: The model's name, for the message.
+        refuse: Builds the error from a reason (its message starts with what the adapter is).
+    """
+    for key, shape in sorted(shapes.items()):
+        match = _LORA_MATRIX.match(key)
+        if match is None:
+            continue
+        module, side = match["module"], match["side"]
+        if module not in layers:
+            raise refuse(f"has weights for {module}, which {model} does not have")
+        features = layers[module]
+        if features is None or len(shape) != 2:
+            continue
+        expected, actual = (features[0], shape[1]) if side == "A" else (features[1], shape[0])
+        if expected != actual:
+            raise refuse(
+                f"does not fit {model}: {module} has {expected} {'inputs' if side == 'A' else 'outputs'} but the "
+                f"adapter's lora_{side} has shape {list(shape)}; it was trained for another base model"
+                + (f" ({adapter.base_model_name_or_path})" if adapter.base_model_name_or_path else "")
             )
 
 

@@ -11,6 +11,10 @@ for another adapter, another version of the same adapter, another prompt text or
 - an adapter whose files changed since its rows were written, a prompt whose text changed, or other settings
   are refused with :class:`ResultsFileMismatchError` before anything runs.
 
+Adapters given as weights in memory (:class:`~inference.AdapterWeights`) have no path: their rows record
+``adapter_path: null`` and a hash of the tensors and the config, and are reused for the same id and the same hash.
+The base model's rows (:data:`~inference.evaluation.inputs.BASE_MODEL_ID`) have neither.
+
 Rows written by versions that recorded no hashes or settings are matched on the adapter's path alone and reused;
 a warning says that they could not be checked.
 """
@@ -27,7 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inference._core.validation import ADAPTER_ID_PATTERN
-from inference.evaluation.inputs import AdapterSpec, EvalPrompt, adapter_id_for
+from inference.adapters.weights import AdapterWeights
+from inference.evaluation.inputs import BASE_MODEL_ID, AdapterSpec, EvalPrompt, adapter_id_for
 from inference.exceptions import InvalidRequestError
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "prompt_hash",
     "reconcile",
     "run_settings",
+    "settings_mode",
 ]
 
 logger = logging.getLogger("inference.evaluation")
@@ -61,7 +67,7 @@ class ResultsFileMismatchError(InvalidRequestError):
     """
 
 
-def adapter_hash(path: str | os.PathLike[str]) -> str:
+def adapter_hash(path: str | os.PathLike[str] | AdapterWeights) -> str:
     """A hash of what an adapter is made of: the first :data:`HASH_LENGTH` hex digits of a SHA-256.
 
     For a file (a GGUF LoRA), its bytes. For a directory, the names and bytes of its top-level
@@ -70,9 +76,16 @@ def adapter_hash(path: str | os.PathLike[str]) -> str:
     are left out, so hashing costs one read of the adapter's weights: SHA-256 runs at about 0.7 GB/s per core,
     so a 40 MiB adapter takes about 60 ms, and 500 of them about 30 s spread over the cores.
 
+    For weights in memory (:class:`~inference.AdapterWeights`), the config (as ``adapter_config.json`` would hold
+    it) and each tensor's name, dtype, shape and bytes, in name order: the same values give the same hash whether
+    they are torch tensors or numpy arrays, on the CPU or a GPU.
+
     Raises:
         InvalidRequestError: A file cannot be read.
+        InvalidAdapterError: Weights in memory whose config is not a ``LoraConfig`` or a dict.
     """
+    if isinstance(path, AdapterWeights):
+        return _weights_hash(path)
     path = Path(path)
     digest = hashlib.sha256()
     try:
@@ -89,6 +102,33 @@ def adapter_hash(path: str | os.PathLike[str]) -> str:
             f"cannot read adapter {path} to hash it: {error.strerror or error}", path=str(path)
         ) from error
     return digest.hexdigest()[:HASH_LENGTH]
+
+
+def _weights_hash(weights: AdapterWeights) -> str:
+    digest = hashlib.sha256()
+    config = json.dumps(weights.config_dict(), sort_keys=True, ensure_ascii=False, default=str)
+    digest.update(f"config\0{config}\0".encode())
+    tensors = weights.tensors
+    for name in sorted(tensors, key=str):
+        dtype, shape, data = _tensor_bytes(tensors[name])
+        digest.update(f"{name}\0{dtype}\0{shape}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()[:HASH_LENGTH]
+
+
+def _tensor_bytes(tensor: Any) -> tuple[str, tuple[int, ...], Any]:
+    """A tensor's dtype name (``float32``, ``bfloat16``), shape and raw bytes (a buffer), copied to the CPU."""
+    if type(tensor).__module__.startswith("torch"):
+        import torch  # the tensor is a torch tensor: torch is imported already
+
+        plain = tensor.detach().to("cpu").contiguous()
+        shape = tuple(int(size) for size in plain.shape)
+        dtype = str(plain.dtype).removeprefix("torch.")
+        return dtype, shape, plain.reshape(-1).view(torch.uint8).numpy()
+    import numpy as np  # an AdapterWeights' tensors are torch tensors or numpy arrays
+
+    array = np.ascontiguousarray(tensor)
+    return array.dtype.name, tuple(int(size) for size in array.shape), array.reshape(-1).view(np.uint8)
 
 
 def _is_adapter_file(name: str) -> bool:
@@ -110,15 +150,20 @@ def prompt_hash(prompt: EvalPrompt) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_LENGTH]
 
 
-def run_settings(provider: Any, generation: Mapping[str, Any], scorer: object) -> dict[str, Any]:
-    """What, besides the adapter and the prompt, decides a row: provider, base model, generation settings, scorer.
+def run_settings(
+    provider: Any, generation: Mapping[str, Any], scorer: object, *, mode: str = "generate"
+) -> dict[str, Any]:
+    """What, besides the adapter and the prompt, decides a row: provider, base model, generation settings, scorer,
+    and the mode.
 
     The base model is what the provider object says it serves (``model_path`` for llama.cpp,
     ``model_name`` and ``torch_dtype`` for Transformers, ``base_model`` for Ollama; the server model name
     is the ``model`` generation setting). Connection settings (URL, timeouts) are left out: the same model
     behind another address gives the same rows. ``generation`` is as
     :func:`~inference.evaluation.runner.generation_settings` returns it (checked and normalised, ``stop`` a
-    tuple). Values are as JSON stores them, so they compare equal to what a results file holds.
+    tuple); a score-only run has only ``model``. Values are as JSON stores them, so they compare equal to what a
+    results file holds. ``mode`` is recorded only for score-only runs (``"mode": "score"``): rows of generating
+    runs, from before the mode existed or not, have no such key and stay comparable.
     """
     base: dict[str, Any] = {}
     for attribute in _BASE_MODEL_ATTRIBUTES:
@@ -131,6 +176,8 @@ def run_settings(provider: Any, generation: Mapping[str, Any], scorer: object) -
     settings: dict[str, Any] = {"provider": str(getattr(provider, "name", type(provider).__name__)), "base_model": base}
     settings.update(generation)
     settings["scorer"] = _scorer_name(scorer)
+    if mode != "generate":
+        settings["mode"] = mode
     normalised: dict[str, Any] = json.loads(json.dumps(settings, default=str))
     return normalised
 
@@ -217,7 +264,7 @@ class _Known:
 
 def reconcile(
     specs: Sequence[AdapterSpec],
-    hashes: Sequence[str],
+    hashes: Sequence[str | None],
     prompts: Sequence[EvalPrompt],
     settings: Mapping[str, Any],
     rows: Iterable[dict[str, Any]],
@@ -228,8 +275,9 @@ def reconcile(
     """Check a results file against a run and give each adapter its id in that file.
 
     Args:
-        specs: The run's adapters (ids unique within the run).
-        hashes: :func:`adapter_hash` of each spec, in the same order.
+        specs: The run's adapters (ids unique within the run): paths, weights in memory (``path`` ``None``; their
+            ids are kept), and the base model (:data:`~inference.evaluation.inputs.BASE_MODEL_ID`).
+        hashes: :func:`adapter_hash` of each spec, in the same order (``None`` for the base model).
         prompts: The run's prompts.
         settings: :func:`run_settings` of the run.
         rows: The complete rows already in the file.
@@ -247,21 +295,27 @@ def reconcile(
     _check_settings(rows, settings, output)
     _check_prompts(rows, prompts, output)
     known = _known_adapters(rows)
-    paths = [os.path.abspath(spec.path) for spec in specs]
+    paths = [None if spec.path is None else os.path.abspath(spec.path) for spec in specs]
     ids: list[str | None] = [None] * len(specs)
     for index, spec in enumerate(specs):
-        if explicit_ids:
-            _check_explicit(spec.id, paths[index], hashes[index], known.get(spec.id), output)
+        path, content = paths[index], hashes[index]
+        if spec.id == BASE_MODEL_ID:
+            ids[index] = spec.id
+        elif path is None or content is None:  # weights in memory: the id is the caller's, or their hash's
+            _check_weights(spec.id, str(content), known.get(spec.id), output)
+            ids[index] = spec.id
+        elif explicit_ids:
+            _check_explicit(spec.id, path, content, known.get(spec.id), output)
             ids[index] = spec.id
         else:
-            ids[index] = _known_id(spec.id, paths[index], hashes[index], known, output)
+            ids[index] = _known_id(spec.id, path, content, known, output)
     taken = set(known) | {adapter_id for adapter_id in ids if adapter_id is not None}
     for index, spec in enumerate(specs):
         if ids[index] is None:
-            ids[index] = _free_id(candidate_ids(paths[index], spec.id), taken)
+            ids[index] = _free_id(candidate_ids(str(paths[index]), spec.id), taken)
             taken.add(str(ids[index]))
     final = tuple(
-        replace(spec, id=str(adapter_id), path=Path(path))
+        replace(spec, id=str(adapter_id), path=None if path is None else Path(path))
         for spec, adapter_id, path in zip(specs, ids, paths, strict=True)
     )
     belongs = _row_filter(final, hashes)
@@ -290,9 +344,19 @@ def _check_settings(rows: list[dict[str, Any]], settings: Mapping[str, Any], out
             )
 
 
+def settings_mode(settings: Mapping[str, Any]) -> str:
+    """The mode a row's ``settings`` record: ``"score"``, or ``"generate"`` where none is recorded."""
+    return str(settings.get("mode") or "generate")
+
+
 def _differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> str:
-    keys = [key for key in {**stored, **current} if stored.get(key) != current.get(key)]
-    return "; ".join(f"{key} was {json.dumps(stored.get(key))}, now {json.dumps(current.get(key))}" for key in keys)
+    def value(settings: Mapping[str, Any], key: str) -> Any:
+        return settings_mode(settings) if key == "mode" else settings.get(key)
+
+    keys = [key for key in {**stored, **current} if value(stored, key) != value(current, key)]
+    return "; ".join(
+        f"{key} was {json.dumps(value(stored, key))}, now {json.dumps(value(current, key))}" for key in keys
+    )
 
 
 def _check_prompts(rows: list[dict[str, Any]], prompts: Sequence[EvalPrompt], output: str | os.PathLike[str]) -> None:
@@ -338,13 +402,32 @@ def _known_id(
     return None
 
 
+def _check_weights(adapter_id: str, content: str, entry: _Known | None, output: str | os.PathLike[str]) -> None:
+    """Weights in memory reuse the rows of their id only when those were made from the same weights (hash)."""
+    if entry is None:
+        return
+    if entry.paths:
+        raise ResultsFileMismatchError(
+            f"adapter id {adapter_id!r} names {', '.join(sorted(entry.paths))} in {output}, not weights in memory: "
+            "choose another id for these weights, or write to a new output file",
+            path=os.fspath(output),
+        )
+    if entry.hashes and entry.hashes != {content}:
+        raise ResultsFileMismatchError(
+            f"{output} holds rows of adapter {adapter_id!r} made from other weights (content hash "
+            f"{', '.join(sorted(entry.hashes))}, now {content}): give these weights another id, or write to a new "
+            "output file",
+            path=os.fspath(output),
+        )
+
+
 def _check_explicit(
     adapter_id: str, path: str, content: str, entry: _Known | None, output: str | os.PathLike[str]
 ) -> None:
     if entry is None:
         return
     if entry.path() != os.path.realpath(path):
-        where = ", ".join(sorted(entry.paths)) or "an unknown path"
+        where = ", ".join(sorted(entry.paths)) or ("weights in memory" if entry.hashes else "an unknown path")
         raise ResultsFileMismatchError(
             f"adapter id {adapter_id!r} names {where} in {output}, not {path}: choose another id for this "
             "adapter, or write to a new output file",
@@ -364,13 +447,23 @@ def _free_id(candidates: list[str], taken: set[str]) -> str:
     return f"{base}-{counter}"
 
 
-def _row_filter(specs: Sequence[AdapterSpec], hashes: Sequence[str]) -> Callable[[Mapping[str, Any]], bool]:
-    """Whether a row answers one of ``specs``: its id, its path, and its hash where it has one."""
-    expected = {spec.id: (os.path.realpath(spec.path), content) for spec, content in zip(specs, hashes, strict=True)}
+def _row_filter(
+    specs: Sequence[AdapterSpec], hashes: Sequence[str | None]
+) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a row answers one of ``specs``: its id, its path, and its hash where it has one (weights in memory:
+    no path, the same hash; the base model: no path, no hash)."""
+    expected = {
+        spec.id: (None if spec.path is None else os.path.realpath(spec.path), content)
+        for spec, content in zip(specs, hashes, strict=True)
+    }
 
     def belongs(row: Mapping[str, Any]) -> bool:
         identity = expected.get(str(row.get("adapter_id")))
-        if identity is None or row.get("adapter_path") is None:
+        if identity is None:
+            return False
+        if identity[0] is None:
+            return row.get("adapter_path") is None and row.get("adapter_hash") == identity[1]
+        if row.get("adapter_path") is None:
             return False
         if os.path.realpath(str(row["adapter_path"])) != identity[0]:
             return False

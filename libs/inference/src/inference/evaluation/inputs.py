@@ -7,17 +7,33 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inference._core.validation import ADAPTER_ID_PATTERN
 from inference.exceptions import InvalidRequestError
 from inference.options import require_utf8
 
-__all__ = ["AdapterSpec", "EvalPrompt", "adapter_id_for", "discover_adapters", "load_prompts", "parse_prompts"]
+if TYPE_CHECKING:
+    from inference.adapters.weights import AdapterWeights
+
+__all__ = [
+    "BASE_MODEL_ID",
+    "AdapterSpec",
+    "EvalPrompt",
+    "adapter_id_for",
+    "discover_adapters",
+    "load_prompts",
+    "parse_prompts",
+]
 
 _GLOB_CHARACTERS = re.compile(r"[*?\[]")
+
+BASE_MODEL_ID = "(base)"
+"""The ``adapter_id`` of the base model's rows (no adapter), in the results file, the summary and the CSV.
+
+Not a valid adapter id (parentheses), so it never names an adapter."""
 
 
 @dataclass(frozen=True)
@@ -44,15 +60,26 @@ class EvalPrompt:
 
 @dataclass(frozen=True)
 class AdapterSpec:
-    """One adapter to evaluate.
+    """One adapter to evaluate, with the id you choose for it: files (``path``) or weights in memory (``weights``).
+
+    Example:
+        >>> AdapterSpec("step-100", Path("runs/ckpt-100/adapter")).id
+        'step-100'
+
+    ``AdapterSpec("task-3", weights=AdapterWeights(tensors, config))`` evaluates a hypernetwork's or a training
+    loop's output without writing it anywhere; its rows are identified by a hash of the tensors and the config
+    (see :func:`~inference.evaluation.identity.adapter_hash`), so a rerun with the same weights resumes.
 
     Attributes:
         id: The adapter id it is loaded under (derived from its directory or file name).
-        path: Where it is.
+        path: Where it is (a PEFT directory or a GGUF LoRA file), or ``None`` for weights in memory.
+        weights: The weights themselves (an :class:`~inference.AdapterWeights`), or ``None`` for a path. Not
+            compared: two specs are equal when their ids and paths are.
     """
 
     id: str
-    path: Path
+    path: Path | None = None
+    weights: AdapterWeights | None = field(default=None, compare=False)
 
 
 def load_prompts(path: str | os.PathLike[str]) -> list[EvalPrompt]:

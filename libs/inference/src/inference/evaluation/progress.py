@@ -29,8 +29,12 @@ class Progress:
         rows_done: Rows finished (rows found in the file from an earlier run included).
         rows_total: Adapters times prompts.
         rows_this_run: Rows produced by this run (the base of the rate).
-        elapsed_s: Seconds since this run started.
+        elapsed_s: Seconds since this run's work started: after the warm-up request that loads the model, so
+            the rate and the time left are those of the work, not of the model's load.
         adapter_id: The adapter being evaluated, or ``None`` when finished.
+        score_s: Seconds this run spent scoring (log-likelihoods), summed over the adapters' finished scoring
+            phases (with several adapters in flight they overlap).
+        generate_s: Seconds this run spent generating, likewise.
     """
 
     adapters_done: int
@@ -40,6 +44,8 @@ class Progress:
     rows_this_run: int
     elapsed_s: float
     adapter_id: str | None
+    score_s: float = 0.0
+    generate_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -122,10 +128,15 @@ class TerminalProgress:
         filled = round(fraction * self.width)
         bar = "#" * filled + "-" * (self.width - filled)
         current = f" {progress.adapter_id}" if progress.adapter_id else ""
+        phases = "".join(
+            f" {name} {format_duration(seconds)}"
+            for name, seconds in (("scoring", progress.score_s), ("generating", progress.generate_s))
+            if seconds > 0
+        )
         return (
             f"[{bar}] adapters {progress.adapters_done}/{progress.adapters_total}"
             f" rows {progress.rows_done}/{progress.rows_total}"
-            f" {progress.rate:.1f} rows/s left {format_duration(progress.eta_s)}{current}"
+            f" {progress.rate:.1f} rows/s left {format_duration(progress.eta_s)}{phases}{current}"
         )
 
     def write(self, text: str) -> None:

@@ -1,4 +1,9 @@
-"""The evaluation loop: for each adapter, load it, answer every prompt with bounded concurrency, unload it.
+"""The evaluation loop: for each adapter, load it, score and answer every prompt, unload it.
+
+Per adapter, two phases, timed apart: every expected answer and choice of its prompts is scored in one
+``score_batch`` (so a provider that batches scores runs them in a few forward passes), then, unless the run only
+scores, every prompt is generated with bounded concurrency. The base model gets the same rows, as the reference
+each adapter is compared with.
 
 Rows go to the results file as they finish (see :mod:`inference.evaluation.rows`), so a run killed at any
 point and started again with the same output skips the (adapter, prompt) pairs already there, once
@@ -12,17 +17,31 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from inference._core.validation import GenerationRequest, validate_adapter_id
-from inference.evaluation.identity import Reconciled, adapter_hash, prompt_hash, reconcile, run_settings
-from inference.evaluation.inputs import AdapterSpec, EvalPrompt, discover_adapters, load_prompts
+from inference.adapters.weights import AdapterWeights
+from inference.evaluation.identity import (
+    Reconciled,
+    adapter_hash,
+    prompt_hash,
+    reconcile,
+    run_settings,
+    settings_mode,
+)
+from inference.evaluation.inputs import BASE_MODEL_ID, AdapterSpec, EvalPrompt, discover_adapters, load_prompts
 from inference.evaluation.progress import Progress
 from inference.evaluation.rows import ResultsWriter, check_file_path, open_results, read_rows, row_key
 from inference.evaluation.scoring import Scorer, regex_match, resolve_scorer, score_value
-from inference.evaluation.summary import AdapterTimings, EvaluationSummary, summarise, summary_csv_path
+from inference.evaluation.summary import (
+    AdapterTimings,
+    EvaluationSummary,
+    compare_with_base,
+    summarise,
+    summary_csv_path,
+)
 from inference.exceptions import (
     ConfigurationError,
     InvalidRequestError,
@@ -34,8 +53,9 @@ from inference.exceptions import (
 from inference.factory import get_provider_for_step
 from inference.options import GenerationOptions
 from inference.provider import GenerationResult, InferenceProvider
+from inference.results import ScoreResult
 
-__all__ = ["DEFAULT_MAX_TOKENS", "GENERATION_KEYS", "evaluate_adapters", "generation_settings"]
+__all__ = ["DEFAULT_MAX_TOKENS", "GENERATION_KEYS", "MODES", "evaluate_adapters", "generation_settings"]
 
 logger = logging.getLogger("inference.evaluation")
 
@@ -46,6 +66,11 @@ GENERATION_KEYS = ("model", *GenerationOptions.names())
 DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` when the provider config gives none."""
 
+MODES = ("auto", "generate", "score")
+"""What :func:`evaluate_adapters` does per prompt: ``"generate"`` (generate, and score the expected answer and the
+choices where the provider can), ``"score"`` (only score: no generation), ``"auto"`` (score only when nothing
+would use a generation: no scorer and every prompt multiple-choice; a results file being resumed keeps its mode)."""
+
 
 def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "evaluation") -> dict[str, Any]:
     """The generation settings of a provider config, checked as ``generate`` would check them.
@@ -55,13 +80,33 @@ def generation_settings(provider_config: Mapping[str, Any], *, provider: str = "
     are as the checks return them (``stop`` a tuple, numbers of sampling as floats).
 
     Raises:
-        InvalidRequestError: A setting is out of range or of the wrong type.
+        InvalidRequestError: A setting is out of range or of the wrong type (``max_tokens`` 0 included: the
+            message says how to score without generating).
     """
     given = {key: provider_config[key] for key in GENERATION_KEYS if provider_config.get(key) is not None}
     given.setdefault("model", "")
     given.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+    if type(given["max_tokens"]) is int and given["max_tokens"] == 0:
+        raise InvalidRequestError(
+            "max_tokens must be a positive integer, got 0: to score the expected answers and choices without "
+            "generating, evaluate with mode='score' (inference eval --score-only)",
+            provider=provider,
+        )
     request = GenerationRequest.from_arguments(provider=provider, prompt="", **given)
     return {key: getattr(request, key) for key in given}
+
+
+def _score_settings(provider_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a score-only run: ``model`` alone (generation settings are not used, nor recorded)."""
+    model = provider_config.get("model")
+    if model is None:
+        model = ""
+    if not isinstance(model, str):
+        raise InvalidRequestError(f"model must be a string, got {model!r}", provider="evaluation")
+    unused = [key for key in GENERATION_KEYS if key != "model" and provider_config.get(key) is not None]
+    if unused:
+        logger.info("score-only evaluation: the generation settings %s are not used", ", ".join(unused))
+    return {"model": model}
 
 
 @dataclass
@@ -71,9 +116,10 @@ class _Run:
     provider: InferenceProvider
     writer: ResultsWriter
     prompts: Sequence[EvalPrompt]
+    mode: str
     settings: dict[str, Any]
     fingerprint: dict[str, Any]
-    adapter_hashes: dict[str, str]
+    adapter_hashes: dict[str, str | None]
     prompt_hashes: dict[str, str]
     scorer: Scorer | None
     max_concurrency: int
@@ -84,6 +130,12 @@ class _Run:
     started: float = field(default_factory=time.monotonic)
     adapters_done: int = 0
     rows_written: int = 0
+    score_s: float = 0.0
+    generate_s: float = 0.0
+
+    @property
+    def model(self) -> str:
+        return str(self.settings.get("model") or "")
 
     def report(self, adapter_id: str | None) -> None:
         if self.on_progress is not None:
@@ -96,6 +148,8 @@ class _Run:
                     rows_this_run=self.rows_written,
                     elapsed_s=time.monotonic() - self.started,
                     adapter_id=adapter_id,
+                    score_s=self.score_s,
+                    generate_s=self.generate_s,
                 )
             )
 
@@ -106,8 +160,12 @@ class _Run:
         self.report(str(row["adapter_id"]))
 
 
+AdapterInput = str | os.PathLike[str] | AdapterSpec | AdapterWeights
+"""One item of ``evaluate_adapters``' ``adapters``: a path or glob, an :class:`AdapterSpec`, or weights in memory."""
+
+
 async def evaluate_adapters(
-    adapters: Sequence[str | os.PathLike[str] | AdapterSpec] | str | os.PathLike[str],
+    adapters: Sequence[AdapterInput] | str | os.PathLike[str] | AdapterWeights,
     prompts: str | os.PathLike[str] | Sequence[EvalPrompt],
     provider_config: Mapping[str, Any],
     output: str | os.PathLike[str],
@@ -118,57 +176,80 @@ async def evaluate_adapters(
     on_progress: Callable[[Progress], object] | None = None,
     warmup: bool = True,
     adapters_in_flight: int = 1,
+    mode: str = "auto",
+    base: bool = True,
 ) -> EvaluationSummary:
-    """Evaluate every adapter on every prompt, writing one JSONL row per (adapter, prompt) as each finishes.
+    """Evaluate every adapter (and the base model) on every prompt, writing one JSONL row per (adapter, prompt) as
+    each finishes.
 
-    For each adapter in turn: load it, generate every prompt it still lacks with at most
-    ``max_concurrency`` requests in flight, unload it. Running again with the same ``output`` resumes:
-    pairs already in the file are skipped (a torn last line from a killed run is redone). An adapter that
-    cannot be loaded gets one row per prompt carrying the load error, and the run goes on.
+    For each adapter in turn: load it; score every expected answer and choice of the prompts it still lacks, all in
+    one ``score_batch`` (where the provider can score); generate those prompts with at most ``max_concurrency``
+    requests in flight (unless the run only scores); unload it. Running again with the same ``output`` resumes:
+    pairs already in the file are skipped (a torn last line from a killed run is redone). An adapter that cannot be
+    loaded gets one row per prompt carrying the load error, and the run goes on.
 
     A results file holds one experiment: rows are reused only for the same adapter (same path, same content
-    hash), the same prompt text and the same settings (provider, base model, generation settings, scorer);
-    anything else is refused before anything runs (see :mod:`~inference.evaluation.identity`).
+    hash; for weights in memory the same id and hash), the same prompt text and the same settings (provider, base
+    model, generation settings, scorer, mode); anything else is refused before anything runs (see
+    :mod:`~inference.evaluation.identity`).
 
     Args:
         adapters: Adapter directories or GGUF LoRA files, or globs (``"runs/*/adapter"``), or
-            :class:`AdapterSpec` s. The adapter id is the directory name (see
+            :class:`AdapterSpec` s, or weights in memory (:class:`~inference.AdapterWeights`, a hypernetwork's or
+            a training loop's output). The adapter id is the directory name (see
             :func:`~inference.evaluation.inputs.adapter_id_for`), or the id the output file already holds
             for that adapter; a name the file holds for another adapter gets its parent folders' names
-            prefixed (``ckpt-200-adapter``). The ids of :class:`AdapterSpec` s are kept as given.
-        prompts: A JSONL prompt set (``id``, ``prompt``, optional ``system_prompt`` and ``expected``) or the
-            prompts themselves.
+            prefixed (``ckpt-200-adapter``). The ids of :class:`AdapterSpec` s are kept as given
+            (``AdapterSpec("task-3", weights=w)`` names weights); bare weights get ``weights-`` and the first 12
+            hex digits of their content hash. Paths are evaluated before bare weights given in the same list.
+        prompts: A JSONL prompt set (``id``, ``prompt``, optional ``system_prompt``, ``expected``, ``choices`` with
+            ``answer``) or the prompts themselves.
         provider_config: A step config as :func:`~inference.get_provider_for_step` takes it (``provider``,
             ``base_url``, provider settings), plus generation settings: ``model``, ``max_tokens`` (default
             256) and the :class:`~inference.options.GenerationOptions` fields (``temperature``, ``stop``...);
-            a ``system_prompt`` here is used for the prompts that have none.
+            a ``system_prompt`` here is used for the prompts that have none. A score-only run uses ``model`` alone.
         output: The JSONL results file (created, or resumed if it exists): a regular file, locked while the run
             writes it, so a second run on it is refused. The CSV summary is written next to it
             (``results.jsonl`` -> ``results.summary.csv``).
         provider: Use this provider instead of the one ``provider_config`` names (its generation settings
             still apply). The caller keeps ownership: it is not closed.
-        max_concurrency: Most requests in flight at once, per adapter (so up to ``adapters_in_flight *
-            max_concurrency`` in all).
+        max_concurrency: Most generation requests in flight at once, per adapter (so up to ``adapters_in_flight *
+            max_concurrency`` in all); also the scores in flight on a server. An in-process provider gets all of an
+            adapter's scores at once, and batches them as it can.
         scorer: ``"exact"``, ``"regex"`` (``expected`` is a pattern searched in the output),
-            ``"pkg.module:function"``, or a callable ``(output, expected, row) -> float | bool | None``.
+            ``"pkg.module:function"``, or a callable ``(output, expected, row) -> float | bool | None``. It judges
+            generated text, so a score-only run takes none.
         on_progress: Called with a :class:`~inference.evaluation.progress.Progress` after every row and
             adapter, e.g. a :class:`~inference.evaluation.progress.TerminalProgress`.
-        warmup: Before the first adapter, send one base-model request (``max_tokens=1``) so that a lazily
-            loaded model's load time is not counted in the first adapter's latencies. If the base model cannot
-            answer at all (server down, model missing), the run stops there with that error.
+        warmup: Before the first adapter, send one base-model request (a generation of ``max_tokens=1``, or a score
+            in a score-only run) so that a lazily loaded model's load time is counted neither in the first
+            adapter's latencies nor in the progress bar's rate. If the base model cannot answer at all (server down,
+            model missing), the run stops there with that error.
         adapters_in_flight: Adapters evaluated at once, each loaded, answered and unloaded on its own, in input
             order as places free up. Backends that batch requests for different adapters together (Transformers,
             vLLM offline and server: ``provider.batches_mixed_adapters``) then put several adapters in each
             forward pass; on llama.cpp adapters take turns in the decode loop, so there it brings little. Capped
             at the provider's ``max_adapters`` (loading more would evict adapters still in use). Rows are the
             same as one at a time; they reach the file in the order they finish.
+        mode: ``"generate"``: generate every prompt, and score its expected answer and choices where the provider
+            can. ``"score"``: only score (no generation: no ``output``, latency or scorer), for likelihood
+            evaluations (NLL of reference answers, multiple-choice accuracy); every prompt needs ``expected`` or
+            ``choices``. ``"auto"`` (default): ``"score"`` when there is nothing a generation would be used for (no
+            scorer, and every prompt has ``choices``), else ``"generate"``; a results file being resumed keeps the
+            mode its rows were made in.
+        base: Also evaluate the base model (no adapter) on the same prompts, as the reference row
+            (:data:`~inference.evaluation.inputs.BASE_MODEL_ID` in the results, ``summary.base``) that each
+            adapter's ``*_delta`` figures are measured from. It costs one adapter's worth of requests, once per
+            results file (resumed like the others); ``False`` skips it.
 
     Returns:
         The per-adapter summary of every row of these adapters and prompts (earlier runs' rows included).
 
     Raises:
-        InvalidRequestError: The prompt set or an adapter path is invalid, or a generation setting is out
-            of range (checked before anything runs).
+        InvalidRequestError: The prompt set or an adapter path is invalid, a generation setting is out
+            of range, ``mode`` is unknown, or a score-only run was given a scorer or a prompt with nothing to score
+            (checked before anything runs).
+        InvalidAdapterError: Weights in memory whose config is not a ``LoraConfig`` or a dict.
         ResultsFileMismatchError: ``output`` holds rows made with other settings, for another text of a
             prompt, or for another version of an adapter (an :class:`InvalidRequestError`; nothing is written).
         ResultsFileInUseError: Another run is writing ``output`` (a :class:`ConfigurationError`, raised at once;
@@ -176,7 +257,7 @@ async def evaluate_adapters(
         ConfigurationError: The provider config or the scorer is invalid, ``output`` (or the CSV summary's path)
             exists and is not a regular file (a pipe such as ``/dev/stdout``, a device such as ``/dev/null``), or
             the output cannot be written (a full disk: the message names the file).
-        UnsupportedOperationError: The provider cannot load adapters.
+        UnsupportedOperationError: The provider cannot load adapters, or cannot score what the run must score.
         MissingDependencyError: The provider's extra is not installed.
 
     Example:
@@ -185,12 +266,16 @@ async def evaluate_adapters(
         >>> folder = pathlib.Path(tempfile.mkdtemp()); (folder / "style").mkdir()
         >>> summary = asyncio.run(evaluate_adapters(
         ...     [folder / "style"], [EvalPrompt("q1", "Hello")], {"provider": "fake"}, folder / "out.jsonl"))
-        >>> summary.adapters[0].adapter_id, summary.adapters[0].rows, summary.errors
-        ('style', 1, 0)
+        >>> summary.adapters[0].adapter_id, summary.adapters[0].rows, summary.base.rows, summary.errors
+        ('style', 1, 1, 0)
     """
     started = time.monotonic()
     check_file_path(output)  # a pipe or a device would hang or never end; refused before anything else
     check_file_path(summary_csv_path(output), "summary file")
+    if mode not in MODES:
+        raise InvalidRequestError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(base, bool):
+        raise InvalidRequestError(f"base must be True or False, got {base!r}")
     specs, explicit_ids = _adapter_specs(adapters)
     prompt_list = load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else list(prompts)
     if not prompt_list:
@@ -199,7 +284,10 @@ async def evaluate_adapters(
         raise InvalidRequestError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
     if isinstance(adapters_in_flight, bool) or not isinstance(adapters_in_flight, int) or adapters_in_flight < 1:
         raise InvalidRequestError(f"adapters_in_flight must be a positive integer, got {adapters_in_flight!r}")
-    settings = generation_settings(provider_config)
+    if mode == "score" and scorer is not None:
+        raise _scorer_in_score_only()
+    generation = None if mode == "score" else generation_settings(provider_config)
+    scoring = _score_settings(provider_config)
     score = resolve_scorer(scorer, prompt_list)
     if provider is None:
         provider = get_provider_for_step(provider_config)
@@ -212,22 +300,36 @@ async def evaluate_adapters(
     multiple_choice = [prompt.id for prompt in prompt_list if prompt.choices is not None]
     if multiple_choice and not provider.supports_scoring:
         raise UnsupportedOperationError(
-            f"prompts {', '.join(multiple_choice[:3])}{'...' if len(multiple_choice) > 3 else ''} have 'choices', "
-            f"which are scored by log-likelihood, and the {provider.name} provider cannot score: use "
-            "transformers, llamacpp or vllm, or drop the choices",
+            f"prompts {_some(multiple_choice)} have 'choices', which are scored by log-likelihood, and the "
+            f"{provider.name} provider cannot score: use transformers, llamacpp or vllm, or drop the choices",
             provider=provider.name,
         )
-    hashes = list(await asyncio.gather(*(asyncio.to_thread(adapter_hash, spec.path) for spec in specs)))
-    fingerprint = run_settings(provider, settings, scorer)
-    checked: list[Reconciled] = []
+    if mode == "score":
+        _check_score_only(provider, prompt_list, scorer)
+    hashes: list[str | None] = list(
+        await asyncio.gather(
+            *(asyncio.to_thread(adapter_hash, spec.weights if spec.weights is not None else str(spec.path))
+              for spec in specs)
+        )
+    )  # fmt: skip
+    specs, hashes = _name_weights(specs, hashes)
+    if base:
+        specs, hashes = [AdapterSpec(BASE_MODEL_ID), *specs], [None, *hashes]
+    checked: list[tuple[str, dict[str, Any], dict[str, Any], Reconciled]] = []
 
     def check(rows: list[dict[str, Any]]) -> None:
-        checked.append(
-            reconcile(specs, hashes, prompt_list, fingerprint, rows, output=output, explicit_ids=explicit_ids)
+        chosen = _resolve_mode(mode, rows, prompt_list, score)
+        if chosen == "score":  # also when "auto" follows a score-only file being resumed
+            _check_score_only(provider, prompt_list, scorer)
+        settings = scoring if chosen == "score" or generation is None else generation
+        fingerprint = run_settings(provider, settings, scorer, mode=chosen)
+        reconciled = reconcile(
+            specs, hashes, prompt_list, fingerprint, rows, output=output, explicit_ids=explicit_ids
         )
+        checked.append((chosen, settings, fingerprint, reconciled))
 
     _, writer = open_results(output, check=check)  # locked: another run on this file is refused here
-    reconciled = checked[-1]  # of the rows read under the lock
+    chosen_mode, settings, fingerprint, reconciled = checked[-1]  # of the rows read under the lock
     specs = list(reconciled.specs)
     prompt_ids = {prompt.id for prompt in prompt_list}
     done = {row_key(row) for row in reconciled.reused}
@@ -235,6 +337,7 @@ async def evaluate_adapters(
         provider=provider,
         writer=writer,
         prompts=prompt_list,
+        mode=chosen_mode,
         settings=settings,
         fingerprint=fingerprint,
         adapter_hashes={spec.id: content for spec, content in zip(specs, hashes, strict=True)},
@@ -251,7 +354,8 @@ async def evaluate_adapters(
     in_flight = _adapters_at_once(provider, adapters_in_flight)
     with writer:
         if warmup and run.rows_done < run.rows_total:
-            await _warm_up(provider, prompt_list[0], settings)
+            await _warm_up(run, prompt_list[0])
+        run.started = time.monotonic()  # the rate and the time left count from here, not from the model's load
         places = asyncio.Semaphore(in_flight)
         stopping = False  # set by the first adapter that fails or is cancelled: the waiting ones never start
 
@@ -273,44 +377,134 @@ async def evaluate_adapters(
 
         await _all_or_cancel([evaluate(spec) for spec in specs])
         rows = [row for row in read_rows(output) if reconciled.belongs(row)]  # still locked: no other run's rows
-        adapters_summary = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
+        summaries = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
+        base_summary = summaries.pop(0) if base else None
         summary = EvaluationSummary(
-            adapters=tuple(adapters_summary),
+            adapters=tuple(compare_with_base(summaries, base_summary)),
             output=Path(output),
             csv_path=summary_csv_path(output),
             rows_total=run.rows_total,
             rows_written=run.rows_written,
             rows_resumed=resumed,
             elapsed_s=time.monotonic() - started,
+            base=base_summary,
+            mode=chosen_mode,
         )
         summary.write_csv()
     return summary
 
 
+def _some(ids: Sequence[str]) -> str:
+    return f"{', '.join(ids[:3])}{'...' if len(ids) > 3 else ''}"
+
+
+def _scorer_in_score_only() -> InvalidRequestError:
+    return InvalidRequestError(
+        "a scorer judges generated text, and a score-only run generates none: drop the scorer (the log-likelihood "
+        "figures need none), or evaluate with mode='generate'"
+    )
+
+
+def _check_score_only(provider: InferenceProvider, prompts: Sequence[EvalPrompt], scorer: object) -> None:
+    """Refuse a score-only run that could not score: a scorer, a provider without scores, prompts with nothing to
+    score (they would never get a row)."""
+    if scorer is not None:
+        raise _scorer_in_score_only()
+    if not provider.supports_scoring:
+        raise UnsupportedOperationError(
+            f"a score-only evaluation needs a provider that can score (transformers, llamacpp, vllm), and the "
+            f"{provider.name} provider cannot: evaluate with mode='generate'",
+            provider=provider.name,
+        )
+    nothing = [prompt.id for prompt in prompts if not prompt.expected and prompt.choices is None]
+    if nothing:
+        raise InvalidRequestError(
+            f"prompts {_some(nothing)} have neither 'expected' nor 'choices', so a score-only evaluation has "
+            "nothing to score for them: drop them, or evaluate with mode='generate'"
+        )
+
+
+def _resolve_mode(mode: str, rows: Sequence[Mapping[str, Any]], prompts: Sequence[EvalPrompt], scorer: object) -> str:
+    """``mode``, with ``"auto"`` decided: the mode of the rows being resumed, else ``"score"`` when nothing would use
+    a generation (no scorer, every prompt multiple-choice), else ``"generate"``."""
+    if mode != "auto":
+        return mode
+    for row in rows:
+        stored = row.get("settings")
+        return settings_mode(stored) if isinstance(stored, Mapping) else "generate"  # older rows: generated
+    if scorer is None and all(prompt.choices is not None for prompt in prompts):
+        return "score"
+    return "generate"
+
+
 def _adapter_specs(
-    adapters: Sequence[str | os.PathLike[str] | AdapterSpec] | str | os.PathLike[str],
+    adapters: Sequence[AdapterInput] | str | os.PathLike[str] | AdapterWeights,
 ) -> tuple[list[AdapterSpec], bool]:
-    """The adapters, and whether the caller chose their ids (``AdapterSpec`` objects)."""
+    """The adapters, and whether the caller chose their ids (``AdapterSpec`` objects).
+
+    Bare weights get the id ``""`` here; :func:`_name_weights` names them once they are hashed.
+    """
     if isinstance(adapters, (str, os.PathLike)):
         return discover_adapters([adapters]), False
-    items = list(adapters)
-    if items and all(isinstance(item, AdapterSpec) for item in items):
-        specs = [item for item in items if isinstance(item, AdapterSpec)]
-        ids = [spec.id for spec in specs]
+    items: list[Any] = [adapters] if isinstance(adapters, AdapterWeights) else list(adapters)
+    weights = [AdapterSpec("", weights=item) for item in items if isinstance(item, AdapterWeights)]
+    given = [item for item in items if isinstance(item, AdapterSpec)]
+    paths = [item for item in items if not isinstance(item, (AdapterSpec, AdapterWeights))]
+    if given and paths:
+        raise InvalidRequestError(
+            "give adapters either as paths and globs or as AdapterSpec objects, not both (weights in memory go "
+            "with either)"
+        )
+    if given:
+        ids = [spec.id for spec in given]
         if len(set(ids)) != len(ids):
             raise InvalidRequestError(f"adapter ids must be unique, got {ids}")
-        for spec in specs:
-            validate_adapter_id(spec.id, provider="evaluation")
-            if not Path(spec.path).exists():
-                raise InvalidRequestError(
-                    f"adapter path {spec.path} of {spec.id!r} does not exist here: the runner hashes each adapter's "
-                    "files to tell versions apart, so give a path readable where the evaluation runs",
-                    path=str(spec.path),
-                )
-        return specs, True
-    if any(isinstance(item, AdapterSpec) for item in items):
-        raise InvalidRequestError("give adapters either as paths and globs or as AdapterSpec objects, not both")
-    return discover_adapters([item for item in items if not isinstance(item, AdapterSpec)]), False
+        for spec in given:
+            _check_spec(spec)
+        return [*given, *weights], True
+    if weights and not paths:
+        return weights, True
+    return [*discover_adapters(paths), *weights], False
+
+
+def _check_spec(spec: AdapterSpec) -> None:
+    validate_adapter_id(spec.id, provider="evaluation")
+    if (spec.path is None) == (spec.weights is None):
+        raise InvalidRequestError(
+            f"AdapterSpec {spec.id!r} needs either a path or weights (AdapterSpec(id, path) or AdapterSpec(id, "
+            "weights=AdapterWeights(...))), not both or neither"
+        )
+    if spec.weights is not None:
+        if not isinstance(spec.weights, AdapterWeights):
+            raise InvalidRequestError(
+                f"AdapterSpec {spec.id!r}: weights must be an AdapterWeights, got {type(spec.weights).__name__}"
+            )
+        return
+    if not Path(str(spec.path)).exists():
+        raise InvalidRequestError(
+            f"adapter path {spec.path} of {spec.id!r} does not exist here: the runner hashes each adapter's "
+            "files to tell versions apart, so give a path readable where the evaluation runs",
+            path=str(spec.path),
+        )
+
+
+def _name_weights(specs: list[AdapterSpec], hashes: list[str | None]) -> tuple[list[AdapterSpec], list[str | None]]:
+    """Bare weights named after their content hash (``weights-<12 hex digits>``), the same weights given twice kept
+    once; every id unique."""
+    named: list[AdapterSpec] = []
+    kept: list[str | None] = []
+    seen: set[str] = set()
+    for spec, content in zip(specs, hashes, strict=True):
+        if spec.id == "":
+            spec = replace(spec, id=f"weights-{str(content)[:12]}")
+            if spec.id in seen:
+                continue  # the same weights twice: evaluated once, as a path given twice
+        if spec.id in seen:
+            raise InvalidRequestError(f"adapter id {spec.id!r} is given twice: ids must be unique")
+        seen.add(spec.id)
+        named.append(spec)
+        kept.append(content)
+    return named, kept
 
 
 def _adapters_at_once(provider: InferenceProvider, asked: int) -> int:
@@ -337,9 +531,13 @@ async def _all_or_cancel(work: Sequence[Awaitable[None]]) -> None:
         raise
 
 
-async def _warm_up(provider: InferenceProvider, prompt: EvalPrompt, settings: dict[str, Any]) -> None:
+async def _warm_up(run: _Run, prompt: EvalPrompt) -> None:
     try:
-        await provider.generate(prompt.prompt, **{**settings, "max_tokens": 1})
+        if run.mode == "score":
+            continuation = prompt.expected or (prompt.choices or ("?",))[0]
+            await run.provider.score(prompt.prompt, continuation, run.model)
+        else:
+            await run.provider.generate(prompt.prompt, **{**run.settings, "max_tokens": 1})
     except (ProviderUnavailableError, ModelError, ConfigurationError, MissingDependencyError):
         raise  # nothing of this run could work: say so once instead of in every row
     except Exception as error:  # the rows will tell; the warm-up only saves latency
@@ -355,30 +553,153 @@ def _settings_for(settings: dict[str, Any], prompt: EvalPrompt) -> dict[str, Any
 
 async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt]) -> AdapterTimings:
     provider = run.provider
-    start = time.perf_counter()
-    try:
-        await provider.load_adapter(spec.id, os.path.abspath(spec.path))
-    except Exception as error:  # any failure to load is this adapter's result; the run goes on
-        logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path, error)
-        for prompt in pending:
-            run.write(_row(run, spec, prompt, error=_error("load", error)))
-        return AdapterTimings(load_s=time.perf_counter() - start)
-    load_s = time.perf_counter() - start
-    generate_start = time.perf_counter()
-    try:
-        await _generate_all(run, spec, pending)
-    finally:
-        generate_s = time.perf_counter() - generate_start
-        unload_start = time.perf_counter()
+    adapter_id = None if spec.id == BASE_MODEL_ID else spec.id  # the base model: nothing to load
+    load_s = score_s = generate_s = unload_s = 0.0
+    if adapter_id is not None:
+        start = time.perf_counter()
         try:
-            await provider.unload_adapter(spec.id)
-        except Exception as error:  # the rows are written; a failed unload must not lose the run
-            logger.warning("adapter %s could not be unloaded: %s", spec.id, error)
-        unload_s = time.perf_counter() - unload_start
-    return AdapterTimings(load_s=load_s, generate_s=generate_s, unload_s=unload_s)
+            source = spec.weights if spec.weights is not None else os.path.abspath(str(spec.path))
+            await provider.load_adapter(adapter_id, source)
+        except Exception as error:  # any failure to load is this adapter's result; the run goes on
+            logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path or "in memory", error)
+            for prompt in pending:
+                run.write(_row(run, spec, prompt, error=_error("load", error)))
+            return AdapterTimings(load_s=time.perf_counter() - start)
+        load_s = time.perf_counter() - start
+    try:
+        start = time.perf_counter()
+        try:
+            likelihood = await _score_all(run, spec, adapter_id, pending)
+        finally:
+            score_s = time.perf_counter() - start
+            run.score_s += score_s
+        if run.mode != "score":
+            start = time.perf_counter()
+            try:
+                await _generate_all(run, spec, adapter_id, pending, likelihood)
+            finally:
+                generate_s = time.perf_counter() - start
+                run.generate_s += generate_s
+    finally:
+        if adapter_id is not None:
+            start = time.perf_counter()
+            try:
+                await provider.unload_adapter(adapter_id)
+            except Exception as error:  # the rows are written; a failed unload must not lose the run
+                logger.warning("adapter %s could not be unloaded: %s", spec.id, error)
+            unload_s = time.perf_counter() - start
+    return AdapterTimings(load_s=load_s, generate_s=generate_s, unload_s=unload_s, score_s=score_s)
 
 
-async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt]) -> None:
+def _pairs(prompt: EvalPrompt, scorer: Scorer | None) -> list[tuple[str, str]]:
+    """What a row scores: its expected answer (not a pattern: not with the regex scorer), then each choice, every
+    one after the prompt's text as given (no chat template, no system prompt), as lm-eval scores."""
+    pairs = []
+    if prompt.expected and scorer is not regex_match:
+        pairs.append((prompt.prompt, prompt.expected))
+    pairs += [(prompt.prompt, choice) for choice in prompt.choices or ()]
+    return pairs
+
+
+async def _score_all(
+    run: _Run, spec: AdapterSpec, adapter_id: str | None, pending: list[EvalPrompt]
+) -> dict[str, dict[str, Any]]:
+    """Score every pair of ``pending`` in one ``score_batch``; the log-likelihood fields of each row, by prompt id
+    (``{"error": ...}`` for a row one of whose scores failed).
+
+    A score-only run writes each row as soon as its last score arrives. An in-process provider gets all the pairs
+    at once (it queues them and batches as it can); a server at most ``max_concurrency`` at a time.
+    """
+    if not run.provider.supports_scoring:
+        return {}
+    wanted = [(prompt, _pairs(prompt, run.scorer)) for prompt in pending]
+    pairs = [pair for _, prompt_pairs in wanted for pair in prompt_pairs]
+    if not pairs:
+        return {}
+    owners = [index for index, (_, prompt_pairs) in enumerate(wanted) for _ in prompt_pairs]
+    firsts = [0] * len(wanted)  # where each row's pairs start in ``pairs``
+    for index in range(1, len(wanted)):
+        firsts[index] = firsts[index - 1] + len(wanted[index - 1][1])
+    items: list[list[ScoreResult | Exception | None]] = [[None] * len(prompt_pairs) for _, prompt_pairs in wanted]
+    remaining = [len(prompt_pairs) for _, prompt_pairs in wanted]
+    fields: dict[str, dict[str, Any]] = {}
+    failures: list[BaseException] = []
+
+    def arrived(index: int, item: ScoreResult | Exception) -> None:
+        owner = owners[index]
+        items[owner][index - firsts[owner]] = item
+        remaining[owner] -= 1
+        if remaining[owner]:
+            return
+        prompt = wanted[owner][0]
+        fields[prompt.id] = _likelihood_fields(prompt, run.scorer, items[owner])
+        if run.mode == "score" and not failures:
+            try:  # score_batch would log and swallow an error of this callback: a full disk must stop the run
+                run.write(_scored_row(run, spec, prompt, fields[prompt.id]))
+            except BaseException as error:
+                failures.append(error)
+
+    in_flight = len(pairs) if run.provider.runs_in_process else run.max_concurrency
+    await run.provider.score_batch(pairs, run.model, adapter_id, max_concurrency=in_flight, on_result=arrived)
+    if failures:
+        raise failures[0]
+    return fields
+
+
+def _likelihood_fields(
+    prompt: EvalPrompt, scorer: Scorer | None, items: Sequence[ScoreResult | Exception | None]
+) -> dict[str, Any]:
+    """The log-likelihood fields of a row from its scores (in :func:`_pairs` order).
+
+    - ``nll_per_token``: of ``expected`` after the prompt, when the row has an expected answer (not a pattern:
+      nothing with the regex scorer).
+    - For a multiple-choice row: ``choice_logprobs`` (each choice scored after the prompt), ``predicted`` (the
+      highest: lm-eval's ``acc``), ``predicted_norm`` (the highest per character of the choice: lm-eval's
+      ``acc_norm``), ``correct`` and ``correct_norm``.
+    """
+    failed = next((item for item in items if not isinstance(item, ScoreResult)), None)
+    if failed is not None:
+        error = failed if isinstance(failed, Exception) else RuntimeError("no score came back")
+        return {"error": _error("score", error)}
+    scores = [item for item in items if isinstance(item, ScoreResult)]
+    result: dict[str, Any] = {}
+    if prompt.expected and scorer is not regex_match:
+        result["nll_per_token"] = scores.pop(0).nll_per_token
+    if prompt.choices is not None:
+        sums = [score.logprob for score in scores]
+        normalised = [score.logprob / len(choice) for score, choice in zip(scores, prompt.choices, strict=True)]
+        predicted, predicted_norm = sums.index(max(sums)), normalised.index(max(normalised))
+        result |= {
+            "choice_logprobs": sums,
+            "predicted": predicted,
+            "predicted_norm": predicted_norm,
+            "correct": predicted == prompt.answer,
+            "correct_norm": predicted_norm == prompt.answer,
+        }
+    return result
+
+
+def _with_likelihood(row: dict[str, Any], likelihood: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` with its log-likelihood fields, or with the scoring error as its error (its generation is kept)."""
+    if "error" in likelihood:
+        row["error"] = likelihood["error"]
+    else:
+        row |= likelihood
+    return row
+
+
+def _scored_row(run: _Run, spec: AdapterSpec, prompt: EvalPrompt, likelihood: Mapping[str, Any]) -> dict[str, Any]:
+    """The row of a score-only run: no generation (``output``, tokens, latency are ``null``), the likelihoods."""
+    return _with_likelihood(_row(run, spec, prompt), likelihood)
+
+
+async def _generate_all(
+    run: _Run,
+    spec: AdapterSpec,
+    adapter_id: str | None,
+    pending: list[EvalPrompt],
+    likelihood: Mapping[str, Mapping[str, Any]],
+) -> None:
     # Our own semaphore rather than provider.generate_batch: prompts carry their own system prompt, and each
     # row needs its own latency. Concurrent generate() calls still batch where the provider batches.
     semaphore = asyncio.Semaphore(run.max_concurrency)
@@ -388,7 +709,7 @@ async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt])
             start = time.perf_counter()
             try:
                 result: GenerationResult | Exception = await run.provider.generate(
-                    prompt.prompt, adapter_id=spec.id, **_settings_for(run.settings, prompt)
+                    prompt.prompt, adapter_id=adapter_id, **_settings_for(run.settings, prompt)
                 )
             except Exception as error:  # this row's answer
                 result = error
@@ -397,10 +718,7 @@ async def _generate_all(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt])
                 row = _row(run, spec, prompt, latency_s=latency, error=_error("generate", result))
             else:
                 row = _scored(run.scorer, _row(run, spec, prompt, result=result, latency_s=latency), prompt)
-                try:
-                    row |= await likelihoods(run.provider, spec.id, prompt, settings=run.settings, scorer=run.scorer)
-                except Exception as error:  # the row keeps its generation; the error says scoring failed
-                    row["error"] = _error("score", error)
+                row = _with_likelihood(row, likelihood.get(prompt.id, {}))
         run.write(row)
 
     await _all_or_cancel([one(prompt) for prompt in pending])
@@ -417,7 +735,7 @@ def _row(
 ) -> dict[str, Any]:
     return {
         "adapter_id": spec.id,
-        "adapter_path": str(spec.path),
+        "adapter_path": None if spec.path is None else str(spec.path),
         "adapter_hash": run.adapter_hashes[spec.id],
         "prompt_id": prompt.id,
         "prompt_hash": run.prompt_hashes[prompt.id],
@@ -440,46 +758,6 @@ def _scored(scorer: Scorer | None, row: dict[str, Any], prompt: EvalPrompt) -> d
     except Exception as error:  # a scorer bug costs this row's score, not the run
         row["score_error"] = f"{type(error).__name__}: {error}"
     return row
-
-
-async def likelihoods(
-    provider: InferenceProvider,
-    adapter_id: str | None,
-    prompt: EvalPrompt,
-    *,
-    settings: Mapping[str, Any],
-    scorer: Scorer | None = None,
-) -> dict[str, Any]:
-    """The log-likelihood fields of a row, where the provider can score (``{}`` otherwise).
-
-    - ``nll_per_token``: of ``expected`` after the prompt, when the row has an expected answer (not a pattern:
-      nothing with the regex scorer).
-    - For a multiple-choice row: ``choice_logprobs`` (each choice scored after the prompt), ``predicted`` (the
-      highest: lm-eval's ``acc``), ``predicted_norm`` (the highest per character of the choice: lm-eval's
-      ``acc_norm``), ``correct`` and ``correct_norm``.
-
-    The context is the prompt's text as given (no chat template, no system prompt), as lm-eval scores.
-    """
-    if not provider.supports_scoring:
-        return {}
-    model = str(settings.get("model") or "")
-    fields: dict[str, Any] = {}
-    if prompt.expected and scorer is not regex_match:
-        score = await provider.score(prompt.prompt, prompt.expected, model, adapter_id)
-        fields["nll_per_token"] = score.nll_per_token
-    if prompt.choices is not None:
-        scores = [await provider.score(prompt.prompt, choice, model, adapter_id) for choice in prompt.choices]
-        sums = [score.logprob for score in scores]
-        normalised = [score.logprob / len(choice) for score, choice in zip(scores, prompt.choices, strict=True)]
-        predicted, predicted_norm = sums.index(max(sums)), normalised.index(max(normalised))
-        fields |= {
-            "choice_logprobs": sums,
-            "predicted": predicted,
-            "predicted_norm": predicted_norm,
-            "correct": predicted == prompt.answer,
-            "correct_norm": predicted_norm == prompt.answer,
-        }
-    return fields
 
 
 def _error(stage: str, error: BaseException) -> dict[str, str]:

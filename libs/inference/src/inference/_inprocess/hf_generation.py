@@ -1,0 +1,509 @@
+"""Generation on a Transformers model: batch rows, sampling, logprob recording, JSON masks and the stream watch.
+
+:class:`HFGeneration` turns a batch of queued requests (see :mod:`inference._inprocess.batching`) into rows, runs
+them as ONE left-padded ``model.generate`` in which each row applies its own adapter (PEFT's per-row
+``adapter_names``, from :class:`~inference._inprocess.peft_slots.PeftSlots`), and cuts each row's tokens back into
+its :class:`~inference.GenerationResult`. A streamed request runs alone, as a one-row ``generate`` whose
+:class:`StreamWatch` hands each new token's text to the caller.
+
+Inside one ``generate``, per row: :class:`~inference._inprocess.batching.RowLimits` and
+:class:`~inference._inprocess.batching.RowsCancelled` stop it at its own limit or once its caller gave up,
+:class:`LogprobRecorder` keeps its logprobs, :class:`~inference._inprocess.constrained.GrammarRows` masks what its
+JSON schema does not allow, and :class:`FiniteRows` ends it at once when its logits are not finite (the other rows
+go on). Requests share a batch only when their :class:`Sampling` is equal.
+
+Everything here runs on the provider's worker thread; torch, transformers and llguidance are imported on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from inference._core.dependencies import import_optional
+from inference._core.validation import GenerationRequest
+from inference._inprocess.base import non_finite_logits, require_prompt
+from inference._inprocess.batching import BatchRow, PendingRequest, RowLimits, RowsCancelled, cut_row, left_pad
+from inference._inprocess.constrained import GrammarRows, JsonGrammars
+from inference._inprocess.hf_model import LoadedModel, as_inference_error
+from inference._inprocess.hf_prompt import prompt_token_ids
+from inference._inprocess.peft_slots import PeftSlots
+from inference._inprocess.streaming import PieceAssembler, PieceSink
+from inference.exceptions import InvalidRequestError, ProviderError
+from inference.provider import GenerationResult
+from inference.results import TokenLogprob
+
+__all__ = [
+    "MAX_SEED",
+    "MIN_SEED",
+    "FiniteRows",
+    "GenerateRows",
+    "HFGeneration",
+    "LogprobRecorder",
+    "Outputs",
+    "Row",
+    "Sampling",
+    "StreamWatch",
+    "check_seed",
+]
+
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+"""The seeds ``torch.manual_seed`` takes (negative ones are mapped onto the unsigned range)."""
+
+Queued = PendingRequest[GenerationRequest, GenerationResult]
+"""A generation request on its way to the worker."""
+
+
+@dataclass(frozen=True)
+class Row(BatchRow):
+    """A batch row with its JSON-schema matcher (``None`` for a free row)."""
+
+    matcher: Any = None
+
+
+@dataclass
+class Outputs:
+    """What one ``generate`` over a batch left: each row's new tokens, and the per-row bookkeeping."""
+
+    tokens: list[list[int]]
+    logprobs: LogprobRecorder | None
+    grammar: GrammarRows | None
+    finite: FiniteRows | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings resolved against the model's defaults; requests share a batch only when equal."""
+
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    seed: int | None
+    alone: object | None = None  # a fresh object for seeded sampling: it runs alone, so it reproduces
+
+
+class GenerateRows(Protocol):
+    """Runs one ``generate`` over rows (:meth:`HFGeneration.generate_rows`, or a provider's step around it)."""
+
+    def __call__(self, loaded: LoadedModel, rows: list[Row], watch: Callable[..., Any] | None = None) -> Outputs: ...
+
+
+def check_seed(request: GenerationRequest, *, provider: str) -> None:
+    """Refuse a seed torch cannot take, before the request is queued."""
+    if request.seed is not None and not MIN_SEED <= request.seed <= MAX_SEED:
+        raise InvalidRequestError(
+            f"seed {request.seed} is out of range for transformers: use an integer in "
+            f"[{MIN_SEED}, {MAX_SEED}] (what torch.manual_seed takes), or None",
+            provider=provider,
+        )
+
+
+class HFGeneration:
+    """Runs generation requests on a loaded model: batches of rows, or one streamed row.
+
+    Args:
+        slots: The model's adapter slots (what each row applies).
+        batch_sizes: Where each ``generate``'s number of rows is recorded (shared with scoring).
+        provider: The provider's name, for errors.
+    """
+
+    def __init__(self, slots: PeftSlots, batch_sizes: deque[int], *, provider: str) -> None:
+        self.slots = slots
+        self.batch_sizes = batch_sizes
+        self.provider = provider
+
+    def sampling(self, loaded: LoadedModel, request: GenerationRequest) -> Sampling:
+        """The request's batch key: its decoding settings, the model's defaults filled in."""
+        defaults = loaded.model.generation_config
+        penalty = request.repetition_penalty or defaults.repetition_penalty or 1.0
+        greedy = request.temperature == 0 or (request.temperature is None and not defaults.do_sample)
+        if greedy:
+            return Sampling(False, 1.0, 1.0, 50, float(penalty), None)
+        temperature = request.temperature if request.temperature is not None else defaults.temperature
+        top_p = request.top_p if request.top_p is not None else defaults.top_p
+        top_k = request.top_k if request.top_k is not None else defaults.top_k
+        return Sampling(
+            do_sample=True,
+            temperature=float(1.0 if temperature is None else temperature),
+            top_p=float(1.0 if top_p is None else top_p),
+            top_k=int(50 if top_k is None else top_k),
+            repetition_penalty=float(penalty),
+            seed=request.seed,
+            alone=None if request.seed is None else object(),
+        )
+
+    def run_batch(self, loaded: LoadedModel, batch: list[Queued], generate: GenerateRows) -> None:
+        """Answer every request of ``batch`` (its future gets the result or the error) with ``generate``.
+
+        A request that fails on its own (its prompt, its adapter) fails alone; when the ``generate`` itself
+        fails, each request is run again alone, so only the one that makes it fail gets the error.
+        """
+        rows: list[Row] = []
+        for entry in batch:
+            if entry.cancel.is_set():  # its caller gave up after the batch was formed
+                _drop(entry, self.provider)
+                continue
+            try:
+                self.slots.applied(loaded, entry.request.adapter_id, entry.request.adapter_scales)  # builds a mix
+                rows.append(self._row(loaded, entry))
+            except BaseException as error:
+                entry.future.set_exception(as_inference_error(error, provider=self.provider))
+        if not rows:
+            return
+        try:
+            outputs = generate(loaded, rows)
+        except BaseException as error:
+            if len(rows) == 1:
+                rows[0].entry.future.set_exception(as_inference_error(error, provider=self.provider))
+                return
+            for row in rows:  # find the request that fails on its own; the others still get answers
+                self.run_batch(loaded, [row.entry], generate)
+            return
+        for index, row in enumerate(rows):
+            if row.entry.cancel.is_set():  # stopped early at its caller's request: nobody reads a result
+                _drop(row.entry, self.provider)
+                continue
+            try:
+                row.entry.future.set_result(self._result(loaded, row, outputs, index))
+            except BaseException as error:
+                row.entry.future.set_exception(as_inference_error(error, provider=self.provider))
+
+    def stream(
+        self,
+        loaded: LoadedModel,
+        request: GenerationRequest,
+        sink: PieceSink | None,
+        cancel: threading.Event,
+        generate: GenerateRows,
+    ) -> GenerationResult:
+        """Run one request alone (no batch) with ``generate``, handing its text to ``sink`` token by token."""
+        self.slots.applied(loaded, request.adapter_id, request.adapter_scales)
+        entry: Queued = PendingRequest(request, cancel=cancel)
+        entry.key = self.sampling(loaded, request)
+        row = self._row(loaded, entry)
+        pieces = PieceAssembler(request.stop, sink)
+        torch = import_optional("torch", extra="transformers", provider=self.provider)
+        watch = StreamWatch(torch, len(row.prompt_ids), loaded.eos_ids, loaded.decode, pieces)
+        try:
+            outputs = generate(loaded, [row], watch)
+        except BaseException as error:
+            raise as_inference_error(error, provider=self.provider) from None
+        result = self._result(loaded, row, outputs, 0)
+        if not cancel.is_set():
+            pieces.finish(result.text)
+        return result
+
+    def generate_rows(self, loaded: LoadedModel, rows: list[Row], watch: Callable[..., Any] | None = None) -> Outputs:
+        """One left-padded ``generate`` over all rows, each with its own adapter; returns the new tokens.
+
+        A row stops at its own limit, at its next token once its request's cancel flag is set, or once its
+        JSON is complete. ``watch`` is one more stopping criterion (a streamed row's token watcher).
+
+        Logits processors, in order: the logprob recorder (it sees the model's raw logits), the repetition
+        penalty, the JSON-schema masks; then ``generate``'s temperature, top-k and top-p.
+        """
+        torch = import_optional("torch", extra="transformers", provider=self.provider)
+        transformers = import_optional("transformers", extra="transformers", provider=self.provider)
+        sampling = rows[0].entry.key
+        assert isinstance(sampling, Sampling)
+        plain_rows: list[BatchRow] = list(rows)
+        input_ids, attention_mask = left_pad(torch, plain_rows, loaded.pad_id)
+        width = input_ids.shape[1]
+        limits = [row.limit for row in rows]
+        processors: list[Any] = []
+        penalty = sampling.repetition_penalty
+        wanted = [row.entry.request.logprobs for row in rows]
+        recorder = None
+        if any(k is not None for k in wanted):
+            recorder = LogprobRecorder(torch, max(k or 0 for k in wanted))
+            processors.append(recorder)
+            if penalty != 1.0:  # after the recorder: generate would apply its own before every custom processor
+                padding = (attention_mask != 0).int().argmax(dim=1).to(loaded.device)
+                processors.append(transformers.RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=padding))
+                penalty = 1.0
+        grammar = None
+        if any(row.matcher is not None for row in rows):
+            grammar = GrammarRows(torch, [row.matcher for row in rows], width, limits)
+            processors.append(grammar)
+        finite = FiniteRows(torch, len(rows), min(loaded.eos_ids, default=loaded.pad_id))
+        processors.insert(0, finite.check)  # the raw logits, before any penalty or mask
+        processors.append(finite.force)  # last: sampling never sees the logits of a failed row
+        config = transformers.GenerationConfig(
+            max_new_tokens=max(limits),
+            do_sample=sampling.do_sample,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            repetition_penalty=penalty,
+            num_beams=1,
+            pad_token_id=loaded.pad_id,
+            eos_token_id=sorted(loaded.eos_ids) or None,
+        )
+        criteria: list[Any] = [
+            RowLimits(torch.tensor(limits, device=loaded.device), width),
+            RowsCancelled(torch, [row.entry for row in rows]),
+        ]
+        if grammar is not None:
+            criteria.append(grammar.stops)
+        criteria.append(finite.stops)
+        if watch is not None:
+            criteria.append(watch)
+        applied = [(row.entry.request.adapter_id, row.entry.request.adapter_scales) for row in rows]
+        with self.slots.rows(loaded, applied) as extra, torch.inference_mode():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            self.batch_sizes.append(len(rows))
+            output = loaded.model.generate(
+                input_ids=input_ids.to(loaded.device),
+                attention_mask=attention_mask.to(loaded.device),
+                generation_config=config,
+                stopping_criteria=transformers.StoppingCriteriaList(criteria),
+                logits_processor=transformers.LogitsProcessorList(processors),
+                **extra,
+            )
+        new_tokens = output[:, width:]
+        if recorder is not None:
+            recorder.finish(new_tokens)
+        tokens = [[int(token) for token in row] for row in new_tokens.tolist()]
+        return Outputs(tokens, recorder, grammar, finite)
+
+    def _row(self, loaded: LoadedModel, entry: Queued) -> Row:
+        """Token ids per the in-process prompt rule (:mod:`inference._inprocess.hf_prompt`), and the row's matcher."""
+        request = entry.request
+        ids = prompt_token_ids(loaded.tokenizer, request, provider=self.provider)
+        require_prompt(ids, provider=self.provider)
+        room = request.max_tokens if loaded.context is None else loaded.context - len(ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens, which fills the model's context of {loaded.context} "
+                "tokens: shorten it",
+                provider=self.provider,
+            )
+        matcher = None if request.json_schema is None else self._grammars(loaded).matcher(request.json_schema)
+        return Row(entry, ids, min(request.max_tokens, room), matcher)
+
+    def _grammars(self, loaded: LoadedModel) -> JsonGrammars:
+        """The model's JSON-schema grammars (made on first use: an llguidance tokenizer sized to the logits)."""
+        if loaded.grammars is None:
+            llguidance = import_optional("llguidance", extra="transformers", provider=self.provider)
+            hf = import_optional("llguidance.hf", extra="transformers", provider=self.provider)
+            width = int(loaded.base_model.get_output_embeddings().weight.shape[0])
+            try:
+                tokenizer = hf.from_tokenizer(
+                    loaded.tokenizer,
+                    n_vocab=max(width, len(loaded.tokenizer)),
+                    eos_token=sorted(loaded.eos_ids) or [loaded.pad_id],
+                )
+            except ValueError as error:
+                raise InvalidRequestError(
+                    f"json_schema needs a fast (Rust) tokenizer and {loaded.name} has none ({error}): "
+                    "save the model with its tokenizer.json",
+                    provider=self.provider,
+                ) from error
+            loaded.grammars = JsonGrammars(llguidance, tokenizer, provider=self.provider)
+        return loaded.grammars
+
+    def _result(self, loaded: LoadedModel, row: Row, outputs: Outputs, index: int) -> GenerationResult:
+        request = row.entry.request
+        tokens, grammar = outputs.tokens[index], outputs.grammar
+        if outputs.finite is not None and outputs.finite.failed(index, _steps(loaded, row, outputs, index)):
+            raise non_finite_logits(self.provider, request.adapters)
+        ended = None
+        if grammar is not None and row.matcher is not None:
+            error = grammar.errors[index]
+            if error is not None:
+                raise ProviderError(f"the JSON-schema grammar stopped with an error: {error}", provider=self.provider)
+            ended = grammar.ended[index]
+            if ended is not None:
+                tokens = tokens[:ended]  # the JSON is complete (and, maybe, the end-of-sequence token after it)
+        text, completion_tokens, finish_reason = cut_row(tokens, row.limit, loaded.eos_ids, request.stop, loaded.decode)
+        if ended is not None and ended <= row.limit:
+            finish_reason = "stop"
+        logprobs = None
+        if outputs.logprobs is not None and request.logprobs is not None:
+            logprobs = outputs.logprobs.row(loaded, index, tokens[:completion_tokens], request.logprobs)
+        prompt_tokens = len(row.prompt_ids)
+        return GenerationResult(
+            text=text,
+            model=loaded.name,
+            adapter_id=request.adapter_id,
+            token_count=prompt_tokens + completion_tokens,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            logprobs=logprobs,
+        )
+
+
+def _steps(loaded: LoadedModel, row: Row, outputs: Outputs, index: int) -> int:
+    """How many of ``generate``'s steps made the row's tokens (up to its end token, JSON end or limit); the
+    steps after those only padded it while other rows went on."""
+    tokens = outputs.tokens[index][: row.limit]
+    steps = next((position + 1 for position, token in enumerate(tokens) if token in loaded.eos_ids), len(tokens))
+    ended = None if outputs.grammar is None else outputs.grammar.ended[index]
+    return steps if ended is None else min(steps, ended)
+
+
+def _drop(entry: Queued, provider: str) -> None:
+    """Settle the future of a request whose caller gave up (no result is computed for it)."""
+    if not entry.future.done():
+        entry.future.set_exception(ProviderError("the request was cancelled", provider=provider))
+
+
+class FiniteRows:
+    """Two logits processors of a ``generate`` (the first and the last) and a stopping criterion: end the rows
+    whose logits are not finite.
+
+    A row whose raw logits have no finite maximum (a NaN, +infinity) or are all equal (an RMS norm of an
+    overflowed sum of squares is 0, and so is every logit) has no next token to read from them: an adapter or a
+    scale too large for the model's numbers. :meth:`check` records the first such step; :meth:`force` makes the
+    row's logits a sure end token (so it ends there, streams nothing more, and sampling never sees a NaN:
+    ``torch.multinomial`` would fail the whole batch); its request fails with :class:`~inference.ProviderError`,
+    and the other rows go on.
+
+    Args:
+        torch: The torch module.
+        rows: The batch's rows.
+        end_token: The token a failed row is given (an end-of-sequence token where the model has one).
+    """
+
+    def __init__(self, torch: Any, rows: int, end_token: int) -> None:
+        self.torch = torch
+        self.end_token = end_token
+        self.first_bad: list[int | None] = [None] * rows
+        self._step = 0
+        self._bad: Any = None  # this step's failed rows (a bool tensor), or None
+
+    def check(self, input_ids: Any, scores: Any) -> Any:
+        """The first processor: record the rows whose raw logits are unusable at this step."""
+        lowest, highest = self.torch.aminmax(scores, dim=-1)
+        bad = ~self.torch.isfinite(highest) | (highest <= lowest)
+        self._bad = None
+        if bool(bad.any()):
+            self._bad = bad
+            for row in bad.nonzero().flatten().tolist():
+                if self.first_bad[row] is None:
+                    self.first_bad[row] = self._step
+        self._step += 1
+        return scores
+
+    def force(self, input_ids: Any, scores: Any) -> Any:
+        """The last processor: the rows :meth:`check` found this step get a sure end token."""
+        if self._bad is None:
+            return scores
+        forced = self.torch.full_like(scores[:1], float("-inf"))
+        forced[0, self.end_token] = 0.0
+        return self.torch.where(self._bad[:, None], forced, scores)
+
+    def stops(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        """Stopping criterion: a row is done once its logits were not finite."""
+        flags = [step is not None for step in self.first_bad]
+        return self.torch.tensor(flags, dtype=self.torch.bool, device=input_ids.device)
+
+    def failed(self, row: int, steps: int) -> bool:
+        """Whether ``row``'s logits were not finite within its first ``steps`` steps (the ones that made its tokens)."""
+        step = self.first_bad[row]
+        return step is not None and step < steps
+
+
+class StreamWatch:
+    """A ``generate`` stopping criterion for one streamed row: hands out its text, stops at a stop string.
+
+    Called after every new token. Text is handed out only while it decodes cleanly: a trailing U+FFFD
+    (a character whose bytes are split over tokens) waits for the next token. (Cancellation is
+    :class:`~inference._inprocess.batching.RowsCancelled`'s job, as for every row.)
+    """
+
+    def __init__(
+        self,
+        torch: Any,
+        prompt_width: int,
+        eos_ids: frozenset[int],
+        decode: Callable[[list[int]], str],
+        pieces: PieceAssembler,
+    ) -> None:
+        self.torch = torch
+        self.prompt_width = prompt_width
+        self.eos_ids = eos_ids
+        self.decode = decode
+        self.pieces = pieces
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        done = False
+        tokens = [int(token) for token in input_ids[0, self.prompt_width :].tolist()]
+        end = next((index for index, token in enumerate(tokens) if token in self.eos_ids), None)
+        if end is None:  # after an end-of-sequence token generate stops by itself; finish() hands out the rest
+            text = self.decode(tokens).rstrip("\ufffd")
+            done = self.pieces.update(text) is not None
+        return self.torch.full((input_ids.shape[0],), done, dtype=self.torch.bool, device=input_ids.device)
+
+
+class LogprobRecorder:
+    """The first logits processor of a ``generate``: keeps each step's top tokens and the chosen token's logprob.
+
+    It sees the raw logits (after the adapter, before any penalty, mask or sampling setting). The chosen
+    token of a step is read from ``input_ids`` at the next step, and from the output after the last one,
+    so only one step's full distribution is kept at a time.
+
+    Args:
+        torch: The torch module.
+        top: The most alternatives any row asked for (0 to 20).
+    """
+
+    def __init__(self, torch: Any, top: int) -> None:
+        self.torch = torch
+        self.top = top
+        self.chosen: list[Any] = []
+        self.best: list[tuple[Any, Any]] = []
+        self._previous: Any = None
+        self._values: list[list[float]] | None = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        logprobs = self.torch.log_softmax(scores.float(), dim=-1)
+        if self._previous is not None:
+            self.chosen.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        if self.top > 0:
+            values, ids = logprobs.topk(self.top, dim=-1)
+            self.best.append((values, ids))
+        self._previous = logprobs
+        return scores
+
+    def finish(self, new_tokens: Any) -> None:
+        """Read the last step's chosen tokens from ``generate``'s output (``new_tokens``: rows x steps)."""
+        steps = new_tokens.shape[1]
+        if self._previous is not None and len(self.chosen) < steps:
+            last = new_tokens[:, len(self.chosen) : len(self.chosen) + 1].to(self._previous.device)
+            self.chosen.append(self._previous.gather(1, last).squeeze(1))
+        self._previous = None
+        self._chosen_rows = self.torch.stack(self.chosen, dim=1).tolist() if self.chosen else []
+        if self.best:
+            self._best_values = self.torch.stack([values for values, _ in self.best], dim=1).tolist()
+            self._best_ids = self.torch.stack([ids for _, ids in self.best], dim=1).tolist()
+        self.best = []
+        self.chosen = []
+
+    def row(self, loaded: LoadedModel, index: int, tokens: list[int], top: int) -> tuple[TokenLogprob, ...]:
+        """The logprobs of row ``index``'s first ``len(tokens)`` tokens, each with its ``top`` alternatives."""
+        entries = []
+        for step, token in enumerate(tokens):
+            alternatives: tuple[tuple[str, float], ...] = ()
+            if top > 0:
+                ids, values = self._best_ids[index][step][:top], self._best_values[index][step][:top]
+                alternatives = tuple(
+                    (loaded.token_text(int(other)), float(value)) for other, value in zip(ids, values, strict=True)
+                )
+            entries.append(
+                TokenLogprob(
+                    token=loaded.token_text(token),
+                    logprob=float(self._chosen_rows[index][step]),
+                    top_logprobs=alternatives,
+                    token_id=token,
+                )
+            )
+        return tuple(entries)

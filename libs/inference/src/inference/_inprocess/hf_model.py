@@ -1,0 +1,220 @@
+"""A local Hugging Face causal language model as the Transformers provider holds it: loaded, placed, described.
+
+:func:`load_model` reads a local model directory or GGUF file (never downloads) onto the requested device and
+dtype, and returns a :class:`LoadedModel`: the model, its tokenizer and what generation and scoring read from them
+(end-of-sequence and padding tokens, context length, the scoring :class:`~inference._core.scoring.Vocabulary`).
+Everything here runs on the provider's worker thread; torch and transformers are imported on first use only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inference._core.dependencies import import_optional
+from inference._core.scoring import Vocabulary
+from inference._inprocess.constrained import JsonGrammars
+from inference.exceptions import ConfigurationError, InferenceError, ModelLoadError, ProviderError
+
+__all__ = ["LoadedModel", "as_inference_error", "empty_cuda_cache", "load_model"]
+
+
+@dataclass
+class LoadedModel:
+    """The model as the worker thread holds it. ``model`` is a ``PeftModel`` while adapters are loaded.
+
+    Attributes:
+        name: The model's name in results (the directory's name, or the GGUF file's stem).
+        model: What runs: the plain model, or the ``PeftModel`` around it while PEFT adapters are in it.
+        base_model: The plain model (PEFT injects its LoRA layers into it in place).
+        tokenizer: The model's tokenizer.
+        device: The torch device it runs on.
+        module_names: The plain model's module names, as loaded.
+        eos_ids: Every end-of-sequence token id (the generation config's and the tokenizer's).
+        pad_id: The token that pads a batch.
+        context: ``max_position_embeddings``, or ``None`` when the config does not say.
+        vocabulary: How scoring tokenizes text.
+        token_texts: Token texts decoded so far (see :meth:`token_text`).
+        grammars: The JSON-schema grammars compiled for this tokenizer, made on the first ``json_schema``.
+    """
+
+    name: str
+    model: Any
+    base_model: Any
+    tokenizer: Any
+    device: Any
+    module_names: frozenset[str]
+    eos_ids: frozenset[int]
+    pad_id: int
+    context: int | None
+    vocabulary: Vocabulary
+    token_texts: dict[int, str] = field(default_factory=dict)
+    grammars: JsonGrammars | None = None
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as the tokenizer decodes it alone (special tokens by their names)."""
+        text = self.token_texts.get(token_id)
+        if text is None:
+            text = self.token_texts[token_id] = str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+        return text
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` as a result shows it (special tokens left out)."""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def layer_features(self) -> dict[str, tuple[int, int] | None]:
+        """Every module of the plain model now -> its ``(in_features, out_features)`` (``None`` where it has none)."""
+        layers: dict[str, tuple[int, int] | None] = {}
+        for name, module in self.base_model.named_modules():
+            in_features, out_features = getattr(module, "in_features", None), getattr(module, "out_features", None)
+            if isinstance(in_features, int) and isinstance(out_features, int):
+                layers[name] = (in_features, out_features)
+            else:
+                layers[name] = None
+        return layers
+
+
+def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: str) -> LoadedModel:
+    """Load a local model directory or ``.gguf`` file onto ``device_name`` in ``dtype_name`` (worker thread).
+
+    Args:
+        model_name: A local model directory or GGUF file (``~`` is expanded); nothing is downloaded.
+        device_name: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` (already validated).
+        dtype_name: ``"auto"`` (float32 on CPU; bfloat16 on CUDA where supported, else float16), ``"float32"``,
+            ``"float16"`` or ``"bfloat16"`` (already validated).
+        provider: The provider's name, for errors.
+
+    Raises:
+        ConfigurationError: No model was given, it is a file but not GGUF, or the device is not available.
+        ModelLoadError: The path does not exist, or transformers could not load what is there.
+    """
+    torch = import_optional("torch", extra="transformers", provider=provider)
+    transformers = import_optional("transformers", extra="transformers", provider=provider)
+    device = _torch_device(torch, device_name, provider)
+    dtype = _resolve_dtype(torch, dtype_name, device)
+    if not model_name:
+        raise ConfigurationError(
+            "no model to load: pass model_name= (a local model directory or .gguf file) "
+            "or set TRANSFORMERS_MODEL_NAME",
+            provider=provider,
+        )
+    path = Path(model_name).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model_name {model_name!r} is not a local directory or .gguf file: the transformers "
+            "provider never downloads; fetch the model first (e.g. huggingface-cli download REPO "
+            "--local-dir DIR) and pass that directory",
+            provider=provider,
+            path=str(path),
+        )
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        raise ConfigurationError(
+            f"model_name {model_name!r} is a file but not a .gguf file: pass a model directory or a GGUF file",
+            provider=provider,
+            path=str(path),
+        )
+    directory, extra = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True, **extra)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(directory), dtype=dtype, local_files_only=True, **extra
+        )
+        model.to(device)
+        model.eval()
+    except InferenceError:
+        raise
+    except Exception as error:
+        raise ModelLoadError(
+            f"transformers could not load the model at {path} ({type(error).__name__}: {error}): "
+            "check that it is a complete causal language model (config, weights, tokenizer) or GGUF file",
+            provider=provider,
+            path=str(path),
+        ) from error
+    generation = model.generation_config
+    eos = {*_as_ids(generation.eos_token_id), *_as_ids(tokenizer.eos_token_id)}
+    pad_candidates = [tokenizer.pad_token_id, generation.pad_token_id, *sorted(eos), 0]
+    return LoadedModel(
+        name=path.stem if path.is_file() else path.name,
+        model=model,
+        base_model=model,
+        tokenizer=tokenizer,
+        device=device,
+        module_names=frozenset(name for name, _ in model.named_modules()),
+        eos_ids=frozenset(eos),
+        pad_id=next(int(token) for token in pad_candidates if token is not None),
+        context=getattr(model.config, "max_position_embeddings", None),
+        vocabulary=_vocabulary(tokenizer),
+    )
+
+
+def empty_cuda_cache(device: Any, *, provider: str) -> None:
+    """On a CUDA ``device``, give the memory torch keeps cached back to the driver (after weights were freed)."""
+    if device.type == "cuda":
+        import_optional("torch", extra="transformers", provider=provider).cuda.empty_cache()
+
+
+def as_inference_error(error: BaseException, *, provider: str) -> BaseException:
+    """``error`` as a request's caller sees it: our errors as they are, anything else of the model's as a
+    :class:`~inference.ProviderError` that names it (``KeyboardInterrupt`` and the like pass through)."""
+    if isinstance(error, InferenceError) or not isinstance(error, Exception):
+        return error
+    wrapped = ProviderError(f"transformers failed to generate ({type(error).__name__}: {error})", provider=provider)
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def _torch_device(torch: Any, name: str, provider: str) -> Any:
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigurationError(
+                f"device {name!r} was requested but torch sees no CUDA GPU "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}): "
+                "use device='cpu' or install a CUDA build of torch on a machine with a GPU",
+                provider=provider,
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigurationError(
+                f"device {name!r} does not exist: torch sees {torch.cuda.device_count()} CUDA "
+                "device(s), numbered from 0",
+                provider=provider,
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigurationError(
+            "device 'mps' was requested but torch reports MPS as unavailable: use device='cpu'",
+            provider=provider,
+        )
+    return device
+
+
+def _resolve_dtype(torch: Any, name: str, device: Any) -> Any:
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def _vocabulary(tokenizer: Any) -> Vocabulary:
+    """How scoring tokenizes: plain text without special tokens, and whether the tokenizer adds a BOS."""
+    bos_id = tokenizer.bos_token_id
+
+    def encode(text: str) -> list[int]:
+        return [int(token) for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+    probe = tokenizer("probe")["input_ids"]
+    return Vocabulary(
+        encode=encode,
+        adds_bos=bos_id is not None and len(probe) > 0 and int(probe[0]) == int(bos_id),
+        bos_id=None if bos_id is None else int(bos_id),
+        eos_id=None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id),
+    )
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(token) for token in value]

@@ -1,0 +1,173 @@
+"""Scoring on a Transformers model: ``score`` and ``score_rolling`` calls in batched forward passes, mixed adapters.
+
+Score calls wait in a :class:`~inference._inprocess.batching.BatchQueue` like generation requests (any two may
+share a batch; the oldest call's adapter goes first, since a forward pass of one adapter skips PEFT's
+mixed-adapter path). :class:`HFScoring` cuts each call into its sequences (one for ``score``, the rolling windows
+of :func:`~inference._core.scoring.rolling_windows` for ``score_rolling``), scores them longest first in
+right-padded forward passes of up to ``max_batch_size`` rows, each row with its own adapter, and sums each call's
+parts into its :class:`~inference.ScoreResult`.
+
+Everything here runs on the provider's worker thread; torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from inference._core.dependencies import import_optional
+from inference._core.scoring import ScoreTokens, rolling_windows, score_tokens, too_long
+from inference._core.validation import ScoreRequest
+from inference._inprocess.base import non_finite_logits
+from inference._inprocess.batching import PendingRequest
+from inference._inprocess.hf_model import LoadedModel, as_inference_error
+from inference._inprocess.peft_slots import PeftSlots
+from inference.exceptions import ProviderError
+from inference.results import ScoreResult
+
+__all__ = ["HFScoring", "ScoreCall"]
+
+
+@dataclass(frozen=True)
+class ScoreCall:
+    """One ``score`` (``rolling=False``) or ``score_rolling`` call, as it waits in the batch queue."""
+
+    request: ScoreRequest
+    rolling: bool
+
+    @property
+    def adapter_id(self) -> str | None:
+        """The adapter the call scores with (``None``: the base model)."""
+        return self.request.adapter_id
+
+
+QueuedScore = PendingRequest[ScoreCall, ScoreResult]
+"""A score call on its way to the worker."""
+
+
+class HFScoring:
+    """Scores batches of score calls on a loaded model.
+
+    Args:
+        slots: The model's adapter slots (what each row applies).
+        max_batch_size: The most rows in one forward pass.
+        batch_sizes: Where each forward pass's number of rows is recorded (shared with generation).
+        provider: The provider's name, for errors.
+    """
+
+    def __init__(self, slots: PeftSlots, max_batch_size: int, batch_sizes: deque[int], *, provider: str) -> None:
+        self.slots = slots
+        self.max_batch_size = max_batch_size
+        self.batch_sizes = batch_sizes
+        self.provider = provider
+
+    def run_batch(self, loaded: LoadedModel, batch: list[QueuedScore]) -> None:
+        """Score every sequence of ``batch`` in forward passes of up to ``max_batch_size`` rows, mixed adapters;
+        each call's future gets its result or its error (a call that fails fails alone)."""
+        rows: list[tuple[int, ScoreTokens]] = []
+        for index, entry in enumerate(batch):
+            if entry.cancel.is_set():
+                continue
+            try:
+                rows.extend((index, sequence) for sequence in self._sequences(loaded, entry.request))
+            except BaseException as error:
+                entry.future.set_exception(as_inference_error(error, provider=self.provider))
+        totals: dict[int, tuple[float, int, bool]] = {}
+        failed: dict[int, BaseException] = {}
+        rows.sort(key=lambda item: len(item[1].tokens), reverse=True)  # similar lengths pad less
+        for begin in range(0, len(rows), self.max_batch_size):
+            chunk = rows[begin : begin + self.max_batch_size]
+            if any(batch[index].cancel.is_set() or index in failed for index, _ in chunk):
+                chunk = [item for item in chunk if not batch[item[0]].cancel.is_set() and item[0] not in failed]
+                if not chunk:
+                    continue
+            adapters = [batch[index].request.adapter_id for index, _ in chunk]
+            try:
+                scored = self._score_rows(loaded, [sequence for _, sequence in chunk], adapters)
+            except BaseException as error:
+                for index, _ in chunk:
+                    failed.setdefault(index, error)
+                continue
+            for (index, _), (logprob, count, greedy) in zip(chunk, scored, strict=True):
+                if not math.isfinite(logprob):  # NaN or infinite logits (finite ones give a finite log-softmax)
+                    adapter_id = batch[index].request.adapter_id
+                    used = () if adapter_id is None else ((adapter_id, 1.0),)
+                    failed.setdefault(index, non_finite_logits(self.provider, used))
+                    continue
+                before = totals.get(index, (0.0, 0, True))
+                totals[index] = (before[0] + logprob, before[1] + count, before[2] and greedy)
+        for index, entry in enumerate(batch):
+            if entry.future.done():
+                continue
+            if entry.cancel.is_set():
+                entry.future.set_exception(ProviderError("the request was cancelled", provider=self.provider))
+            elif index in failed:
+                entry.future.set_exception(as_inference_error(failed[index], provider=self.provider))
+            else:
+                logprob, count, greedy = totals[index]
+                entry.future.set_result(
+                    ScoreResult(
+                        logprob=float(logprob),
+                        num_tokens=int(count),
+                        is_greedy=bool(greedy),
+                        model=loaded.name,
+                        adapter_id=entry.request.adapter_id,
+                    )
+                )
+
+    def _sequences(self, loaded: LoadedModel, call: ScoreCall) -> list[ScoreTokens]:
+        """The sequences that score ``call``: one for ``score``, the rolling windows for ``score_rolling``."""
+        request = call.request
+        if request.adapter_id is not None:
+            self.slots.applied(loaded, request.adapter_id)  # refuses an adapter that is not in the model
+        if call.rolling:
+            if loaded.context is None:
+                return [score_tokens(loaded.vocabulary, "", request.continuation, provider=self.provider)]
+            return rolling_windows(loaded.vocabulary, request.continuation, loaded.context, provider=self.provider)
+        sequence = score_tokens(loaded.vocabulary, request.context, request.continuation, provider=self.provider)
+        if loaded.context is not None and len(sequence.tokens) - 1 > loaded.context:
+            raise too_long(
+                len(sequence.tokens) - 1,
+                loaded.context,
+                provider=self.provider,
+                setting=f"max_position_embeddings in {loaded.name}'s config.json (only if the model supports more)",
+            )
+        return [sequence]
+
+    def _score_rows(
+        self, loaded: LoadedModel, sequences: list[ScoreTokens], adapter_ids: list[str | None]
+    ) -> list[tuple[float, int, bool]]:
+        """One right-padded forward pass: per sequence, (summed logprob, scored tokens, all greedy).
+
+        Right padding needs no attention mask (a causal model never looks at the padding after a sequence), so
+        attention keeps its fastest kernel; logits are computed only at the positions some row scores
+        (``logits_to_keep`` as the sorted union of those positions).
+        """
+        torch = import_optional("torch", extra="transformers", provider=self.provider)
+        reads = [sequence.tokens[:-1] for sequence in sequences]
+        width = max(len(tokens) for tokens in reads)
+        input_ids = torch.full((len(reads), width), loaded.pad_id, dtype=torch.long)
+        for row, tokens in enumerate(reads):
+            input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        wanted = sorted({position for s in sequences for position in range(s.start - 1, len(s.tokens) - 1)})
+        column = {position: index for index, position in enumerate(wanted)}
+        with self.slots.rows(loaded, [(adapter_id, ()) for adapter_id in adapter_ids]) as extra, torch.inference_mode():
+            self.batch_sizes.append(len(reads))
+            logits = loaded.model(
+                input_ids=input_ids.to(loaded.device),
+                logits_to_keep=torch.tensor(wanted, dtype=torch.long, device=loaded.device),
+                use_cache=False,
+                **extra,
+            ).logits
+            results = []
+            for row, sequence in enumerate(sequences):
+                targets = torch.tensor(sequence.scored, dtype=torch.long, device=logits.device)
+                columns = [column[position] for position in range(sequence.start - 1, len(sequence.tokens) - 1)]
+                row_logits = logits[row, columns, :].float()
+                logprobs = torch.log_softmax(row_logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
+                greedy = bool((row_logits.argmax(dim=-1) == targets).all())
+                lowest, highest = torch.aminmax(row_logits, dim=-1)
+                usable = bool((torch.isfinite(highest) & (highest > lowest)).all())  # else NaN: run_batch refuses it
+                results.append((math.fsum(logprobs.double().tolist()) if usable else math.nan, len(targets), greedy))
+        return results

@@ -1,0 +1,53 @@
+"""The prompt rule on llama.cpp: a request's messages rendered by the model's chat template, or its plain text, as
+token ids (the rule itself: :mod:`inference._inprocess.base`).
+
+A model with a chat template gets its messages rendered with the generation prompt and tokenized with no further
+special tokens; a model without one gets its plain text with the special tokens its vocabulary adds (BOS where it
+says so). Text becomes token ids as the model's Hugging Face tokenizer makes them
+(:class:`~inference._inprocess.llamacpp_text.TextEncoder`). All on the provider's worker thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference._core.validation import GenerationRequest
+from inference._inprocess.base import chat_messages, plain_prompt
+from inference._inprocess.llamacpp_model import LlamaCppModel
+from inference._inprocess.llamacpp_text import TextEncoder
+from inference.exceptions import InvalidRequestError
+
+__all__ = ["LlamaPrompts"]
+
+
+class LlamaPrompts:
+    """Token ids of prompts and texts for one provider's model.
+
+    Args:
+        model: The provider's model (its chat template's renderer, read after the first load).
+    """
+
+    def __init__(self, model: LlamaCppModel) -> None:
+        self.model = model
+        self._text: TextEncoder | None = None  # text to token ids as the model's HF tokenizer does it
+
+    def tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
+        """Token ids of a request's prompt per the in-process prompt rule."""
+        formatter = self.model.formatter
+        if formatter is not None:
+            try:
+                rendered: str = formatter(messages=chat_messages(request)).prompt
+            except Exception as error:  # jinja2 errors, raise_exception() in the template
+                raise InvalidRequestError(
+                    f"the chat template of {self.model.settings.model_path.name} cannot render this request ({error})",
+                    provider=self.model.provider,
+                ) from error
+            return self.encode(llama, rendered, add_bos=False)
+        # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
+        return self.encode(llama, plain_prompt(request), add_bos=True)
+
+    def encode(self, llama: Any, text: str, *, add_bos: bool) -> list[int]:
+        """Token ids of ``text`` as the model's Hugging Face tokenizer makes them (see :class:`TextEncoder`)."""
+        if self._text is None:
+            self._text = TextEncoder.for_model(llama)
+        return self._text.encode(self.model.llama_cpp(), llama, text, add_bos=add_bos)

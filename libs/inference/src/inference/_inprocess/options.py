@@ -1,0 +1,23 @@
+"""How every in-process provider receives the request options it handles alike (each provider's map adds the rest).
+
+The in-process providers share the prompt rule (:mod:`inference._inprocess.base`: a system prompt is a system
+message rendered by the model's chat template) and constrained decoding with llguidance
+(:mod:`inference._inprocess.constrained`), and none calls tools yet. A provider's
+:attr:`~inference.InferenceProvider.options` starts from :data:`IN_PROCESS_OPTIONS` and declares its own sampling
+options; a key it also sets replaces the shared entry.
+"""
+
+from __future__ import annotations
+
+from inference.options import OptionMap, Refused, Sent
+
+__all__ = ["IN_PROCESS_OPTIONS"]
+
+IN_PROCESS_OPTIONS: OptionMap = {
+    "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
+    "json_schema": Sent("llguidance", "a token mask per step"),
+    "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+    "tool_choice": Refused("tool calling is not built yet for this backend"),
+    "return_token_ids": Refused("generated token ids are not built yet for this backend"),
+}
+"""The options every in-process provider receives the same way."""

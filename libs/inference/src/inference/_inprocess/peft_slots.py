@@ -1,0 +1,401 @@
+"""The adapters in a PEFT model: slots, spare slots, weighted combinations, and what each batch row applies.
+
+Which adapters the user loaded (ids, paths, pins, LRU order) is the provider's registry; :class:`PeftSlots` owns
+what is in the model now, as vLLM's ``LoRAModelManager`` owns its slots apart from the worker that decides what
+to load. Each adapter lives in a *slot*: a PEFT adapter under an internal name (``inference_0_adapter``,
+``inference_1_adapter``...), because PEFT refuses names that adapter ids may be: with a ``.`` (``lr0.001``), or
+equal to an attribute of torch's ``ModuleDict`` (``train``, ``eval``, ``keys``). Names are never reused, and none
+is part of another (``inference_1_adapter`` is not in ``inference_11_adapter``).
+
+- **Load and unload.** :meth:`PeftSlots.load` reads a PEFT directory (checked first: target modules and matrix
+  shapes against the model), :meth:`PeftSlots.load_weights` takes in-memory
+  :class:`~inference.adapters.weights.AdapterWeights`; :meth:`PeftSlots.unload` empties the slot. The first
+  adapter wraps the model in a ``PeftModel``; removing the last one restores the plain model.
+- **Spare slots.** An unload keeps up to ``spare_limit`` emptied slots; the next adapter of the same LoRA shape
+  (see :func:`slot_shape`) is copied into one instead of PEFT building and removing LoRA layers.
+- **Weighted combinations.** A request with ``adapter_scales`` runs on a combination built once with PEFT's
+  ``add_weighted_adapter`` and kept (the :data:`COMBINED_KEPT` most recently used ones).
+- **What a row applies.** :meth:`PeftSlots.applied` names the slot a request runs on (the base model, an adapter,
+  a combination), and :meth:`PeftSlots.rows` makes each row of one model call apply its own.
+
+Everything here runs on the provider's worker thread; peft, torch and safetensors are imported on first use.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inference._core.dependencies import import_optional
+from inference._core.validation import AdapterScales
+from inference._inprocess.base import adapter_not_loaded
+from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache
+from inference.adapters.peft import PeftAdapter, check_layer_shapes, check_target_modules, read_peft_adapter
+from inference.exceptions import InvalidAdapterError
+
+if TYPE_CHECKING:
+    from inference.adapters.weights import AdapterWeights
+
+__all__ = ["BASE_ADAPTER_NAME", "COMBINED_KEPT", "PeftSlots", "slot_shape"]
+
+BASE_ADAPTER_NAME = "__base__"
+"""PEFT's name for "no adapter" in ``adapter_names``."""
+
+COMBINED_KEPT = 8
+"""Weighted adapter combinations (requests with ``adapter_scales``) kept in the model, least recently used out."""
+
+_SLOT_INDIFFERENT = frozenset(
+    {
+        "base_model_name_or_path",
+        "revision",
+        "inference_mode",
+        "task_type",
+        "lora_dropout",
+        "init_lora_weights",
+        "peft_version",
+        "auto_mapping",
+    }
+)
+"""adapter_config.json keys that do not change the LoRA layers PEFT builds for inference (or their scaling)."""
+
+_SLOT_EXCLUDED = ("use_dora", "modules_to_save", "trainable_token_indices", "layer_replication", "target_parameters")
+"""adapter_config.json keys that, when set, give a slot more than LoRA matrices: such adapters never share a slot."""
+
+_NOT_CONFIG_ARGUMENTS = frozenset({"peft_type", "auto_mapping", "revision", "base_model_name_or_path"})
+"""adapter_config.json keys that PEFT writes but LoraConfig(...) does not take as they are."""
+
+
+def slot_shape(config: dict[str, Any]) -> str | None:
+    """What a PEFT adapter slot built for ``config`` fits: adapters of equal shape can share a slot in turn.
+
+    ``None`` for configs whose slot holds more than LoRA weights of target modules (DoRA magnitudes, bias,
+    ``modules_to_save``, trainable tokens, layer replication, target parameters): those are never reused.
+    """
+    if any(config.get(key) for key in _SLOT_EXCLUDED) or config.get("bias", "none") != "none":
+        return None
+    kept = {key: value for key, value in config.items() if key not in _SLOT_INDIFFERENT}
+    if isinstance(kept.get("target_modules"), list):
+        kept["target_modules"] = sorted(kept["target_modules"])
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+class PeftSlots:
+    """The adapter slots of one PEFT model, and the adapter ids that fill them.
+
+    Every method takes the :class:`~inference._inprocess.hf_model.LoadedModel` it works on (the model is loaded on
+    first use, after these slots exist) and may replace its ``model`` (the ``PeftModel`` wrapper comes and goes).
+    Generation and scoring ask only :meth:`applied` and :meth:`rows`, and the provider only loads and unloads, so
+    another way of applying some adapters (stacked matrices, :mod:`inference._inprocess.lora_stacks`) can live
+    behind the same methods.
+
+    Args:
+        resident: The provider's map of resident adapters, id -> slot (PEFT adapter name); kept up to date here.
+        spare_limit: How many emptied slots an unload keeps for the next adapter of the same shape.
+        provider: The provider's name, for errors.
+    """
+
+    def __init__(self, resident: dict[str, str], *, spare_limit: int, provider: str) -> None:
+        self.resident = resident
+        self.spare_limit = spare_limit
+        self.provider = provider
+        self._names = (f"inference_{number}_adapter" for number in itertools.count())
+        self._shapes: dict[str, str] = {}  # slot -> its shape (see slot_shape), for slots an unload may keep
+        self._spare: dict[str, list[str]] = {}  # emptied slots by shape, spare_limit at most in all
+        # Weighted combinations built for requests with adapter scales: (adapter ids, scales) -> PEFT name, LRU.
+        self._combined: collections.OrderedDict[AdapterScales, str] = collections.OrderedDict()
+        self._combined_names = (f"inference_{number}_combined" for number in itertools.count())
+
+    @property
+    def combinations(self) -> Mapping[AdapterScales, str]:
+        """The weighted combinations in the model now: adapter scales -> PEFT name, least recently used first."""
+        return self._combined
+
+    # What rows apply ---------------------------------------------------------------------------------------------
+
+    def applied(self, loaded: LoadedModel, adapter_id: str | None, scales: AdapterScales = ()) -> str:
+        """PEFT's name for what a request applies: the base model, an adapter, or a weighted combination.
+
+        A combination (``scales``) is built once with PEFT's ``add_weighted_adapter`` (``"cat"``: the adapters'
+        ranks side by side, each A scaled by its weight and its own alpha/r, so the delta is exactly the weighted
+        sum) and kept for later requests, the :data:`COMBINED_KEPT` most recently used ones.
+
+        Raises:
+            AdapterNotFoundError: An adapter it names is not in the model.
+        """
+        if not scales:
+            if adapter_id is None:
+                return BASE_ADAPTER_NAME
+            if adapter_id not in self.resident:
+                raise self._not_loaded(adapter_id)  # never expected: the registry holds it
+            return self.resident[adapter_id]
+        if scales in self._combined:
+            self._combined.move_to_end(scales)
+            return self._combined[scales]
+        missing = [part for part, _ in scales if part not in self.resident]
+        if missing:
+            raise self._not_loaded(missing[0])
+        names = [self.resident[part] for part, _ in scales]
+        weights = [scale for _, scale in scales]
+        if len(names) == 1:  # PEFT combines one adapter "linearly", with sqrt(weight): no negative scales
+            names, weights = names * 2, [weights[0], 0.0]
+        combined = next(self._combined_names)
+        loaded.model.add_weighted_adapter(names, weights, combined, combination_type="cat")
+        self._combined[scales] = combined
+        while len(self._combined) > COMBINED_KEPT:
+            loaded.model.delete_adapter(self._combined.popitem(last=False)[1])
+        return combined
+
+    @contextlib.contextmanager
+    def rows(
+        self, loaded: LoadedModel, applied: Sequence[tuple[str | None, AdapterScales]]
+    ) -> Iterator[dict[str, Any]]:
+        """Make each row of one model call (a ``generate`` or a forward pass) apply its own adapter.
+
+        Args:
+            loaded: The model.
+            applied: Per row, what it applies: ``(adapter_id, adapter_scales)``.
+
+        Yields:
+            The keyword arguments the model call takes: PEFT's ``adapter_names`` (the slots' names, never the ids)
+            while the model holds adapters; nothing for a plain model.
+        """
+        if loaded.model is loaded.base_model:
+            yield {}
+        else:
+            yield {"adapter_names": [self.applied(loaded, adapter_id, scales) for adapter_id, scales in applied]}
+
+    # Load and unload ---------------------------------------------------------------------------------------------
+
+    def load(self, loaded: LoadedModel, adapter_id: str, path: str) -> None:
+        """Load the PEFT adapter directory at ``path`` as ``adapter_id``: into a spare slot of its shape if one
+        takes it, else into a new slot.
+
+        Raises:
+            InvalidAdapterError: The adapter is not valid, or does not fit the model; the model is as before.
+        """
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes in a file name, kept as surrogates by os.fsdecode
+            raise InvalidAdapterError(
+                f"adapter path {path!r} is not valid UTF-8, which safetensors and PEFT need: "
+                "rename or move the adapter directory",
+                provider=self.provider,
+                path=repr(path),
+            ) from None
+        if adapter_id in self.resident:  # never expected: the registry unloads before it loads again
+            self.unload(loaded, adapter_id)
+        adapter = read_peft_adapter(path, provider=self.provider)
+        check_target_modules(adapter, loaded.module_names, loaded.name, self._refusal(adapter))
+        self._check_file_shapes(loaded, adapter)
+        peft = import_optional("peft", extra="transformers", provider=self.provider)
+        shape = slot_shape(adapter.config)
+        if shape in self._spare:
+            try:
+                tensors = peft.utils.load_peft_weights(str(adapter.path), device=str(loaded.device))
+            except Exception:  # a fresh load below reports the unreadable file
+                tensors = None
+            if tensors is not None and self._refill_spare(loaded, adapter_id, shape, tensors):
+                return
+
+        def build(peft_name: str) -> None:
+            if loaded.model is loaded.base_model:
+                loaded.model = peft.PeftModel.from_pretrained(
+                    loaded.base_model,
+                    str(adapter.path),
+                    adapter_name=peft_name,
+                    is_trainable=False,
+                    torch_device=str(loaded.device),
+                )
+            else:
+                loaded.model.load_adapter(
+                    str(adapter.path), adapter_name=peft_name, is_trainable=False, torch_device=str(loaded.device)
+                )
+
+        self._new_slot(loaded, adapter_id, adapter, shape, build)
+
+    def load_weights(self, loaded: LoadedModel, adapter_id: str, label: str, weights: AdapterWeights) -> None:
+        """Put in-memory LoRA weights straight into the model (no file), as ``adapter_id``.
+
+        ``weights`` is the copy the provider kept and checked at load (a reload after an eviction does not check
+        it again: nothing can have changed it); ``label`` names it in errors.
+
+        Raises:
+            InvalidAdapterError: The weights do not fit the model; the model is as before.
+        """
+        if adapter_id in self.resident:
+            self.unload(loaded, adapter_id)
+        config = weights.config_dict()
+        targets = config["target_modules"]  # a list of names, or one regular expression
+        adapter = PeftAdapter(
+            path=Path(label),
+            weights_path=Path(label),
+            rank=config["r"],
+            alpha=float(config.get("lora_alpha", 8)),
+            target_modules=tuple(sorted(targets)) if isinstance(targets, list) else (targets,),
+            base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
+            config=config,
+        )
+        check_target_modules(adapter, loaded.module_names, loaded.name, self._refusal(adapter))
+        shapes = {name: tuple(tensor.shape) for name, tensor in weights.tensors.items()}
+        check_layer_shapes(adapter, shapes, loaded.layer_features(), loaded.name, self._refusal(adapter))
+        torch = import_optional("torch", extra="transformers", provider=self.provider)
+        peft = import_optional("peft", extra="transformers", provider=self.provider)
+        fields = peft.LoraConfig.__dataclass_fields__
+        lora_config = peft.LoraConfig(
+            **{key: value for key, value in config.items() if key in fields and key not in _NOT_CONFIG_ARGUMENTS}
+        )
+        lora_config.inference_mode = True
+        dtype = next(loaded.base_model.parameters()).dtype
+        tensors = {
+            name: torch.as_tensor(tensor).detach().to(device=loaded.device, dtype=dtype)
+            for name, tensor in weights.tensors.items()
+        }
+        shape = slot_shape(config)
+        if shape in self._spare and self._refill_spare(loaded, adapter_id, shape, tensors):
+            return
+
+        def build(peft_name: str) -> None:
+            if loaded.model is loaded.base_model:
+                loaded.model = peft.PeftModel(loaded.base_model, lora_config, adapter_name=peft_name)
+            else:
+                loaded.model.add_adapter(peft_name, lora_config)
+            result = peft.set_peft_model_state_dict(loaded.model, tensors, adapter_name=peft_name)
+            unexpected = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
+            if unexpected:
+                raise ValueError(f"tensors that match no module of the model: {', '.join(unexpected[:3])}")
+
+        self._new_slot(loaded, adapter_id, adapter, shape, build)
+
+    def unload(self, loaded: LoadedModel, adapter_id: str) -> None:
+        """Take ``adapter_id`` out of the model (and every combination that uses it); its slot is kept as a spare
+        while fewer than ``spare_limit`` are kept, else removed (the last one restores the plain model)."""
+        if adapter_id not in self.resident:
+            return  # nothing of it is in the model
+        for key in [key for key in self._combined if any(part == adapter_id for part, _ in key)]:
+            loaded.model.delete_adapter(self._combined.pop(key))
+        peft_name = self.resident.pop(adapter_id)
+        shape = self._shapes.get(peft_name)
+        spare = sum(len(slots) for slots in self._spare.values())
+        if shape is not None and spare < self.spare_limit:
+            self._spare.setdefault(shape, []).append(peft_name)  # kept for the next adapter of its shape
+        else:
+            self._shapes.pop(peft_name, None)
+            self._drop(loaded, peft_name)
+        empty_cuda_cache(loaded.device, provider=self.provider)
+
+    def clear(self) -> None:
+        """Forget every slot (the model they were in is being freed)."""
+        self.resident.clear()
+        self._shapes.clear()
+        self._spare.clear()
+        self._combined.clear()
+
+    # Slots (private) ---------------------------------------------------------------------------------------------
+
+    def _new_slot(
+        self,
+        loaded: LoadedModel,
+        adapter_id: str,
+        adapter: PeftAdapter,
+        shape: str | None,
+        build: Callable[[str], None],
+    ) -> None:
+        """Make a new slot with ``build(peft_name)`` for ``adapter_id``; a failed build leaves nothing behind."""
+        peft_name = next(self._names)  # PEFT refuses some valid adapter ids (e.g. with a '.')
+        try:
+            build(peft_name)
+        except Exception as error:
+            self._discard_partial(loaded, peft_name)
+            raise self._refusal(adapter)(
+                f"could not be loaded into {loaded.name} ({type(error).__name__}: {error})"
+            ) from error
+        loaded.model.eval()
+        self.resident[adapter_id] = peft_name
+        if shape is not None:
+            self._shapes[peft_name] = shape
+
+    def _refill_spare(self, loaded: LoadedModel, adapter_id: str, shape: str, tensors: dict[str, Any]) -> bool:
+        """Load ``tensors`` into a spare slot of ``shape``: True when every LoRA weight of the slot was replaced.
+
+        A slot the tensors do not fill exactly (a module missing, a name of no module) is removed, never used
+        with another adapter's weights left in it; the caller then loads the adapter the usual way, which reports
+        what is wrong with it, if anything.
+        """
+        peft = import_optional("peft", extra="transformers", provider=self.provider)
+        slots = self._spare[shape]
+        peft_name = slots.pop()
+        if not slots:
+            del self._spare[shape]
+        try:
+            result = peft.set_peft_model_state_dict(loaded.model, tensors, adapter_name=peft_name)
+            left = [key for key in result.missing_keys if f".{peft_name}." in key]
+            unexpected = [key for key in result.unexpected_keys if "lora_" in key]
+        except Exception:  # the slot is dropped and the adapter loaded anew
+            left, unexpected = ["(failed)"], []
+        if left or unexpected:
+            self._shapes.pop(peft_name, None)
+            self._drop(loaded, peft_name)
+            return False
+        self.resident[adapter_id] = peft_name
+        self._shapes[peft_name] = shape
+        return True
+
+    def _drop(self, loaded: LoadedModel, peft_name: str) -> None:
+        """Remove PEFT adapter ``peft_name`` from the model; the last one takes the PEFT wrapper with it."""
+        others = [other for other in loaded.model.peft_config if other != peft_name]
+        if others:
+            if peft_name in loaded.model.active_adapters:  # PEFT warns when the active one is deleted
+                loaded.model.set_adapter(others[0], inference_mode=True)
+            loaded.model.delete_adapter(peft_name)
+        else:
+            loaded.model = loaded.model.unload()  # the last one: back to the plain model, no LoRA layers
+            loaded.base_model = loaded.model
+
+    def _discard_partial(self, loaded: LoadedModel, peft_name: str) -> None:
+        """Remove what a failed load of PEFT adapter ``peft_name`` left behind, so the provider keeps working."""
+        if loaded.model is not loaded.base_model:
+            if peft_name in loaded.model.peft_config:
+                self._drop(loaded, peft_name)
+            return
+        peft = import_optional("peft", extra="transformers", provider=self.provider)
+        tuner_layer = peft.tuners.tuners_utils.BaseTunerLayer
+        for name, module in list(loaded.base_model.named_modules()):
+            if isinstance(module, tuner_layer):
+                parent_name, _, child = name.rpartition(".")
+                setattr(loaded.base_model.get_submodule(parent_name), child, module.get_base_layer())
+        if hasattr(loaded.base_model, "peft_config"):
+            del loaded.base_model.peft_config
+
+    # Checks and errors -------------------------------------------------------------------------------------------
+
+    def _check_file_shapes(self, loaded: LoadedModel, adapter: PeftAdapter) -> None:
+        """Read the safetensors header (no tensor data) and compare each LoRA matrix with its layer."""
+        if adapter.weights_path.suffix != ".safetensors":
+            return
+        safetensors = import_optional("safetensors", extra="transformers", provider=self.provider)
+        try:
+            with safetensors.safe_open(str(adapter.weights_path), framework="pt") as weights:
+                shapes = {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+        except Exception as error:
+            raise self._refusal(adapter)(
+                f"has a corrupt or unreadable {adapter.weights_path.name} ({error}): save it again"
+            ) from error
+        check_layer_shapes(adapter, shapes, loaded.layer_features(), loaded.name, self._refusal(adapter))
+
+    def _refusal(self, adapter: PeftAdapter) -> Callable[[str], InvalidAdapterError]:
+        """Builds the error that refuses ``adapter`` for a reason (``"adapter at PATH <reason>"``)."""
+
+        def refuse(reason: str) -> InvalidAdapterError:
+            return InvalidAdapterError(
+                f"adapter at {adapter.path} {reason}", provider=self.provider, path=str(adapter.path)
+            )
+
+        return refuse
+
+    def _not_loaded(self, adapter_id: str) -> Exception:
+        return adapter_not_loaded(adapter_id, self.resident, provider=self.provider)

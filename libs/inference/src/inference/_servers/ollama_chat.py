@@ -1,0 +1,253 @@
+"""Ollama's native chat route (``POST /api/chat``): the body, a whole answer, a streamed one, its refusals.
+
+:class:`OllamaChat` is the generation part the Ollama provider is assembled from (its adapters, derived models, are
+:mod:`~inference._servers.ollama_models`'). The native route honours every sampling option (Ollama's
+OpenAI-compatible route drops ``repetition_penalty`` and ``top_k`` and forces ``temperature``/``top_p`` to 1.0 when
+they are omitted); only the options the caller sets are sent, so the model's own defaults apply to the rest. A
+streamed answer is NDJSON; closing it makes Ollama stop generating.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any
+
+import httpx
+
+from inference._core.validation import GenerationRequest
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
+from inference._servers.ollama_models import parse_derived_model_name
+from inference.exceptions import InvalidRequestError, ServerModelNotFoundError, ServerResponseError
+from inference.provider import GenerationResult, StreamEvent
+from inference.results import TokenLogprob
+
+__all__ = ["OllamaChat", "chat_body"]
+
+
+class OllamaChat:
+    """Sends generations to Ollama's ``POST /api/chat`` and reads its answers.
+
+    Args:
+        http: The provider's client.
+        native_url: Ollama's root URL (the base URL without ``/v1``).
+        think: The ``think`` setting (``"auto"``: not sent).
+        provider: The provider name, carried by errors.
+    """
+
+    def __init__(self, http: ServerClient, native_url: str, *, think: str, provider: str) -> None:
+        self._http = http
+        self._url = f"{native_url}/api/chat"
+        self._native_url = native_url
+        self._think = think
+        self._provider = provider
+
+    def send(self, request: GenerationRequest, model: str) -> Awaitable[httpx.Response]:
+        """Send ``request`` to ``model`` for a whole answer."""
+        return self._http.request(
+            "POST",
+            self._url,
+            operation=f"generate with model {model!r}",
+            json_body=chat_body(request, model, stream=False, think=self._think),
+            handlers=self._handlers(model),
+        )
+
+    async def open(
+        self, stack: contextlib.AsyncExitStack, request: GenerationRequest, model: str
+    ) -> AsyncIterator[Any]:
+        """Send ``request`` to ``model`` for a streamed answer, held open by ``stack``: its lines, parsed."""
+        lines = self._http.stream_json_lines(
+            "POST",
+            self._url,
+            operation=f"stream from model {model!r}",
+            json_body=chat_body(request, model, stream=True, think=self._think),
+            handlers=self._handlers(model),
+        )
+        return await stack.enter_async_context(lines)
+
+    def answer(self, response: httpx.Response, request: GenerationRequest, model: str) -> GenerationResult:
+        """The result of a whole answer."""
+        operation = f"generate with model {model!r}"
+        body = self._http.parse_json(response, operation=operation)
+        try:
+            text = body["message"]["content"]
+            if not isinstance(text, str):
+                raise TypeError("message.content is not a string")
+            logprobs = _token_logprobs(body, request.logprobs) if request.logprobs is not None else None
+        except (KeyError, TypeError, AttributeError) as error:
+            problem = f"an answer that is not an Ollama chat reply ({error})"
+            raise self._http.protocol_error(operation, problem) from error
+        return self._result(body, request, model, text, operation, logprobs, _thinking(body) or None)
+
+    async def events(
+        self, lines: AsyncIterator[Any], request: GenerationRequest, model: str
+    ) -> AsyncIterator[StreamEvent]:
+        """The text pieces of a streamed answer, then its result."""
+        operation = f"stream from model {model!r}"
+        pieces: list[str] = []
+        thoughts: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        async for line in lines:
+            event = self._chat_chunk(line, operation)
+            thoughts.append(_thinking(event))
+            if request.logprobs is not None:
+                try:
+                    logprobs.extend(_token_logprobs(event, request.logprobs))
+                except (TypeError, AttributeError) as error:
+                    problem = f"a stream line with malformed logprobs ({error})"
+                    raise self._http.protocol_error(operation, problem) from error
+            piece = event["message"]["content"]
+            if piece:
+                pieces.append(piece)
+                yield piece
+            if event.get("done"):
+                yield self._result(
+                    event,
+                    request,
+                    model,
+                    "".join(pieces),
+                    operation,
+                    logprobs if request.logprobs is not None else None,
+                    "".join(thoughts) or None,
+                )
+                return
+        raise self._http.protocol_error(operation, "a stream that ended before its done line")
+
+    @contextlib.contextmanager
+    def schema_refusals(self, request: GenerationRequest) -> Iterator[None]:
+        """A 400 about ``format`` when the request has a ``json_schema``: the schema is an invalid request."""
+        try:
+            yield
+        except ServerResponseError as error:
+            message = str(error).lower()
+            about_schema = "format" in message or "schema" in message
+            if request.json_schema is None or error.status_code != 400 or not about_schema:
+                raise
+            raise InvalidRequestError(
+                f"Ollama at {self._native_url} could not use the json_schema ({error}): simplify the schema to what "
+                "Ollama's grammar supports",
+                provider=self._provider,
+            ) from error
+
+    def _chat_chunk(self, event: Any, operation: str) -> dict[str, Any]:
+        message = event.get("message") if isinstance(event, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("content", ""), str):
+            shown = json.dumps(event)[:200]
+            raise self._http.protocol_error(operation, f"a stream line that is not an Ollama chat chunk: {shown}")
+        message.setdefault("content", "")
+        assert isinstance(event, dict)
+        return event
+
+    def _result(
+        self,
+        body: dict[str, Any],
+        request: GenerationRequest,
+        model: str,
+        text: str,
+        operation: str,
+        logprobs: list[TokenLogprob] | None = None,
+        reasoning: str | None = None,
+    ) -> GenerationResult:
+        counts = (body.get("prompt_eval_count") or 0, body.get("eval_count") or 0)
+        if any(isinstance(count, bool) or not isinstance(count, int) or count < 0 for count in counts):
+            problem = f"token counts that are not non-negative integers (prompt_eval_count, eval_count = {counts!r})"
+            raise self._http.protocol_error(operation, problem)
+        prompt_tokens, completion_tokens = counts
+        if request.logprobs is not None and not logprobs and completion_tokens > 0:
+            raise self._http.protocol_error(
+                operation,
+                "an answer without the token logprobs asked for: Ollama reports them from version 0.12.11 on; "
+                "upgrade the server, or ask without logprobs",
+            )
+        return GenerationResult(
+            text=text,
+            model=str(body.get("model") or model),
+            adapter_id=request.adapter_id,
+            token_count=prompt_tokens + completion_tokens,
+            finish_reason="length" if body.get("done_reason") == "length" else "stop",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
+            reasoning=reasoning,
+        )
+
+    def _handlers(self, model: str) -> ErrorHandlers:
+        return {404: lambda answer: self._not_found(answer, model)}
+
+    def _not_found(self, answer: ServerAnswer, model: str) -> ServerResponseError:
+        if answer.route_missing:
+            return answer.error(
+                ServerResponseError,
+                f"the server at {self._native_url} has no Ollama native API ({answer.response.request.url.path} "
+                "answered 404 Not Found): it is another kind of server (an OpenAI-only server such as "
+                "llama_cpp.server?); point OLLAMA_BASE_URL (or base_url) at Ollama, or use the vllm provider for "
+                "OpenAI-compatible servers",
+            )
+        if parse_derived_model_name(model) is not None:
+            hint = "the adapter's model was deleted from the server: load the adapter again"
+        else:
+            hint = f"run `ollama pull {model}` on the server"
+        sentence = f"{answer.where} has no model {model!r} ({answer.message}): {hint}"
+        return answer.error(ServerModelNotFoundError, sentence)
+
+
+def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: str = "auto") -> dict[str, Any]:
+    """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply.
+
+    ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``.
+    """
+    messages = request.messages  # the one message rule (GenerationRequest.messages)
+    options: dict[str, Any] = {"num_predict": request.max_tokens}
+    for key, value in (
+        ("temperature", request.temperature),
+        ("top_p", request.top_p),
+        ("top_k", request.top_k),
+        ("repeat_penalty", request.repetition_penalty),
+        ("seed", request.seed),
+    ):
+        if value is not None:
+            options[key] = value
+    if request.stop:
+        options["stop"] = list(request.stop)
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream, "options": options}
+    if request.json_schema is not None:
+        body["format"] = dict(request.json_schema)
+    if request.logprobs is not None:
+        body["logprobs"] = True
+        body["top_logprobs"] = request.logprobs
+    if think != "auto":
+        body["think"] = {"true": True, "false": False}.get(think, think)
+    return body
+
+
+def _thinking(body: dict[str, Any]) -> str:
+    """``message.thinking`` of an answer or stream line (``""`` when absent)."""
+    message = body.get("message")
+    thinking = message.get("thinking") if isinstance(message, dict) else None
+    return thinking if isinstance(thinking, str) else ""
+
+
+def _token_logprobs(body: dict[str, Any], k: int) -> list[TokenLogprob]:
+    """The ``logprobs`` of an ``/api/chat`` answer or stream line: ``[{token, logprob, bytes, top_logprobs}]``.
+
+    Raises:
+        TypeError: The field is not a list of entries with a text token and a numeric logprob.
+    """
+    entries = body.get("logprobs") or []
+    if not isinstance(entries, list):
+        raise TypeError(f"logprobs is {type(entries).__name__}, not a list")
+    result = []
+    for entry in entries:
+        token = entry.get("token", "") if isinstance(entry, dict) else None
+        logprob = entry.get("logprob", 0.0) if isinstance(entry, dict) else None  # Go omits zero values
+        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+            raise TypeError(f"a logprobs entry without a token and a logprob: {entry!r:.200}")
+        top = [
+            (alternative.get("token", ""), float(alternative.get("logprob", 0.0)))
+            for alternative in entry.get("top_logprobs") or []
+            if isinstance(alternative, dict) and isinstance(alternative.get("logprob", 0.0), (int, float))
+        ]
+        top.sort(key=lambda pair: pair[1], reverse=True)
+        result.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
+    return result

@@ -1,0 +1,323 @@
+"""The OpenAI API's wire format: request bodies, answer readers and server-sent events.
+
+What differs per API lives here, apart from how requests reach the servers (pydantic-ai splits ``models/`` from
+``providers/`` the same way): :func:`request_arguments` writes the JSON body of ``/v1/chat/completions`` (:data:`CHAT`)
+or ``/v1/completions`` (:data:`COMPLETIONS`) from a :class:`~inference._core.validation.GenerationRequest`, each
+sampling option under the field a provider's ``options`` map names; the readers turn answers and stream chunks into
+token logprobs, token counts and :class:`~inference.provider.GenerationResult`; :class:`ServerEvents` reads a
+streamed answer. Nothing here sends a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from inference._core.validation import GenerationRequest
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
+from inference.exceptions import InferenceError, ProviderError
+from inference.options import OptionMap, Refused, Sent
+from inference.provider import GenerationResult
+from inference.results import TokenLogprob
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "LOGPROB_READERS",
+    "OPENAI_OPTIONS",
+    "SCHEMA_NAME",
+    "ServerEvents",
+    "about_schema",
+    "completion_logprobs",
+    "generation_result",
+    "model_name",
+    "operation_of",
+    "quoted_model",
+    "reasoning_of",
+    "refuses_schema_type",
+    "request_arguments",
+    "response_format",
+    "token_counts",
+    "token_logprobs",
+]
+
+CHAT = "chat"
+"""The route ``/v1/chat/completions``: the prompt as chat messages, rendered by the server's chat template."""
+
+COMPLETIONS = "completions"
+"""The route ``/v1/completions``: the prompt as plain text (:attr:`GenerationRequest.plain_prompt`)."""
+
+_QUOTED_MODEL = re.compile(r"`([^`]*)`")
+
+OPENAI_OPTIONS: OptionMap = {
+    "max_tokens": Sent("max_tokens"),
+    "system_prompt": Sent("messages", "a first message of role system; on /v1/completions, text before the prompt"),
+    "temperature": Sent("temperature"),
+    "top_p": Sent("top_p"),
+    "repetition_penalty": Sent("repetition_penalty", "an extension field (vLLM, SGLang); OpenAI refuses it"),
+    "stop": Sent("stop"),
+    "seed": Sent("seed"),
+    "top_k": Sent("top_k", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
+    "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
+    "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
+    "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+    "tool_choice": Refused("tool calling is not built yet for this backend"),
+    "return_token_ids": Refused("generated token ids are not built yet for this backend"),
+}
+"""How the OpenAI API receives each option; a provider's ``options`` map starts from it."""
+
+
+def refuses_schema_type(message: str) -> bool:
+    """A validation error refusing ``response_format.type`` ``json_schema`` (llama_cpp.server's 422)."""
+    return "json_schema" in message and "json_object" in message
+
+
+def about_schema(message: str) -> bool:
+    """A 400/422 that names the schema, the grammar or the response format (not, say, ``max_tokens``)."""
+    lowered = message.lower()
+    return any(word in lowered for word in ("schema", "grammar", "response_format", "structured", "guided"))
+
+
+def quoted_model(answer: ServerAnswer) -> str | None:
+    """The model name an error message quotes in backticks (vLLM, OpenAI: "The model `x` does not exist")."""
+    quoted = _QUOTED_MODEL.search(answer.message)
+    return quoted.group(1) if quoted else None
+
+
+def operation_of(request: GenerationRequest) -> str:
+    """What the request does, for messages: ``generate with model 'x'`` or ``... with adapter 'a'``."""
+    if request.adapter_id:
+        return f"generate with adapter {request.adapter_id!r}"
+    return f"generate with model {request.model!r}"
+
+
+def token_counts(usage: Any) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` of an OpenAI ``usage`` object.
+
+    Raises:
+        TypeError: A count is missing or not a non-negative integer.
+    """
+    counts = (_field(usage, "prompt_tokens"), _field(usage, "completion_tokens"))
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise TypeError(f"usage has token counts {counts!r}, not non-negative integers")
+    return counts
+
+
+def model_name(answered: Any, request: GenerationRequest, default: str | None = None) -> str:
+    """The model the server says answered, else ``default`` (else the adapter or model asked for).
+
+    Raises:
+        TypeError: The server's ``model`` is not a string.
+    """
+    if answered is not None and not isinstance(answered, str):
+        raise TypeError(f"model is {type(answered).__name__}, not a name")
+    return answered or default or request.adapter_id or request.model
+
+
+SCHEMA_NAME = "output"
+"""The name sent with a JSON schema (OpenAI's ``response_format.json_schema.name`` is required)."""
+
+
+def response_format(schema: Mapping[str, Any], style: str) -> dict[str, Any]:
+    """The ``response_format`` that constrains the output to ``schema``.
+
+    ``"json_schema"`` is OpenAI's form, which vLLM and OpenAI accept; ``"json_object"`` is the form
+    llama_cpp.server accepts (``{"type": "json_object", "schema": ...}``, which it compiles to a grammar).
+    """
+    if style == "json_object":
+        return {"type": "json_object", "schema": dict(schema)}
+    return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": dict(schema), "strict": True}}
+
+
+def request_arguments(
+    request: GenerationRequest,
+    route: str = CHAT,
+    *,
+    stream: bool,
+    schema_style: str = "json_schema",
+    options: OptionMap | None = None,
+) -> dict[str, Any]:
+    """The JSON body for ``route``: only what the caller set, each sampling option under the field its provider's
+    ``options`` names (``top_k`` and ``repetition_penalty``, which the OpenAI API lacks, as vLLM's extra fields;
+    llama-server's ``repeat_penalty``); ``json_schema`` as ``response_format`` (see :func:`response_format`).
+
+    :data:`CHAT` sends the chat ``messages`` and ``logprobs`` as ``logprobs: true, top_logprobs: k``;
+    :data:`COMPLETIONS` sends the plain-text ``prompt`` (the contents separated by blank lines, as for a model
+    without a chat template in process) and ``logprobs`` as the number ``k``.
+    """
+    fields = OPENAI_OPTIONS if options is None else options
+    model = request.adapter_id or request.model
+    arguments: dict[str, Any] = {"model": model}
+    if route == CHAT:
+        arguments["messages"] = request.messages  # the one message rule (GenerationRequest.messages)
+    else:
+        arguments["prompt"] = request.plain_prompt
+    for name in _SAMPLING:
+        value = getattr(request, name)
+        sent = fields[name]
+        if value is not None and isinstance(sent, Sent):
+            arguments[sent.field] = value
+    if request.stop:
+        arguments["stop"] = list(request.stop)
+    if request.logprobs is not None and route == CHAT:
+        arguments["logprobs"] = True
+        arguments["top_logprobs"] = request.logprobs
+    elif request.logprobs is not None:
+        arguments["logprobs"] = request.logprobs
+    if request.json_schema is not None:
+        arguments["response_format"] = response_format(request.json_schema, schema_style)
+    if stream:
+        arguments["stream"] = True
+        arguments["stream_options"] = {"include_usage": True}
+    return arguments
+
+
+_SAMPLING = ("max_tokens", "temperature", "top_p", "seed", "repetition_penalty", "top_k")
+"""The options sent as one number each, under the field the provider's ``options`` names."""
+
+
+def _field(value: Any, name: str) -> Any:
+    """``value[name]`` of a JSON object, else ``value.name``; ``None`` when absent."""
+    if isinstance(value, Mapping):
+        return value.get(name)
+    return getattr(value, name, None)
+
+
+def token_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
+    """The entries of an OpenAI ``choices[i].logprobs`` object: ``content[j].{token, logprob, top_logprobs}``.
+
+    The alternatives are sorted best first and cut to ``k`` (llama_cpp.server adds the chosen token to them).
+
+    Raises:
+        TypeError: An entry has no text token or no numeric logprob.
+    """
+    content = _field(logprobs, "content") if logprobs is not None else None
+    entries: list[TokenLogprob] = []
+    for entry in content or ():
+        token, logprob = _field(entry, "token"), _field(entry, "logprob")
+        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+            raise TypeError(f"a logprobs entry without a token and a logprob: {entry!r:.200}")
+        top: list[tuple[str, float]] = []
+        for alternative in _field(entry, "top_logprobs") or ():
+            text, value = _field(alternative, "token"), _field(alternative, "logprob")
+            if isinstance(text, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                top.append((text, float(value)))
+        top.sort(key=lambda pair: pair[1], reverse=True)
+        entries.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
+    return entries
+
+
+def completion_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
+    """The entries of a ``/v1/completions`` ``choices[i].logprobs`` object: parallel lists ``tokens``,
+    ``token_logprobs`` and ``top_logprobs`` (one ``{token: logprob}`` map per token), the alternatives sorted best
+    first and cut to ``k``.
+
+    Raises:
+        TypeError: The lists are not parallel, or a token has no text or no numeric logprob.
+    """
+    if logprobs is None:
+        return []
+    tokens = _field(logprobs, "tokens") or []
+    values = _field(logprobs, "token_logprobs") or []
+    tops = _field(logprobs, "top_logprobs") or [None] * len(tokens)
+    if not len(tokens) == len(values) == len(tops):
+        raise TypeError(f"logprobs lists of different lengths: {logprobs!r:.200}")
+    entries: list[TokenLogprob] = []
+    for token, logprob, top in zip(tokens, values, tops, strict=True):
+        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
+            raise TypeError(f"a logprobs entry without a token and a logprob: {token!r:.100}, {logprob!r:.100}")
+        alternatives = [
+            (str(text), float(value))
+            for text, value in (top or {}).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        ]
+        alternatives.sort(key=lambda pair: pair[1], reverse=True)
+        entries.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(alternatives[:k])))
+    return entries
+
+
+LOGPROB_READERS = {CHAT: token_logprobs, COMPLETIONS: completion_logprobs}
+"""Route -> the reader of its answers' ``logprobs``."""
+
+
+def generation_result(
+    request: GenerationRequest,
+    text: str,
+    model: str,
+    finish_reason: str | None,
+    prompt_tokens: int | None,
+    completion_tokens: int,
+    logprobs: list[TokenLogprob] | None = None,
+    reasoning: str | None = None,
+) -> GenerationResult:
+    """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too."""
+    return GenerationResult(
+        text=text,
+        model=model,
+        adapter_id=request.adapter_id,
+        token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
+        finish_reason="length" if finish_reason == "length" else "stop",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
+        reasoning=reasoning or None,
+    )
+
+
+def reasoning_of(message: Any) -> str:
+    """A reasoning model's thinking in a chat message or stream delta: vLLM's ``reasoning`` field (older servers
+    and some gateways say ``reasoning_content``); ``""`` when there is none."""
+    for name in ("reasoning", "reasoning_content"):
+        value = _field(message, name)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+class ServerEvents:
+    """An open server-sent-events answer (``data: {...}`` lines until ``data: [DONE]``), each event parsed.
+
+    Iterate it for the events; :meth:`aclose` closes the response, which tells the server to stop generating.
+    An event with an ``"error"`` key (the server failing mid-answer) is raised as a :class:`ProviderError`.
+    """
+
+    def __init__(self, context: contextlib.AbstractAsyncContextManager[AsyncIterator[Any]]) -> None:
+        self._context = context
+        self._events: AsyncIterator[Any] | None = None
+
+    @classmethod
+    async def open(
+        cls, http: ServerClient, url: str, body: Any, *, operation: str, handlers: ErrorHandlers
+    ) -> ServerEvents:
+        """Send the request and return once the answer's status is in (an error status is raised, mapped)."""
+
+        def error_event(message: str, response: httpx.Response) -> InferenceError:
+            return ProviderError(
+                f"{http.where} reported an error during {operation}: {message}. The server failed; its log says why",
+                provider=http.provider,
+                url=http.shown_url,
+            )
+
+        events = cls(
+            http.stream_json_lines(
+                "POST", url, operation=operation, json_body=body, handlers=handlers, error_line=error_event, sse=True
+            )
+        )
+        events._events = await events._context.__aenter__()
+        return events
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        assert self._events is not None
+        return self._events
+
+    async def aclose(self) -> None:
+        """Close the answer (the server stops generating). Safe to call twice."""
+        if self._events is not None:
+            self._events = None
+            await self._context.__aexit__(None, None, None)

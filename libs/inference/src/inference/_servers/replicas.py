@@ -1,0 +1,139 @@
+"""The servers one provider spreads its work over (replicas): their clients, their order, and asking them all.
+
+A server provider holds a :class:`ReplicaSet`: one :class:`Replica` per base URL, each with its pooled
+:class:`~inference._servers.http.ServerClient` and what is known about it (requests in flight, whether it refused a
+connection lately, its context size). The set decides the order requests try them in (least busy first,
+round-robin among equals, a replica that refused a connection last), asks every replica at once
+(:meth:`ReplicaSet.gather`), and says when none accepts connections (:meth:`ReplicaSet.all_down`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from inference._servers.http import ServerClient, api_base, server_root
+from inference._servers.openai_wire import CHAT, COMPLETIONS
+from inference.exceptions import InferenceError, ProviderUnavailableError
+
+if TYPE_CHECKING:
+    from inference._servers.openai_compatible import OpenAICompatibleProvider
+
+__all__ = ["DOWN_SECONDS", "Replica", "ReplicaDown", "ReplicaSet"]
+
+DOWN_SECONDS = 5.0
+"""A replica that refused a connection is tried last for this long (it is still tried if all are down)."""
+
+_T = TypeVar("_T")
+
+
+class Replica:
+    """One server: its pooled HTTP client, and how busy and reachable it is."""
+
+    def __init__(self, provider: OpenAICompatibleProvider, base_url: str, settings: Mapping[str, Any]) -> None:
+        self.base_url = base_url
+        self.root = server_root(base_url)
+        self.http = ServerClient(
+            provider=provider.name,
+            server=provider.server_label,
+            base_url=base_url,
+            timeout=settings["timeout"],
+            max_retries=settings["max_retries"],
+            env_prefix=provider.env_prefix,
+            headers={"Authorization": f"Bearer {provider._api_key}"} if provider._api_key else None,
+        )
+        self.in_flight = 0
+        self.down_until = 0.0
+        self.max_model_len: int | None = None  # vLLM's context size (from /tokenize, or a refused max_tokens)
+        self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
+        self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
+        self.route: asyncio.Future[str] | None = None  # CHAT or COMPLETIONS, once a route choice found out (vLLM)
+        root = api_base(base_url)
+        self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
+
+    def mark_down(self) -> None:
+        """The replica refused a connection: try it last for :data:`DOWN_SECONDS`."""
+        self.down_until = time.monotonic() + DOWN_SECONDS
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class ReplicaDown(Exception):
+    """A request could not reach a replica (connect failure): another replica may take it."""
+
+    def __init__(self, error: InferenceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class ReplicaSet(Sequence[Replica]):
+    """The replicas of one provider, in configuration order (it is a sequence of them).
+
+    Args:
+        provider: The provider (its name, server label, environment prefix and key name the replicas' clients).
+        settings: The provider's settings; ``base_url`` holds one URL or several, comma-separated.
+    """
+
+    def __init__(self, provider: OpenAICompatibleProvider, settings: Mapping[str, Any]) -> None:
+        self.base_url: str = settings["base_url"]
+        self._replicas = tuple(Replica(provider, url, settings) for url in self.base_url.split(",") if url)
+        self.provider = provider.name
+        """The provider name, carried by errors."""
+        self.server = provider.server_label
+        """What the server is called in messages (``"vLLM"``)."""
+        self.env_prefix = provider.env_prefix
+        """Prefix of the provider's environment variables (``"VLLM"``), for hints."""
+        self._cursor = itertools.count()
+
+    @overload
+    def __getitem__(self, index: int) -> Replica: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Replica]: ...
+
+    def __getitem__(self, index: int | slice) -> Replica | Sequence[Replica]:
+        return self._replicas[index]
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(self._replicas)
+
+    def in_order(self) -> list[Replica]:
+        """The replicas to try, in order: those up, least busy first (round-robin among equals), then those that
+        refused a connection lately."""
+        count = len(self._replicas)
+        start = next(self._cursor) % count
+        rotated = self._replicas[start:] + self._replicas[:start]
+        now = time.monotonic()
+        up = sorted((replica for replica in rotated if replica.down_until <= now), key=lambda r: r.in_flight)
+        return up + [replica for replica in rotated if replica.down_until > now]
+
+    async def gather(
+        self, work: Callable[[Replica], Awaitable[_T]], replicas: Iterable[Replica] | None = None
+    ) -> list[_T | BaseException]:
+        """Run ``work`` on every replica (or on ``replicas``) at once; each outcome, or what it raised, in order."""
+        chosen = self._replicas if replicas is None else replicas
+        return await asyncio.gather(*(work(replica) for replica in chosen), return_exceptions=True)
+
+    def all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
+        """The error when no replica could be reached: the one failure, or one naming every URL."""
+        if len(failures) == 1:
+            return failures[0][1]
+        said = "; ".join(f"{replica.http.shown_url}: {error}" for replica, error in failures)
+        return ProviderUnavailableError(
+            f"none of the {len(failures)} {self.server} replicas accepts connections ({said}): start them, "
+            f"or remove the URLs of stopped servers from {self.env_prefix}_BASE_URL (or base_url)",
+            provider=self.provider,
+            url=self.base_url,
+        )
+
+    async def aclose(self) -> None:
+        """Close every replica's pooled connections."""
+        for replica in self._replicas:
+            await replica.aclose()
