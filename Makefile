@@ -20,7 +20,7 @@ LLAMA_SERVER_STAMP := $(LLAMA_SERVER_VENV)/.installed-stamp
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PIP) --editable ".[all,dev,demo,lm-eval,plot,pydantic-ai,langchain,genlm]"
+	$(PIP) --editable ".[all,dev,demo,lm-eval,plot,pydantic-ai,langchain,genlm,otel,prometheus]"
 	touch $@
 
 install: $(STAMP)
@@ -75,6 +75,7 @@ bench: install models
 	$(PY) scripts/bench_llamacpp_parallel.py
 	$(PY) scripts/bench_adapter_memory.py
 	$(PY) scripts/bench_token_level.py
+	$(PY) scripts/bench_telemetry.py
 
 # A real vLLM server and vLLM's engine in process (CPU build), in .venv-vllm: figures in docs/benchmarks.md.
 bench-vllm: vllm-venv models

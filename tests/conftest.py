@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from inference.factory import aclose_all_providers
+
+# Settings come from the process environment, then ./.env: a developer's .env in the repository must not change
+# what the suite sees (tests of the .env file point INFERENCE_ENV_FILE elsewhere, or remove it).
+os.environ.setdefault("INFERENCE_ENV_FILE", os.devnull)
 
 
 @pytest.fixture(autouse=True)

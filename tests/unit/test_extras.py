@@ -24,7 +24,7 @@ from inference.registry import PROVIDERS, ProviderSpec
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_ROOT = ROOT / "libs" / "inference" / "src"
 
-DISTRIBUTIONS = {"llama_cpp": "llama-cpp-python"}
+DISTRIBUTIONS = {"llama_cpp": "llama-cpp-python", "dotenv": "python-dotenv"}
 """Import name -> distribution name, where they differ (otherwise the same, ``_`` written ``-``)."""
 
 NEEDED_AT_RUN_TIME = {

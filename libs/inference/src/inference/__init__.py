@@ -46,8 +46,10 @@ if TYPE_CHECKING:
     from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
     from inference.fake_provider import FakeProvider
     from inference.fallback import FallbackProvider
+    from inference.health import BackendHealth, ProviderHealth
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.llamacpp_server_provider import LlamaCppServerProvider
+    from inference.logs import configure_logging
     from inference.messages import Message
     from inference.ollama_provider import OllamaProvider
     from inference.openai_provider import OpenAIProvider
@@ -74,6 +76,8 @@ _LAZY = {
     "PROVIDERS": "inference.registry",
     **dict.fromkeys(("GenerationResult", "ScoreResult", "TokenLogprob", "ToolCall"), "inference.results"),
     "FallbackProvider": "inference.fallback",
+    "configure_logging": "inference.logs",
+    **dict.fromkeys(("BackendHealth", "ProviderHealth"), "inference.health"),
     **dict.fromkeys(("SyncProvider", "get_sync_provider", "get_sync_provider_for_step"), "inference.sync"),
     **dict.fromkeys(("TokenCacheStats", "TokenIds", "TokenVocabulary"), "inference.tokens"),
     # The errors built from HTTP answers import httpx (see inference._server_errors).
@@ -103,6 +107,7 @@ __all__ = [
     "AdapterError",
     "AdapterNotFoundError",
     "AdapterWeights",
+    "BackendHealth",
     "ConfigurationError",
     "FakeProvider",
     "FallbackProvider",
@@ -123,6 +128,7 @@ __all__ = [
     "OpenAIProvider",
     "ProtocolError",
     "ProviderError",
+    "ProviderHealth",
     "ProviderTimeoutError",
     "ProviderUnavailableError",
     "RuntimeLoRADisabledError",
@@ -143,6 +149,7 @@ __all__ = [
     "__version__",
     "aclose_all_providers",
     "clear_provider_cache",
+    "configure_logging",
     "get_provider",
     "get_provider_for_step",
     "get_sync_provider",

@@ -1,7 +1,8 @@
 """Every setting the SDK reads, with its environment variable, default and meaning.
 
-One precedence order everywhere: an explicit argument or step-config key, then the environment variable,
-then the default. :data:`SETTINGS` is read from the providers' entries in :data:`inference.registry.PROVIDERS`
+One precedence order everywhere: an explicit argument or step-config key, then the process environment, then the
+``.env`` file (``./.env``, or the file ``INFERENCE_ENV_FILE`` names: :mod:`inference._core.env_file`), then the
+default. :data:`SETTINGS` is read from the providers' entries in :data:`inference.registry.PROVIDERS`
 (each lists its :class:`Setting` rows): the factory resolves settings from it, and ``.env.example`` and the
 configuration docs list exactly these variables.
 """
@@ -9,10 +10,10 @@ configuration docs list exactly these variables.
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from inference._core.env_file import ENV_FILE_VAR, SettingsEnvironment, settings_environment
 from inference._core.settings import Setting, SettingKind, validate_base_url
 from inference.exceptions import ConfigurationError, UnknownProviderError
 from inference.options import OPTIONS
@@ -21,11 +22,13 @@ from inference.registry import PROVIDER_REGISTRY, PROVIDERS
 __all__ = [
     "DEFAULT_PROVIDER",
     "PROVIDER_ENV_VAR",
+    "SDK_SETTINGS",
     "SETTINGS",
     "STEP_KEYS",
     "Setting",
     "SettingKind",
     "resolve_provider_type",
+    "resolve_sdk_setting",
     "resolve_settings",
     "validate_base_url",
     "validate_setting",
@@ -37,6 +40,36 @@ DEFAULT_PROVIDER = "vllm"
 
 SETTINGS: dict[str, tuple[Setting, ...]] = {name: spec.settings for name, spec in PROVIDERS.items()}
 """Settings per provider type, in constructor-argument order (from :data:`inference.registry.PROVIDERS`)."""
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+SDK_SETTINGS: tuple[Setting, ...] = (
+    Setting("env_file", ENV_FILE_VAR, "", "path",
+            "The .env file settings are read from instead of ./.env (read from the process environment only; "
+            "/dev/null: none)"),
+    Setting("log_level", "INFERENCE_LOG_LEVEL", "warning", "str",
+            "Least severe log record shown by the command line and inference.configure_logging()", choices=LOG_LEVELS),
+    Setting("log_format", "INFERENCE_LOG_FORMAT", "text", "str",
+            "Log lines: text (time, level, logger, message) or json (one object per line, with the records' fields)",
+            choices=("text", "json")),
+)
+"""Settings of the SDK itself, for every provider (``provider``'s ``INFERENCE_PROVIDER`` aside)."""
+
+
+def resolve_sdk_setting(key: str, value: Any = None) -> Any:
+    """One of :data:`SDK_SETTINGS`: ``value`` when given, else its variable (process environment, then ``.env``),
+    else its default; checked by its rule.
+
+    Raises:
+        ConfigurationError: The value breaks the rule (the sentence names the argument or the variable).
+    """
+    setting = next(setting for setting in SDK_SETTINGS if setting.key == key)
+    if value is not None:
+        return setting.check(value)
+    environ = settings_environment()
+    if environ.get(setting.env_var, "") != "":
+        return setting.check(environ[setting.env_var], origin=environ.origin(setting.env_var))
+    return setting.check(setting.default, origin="default")
 
 STEP_KEYS: frozenset[str] = frozenset(
     {"provider", "base_url", "model", "name", "prompt", "messages", "adapter", "adapter_id", "adapter_path", "tool",
@@ -73,17 +106,25 @@ def validate_setting(provider_type: str, key: str, value: Any, *, origin: str = 
 
 
 def resolve_provider_type(provider_type: str | None, environ: Mapping[str, str] | None = None) -> str:
-    """Return the provider type from the argument, else ``INFERENCE_PROVIDER``, else ``"vllm"``.
+    """Return the provider type from the argument, else ``INFERENCE_PROVIDER`` (process environment, then the
+    ``.env`` file), else ``"vllm"``.
 
     Raises:
         UnknownProviderError: The type is not a registered provider.
+        ConfigurationError: The ``.env`` file cannot be read (see :func:`settings_environment`).
     """
-
-    environ = os.environ if environ is None else environ
-    chosen = provider_type if provider_type is not None else environ.get(PROVIDER_ENV_VAR) or DEFAULT_PROVIDER
+    if provider_type is None:
+        environ = settings_environment() if environ is None else environ
+        chosen = environ.get(PROVIDER_ENV_VAR) or DEFAULT_PROVIDER
+    else:
+        chosen = provider_type
     normalised = chosen.strip().lower() if isinstance(chosen, str) else None
     if normalised not in PROVIDER_REGISTRY:
         source = "provider type" if provider_type is not None else f"{PROVIDER_ENV_VAR} value"
+        if provider_type is None and isinstance(environ, SettingsEnvironment):
+            origin = environ.origin(PROVIDER_ENV_VAR)
+            if origin != "environment":
+                source = f"{PROVIDER_ENV_VAR} value in the .env file {origin.partition(':')[2]}"
         raise UnknownProviderError(
             f"unknown {source} {chosen!r}: valid names are {', '.join(sorted(PROVIDER_REGISTRY))}"
         )
@@ -95,31 +136,35 @@ def resolve_settings(
     overrides: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Resolve a provider's constructor arguments: override, else environment variable, else default.
+    """Resolve a provider's constructor arguments: override, else environment variable, else ``.env``, else default.
 
     Args:
         provider_type: A registered provider type.
         overrides: Explicit values (arguments or step-config keys); ``None`` values count as absent.
             Other keys are left to the step (``model``, ``prompt``...; see :func:`check_step_keys`), except a
             key that looks like a setting the provider does not have, which is refused.
-        environ: The environment to read (``os.environ`` when omitted).
+        environ: The environment to read (when omitted: ``os.environ`` over the ``.env`` file's variables,
+            :func:`settings_environment`).
 
     Every value is checked against its setting's rule (:meth:`Setting.check`), whichever source gave it.
 
     Raises:
         ConfigurationError: A value breaks its setting's rule (wrong type, out of range, not finite, a
             malformed base URL, a directory that cannot be written); the sentence names the argument or
-            the environment variable. Or a key is a setting of another provider, or a misspelt setting
-            (:func:`check_step_keys`).
+            the environment variable (or the ``.env`` file and its variable). Or a key is a setting of another
+            provider, or a misspelt setting (:func:`check_step_keys`). Or the ``.env`` file cannot be read.
     """
     check_step_keys(provider_type, overrides)
-    environ = os.environ if environ is None else environ
+    settings = SETTINGS[provider_type]
+    if environ is None and any(overrides.get(setting.key) is None for setting in settings):
+        environ = settings_environment()
     resolved: dict[str, Any] = {}
-    for setting in SETTINGS[provider_type]:
+    for setting in settings:
         if overrides.get(setting.key) is not None:
             value = setting.check(overrides[setting.key], origin="argument", provider=provider_type)
-        elif environ.get(setting.env_var, "") != "":
-            value = setting.check(environ[setting.env_var], origin="environment", provider=provider_type)
+        elif environ is not None and environ.get(setting.env_var, "") != "":
+            origin = environ.origin(setting.env_var) if isinstance(environ, SettingsEnvironment) else "environment"
+            value = setting.check(environ[setting.env_var], origin=origin, provider=provider_type)
         else:
             value = setting.check(setting.default, origin="default", provider=provider_type)
         resolved[setting.key] = value
@@ -175,6 +220,8 @@ def render_env_example() -> str:
         f"# Provider type used when get_provider() gets none: {', '.join(sorted(PROVIDER_REGISTRY))}",
         f"# {PROVIDER_ENV_VAR}={DEFAULT_PROVIDER}",
     ]
+    for setting in SDK_SETTINGS:
+        lines += [f"# {setting.description} ({setting.rule})", f"# {setting.env_var}={_shown(setting.default)}"]
     for provider_type, settings in SETTINGS.items():
         if not settings:
             continue
@@ -192,6 +239,9 @@ def render_configuration_table() -> str:
         f"| all | `provider` | `{PROVIDER_ENV_VAR}` | `{DEFAULT_PROVIDER}` | provider type | "
         f"{', '.join(sorted(PROVIDER_REGISTRY))} |",
     ]
+    for setting in SDK_SETTINGS:
+        default = "" if setting.default in (None, "") else f"`{_shown(setting.default)}`"
+        rows.append(f"| all | | `{setting.env_var}` | {default} | {setting.description} | {setting.rule} |")
     for provider_type, settings in SETTINGS.items():
         for setting in settings:
             default = "" if setting.default in (None, "") else f"`{_shown(setting.default)}`"

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from inference.adapters.weights import AdapterWeights
+    from inference.health import ProviderHealth
     from inference.options import RequestOptions
 
 __all__ = ["FallbackProvider", "FallbackStats", "falls_through"]
@@ -337,6 +338,19 @@ class FallbackProvider(InferenceProvider):
                     raise
                 logger.warning("fallback: %s could not list its adapters: %s", self.labels[index], error)
         return sorted(ids)
+
+    async def health(self, *, timeout: float = 5.0) -> ProviderHealth:
+        """Every provider's backends, each named after its label (``"primary: http://..."``): up when all are,
+        degraded when some are (requests fall through to them), down when none is."""
+        from inference.health import BackendHealth, ProviderHealth
+
+        reports = await asyncio.gather(*(provider.health(timeout=timeout) for provider in self.providers))
+        backends = [
+            dataclasses.replace(backend, name=f"{label}: {backend.name}")
+            for label, report in zip(self.labels, reports, strict=True)
+            for backend in report.backends or (BackendHealth(label, False, error=report.error),)
+        ]
+        return ProviderHealth.of(self.name, backends)
 
     async def aclose(self) -> None:
         """Close every provider (each is closed even when another's ``aclose`` fails; the first error is raised)."""

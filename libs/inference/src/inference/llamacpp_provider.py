@@ -231,6 +231,9 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         """How many times the base model was loaded (1 with hot-swap; grows per switch in reload mode)."""
         return self._model.loads
 
+    def _model_loaded(self) -> bool:
+        return self._model.llama is not None
+
     @property
     def _llama(self) -> Any:
         """The loaded ``Llama`` (``None`` before the first load).

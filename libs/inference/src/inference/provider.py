@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import normalise_path, path_text_problem
+from inference._core.telemetry import observe, observed_adapter_hook
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from inference._core.batches import OnError
     from inference._core.token_batching import TokenBatcher
     from inference.adapters.weights import AdapterWeights
+    from inference.health import BackendHealth, ProviderHealth
 
 logger = logging.getLogger("inference")
 
@@ -181,8 +183,8 @@ class InferenceProvider(ABC):
         self._adapter_weights = AdapterWeightsStore(self.name, self, parent=self._adapter_weights_dir)
         self._adapter_registry = AdapterRegistry(
             self.name,
-            load=self._load_adapter,
-            unload=self._unload_adapter,
+            load=observed_adapter_hook(self.name, "load", self._load_adapter),
+            unload=observed_adapter_hook(self.name, "unload", self._unload_adapter),
             capacity=lambda: self.max_adapters,
             discover=self._discover_adapter,
             versioned=self._versioned_adapter_name,
@@ -248,8 +250,12 @@ class InferenceProvider(ABC):
             ProviderTimeoutError: The call took longer than ``timeout`` seconds (it was cancelled), or a server
                 did not answer within the provider's own ``timeout`` setting.
         """
-        request = self._request("generate", locals())
-        return await self._in_time(request, _deadline(request), self._generate_answer(request))
+        with observe(self.name, "generate") as observed:
+            request = self._request("generate", locals())
+            observed.request(request.model, _asked_adapter(request))
+            result = await self._in_time(request, _deadline(request), self._generate_answer(request))
+            observed.result(result.prompt_tokens, result.completion_tokens, result.finish_reason)
+            return result
 
     async def stream(
         self,
@@ -295,30 +301,35 @@ class InferenceProvider(ABC):
             ProviderTimeoutError: The stream did not end within ``timeout`` seconds of the call (the limit strikes
                 only while the stream waits for the backend, never in your loop's own code).
         """
-        request = self._request("stream", locals())
-        if request.n > 1:
-            raise InvalidRequestError(
-                f"stream yields the pieces of one completion, and n is {request.n}: use generate (or generate_batch) "
-                "for several completions, or stream each one",
-                provider=self.name,
-            )
-        deadline = _deadline(request)
-        await self._in_time(request, deadline, self._check_before_sending(request))
-        async with contextlib.AsyncExitStack() as stack:
-            sent = await self._in_time(request, deadline, stack.enter_async_context(self._request_in_use(request)))
-            events = self._stream(sent)
-            try:
-                while True:
-                    try:
-                        event = await self._in_time(request, deadline, events.__anext__())
-                    except StopAsyncIteration:
-                        break
-                    if isinstance(event, str):
-                        yield event
-                    else:
-                        yield self._checked_result(request, event)
-            finally:
-                await events.aclose()  # type: ignore[attr-defined]
+        with observe(self.name, "stream", current=False) as observed:
+            request = self._request("stream", locals())
+            observed.request(request.model, _asked_adapter(request))
+            if request.n > 1:
+                raise InvalidRequestError(
+                    f"stream yields the pieces of one completion, and n is {request.n}: use generate (or "
+                    "generate_batch) for several completions, or stream each one",
+                    provider=self.name,
+                )
+            deadline = _deadline(request)
+            await self._in_time(request, deadline, self._check_before_sending(request))
+            async with contextlib.AsyncExitStack() as stack:
+                sent = await self._in_time(request, deadline, stack.enter_async_context(self._request_in_use(request)))
+                events = self._stream(sent)
+                try:
+                    while True:
+                        try:
+                            event = await self._in_time(request, deadline, events.__anext__())
+                        except StopAsyncIteration:
+                            break
+                        if isinstance(event, str):
+                            observed.piece()
+                            yield event
+                        else:
+                            final = self._checked_result(request, event)
+                            observed.result(final.prompt_tokens, final.completion_tokens, final.finish_reason)
+                            yield final
+                finally:
+                    await events.aclose()  # type: ignore[attr-defined]
 
     async def generate_batch(
         self,
@@ -406,12 +417,16 @@ class InferenceProvider(ABC):
                 context window.
             AdapterNotFoundError: ``adapter_id`` is not loaded.
         """
-        request = ScoreRequest.checked(
-            provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
-        )
-        self._require_scoring("score")
-        async with self._adapter_in_use(request.adapter_id) as backend:
-            return _as_asked(await self._score(_sent_as(request, backend)), request.adapter_id)
+        with observe(self.name, "score") as observed:
+            request = ScoreRequest.checked(
+                provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
+            )
+            observed.request(request.model, request.adapter_id)
+            self._require_scoring("score")
+            async with self._adapter_in_use(request.adapter_id) as backend:
+                result = _as_asked(await self._score(_sent_as(request, backend)), request.adapter_id)
+            observed.scored(result.num_tokens)
+            return result
 
     async def score_rolling(self, text: str, model: str, adapter_id: str | None = None) -> ScoreResult:
         """The log-likelihood of all of ``text`` (lm-eval's ``loglikelihood_rolling``), for perplexity.
@@ -425,12 +440,16 @@ class InferenceProvider(ABC):
             InvalidRequestError: ``text`` is empty.
             AdapterNotFoundError: ``adapter_id`` is not loaded.
         """
-        request = ScoreRequest.checked(
-            provider=self.name, context="", continuation=text, model=model, adapter_id=adapter_id
-        )
-        self._require_scoring("score_rolling")
-        async with self._adapter_in_use(request.adapter_id) as backend:
-            return _as_asked(await self._score_rolling(_sent_as(request, backend)), request.adapter_id)
+        with observe(self.name, "score_rolling") as observed:
+            request = ScoreRequest.checked(
+                provider=self.name, context="", continuation=text, model=model, adapter_id=adapter_id
+            )
+            observed.request(request.model, request.adapter_id)
+            self._require_scoring("score_rolling")
+            async with self._adapter_in_use(request.adapter_id) as backend:
+                result = _as_asked(await self._score_rolling(_sent_as(request, backend)), request.adapter_id)
+            observed.scored(result.num_tokens)
+            return result
 
     async def score_batch(
         self,
@@ -791,6 +810,41 @@ class InferenceProvider(ABC):
         """
         return self._adapter_registry.stats()
 
+    async def health(self, *, timeout: float = 5.0) -> ProviderHealth:
+        """Whether the provider can serve now, backend by backend: up, latency, models and adapters.
+
+        A server provider asks each server (each replica) ``GET /models``, at once and without retries; an
+        in-process provider says whether its model is loaded (it loads on first use: not loaded yet is up, a model
+        file that does not exist is down) and which adapters are resident. Nothing is generated and no model is
+        loaded. ``inference health`` prints it as a container probe.
+
+        Example:
+            >>> import asyncio
+            >>> from inference.fake_provider import FakeProvider
+            >>> health = asyncio.run(FakeProvider().health())
+            >>> health.status, health.backends[0].up
+            ('up', True)
+
+        Args:
+            timeout: Seconds to wait for each server's answer.
+
+        Returns:
+            The status (``"up"``: every backend up, ``"degraded"``: some, ``"down"``: none, or the provider is
+            closed) and one :class:`~inference.health.BackendHealth` per backend. A backend that is down is reported,
+            never raised.
+
+        Raises:
+            InvalidRequestError: ``timeout`` is not a positive number.
+        """
+        from inference.health import ProviderHealth
+
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise InvalidRequestError(f"timeout must be a positive number of seconds, got {timeout!r}",
+                                      provider=self.name)
+        if self.closed:
+            return ProviderHealth.of(self.name, (), error=f"this {type(self).__name__} is closed")
+        return ProviderHealth.of(self.name, await self._health(float(timeout)))
+
     async def aclose(self) -> None:  # noqa: B027 - a no-op by default, on purpose
         """Free what the provider holds (connections, model weights). Safe to call twice."""
 
@@ -977,6 +1031,44 @@ class InferenceProvider(ABC):
         return normalise_path(text)
 
     # Hooks for backends -------------------------------------------------------------------------------
+
+    async def _health(self, timeout: float) -> Sequence[BackendHealth]:
+        """One :class:`~inference.health.BackendHealth` per backend (the hook of :meth:`health`, which makes the
+        status from them).
+
+        This default: a provider with a ``base_url`` setting asks each of its URLs ``GET /models``
+        (:func:`inference.health.probe_servers`: up, latency, models and adapters listed); any other one reports
+        its model (the setting that names it; loaded or not, from :meth:`_model_loaded`) with the adapters resident.
+        Override it to report what the provider knows better, e.g. a server provider with replicas: each replica's
+        own state (marked down since when, its adapters placed), and a probe of those not known to be down. Report
+        a backend that is down with its ``error``; never raise for it.
+        """
+        from inference.health import BackendHealth, probe_servers
+
+        base_url = self._settings.get("base_url")
+        if isinstance(base_url, str) and base_url:
+            key = self._settings.get("api_key") or getattr(self, "_api_key", None)  # servers keep it apart
+            return await probe_servers(self.name, base_url.split(","), api_key=key, timeout=timeout)
+        from inference.registry import PROVIDERS
+
+        spec = PROVIDERS.get(self.name)
+        key = spec.model_setting if spec is not None else None
+        setting = next((setting for setting in spec.settings if setting.key == key), None) if spec else None
+        model = self._settings.get(key) if key else None
+        loaded = self._model_loaded()
+        error = None
+        if setting is not None and not model:
+            error = f"no model configured: give {setting.key}, or set {setting.env_var}"
+        elif setting is not None and setting.kind == "path" and not loaded and not Path(str(model)).exists():
+            error = f"the model file {model} does not exist"
+        resident = tuple(sorted(entry.adapter_id for entry in self.adapter_stats().adapters
+                                if entry.state == "resident"))
+        return [BackendHealth(str(model or self.name), error is None, models=(str(model),) if model else (),
+                              adapters=resident, model_loaded=loaded, error=error)]
+
+    def _model_loaded(self) -> bool | None:
+        """Whether the model is in memory now, for :meth:`health` (``None``: not a model this process loads)."""
+        return None
 
     @abstractmethod
     async def _generate(self, request: GenerationRequest) -> GenerationResult:

@@ -154,6 +154,9 @@ class TransformersProvider(InProcessProvider[str]):
         """The loaded torch model (a ``peft.PeftModel`` while adapters are loaded), or ``None`` before first use."""
         return None if self._loaded is None else self._loaded.model
 
+    def _model_loaded(self) -> bool:
+        return self._loaded is not None
+
     @property
     def recent_batch_sizes(self) -> tuple[int, ...]:
         """Rows in each of the last (up to 1000) batches run, oldest first: one ``generate`` call per entry."""

@@ -392,6 +392,11 @@ class VLLMOfflineProvider(InferenceProvider):
                 self._starting = None
             raise
 
+    def _model_loaded(self) -> bool:
+        """The engine has started (it holds the model)."""
+        starting = self._starting
+        return starting is not None and starting.done() and not starting.cancelled() and starting.exception() is None
+
     def _start_engine(self) -> _Engine:
         """Import vLLM and start its engine (a worker thread: this takes seconds to minutes)."""
         if not self.model_name:

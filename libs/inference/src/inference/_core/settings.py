@@ -111,6 +111,9 @@ SettingKind = Literal["str", "secret", "int", "float", "bool", "url", "path", "d
 integer, a finite number, a switch (``true``/``false``), base URL(s), a file path, or a directory that files are
 written into (checked to be creatable and writable, nothing created)."""
 
+_ENV_FILE = "env-file:"
+"""How an origin names a ``.env`` file: ``env-file:/srv/app/.env`` (see :mod:`inference._core.env_file`)."""
+
 _BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 """How the text of a ``bool`` setting reads (stripped, lower-cased)."""
 
@@ -204,7 +207,8 @@ class Setting:
         Args:
             value: The value to check.
             origin: Where it came from, for the message: ``"argument"`` (constructor argument or step-config
-                key), ``"environment"`` (the variable's text) or ``"default"``.
+                key), ``"environment"`` (the variable's text), ``"env-file:PATH"`` (the variable's line in a
+                ``.env`` file) or ``"default"``.
             provider: The provider type, carried by the error.
 
         Raises:
@@ -214,8 +218,7 @@ class Setting:
         if self.none_means is not None and (value is None or (isinstance(value, str) and not value.strip())):
             return None
         if self.kind == "url":
-            source = f"environment variable {self.env_var}" if origin == "environment" else f"argument {self.key}"
-            return validate_base_url(value, source=source)
+            return validate_base_url(value, source=self._source(origin))
         if self.kind == "secret":
             return self._secret(value, origin, provider)
         if self.kind in ("int", "float"):
@@ -237,6 +240,12 @@ class Setting:
         if not allowed:
             raise self._invalid(value, origin, provider)
         return text
+
+    def _source(self, origin: str) -> str:
+        """Where a value came from, as messages name it."""
+        if origin.startswith(_ENV_FILE):
+            return f"{self.env_var} in the .env file {origin[len(_ENV_FILE):]}"
+        return f"environment variable {self.env_var}" if origin == "environment" else f"argument {self.key}"
 
     def _number(self, value: Any, origin: str, provider: str | None) -> int | float:
         number: Any = value
@@ -262,7 +271,7 @@ class Setting:
         problem = secret_problem(value) if isinstance(value, str) else f"it is a {type(value).__name__}, not text"
         if problem is None:
             return str(value)
-        where = f"environment variable {self.env_var}" if origin == "environment" else f"argument {self.key}"
+        where = self._source(origin)
         owner = f"the {provider} " if provider else "the "
         raise ConfigurationError(
             f"{where} cannot be sent as {owner}API key: {problem}. Fix the key where it is set (its value is not "
@@ -305,7 +314,12 @@ class Setting:
         else:
             default = repr(self.default) if self.default not in (None, "") else self.none_means or "none"
         owner = f"{provider} " if provider else ""
-        if origin == "environment":
+        if origin.startswith(_ENV_FILE):
+            message = (
+                f"{self.env_var}={value!r} in the .env file {origin[len(_ENV_FILE):]} is not valid for the "
+                f"{owner}setting {self.key}: {why}; correct it there, or remove the line to use the default ({default})"
+            )
+        elif origin == "environment":
             message = (
                 f"environment variable {self.env_var}={value!r} is not valid for the {owner}setting {self.key}: "
                 f"{why}; set it to a valid value, or unset it to use the default ({default})"

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from inference.cli.evaluation import _lm_eval
+from inference.cli.logs import command_logging
 from inference.cli.options import SERVER_PROVIDERS as SERVER_PROVIDERS
 from inference.cli.parser import build_parser
 from inference.cli.providers import PROVIDER_PACKAGES
@@ -35,7 +36,7 @@ from inference.cli.running import (
     _stdout_closed,
     _UsageError,
 )
-from inference.exceptions import InferenceError
+from inference.exceptions import ConfigurationError, InferenceError
 
 __all__ = ["PROVIDER_PACKAGES", "build_parser", "main"]
 
@@ -87,6 +88,11 @@ def _run(argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        restore_logging = command_logging(args)
+    except ConfigurationError as error:  # INFERENCE_LOG_LEVEL or INFERENCE_LOG_FORMAT
+        _print_error(f"usage error: {error}")
+        return 2
+    try:
         return handler(args)
     except _UsageError as error:
         _print_error(f"usage error: {error}")
@@ -104,3 +110,5 @@ def _run(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         _print_error("interrupted")
         return 130
+    finally:
+        restore_logging()

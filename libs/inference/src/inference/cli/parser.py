@@ -13,6 +13,8 @@ from inference import __version__
 from inference.cli.adapters import _adapters_list, _adapters_load, _adapters_unload, _convert_adapter, _missing_action
 from inference.cli.evaluation import _eval, _lm_eval
 from inference.cli.generate import _generate
+from inference.cli.health import add_health
+from inference.cli.logs import add_log_options
 from inference.cli.options import _MODEL_SETTINGS, SERVER_PROVIDERS
 from inference.cli.providers import _providers
 from inference.cli.running import _UsageError
@@ -35,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Run 'inference COMMAND --help' for a command's options and examples.\n"
             "Exit status: 0 success, 1 the SDK refused or failed (reason on stderr), 2 usage error,\n"
             "130 interrupted, 141 stdout closed early (a pipe into head).\n"
-            "Settings not given on the command line come from the environment (see .env.example)."
+            "Settings not given on the command line come from the environment, then ./.env (see .env.example).\n"
+            "Log lines on stderr: --log-level/INFERENCE_LOG_LEVEL, --log-format/INFERENCE_LOG_FORMAT (text, json)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -47,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_adapter(subcommands)
     _add_eval(subcommands)
     _add_providers(subcommands)
+    add_health(subcommands)
     _add_lm_eval(subcommands)
+    add_log_options(parser)
     return parser
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 
+from inference._core.env_file import settings_environment
 from inference._core.redaction import redact_url
 from inference.cli.options import SERVER_PROVIDERS
 from inference.cli.running import _print_json
@@ -72,7 +72,8 @@ def _provider_report(name: str, url: str | None) -> dict[str, Any]:
     if spec.server:
         report["base_url"] = settings["base_url"]
         base_url_setting = next(setting for setting in spec.settings if setting.key == "base_url")
-        if not url and not os.environ.get(base_url_setting.env_var) and not _on_this_machine(settings["base_url"]):
+        configured = settings_environment().get(base_url_setting.env_var)  # the process's, else the .env file's
+        if not url and not configured and not _on_this_machine(settings["base_url"]):
             report["base_url"] = None  # a remote default (https://api.openai.com/v1): not contacted unasked
             report["detail"] = (
                 f"not checked: the default {redact_url(settings['base_url'])} is remote; give --{name}-url or set "
@@ -113,17 +114,19 @@ async def _check_urls(urls: dict[str, str], timeout: float) -> dict[str, tuple[b
         return {name: (False, "cannot check: httpx is not installed") for name in urls}
 
     async def check(client: httpx.AsyncClient, base_url: str) -> tuple[bool, str | None]:
-        reachable, notes = True, []
-        for url in base_url.split(","):
+        urls, answered, notes = base_url.split(","), 0, []
+        for url in urls:
             try:
                 response = await client.get(f"{api_base(url)}/models", params=base_url_query(url))
             except httpx.HTTPError as error:
-                reachable = False
                 notes.append(f"{redact_url(url)}: {type(error).__name__}")
                 continue
+            answered += 1
             if response.status_code >= 400:  # something answers: reachable, but say what it said
                 notes.append(f"{redact_url(url)}: answered HTTP {response.status_code}")
-        return reachable, "; ".join(notes) or None
+        if 0 < answered < len(urls):  # some replicas answer: reachable, but not the whole fleet
+            notes.insert(0, f"degraded: {answered} of {len(urls)} replicas answer")
+        return answered > 0, "; ".join(notes) or None
 
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:  # no proxy, as the providers
         answers = await asyncio.gather(*(check(client, url) for url in urls.values()))

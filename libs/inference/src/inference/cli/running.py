@@ -21,8 +21,12 @@ class _UsageError(Exception):
 
 
 def _print_error(message: str) -> None:
-    """One line on stderr, whatever line breaks the message holds."""
-    print(f"inference: {' '.join(message.split())}", file=sys.stderr)
+    """One line on stderr, whatever line breaks the message holds (a JSON record with INFERENCE_LOG_FORMAT=json)."""
+    from inference.cli.logs import log_error
+
+    line = " ".join(message.split())
+    if not log_error(line):
+        print(f"inference: {line}", file=sys.stderr)
 
 
 def _os_error_sentence(error: OSError) -> str:

@@ -1,0 +1,173 @@
+"""What ``await provider.health()`` returns: :class:`ProviderHealth`, one :class:`BackendHealth` per backend.
+
+A backend is what answers requests: a server (each replica of a server provider), or the model in this process.
+The provider's status follows from its backends: ``"up"`` when every one is up, ``"degraded"`` when some are,
+``"down"`` when none is (or the provider is closed). ``inference health`` prints it and exits 0, 1 or 2 for the
+three, so it serves as a container health probe (see ``docs/health.md``).
+
+Example:
+    >>> import asyncio
+    >>> from inference.fake_provider import FakeProvider
+    >>> asyncio.run(FakeProvider().health()).status
+    'up'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+__all__ = ["EXIT_CODES", "BackendHealth", "HealthStatus", "ProviderHealth", "probe_servers"]
+
+HealthStatus = Literal["up", "degraded", "down"]
+
+EXIT_CODES: Mapping[HealthStatus, int] = {"up": 0, "degraded": 1, "down": 2}
+"""The exit status of ``inference health`` for each status (2 also when the configuration is invalid)."""
+
+
+@dataclass(frozen=True)
+class BackendHealth:
+    """One backend of a provider, as a health check found it.
+
+    Attributes:
+        name: What it is: a server's base URL (credentials hidden), or the model of an in-process provider.
+        up: It answers (a server), or it can serve (a model loaded, or one that loads on first use).
+        latency_s: Seconds the check took (a server's answer to ``GET /models``), where one was sent.
+        models: The models it serves (a server's list; an in-process provider's model).
+        adapters: The adapters it holds: those a server lists, those resident in an in-process model.
+        model_loaded: In process: whether the model is in memory now (``False`` until the first request loads it);
+            ``None`` for a server.
+        error: Why it is down (or what is wrong although it answers), as a sentence.
+    """
+
+    name: str
+    up: bool
+    latency_s: float | None = None
+    models: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
+    model_loaded: bool | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProviderHealth:
+    """A provider's health: its status and each backend's.
+
+    Attributes:
+        provider: The provider type (``vllm``, ``llamacpp``...).
+        status: ``"up"`` (every backend up), ``"degraded"`` (some up) or ``"down"`` (none, or the provider closed).
+        backends: One entry per backend (each replica of a server provider).
+        error: Why the provider as a whole is down (closed, or the check itself failed), where it is.
+    """
+
+    provider: str
+    status: HealthStatus
+    backends: tuple[BackendHealth, ...] = ()
+    error: str | None = None
+
+    @classmethod
+    def of(cls, provider: str, backends: Sequence[BackendHealth], error: str | None = None) -> ProviderHealth:
+        """The health of ``provider`` with these backends: its status follows from how many are up."""
+        up = sum(backend.up for backend in backends)
+        status: HealthStatus = "up" if backends and up == len(backends) else "degraded" if up else "down"
+        if error is not None:
+            status = "down"
+        return cls(provider, status, tuple(backends), error)
+
+    @property
+    def exit_code(self) -> int:
+        """0 up, 1 degraded, 2 down: what ``inference health`` exits with."""
+        return EXIT_CODES[self.status]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary (what ``inference health --json`` prints)."""
+        return asdict(self)
+
+
+async def probe_servers(
+    provider: str,
+    base_urls: Sequence[str],
+    *,
+    api_key: str | None = None,
+    timeout: float = 5.0,
+) -> list[BackendHealth]:
+    """``GET /models`` on each server, at once, with no retry: whether it answers, how fast, what it serves.
+
+    The generic check of a server provider (``InferenceProvider._health``); a provider that knows more about its
+    servers (replicas marked down, adapters placed) reports that instead. Any answer below 500 but 401/403 means
+    the server is up (a 404 names no models: some servers list none at that route); a 5xx, a refused key, a
+    connection that fails or no answer within ``timeout`` seconds means it is down.
+
+    Args:
+        provider: The provider type, for messages.
+        base_urls: The servers' base URLs (one per replica).
+        api_key: Sent as a bearer token, where set.
+        timeout: Seconds to wait for each answer.
+
+    Raises:
+        MissingDependencyError: httpx is not installed (the provider's extra).
+    """
+    try:
+        import httpx
+
+        from inference._servers.http import api_base, base_url_query
+    except ImportError as error:  # a server provider's extra brings httpx
+        from inference._core.dependencies import missing_dependency
+
+        raise missing_dependency(error.name or "httpx", provider=provider, error=error) from error
+    from inference._core.redaction import redact_url
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def probe(client: httpx.AsyncClient, base_url: str) -> BackendHealth:
+        shown = redact_url(base_url)
+        routes = [f"{api_base(base_url)}/models"]
+        if not api_base(base_url).endswith("/v1"):  # llama-server and Ollama also answer under /v1
+            routes.append(f"{api_base(base_url)}/v1/models")
+        start = time.perf_counter()
+        try:
+            for route in routes:
+                response = await client.get(route, params=base_url_query(base_url), headers=headers)
+                if response.status_code != 404:
+                    break
+        except httpx.TimeoutException:
+            return BackendHealth(shown, False, error=f"no answer within {timeout:g} s")
+        except httpx.HTTPError as error:
+            return BackendHealth(shown, False, error=f"{type(error).__name__}: {_first_line(error)}")
+        latency = time.perf_counter() - start
+        status = response.status_code
+        if status in (401, 403):
+            return BackendHealth(shown, False, latency, error=f"HTTP {status}: the server refused the API key")
+        if status >= 500:
+            return BackendHealth(shown, False, latency, error=f"HTTP {status}: the server failed")
+        models, adapters = _listed(response) if status < 300 else ((), ())
+        note = None if status < 300 else f"HTTP {status} for GET /models: the server answers but lists no models"
+        return BackendHealth(shown, True, latency, models, adapters, error=note)
+
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:  # no proxy, as the providers
+        return list(await asyncio.gather(*(probe(client, url) for url in base_urls)))
+
+
+def _listed(response: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The models and adapters of an OpenAI-compatible ``/models`` answer (vLLM lists an adapter with a
+    ``parent``: its base model)."""
+    try:
+        entries = response.json().get("data")
+    except (ValueError, AttributeError):
+        return (), ()
+    if not isinstance(entries, list):
+        return (), ()
+    models: list[str] = []
+    adapters: list[str] = []
+    for entry in entries:
+        if isinstance(entry, Mapping) and isinstance(entry.get("id"), str):
+            (adapters if entry.get("parent") else models).append(entry["id"])
+    return tuple(models), tuple(adapters)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or "no detail"
+    return text.splitlines()[0]

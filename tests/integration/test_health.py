@@ -1,0 +1,64 @@
+"""``inference health`` on real servers: two ``llama_cpp.server`` replicas behind the vLLM provider, one killed,
+then both; and the in-process llama.cpp provider before and after its model loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference import LlamaCppProvider
+
+pytestmark = pytest.mark.integration
+
+
+def health(*argv: str) -> tuple[int, dict[str, Any], str]:
+    """``inference health ARGV --json`` in a process of its own, as a container probe runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "inference.cli", "health", *argv, "--json"], capture_output=True, text=True, timeout=120
+    )
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def test_two_replicas_up_then_one_killed_then_both(start_llama_server: Callable[..., Any]) -> None:
+    first, second = start_llama_server(), start_llama_server()
+    urls = f"{first.base_url},{second.base_url}"
+
+    status, report, err = health("--provider", "vllm", "--base-url", urls)
+    assert status == 0, err
+    assert report["status"] == "up"
+    assert [backend["name"] for backend in report["backends"]] == [first.base_url, second.base_url]
+    for backend in report["backends"]:
+        assert backend["up"] and backend["latency_s"] > 0 and len(backend["models"]) == 1
+
+    second.kill()
+    status, report, _ = health("--provider", "vllm", "--base-url", urls)
+    assert status == 1 and report["status"] == "degraded"
+    assert [backend["up"] for backend in report["backends"]] == [True, False]
+    assert "ConnectError" in report["backends"][1]["error"]
+
+    first.kill()
+    status, report, _ = health("--provider", "openai", "--base-url", urls)
+    assert status == 2 and report["status"] == "down"
+
+
+async def test_in_process_health_says_whether_the_model_is_loaded(tiny_models: dict[str, Any], tmp_path: Path) -> None:
+    model = tiny_models["qwen2"]
+    async with LlamaCppProvider(model.gguf_path, n_ctx=256) as provider:
+        before = await provider.health()
+        assert before.status == "up"
+        assert (before.backends[0].model_loaded, before.backends[0].adapters) == (False, ())
+        await provider.load_adapter("a1", model.adapter_dirs["a1"])
+        await provider.generate("Hi", model="", adapter_id="a1", max_tokens=1)
+        after = await provider.health()
+        assert (after.status, after.backends[0].model_loaded, after.backends[0].adapters) == ("up", True, ("a1",))
+        assert after.backends[0].models == (str(model.gguf_path),)
+    assert (await provider.health()).status == "down"  # closed
+
+    status, report, _ = health("--provider", "llamacpp", "--model-path", str(tmp_path / "missing.gguf"))
+    assert status == 2 and "does not exist" in report["backends"][0]["error"]

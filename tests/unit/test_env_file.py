@@ -1,0 +1,130 @@
+"""Settings from a ``.env`` file: argument > step config > process environment > ``.env`` > default, for the SDK and
+the ``inference`` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inference import ConfigurationError, FakeProvider, UnknownProviderError, get_provider, get_provider_for_step
+from inference.cli import main
+from inference.config import SDK_SETTINGS, SETTINGS, render_env_example, resolve_provider_type, resolve_settings
+
+DEAD_FROM_FILE = "http://127.0.0.1:9/v1"  # the discard port: nothing answers
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty current directory, and a process environment without any variable the SDK reads."""
+    monkeypatch.chdir(tmp_path)
+    for setting in (*SDK_SETTINGS, *(setting for settings in SETTINGS.values() for setting in settings)):
+        monkeypatch.delenv(setting.env_var, raising=False)
+    monkeypatch.delenv("INFERENCE_PROVIDER", raising=False)
+    return tmp_path
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_a_dotenv_file_in_the_current_directory_configures_providers(workdir: Path) -> None:
+    (workdir / ".env").write_text("# settings\nINFERENCE_PROVIDER=fake\nexport FAKE_MAX_ADAPTERS='3'\n")
+    provider = get_provider()
+    assert isinstance(provider, FakeProvider)
+    assert provider.max_adapters == 3
+
+
+def test_the_process_environment_beats_the_file_and_arguments_beat_both(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workdir / ".env").write_text("FAKE_MAX_ADAPTERS=3\nFAKE_CONTEXT_LENGTH=64\n")
+    monkeypatch.setenv("FAKE_MAX_ADAPTERS", "5")
+    assert resolve_settings("fake", {})["max_adapters"] == 5  # process environment over .env
+    assert resolve_settings("fake", {})["context_length"] == 64  # .env over the default
+    assert get_provider_for_step({"provider": "fake", "max_adapters": 7}).max_adapters == 7  # step config
+    assert FakeProvider(max_adapters=9).max_adapters == 9  # argument
+    monkeypatch.setenv("FAKE_MAX_ADAPTERS", "")  # empty counts as not set: the file's value applies
+    assert resolve_settings("fake", {})["max_adapters"] == 3
+
+
+def test_inference_env_file_names_the_file_and_a_missing_one_is_an_error(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workdir / ".env").write_text("FAKE_MAX_ADAPTERS=3\n")
+    other = workdir / "prod.env"
+    other.write_text("FAKE_MAX_ADAPTERS=4\n")
+    monkeypatch.setenv("INFERENCE_ENV_FILE", str(other))
+    assert resolve_settings("fake", {})["max_adapters"] == 4
+    monkeypatch.setenv("INFERENCE_ENV_FILE", "/dev/null")
+    assert resolve_settings("fake", {})["max_adapters"] is None
+    monkeypatch.setenv("INFERENCE_ENV_FILE", str(workdir / "missing.env"))
+    with pytest.raises(ConfigurationError, match=r"INFERENCE_ENV_FILE=.*missing\.env.* names no file"):
+        resolve_settings("fake", {})
+
+
+def test_bad_values_and_lines_name_the_file_and_never_show_a_line(workdir: Path) -> None:
+    env = workdir / ".env"
+    env.write_text("FAKE_CONTEXT_LENGTH=0\n")
+    with pytest.raises(ConfigurationError, match=r"FAKE_CONTEXT_LENGTH='0' in the \.env file .*\.env is not valid"):
+        FakeProvider()
+    env.write_text("INFERENCE_PROVIDER=fak\n")
+    with pytest.raises(UnknownProviderError, match=r"INFERENCE_PROVIDER value in the \.env file"):
+        resolve_provider_type(None)
+    env.write_text("VLLM_TIMEOUT=5\nVLLM_API_KEY sk-secret-value\n")
+    with pytest.raises(ConfigurationError, match=r"line 2") as caught:
+        resolve_settings("vllm", {})
+    assert "sk-secret" not in str(caught.value)
+    env.write_bytes(b"VLLM_TIMEOUT=5\nX=\xff\n")
+    with pytest.raises(ConfigurationError, match=r"not UTF-8 text .*line 2"):
+        resolve_settings("vllm", {})
+
+
+def test_env_example_copied_to_dotenv_and_uncommented_gives_the_defaults(workdir: Path, repo_root: Path) -> None:
+    example = (repo_root / ".env.example").read_text(encoding="utf-8")
+    assert example == render_env_example()
+    uncommented = "\n".join(
+        line[2:] if line.startswith("# ") and "=" in line and line[2:].split("=")[0].isupper() else line
+        for line in example.splitlines()
+    )
+    (workdir / ".env").write_text(uncommented.replace("INFERENCE_ENV_FILE=", "#"), encoding="utf-8")
+    assert resolve_provider_type(None) == "vllm"
+    for provider_type, settings in SETTINGS.items():
+        defaults = {setting.key: setting.check(setting.default, origin="default") for setting in settings}
+        assert resolve_settings(provider_type, {}) == defaults, provider_type
+
+
+def test_the_command_line_reads_the_dotenv_file_and_the_process_environment_wins(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (workdir / ".env").write_text(f"INFERENCE_PROVIDER=fake\nVLLM_BASE_URL={DEAD_FROM_FILE}\nVLLM_MAX_RETRIES=0\n")
+    status, out, err = run(["generate", "Hello", "--max-tokens", "3", "--json"], capsys)
+    assert status == 0, err
+    assert json.loads(out)["text"].startswith("[base] ")  # the fake answered: INFERENCE_PROVIDER came from .env
+
+    status, out, err = run(["providers", "--json"], capsys)
+    assert status == 0, err
+    vllm = next(report for report in json.loads(out)["providers"] if report["name"] == "vllm")
+    assert vllm["base_url"] == DEAD_FROM_FILE and vllm["reachable"] is False
+
+    monkeypatch.setenv("INFERENCE_PROVIDER", "vllm")  # the process environment beats the file
+    status, out, err = run(["generate", "Hello", "--max-tokens", "3", "--model", "m"], capsys)
+    assert status == 1 and out == ""
+    assert "127.0.0.1:9" in err and len(err.strip().splitlines()) == 1
+
+    status, out, err = run(["generate", "Hello", "--provider", "fake", "--max-tokens", "3"], capsys)  # the flag wins
+    assert status == 0, err
+
+
+def test_a_bad_dotenv_value_is_one_error_line_naming_the_file(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (workdir / ".env").write_text("FAKE_CONTEXT_LENGTH=zero\n")
+    status, out, err = run(["generate", "Hello", "--provider", "fake"], capsys)
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and f"in the .env file {workdir / '.env'}" in err
+    status, _, err = run(["generate", "Hello", "--provider", "fake", "--set", "context_length=8"], capsys)
+    assert status == 0, err  # the flag beats the file
