@@ -31,7 +31,7 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.options import OptionMap, Refused, Sent
+from inference.options import NOT_BUILT_YET, RESPONSE_FORMAT_AS_JSON_SCHEMA, TIMEOUT_IN_BASE_CLASS, OptionMap, Sent
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 if TYPE_CHECKING:
@@ -129,21 +129,9 @@ class OllamaProvider(InferenceProvider):
         "top_k": Sent("options.top_k"),
         "logprobs": Sent("logprobs", "with top_logprobs"),
         "json_schema": Sent("format"),
-        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
-        "tool_choice": Refused("tool calling is not built yet for this backend"),
-        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
-        "n": Refused("n > 1 is not built yet for this backend (the fake provider returns n choices, for tests)"),
-        "presence_penalty": Refused("presence_penalty is not built yet for this backend"),
-        "frequency_penalty": Refused("frequency_penalty is not built yet for this backend"),
-        "min_p": Refused("min_p is not built yet for this backend"),
-        "logit_bias": Refused("logit_bias is not built yet for this backend"),
-        "raw_prompt": Refused("raw prompts are not built yet for this backend"),
-        "chat_template": Refused("a chat template override is not built yet for this backend"),
-        "chat_template_kwargs": Refused("chat template variables are not built yet for this backend"),
-        "thinking": Refused("the thinking switch (Ollama's think) is not built yet for this backend"),
-        "response_format": Sent("json_schema", "mapped to json_schema before anything is sent"),
-        "extra_body": Refused("extra_body is not built yet for this backend"),
-        "timeout": Sent("the call's deadline", "the base class cancels the call after timeout seconds"),
+        **NOT_BUILT_YET,
+        "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
+        "timeout": TIMEOUT_IN_BASE_CLASS,
     }
     supports_adapters = True
     hot_swaps_adapters = False

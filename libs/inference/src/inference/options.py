@@ -675,6 +675,24 @@ RESPONSE_FORMAT_AS_JSON_SCHEMA = Sent("json_schema", "mapped to json_schema befo
 OptionMap = Mapping[str, "Sent | Refused"]
 """Option name -> how one provider receives it: the table each provider class declares as ``options``."""
 
+NOT_BUILT_YET: OptionMap = {
+    "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
+    "tool_choice": Refused("tool calling is not built yet for this backend"),
+    "return_token_ids": Refused("generated token ids are not built yet for this backend"),
+    "n": Refused("n > 1 is not built yet for this backend (the fake provider returns n choices, for tests)"),
+    "presence_penalty": Refused("presence_penalty is not built yet for this backend"),
+    "frequency_penalty": Refused("frequency_penalty is not built yet for this backend"),
+    "min_p": Refused("min_p is not built yet for this backend"),
+    "logit_bias": Refused("logit_bias is not built yet for this backend"),
+    "raw_prompt": Refused("raw prompts are not built yet for this backend"),
+    "chat_template": Refused("a chat template override is not built yet for this backend"),
+    "chat_template_kwargs": Refused("chat template variables are not built yet for this backend"),
+    "thinking": Refused("the thinking switch is not built yet for this backend"),
+    "extra_body": Refused("extra_body is not built yet for this backend"),
+}
+"""The options a backend's table starts from where it does not honour them yet (``{**NOT_BUILT_YET, ...}``): each is
+refused with a sentence saying so, until the backend's own entry replaces it."""
+
 
 def option_is_set(name: str, value: object) -> bool:
     """True when ``value`` is not the option's default (an option left at its default asks nothing of a backend)."""

@@ -23,6 +23,7 @@ from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._inprocess.hf_prompt import prompt_token_ids
+from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
 from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
@@ -33,7 +34,11 @@ from inference.exceptions import (
     ModelLoadError,
     ProviderError,
 )
-from inference.options import GenerationOptions, OptionMap, Refused, Sent
+from inference.options import (
+    GenerationOptions,
+    OptionMap,
+    Sent,
+)
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 
@@ -97,8 +102,8 @@ class VLLMOfflineProvider(InferenceProvider):
 
     name = "vllm-offline"
     options: ClassVar[OptionMap] = {
+        **IN_PROCESS_OPTIONS,
         "max_tokens": Sent("SamplingParams.max_tokens"),
-        "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
         "temperature": Sent("SamplingParams.temperature"),
         "top_p": Sent("SamplingParams.top_p"),
         "repetition_penalty": Sent("SamplingParams.repetition_penalty"),
@@ -107,21 +112,6 @@ class VLLMOfflineProvider(InferenceProvider):
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
         "json_schema": Sent("SamplingParams.structured_outputs"),
-        "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
-        "tool_choice": Refused("tool calling is not built yet for this backend"),
-        "return_token_ids": Refused("generated token ids are not built yet for this backend"),
-        "n": Refused("n > 1 is not built yet for this backend (the fake provider returns n choices, for tests)"),
-        "presence_penalty": Refused("presence_penalty is not built yet for this backend"),
-        "frequency_penalty": Refused("frequency_penalty is not built yet for this backend"),
-        "min_p": Refused("min_p is not built yet for this backend"),
-        "logit_bias": Refused("logit_bias is not built yet for this backend"),
-        "raw_prompt": Refused("raw prompts are not built yet for this backend"),
-        "chat_template": Refused("a chat template override is not built yet for this backend"),
-        "chat_template_kwargs": Refused("chat template variables are not built yet for this backend"),
-        "thinking": Refused("the thinking switch is not built yet for this backend"),
-        "response_format": Sent("json_schema", "mapped to json_schema before anything is sent"),
-        "extra_body": Refused("extra_body is merged into a server's request body; this backend runs in process"),
-        "timeout": Sent("the call's deadline", "the base class cancels the call after timeout seconds"),
     }
     supports_adapters = True
     hot_swaps_adapters = True

@@ -9,27 +9,23 @@ options; a key it also sets replaces the shared entry.
 
 from __future__ import annotations
 
-from inference.options import OptionMap, Refused, Sent
+from inference.options import (
+    NOT_BUILT_YET,
+    RESPONSE_FORMAT_AS_JSON_SCHEMA,
+    TIMEOUT_IN_BASE_CLASS,
+    OptionMap,
+    Refused,
+    Sent,
+)
 
 __all__ = ["IN_PROCESS_OPTIONS"]
 
 IN_PROCESS_OPTIONS: OptionMap = {
     "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
     "json_schema": Sent("llguidance", "a token mask per step"),
-    "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
-    "tool_choice": Refused("tool calling is not built yet for this backend"),
-    "return_token_ids": Refused("generated token ids are not built yet for this backend"),
-    "n": Refused("n > 1 is not built yet for this backend (the fake provider returns n choices, for tests)"),
-    "presence_penalty": Refused("presence_penalty is not built yet for this backend"),
-    "frequency_penalty": Refused("frequency_penalty is not built yet for this backend"),
-    "min_p": Refused("min_p is not built yet for this backend"),
-    "logit_bias": Refused("logit_bias is not built yet for this backend"),
-    "raw_prompt": Refused("raw prompts are not built yet for this backend"),
-    "chat_template": Refused("a chat template override is not built yet for this backend"),
-    "chat_template_kwargs": Refused("chat template variables are not built yet for this backend"),
-    "thinking": Refused("the thinking switch is not built yet for this backend"),
-    "response_format": Sent("json_schema", "mapped to json_schema before anything is sent"),
+    **NOT_BUILT_YET,
+    "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
     "extra_body": Refused("extra_body is merged into a server's request body; this backend runs in process"),
-    "timeout": Sent("the call's deadline", "the base class cancels the call after timeout seconds"),
+    "timeout": TIMEOUT_IN_BASE_CLASS,
 }
 """The options every in-process provider receives the same way."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference.exceptions import InferenceError, ProviderError
-from inference.options import OptionMap, Refused, Sent
+from inference.options import NOT_BUILT_YET, RESPONSE_FORMAT_AS_JSON_SCHEMA, TIMEOUT_IN_BASE_CLASS, OptionMap, Sent
 from inference.provider import GenerationResult
 from inference.results import TokenLogprob
 
@@ -65,21 +65,9 @@ OPENAI_OPTIONS: OptionMap = {
     "top_k": Sent("top_k", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
     "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
     "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
-    "tools": Refused("tool calling is not built yet for this backend (the fake provider calls tools, for tests)"),
-    "tool_choice": Refused("tool calling is not built yet for this backend"),
-    "return_token_ids": Refused("generated token ids are not built yet for this backend"),
-    "n": Refused("n > 1 comes with the server slice (not built yet for this backend)"),
-    "presence_penalty": Refused("presence_penalty comes with the server slice (not built yet for this backend)"),
-    "frequency_penalty": Refused("frequency_penalty comes with the server slice (not built yet for this backend)"),
-    "min_p": Refused("min_p comes with the server slice (not built yet for this backend)"),
-    "logit_bias": Refused("logit_bias comes with the server slice (not built yet for this backend)"),
-    "raw_prompt": Refused("raw prompts are not built yet for this backend"),
-    "chat_template": Refused("a template override comes with the server slice (not built yet for this backend)"),
-    "chat_template_kwargs": Refused("template variables come with the server slice (not built yet here)"),
-    "thinking": Refused("the thinking switch is not built yet for this backend"),
-    "response_format": Sent("json_schema", "mapped to json_schema before anything is sent"),
-    "extra_body": Refused("extra_body comes with the server slice (not built yet for this backend)"),
-    "timeout": Sent("the call's deadline", "the base class cancels the call after timeout seconds"),
+    **NOT_BUILT_YET,
+    "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
+    "timeout": TIMEOUT_IN_BASE_CLASS,
 }
 """How the OpenAI API receives each option; a provider's ``options`` map starts from it."""
 
