@@ -14,6 +14,19 @@ from inference.factory import aclose_all_providers
 # what the suite sees (tests of the .env file point INFERENCE_ENV_FILE elsewhere, or remove it).
 os.environ.setdefault("INFERENCE_ENV_FILE", os.devnull)
 
+_VLLM_ENGINE_MODE = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V2_MODEL_RUNNER")
+_ENGINE_MODE_BEFORE = {name: os.environ.get(name) for name in _VLLM_ENGINE_MODE}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Undo what importing genlm-backend (test_genlm's collection) wrote into this process's environment: vLLM's
+    engine-mode variables, which would reach every vLLM server a later test starts (V2 runner: no Triton here)."""
+    for name, value in _ENGINE_MODE_BEFORE.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
 
 @pytest.fixture(autouse=True)
 async def _fresh_provider_cache() -> AsyncIterator[None]:

@@ -33,6 +33,7 @@ import httpx
 import pytest
 
 from inference import VLLMProvider
+from inference.testing.vllm_model import vllm_environment
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +111,7 @@ def running(command: list[str], environment: dict[str, str], ready_url: str, log
             timeout: float) -> Iterator[None]:
     """The command started in a session of its own; waits until ``ready_url`` answers 200; stops it all after."""
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **environment},
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=vllm_environment(environment),
                                    start_new_session=True)
     try:
         deadline = time.monotonic() + timeout
