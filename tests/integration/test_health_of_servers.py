@@ -62,3 +62,35 @@ async def test_in_process_health_says_whether_the_model_is_loaded(tiny_models: d
 
     status, report, _ = health("--provider", "llamacpp", "--model-path", str(tmp_path / "missing.gguf"))
     assert status == 2 and "does not exist" in report["backends"][0]["error"]
+
+
+async def test_a_killed_and_restarted_replica_logs_its_down_and_back_events_with_fields(
+    start_llama_server: Callable[..., Any], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inference import OpenAIProvider
+    from inference._servers import replicas
+
+    monkeypatch.setattr(replicas, "DOWN_SECONDS", 0.0)  # a down replica is tried again at once, not after 5 s
+    first, second = start_llama_server(), start_llama_server()
+    async with OpenAIProvider(base_url=f"{first.base_url},{second.base_url}", api_key="unused", max_retries=0) as provider:
+
+        async def ask_both() -> None:  # round-robin: two calls reach both replicas
+            for _ in range(2):
+                result = await provider.generate("Hi", model="tiny", max_tokens=1, temperature=0.0)
+                assert result.finish_reason in ("stop", "length")
+
+        caplog.set_level("INFO", logger="inference.replicas")
+        await ask_both()
+        assert not [record for record in caplog.records if hasattr(record, "replica_event")]
+
+        second.kill()
+        await ask_both()  # every call still answers, from the first replica
+        downs = [record for record in caplog.records if getattr(record, "replica_event", None) == "down"]
+        assert len(downs) == 1  # once, not at every try
+        assert (downs[0].url, downs[0].error, downs[0].levelname) == (second.base_url, "ProviderUnavailableError",
+                                                                       "WARNING")
+
+        start_llama_server(port=second.port)
+        await ask_both()
+        backs = [record for record in caplog.records if getattr(record, "replica_event", None) == "back"]
+        assert len(backs) == 1 and backs[0].url == second.base_url and backs[0].downtime_s > 0

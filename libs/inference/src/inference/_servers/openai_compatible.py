@@ -275,14 +275,10 @@ class OpenAICompatibleProvider(InferenceProvider):
                         arguments = self._arguments(replica, request, route, stream=stream)
                         answer = await self._create(replica, request, arguments)
                 except ReplicaDown as down:
-                    replica.mark_down()
+                    replica.mark_down(down.error)
                     failures.append((replica, down.error))
-                    if len(self._replicas) > 1:
-                        self._logger.warning(
-                            "%s replica %s is unreachable; trying another", self.server_label, replica.http.shown_url
-                        )
                     continue
-                replica.down_until = 0.0
+                replica.mark_up()
                 try:
                     yield replica, route, answer
                 finally:

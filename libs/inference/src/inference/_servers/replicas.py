@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -29,6 +31,8 @@ DOWN_SECONDS = 5.0
 
 _T = TypeVar("_T")
 
+logger = logging.getLogger("inference.replicas")
+
 
 class Replica:
     """One server: its pooled HTTP client, and how busy and reachable it is."""
@@ -45,8 +49,12 @@ class Replica:
             env_prefix=provider.env_prefix,
             headers={"Authorization": f"Bearer {provider._api_key}"} if provider._api_key else None,
         )
+        self.provider = provider.name
+        self.server = provider.server_label
         self.in_flight = 0
         self.down_until = 0.0
+        self.down_since: float | None = None  # when it last went down (time.monotonic()), until it answers again
+        self.announces = False  # logs going down and back (with several replicas; one replica's error says it all)
         self.max_model_len: int | None = None  # vLLM's context size (from /tokenize, or a refused max_tokens)
         self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
         self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
@@ -54,9 +62,37 @@ class Replica:
         root = api_base(base_url)
         self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
 
-    def mark_down(self) -> None:
-        """The replica refused a connection: try it last for :data:`DOWN_SECONDS`."""
-        self.down_until = time.monotonic() + DOWN_SECONDS
+    def mark_down(self, error: InferenceError | None = None) -> None:
+        """The replica refused a connection: try it last for :data:`DOWN_SECONDS`. Its going down is logged once
+        (a warning with the fields ``replica_event="down"``, ``url``, ``error``), not at every failed try."""
+        now = time.monotonic()
+        self.down_until = now + DOWN_SECONDS
+        if self.down_since is None:
+            self.down_since = now
+            if not self.announces:
+                return
+            reason = type(error).__name__ if error is not None else "unreachable"
+            logger.warning(
+                "%s replica %s is down (%s): requests go to the other replicas", self.server, self.http.shown_url,
+                reason,
+                extra={"replica_event": "down", "provider": self.provider, "url": self.http.shown_url,
+                       "error": reason},
+            )
+
+    def mark_up(self) -> None:
+        """The replica answered: it is tried in turn again, and if it was down, its coming back is logged (info,
+        ``replica_event="back"``, ``url``, ``downtime_s``)."""
+        self.down_until = 0.0
+        if self.down_since is not None:
+            downtime = time.monotonic() - self.down_since
+            self.down_since = None
+            if not self.announces:
+                return
+            logger.info(
+                "%s replica %s is back after %.1f s", self.server, self.http.shown_url, downtime,
+                extra={"replica_event": "back", "provider": self.provider, "url": self.http.shown_url,
+                       "downtime_s": round(downtime, 3)},
+            )
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -81,13 +117,16 @@ class ReplicaSet(Sequence[Replica]):
     def __init__(self, provider: OpenAICompatibleProvider, settings: Mapping[str, Any]) -> None:
         self.base_url: str = settings["base_url"]
         self._replicas = tuple(Replica(provider, url, settings) for url in self.base_url.split(",") if url)
+        for replica in self._replicas:
+            replica.announces = len(self._replicas) > 1
         self.provider = provider.name
         """The provider name, carried by errors."""
         self.server = provider.server_label
         """What the server is called in messages (``"vLLM"``)."""
         self.env_prefix = provider.env_prefix
         """Prefix of the provider's environment variables (``"VLLM"``), for hints."""
-        self._cursor = itertools.count()
+        # Each process starts at a random replica: CLI runs and fresh workers do not all pile onto the first one.
+        self._cursor = itertools.count(random.randrange(len(self._replicas)) if self._replicas else 0)
 
     @overload
     def __getitem__(self, index: int) -> Replica: ...
@@ -125,7 +164,7 @@ class ReplicaSet(Sequence[Replica]):
         """The error when no replica could be reached: the one failure, or one naming every URL."""
         if len(failures) == 1:
             return failures[0][1]
-        said = "; ".join(f"{replica.http.shown_url}: {error}" for replica, error in failures)
+        said = ", ".join(f"{replica.http.shown_url} ({type(error).__name__})" for replica, error in failures)
         return ProviderUnavailableError(
             f"none of the {len(failures)} {self.server} replicas accepts connections ({said}): start them, "
             f"or remove the URLs of stopped servers from {self.env_prefix}_BASE_URL (or base_url)",

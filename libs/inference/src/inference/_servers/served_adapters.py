@@ -266,7 +266,7 @@ class ServedAdapters:
                 await self._place_on(replica, adapter_id, adapter_path)
                 return
             except ReplicaDown as down:
-                replica.mark_down()
+                replica.mark_down(down.error)
                 failures.append((replica, down.error))
         raise self._replicas.all_down(failures)
 
