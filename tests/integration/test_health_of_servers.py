@@ -72,7 +72,8 @@ async def test_a_killed_and_restarted_replica_logs_its_down_and_back_events_with
 
     monkeypatch.setattr(replicas, "DOWN_SECONDS", 0.0)  # a down replica is tried again at once, not after 5 s
     first, second = start_llama_server(), start_llama_server()
-    async with OpenAIProvider(base_url=f"{first.base_url},{second.base_url}", api_key="unused", max_retries=0) as provider:
+    urls = f"{first.base_url},{second.base_url}"
+    async with OpenAIProvider(base_url=urls, api_key="unused", max_retries=0) as provider:
 
         async def ask_both() -> None:  # round-robin: two calls reach both replicas
             for _ in range(2):
