@@ -34,12 +34,13 @@ import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from inference._core.dependencies import missing_dependency
+from inference._core.dependencies import import_optional, missing_dependency
 from inference._core.lifecycle import files_state
-from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
-from inference._inprocess.base import InProcessProvider
+from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest, TokenRequest
+from inference._inprocess import llamacpp_tokens
+from inference._inprocess.base import InProcessProvider, non_finite_logits
 from inference._inprocess.llamacpp_batch import ContinuousBatcher, LoopStarter
 from inference._inprocess.llamacpp_generation import DEFAULT_SAMPLING, Generation, LoopBackend, seed_fits, seed_rule
 from inference._inprocess.llamacpp_model import (
@@ -65,6 +66,11 @@ from inference.exceptions import (
 from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
+from inference.tokens import TokenCacheStats, TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = ["DEFAULT_ADAPTER_CACHE_DIR", "DEFAULT_SAMPLING", "KV_CACHE_TYPES", "LlamaCppProvider"]
 
@@ -145,6 +151,8 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
     }
     batches_mixed_adapters = False
     supports_scoring = True
+    supports_tokenize = True
+    supports_next_token_logprobs = True
     supports_adapter_scales = True
     _backend_label = "llama.cpp"
 
@@ -199,6 +207,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         # The parts; their state is touched only from inside self._worker.run calls.
         self._model = LlamaCppModel(LlamaSettings.of(settings), _PROVIDER)
         self._prompts = LlamaPrompts(self._model)
+        self._token_counts = [0, 0]  # next-token sequences computed, their tokens (no prefix cache yet)
         self._generation = Generation(self._model, self._prompts, seed=seed, require_prompt=self._require_prompt)
         self._batcher = (
             ContinuousBatcher(self.n_parallel, self.n_ctx, min(self._n_batch, self.n_ctx))
@@ -259,6 +268,28 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
     async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
         return await self._worker.run(self._score_blocking, request, True)
+
+    async def _tokenize_text(self, text: str, model: str) -> list[int]:
+        self._check_open()
+        return await self._worker.run(lambda: self._prompts.encode(self._loaded_llama(), text, add_bos=False))
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        self._check_open()
+        return await self._worker.run(self._detokenize_blocking, request.token_ids)
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        self._check_open()
+        return await self._worker.run(
+            lambda: llamacpp_tokens.vocabulary(self._prompts, self._loaded_llama(), self.n_ctx)
+        )
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        self._check_open()
+        return await self._worker.run(self._next_token_rows_blocking, requests)
+
+    def _cache_stats(self) -> TokenCacheStats:
+        sequences, tokens = self._token_counts
+        return TokenCacheStats(enabled=False, misses=sequences, computed_tokens=tokens)
 
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into llama.cpp (first load, or again after an eviction: the conversion is cached)."""
@@ -370,6 +401,34 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         if self._closed:  # aclose() queued: the requests that came before it are served first
             return False
         return self._worker.waiting() > self._worker.waiting(self._serve_batch)
+
+    def _loaded_llama(self) -> Any:
+        """The ``Llama`` as it is (loaded with no adapter if it was not loaded yet): its tokenizer is the same."""
+        return self._model.llama if self._model.llama is not None else self._activate(())
+
+    def _detokenize_blocking(self, token_ids: tuple[int, ...]) -> str:
+        llama_cpp, llama = self._model.llama_cpp(), self._loaded_llama()
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        text = b"".join(llamacpp_tokens.token_piece(llama_cpp, vocab, token) for token in token_ids)
+        return text.decode("utf-8", errors="replace")
+
+    def _next_token_rows_blocking(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        """Each request's distribution with its adapters active, requests of one adapter choice one after another."""
+        numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
+        rows = numpy.empty((len(requests), self._loaded_llama().n_vocab()), dtype=numpy.float32)
+        order = sorted(range(len(requests)), key=lambda index: requests[index].adapters)
+        for index in order:
+            request = requests[index]
+            row = llamacpp_tokens.next_token_row(
+                self._model.llama_cpp(), numpy, self._activate(request.adapters), request.token_ids
+            )
+            if row is None:
+                raise non_finite_logits(self.name, request.adapters)
+            rows[index] = row
+            self._token_counts[0] += 1
+            self._token_counts[1] += len(request.token_ids)
+        result: NDArray[np.float32] = rows
+        return result
 
     def _score_blocking(self, request: ScoreRequest, rolling: bool) -> ScoreResult:
         """Score with the request's adapter active: each sequence evaluated once."""

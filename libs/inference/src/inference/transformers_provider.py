@@ -32,9 +32,10 @@ import re
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest
+from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest, TokenRequest
+from inference._inprocess import hf_tokens
 from inference._inprocess.base import InProcessProvider
 from inference._inprocess.batching import BatchQueue, PendingRequest
 from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check_seed
@@ -47,6 +48,11 @@ from inference.adapters.source import AdapterSource
 from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
+from inference.tokens import TokenCacheStats, TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = ["TransformersProvider"]
 
@@ -112,6 +118,8 @@ class TransformersProvider(InProcessProvider[str]):
     supports_scoring = True
     supports_adapter_scales = True
     loads_adapter_weights_in_memory = True
+    supports_tokenize = True
+    supports_next_token_logprobs = True
 
     def __init__(
         self,
@@ -140,6 +148,7 @@ class TransformersProvider(InProcessProvider[str]):
         self._slots = PeftSlots(self._resident, spare_limit=self.spare_adapter_slots, provider=self.name)
         self._generation = HFGeneration(self._slots, self._batch_sizes, provider=self.name)
         self._scoring = HFScoring(self._slots, size, self._batch_sizes, provider=self.name)
+        self._token_counts = [0, 0]  # next-token sequences computed, their tokens (no prefix cache yet)
 
     def __repr__(self) -> str:
         return (
@@ -194,6 +203,26 @@ class TransformersProvider(InProcessProvider[str]):
     async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
         return await self._through_queue(self._score_queue, ScoreCall(request, rolling=True), self._serve_scores)
+
+    async def _tokenize_text(self, text: str, model: str) -> list[int]:
+        self._check_open()
+        return await self._worker.run(self._tokenize_now, text)
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        self._check_open()
+        return await self._worker.run(self._detokenize_now, request.token_ids)
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        self._check_open()
+        return await self._worker.run(lambda: hf_tokens.vocabulary(self._ensure_loaded()))
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        self._check_open()
+        return await self._worker.run(self._next_token_rows_now, requests)
+
+    def _cache_stats(self) -> TokenCacheStats:
+        sequences, tokens = self._token_counts
+        return TokenCacheStats(enabled=False, misses=sequences, computed_tokens=tokens)
 
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into the PEFT model (first load, or again after an eviction)."""
@@ -257,6 +286,21 @@ class TransformersProvider(InProcessProvider[str]):
             batch = self._score_queue.next_batch(first=lambda call: call.adapter_id)
             if batch:
                 self._scoring.run_batch(loaded, batch)
+
+    def _tokenize_now(self, text: str) -> list[int]:
+        return list(self._ensure_loaded().vocabulary.encode(text))
+
+    def _detokenize_now(self, token_ids: tuple[int, ...]) -> str:
+        return str(self._ensure_loaded().tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    def _next_token_rows_now(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        rows, tokens = hf_tokens.next_token_rows(
+            self._ensure_loaded(), self._slots, requests, max_batch_size=self.max_batch_size,
+            batch_sizes=self._batch_sizes, provider=self.name,
+        )
+        self._token_counts[0] += len(requests)
+        self._token_counts[1] += tokens
+        return rows
 
     def _load_adapter_now(self, adapter_id: str, source: AdapterSource) -> None:
         loaded = self._ensure_loaded()

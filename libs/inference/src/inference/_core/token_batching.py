@@ -7,7 +7,8 @@ together land together, without a timer (nothing here waits a fixed time, and no
 speed). Each event loop has its own batch, so calls from the sync facade's loop and from the caller's never mix.
 
 A backend that refuses a batch with an :class:`~inference.exceptions.InvalidRequestError` (an id it found out of
-range) gets each caller's sequences again on their own, so the error reaches only the caller whose input it was.
+range) or fails it with a :class:`~inference.exceptions.ProviderError` (one adapter's logits overflowed) gets each
+caller's sequences again on their own, so the error reaches only the caller whose input it was.
 A caller cancelled before its batch starts is left out of it; one cancelled while its batch runs waits for the
 backend to finish (the backend is using the adapters the caller holds) and is then cancelled.
 """
@@ -116,7 +117,7 @@ class TokenBatcher:
             for call in calls:
                 call.future.cancel()
             raise
-        except InvalidRequestError as error:
+        except (InvalidRequestError, ProviderError) as error:
             if len(calls) == 1:
                 _fail(calls, error)
                 return

@@ -1,0 +1,141 @@
+"""The token level on a Transformers model: the vocabulary as token bytes, and full next-token distributions of
+many sequences in right-padded forward passes, each row with its own adapter (or weighted combination).
+
+Everything here runs on the provider's worker thread; torch and numpy are imported on first use. No prefix cache
+yet: each sequence is computed whole (:class:`~inference.tokens.TokenCacheStats` counts the tokens computed).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from inference._core.dependencies import import_optional
+from inference._core.validation import TokenRequest
+from inference._inprocess.base import non_finite_logits
+from inference._inprocess.hf_model import LoadedModel
+from inference._inprocess.peft_slots import PeftSlots
+from inference.tokens import TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+__all__ = ["next_token_rows", "token_bytes", "vocabulary"]
+
+
+def vocabulary(loaded: LoadedModel) -> TokenVocabulary:
+    """The model's :class:`~inference.tokens.TokenVocabulary`: as many entries as its output layer has rows."""
+    tokenizer = loaded.tokenizer
+    size = vocabulary_size(loaded)
+    special = frozenset(int(token) for token in tokenizer.all_special_ids if 0 <= int(token) < size)
+    bos = tokenizer.bos_token_id
+    return TokenVocabulary(
+        size=size,
+        token_bytes=token_bytes(tokenizer, size),
+        special_ids=special,
+        bos_id=int(bos) if bos is not None else None,
+        eos_ids=tuple(sorted(loaded.eos_ids, key=lambda token: (token != tokenizer.eos_token_id, token))),
+        adds_bos=loaded.vocabulary.adds_bos,
+        context_length=loaded.context if loaded.context is not None else 2**31 - 1,
+    )
+
+
+def token_bytes(tokenizer: Any, size: int) -> tuple[bytes, ...]:
+    """Each id's bytes, ``size`` entries: a byte-level BPE token's raw bytes (GPT-2, Qwen, Llama 3), a SentencePiece
+    piece with ``▁`` as a space and ``<0xNN>`` as that byte (Llama 2, Gemma), a special token's text; ``b""`` for
+    the ids the tokenizer lacks (a model's output layer may be wider)."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
+    specials = {int(token) for token in tokenizer.all_special_ids}
+    decoder = _byte_decoder() if _is_byte_level(tokenizer) else None
+    result = []
+    for token_id, piece in enumerate(pieces):
+        if piece is None:
+            result.append(b"")
+        elif token_id in specials or piece in tokenizer.get_added_vocab():
+            result.append(piece.encode("utf-8"))
+        elif decoder is not None:
+            result.append(bytes(decoder[char] for char in piece) if all(c in decoder for c in piece) else
+                          piece.encode("utf-8"))
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            result.append(bytes([int(piece[3:5], 16)]))
+        else:
+            result.append(piece.replace("\u2581", " ").encode("utf-8"))
+    result.extend(b"" for _ in range(size - len(result)))
+    return tuple(result)
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    return type(decoder).__name__ == "ByteLevel" or "ByteLevel" in repr(decoder)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's map from the printable characters of byte-level BPE back to bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    codes = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
+
+
+def next_token_rows(
+    loaded: LoadedModel,
+    slots: PeftSlots,
+    requests: list[TokenRequest],
+    *,
+    max_batch_size: int,
+    batch_sizes: deque[int],
+    provider: str,
+) -> tuple[NDArray[np.float32], int]:
+    """The log-softmax after each request's last token, one float32 row per request, in order; and the number of
+    tokens computed. Longest first in right-padded forward passes of up to ``max_batch_size`` rows (a causal model
+    never looks at the padding after a sequence, so no attention mask), logits only at the rows' last positions.
+
+    Raises:
+        ProviderError: A row's logits are not finite (an adapter too strong for the model's dtype).
+    """
+    torch = import_optional("torch", extra="transformers", provider=provider)
+    numpy = import_optional("numpy", extra="transformers", provider=provider)
+    size = vocabulary_size(loaded)
+    out = numpy.empty((len(requests), size), dtype=numpy.float32)
+    order = sorted(range(len(requests)), key=lambda index: len(requests[index].token_ids), reverse=True)
+    for begin in range(0, len(order), max_batch_size):
+        chunk = order[begin : begin + max_batch_size]
+        reads = [requests[index].token_ids for index in chunk]
+        width = max(len(ids) for ids in reads)
+        input_ids = torch.full((len(reads), width), loaded.pad_id, dtype=torch.long)
+        for row, ids in enumerate(reads):
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        last = sorted({len(ids) - 1 for ids in reads})
+        column = {position: index for index, position in enumerate(last)}
+        applied = [(requests[index].adapter_id, requests[index].adapter_scales) for index in chunk]
+        with slots.rows(loaded, applied) as extra, torch.inference_mode():
+            batch_sizes.append(len(reads))
+            logits = loaded.model(
+                input_ids=input_ids.to(loaded.device),
+                logits_to_keep=torch.tensor(last, dtype=torch.long, device=loaded.device),
+                use_cache=False,
+                **extra,
+            ).logits
+            overflowed = loaded.overflow.take() if loaded.overflow is not None else None
+            rows = torch.stack([logits[row, column[len(ids) - 1], :size] for row, ids in enumerate(reads)]).float()
+            finite = torch.isfinite(rows).all(dim=-1)
+            if overflowed is not None:
+                finite &= ~overflowed.to(finite.device)
+            for row, index in enumerate(chunk):
+                if not bool(finite[row]):
+                    raise non_finite_logits(provider, requests[index].adapters)
+            out[chunk] = torch.log_softmax(rows, dim=-1).cpu().numpy()
+    return out, sum(len(request.token_ids) for request in requests)
+
+
+def vocabulary_size(loaded: LoadedModel) -> int:
+    """How many logits the model gives per position (its output layer's rows)."""
+    output = loaded.base_model.get_output_embeddings()
+    return int(output.weight.shape[0]) if output is not None else len(loaded.tokenizer)

@@ -1,0 +1,82 @@
+"""The token level on llama.cpp: the vocabulary as token bytes, and the full next-token distribution of a sequence
+(logits requested at its last position only). On the provider's worker thread, with the ``Llama`` it owns; each
+sequence is evaluated from an empty KV cache (no prefix cache yet), like a score.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+from inference._inprocess.llamacpp_logits import clear_memory, finite_logits
+from inference._inprocess.llamacpp_scoring import vocabulary as scoring_vocabulary
+from inference.tokens import TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from inference._inprocess.llamacpp_prompt import LlamaPrompts
+
+__all__ = ["next_token_row", "token_piece", "vocabulary"]
+
+
+def vocabulary(prompts: LlamaPrompts, llama: Any, n_ctx: int) -> TokenVocabulary:
+    """The model's :class:`~inference.tokens.TokenVocabulary` (``n_ctx`` is the context's size)."""
+    llama_cpp = prompts.model.llama_cpp()
+    vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    size = int(llama.n_vocab())
+    special = frozenset(token for token in range(size) if llama_cpp.llama_vocab_is_control(vocab, token))
+    end = tuple(token for token in range(size) if llama_cpp.llama_vocab_is_eog(vocab, token))
+    words = scoring_vocabulary(prompts, llama)
+    eos = words.eos_id
+    return TokenVocabulary(
+        size=size,
+        token_bytes=tuple(token_piece(llama_cpp, vocab, token) for token in range(size)),
+        special_ids=special,
+        bos_id=words.bos_id,
+        eos_ids=tuple(sorted(end, key=lambda token: (token != eos, token))),
+        adds_bos=words.adds_bos,
+        context_length=n_ctx,
+    )
+
+
+def token_piece(llama_cpp: Any, vocab: Any, token: int) -> bytes:
+    """One token's bytes as llama.cpp writes them (special tokens by their text, no leading space removed)."""
+    size = 64
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        written = int(llama_cpp.llama_token_to_piece(vocab, token, buffer, size, 0, True))
+        if written >= 0:
+            return bytes(buffer.raw[:written])
+        size = -written
+
+
+def next_token_row(llama_cpp: Any, numpy: Any, llama: Any, token_ids: tuple[int, ...]) -> NDArray[np.float32] | None:
+    """The log-softmax after ``token_ids`` (float32, one entry per vocabulary token), or ``None`` where the logits
+    are not finite (the caller says which adapter did it). The ``Llama`` is left reset."""
+    n_vocab = llama.n_vocab()
+    row: Any = None
+    llama.reset()
+    llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+    try:
+        for begin in range(0, len(token_ids), llama.n_batch):
+            chunk = token_ids[begin : begin + llama.n_batch]
+            llama._batch.set_batch(batch=list(chunk), n_past=begin, logits_all=False)
+            final = begin + len(chunk) == len(token_ids)
+            for index in range(len(chunk)):
+                llama._batch.batch.logits[index] = final and index == len(chunk) - 1
+            llama._ctx.decode(llama._batch)
+            if final:
+                row = numpy.array(numpy.ctypeslib.as_array(llama._ctx.get_logits(), shape=(1, n_vocab))[0])
+    finally:
+        llama.reset()
+        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+    if row is None or not finite_logits(numpy, row):
+        clear_memory(llama_cpp, llama)
+        return None
+    row = row.astype(numpy.float64)
+    row -= row.max()
+    row -= numpy.log(numpy.exp(row).sum())
+    result: NDArray[np.float32] = row.astype(numpy.float32)
+    return result

@@ -1,0 +1,147 @@
+"""The token level on the in-process backends (llama.cpp and Transformers + PEFT, real tiny models): the same token
+ids, the same token bytes and the same next-token distributions for the same adapter, to 1e-4 nats; a plain
+Transformers forward pass as the reference; errors that reach only their caller; genlm-backend's ``AsyncLM`` on a
+real backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference.exceptions import AdapterNotFoundError, ProviderError, TokenLimitError
+from inference.provider import InferenceProvider
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("peft")
+
+TEXT = "Hello, world! café 42"
+TOLERANCE = 1e-4  # nats, per entry: float32 on both backends (the f32 GGUF twin, an f32 KV cache)
+CHOICES: list[Any] = [None, "a0", [("a0", 0.5), ("a1", -1.0)]]
+
+
+@pytest.fixture(params=["qwen2", "llama"])
+async def pair(
+    request: pytest.FixtureRequest, tiny_models: dict[str, Any], tmp_path: Path
+) -> AsyncIterator[tuple[InferenceProvider, InferenceProvider, Any]]:
+    """llama.cpp and Transformers on the same tiny model, adapters a0 and a1 loaded in both."""
+    from inference.llamacpp_provider import LlamaCppProvider
+    from inference.transformers_provider import TransformersProvider
+
+    model = tiny_models[str(request.param)]
+    llamacpp = LlamaCppProvider(model.gguf_path, n_ctx=512, adapter_cache_dir=tmp_path, kv_cache_type="f32")
+    transformers = TransformersProvider(model_name=str(model.hf_dir), device="cpu")
+    for provider in (llamacpp, transformers):
+        for adapter_id in ("a0", "a1"):
+            await provider.load_adapter(adapter_id, model.adapter_dirs[adapter_id])
+    yield llamacpp, transformers, model
+    await llamacpp.aclose()
+    await transformers.aclose()
+
+
+async def test_both_backends_give_the_same_ids_bytes_and_text(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    llamacpp, transformers, _ = pair
+    ids = await transformers.tokenize(TEXT, "m")
+    assert await llamacpp.tokenize(TEXT, "m") == ids
+    for provider in (llamacpp, transformers):
+        assert await provider.detokenize(ids, "m") == TEXT
+    words_l, words_t = await llamacpp.token_vocabulary("m"), await transformers.token_vocabulary("m")
+    assert words_l.size == words_t.size
+    assert words_l.token_bytes == words_t.token_bytes
+    assert (words_l.bos_id, words_l.eos_id, words_l.adds_bos) == (words_t.bos_id, words_t.eos_id, words_t.adds_bos)
+    assert b"".join(words_t.token_bytes[token] for token in ids) == TEXT.encode()
+
+
+async def test_the_same_adapter_gives_the_same_distribution_on_both_backends(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    llamacpp, transformers, _ = pair
+    ids = await transformers.tokenize(TEXT, "m")
+    distributions = []
+    for adapter_id in CHOICES:
+        rows = [await provider.next_token_logprobs(ids, "m", adapter_id) for provider in (llamacpp, transformers)]
+        for row in rows:
+            assert row.dtype == np.float32 and row.shape == ((await llamacpp.token_vocabulary("m")).size,)
+            assert abs(float(np.logaddexp.reduce(row.astype(np.float64)))) < 1e-4
+        assert float(np.abs(rows[0] - rows[1]).max()) < TOLERANCE, adapter_id
+        distributions.append(rows[1])
+    assert float(np.abs(distributions[0] - distributions[1]).max()) > 1e-3  # the adapter changes the answer
+
+
+async def test_a_batch_of_sequences_gives_each_its_own_row(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    ids = await pair[1].tokenize(TEXT, "m")
+    sequences = [ids, ids[:2], ids[:5], [ids[0]]]
+    for provider in pair[:2]:
+        batch = await provider.batch_next_token_logprobs(sequences, "m", "a0")
+        assert batch.shape[0] == len(sequences)
+        for row, sequence in zip(batch, sequences, strict=True):
+            alone = await provider.next_token_logprobs(sequence, "m", "a0")
+            assert float(np.abs(row - alone).max()) < TOLERANCE  # another batch shape: float32 sums in another order
+        # concurrent calls with different adapters are gathered into one backend call, each row its own
+        gathered = await asyncio.gather(*(provider.next_token_logprobs(ids, "m", choice) for choice in CHOICES))
+        for row, choice in zip(gathered, CHOICES, strict=True):
+            assert float(np.abs(row - await provider.next_token_logprobs(ids, "m", choice)).max()) < TOLERANCE
+
+
+async def test_transformers_rows_are_a_plain_forward_pass(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, transformers, model = pair
+    ids = await transformers.tokenize(TEXT, "m")
+    reference = AutoModelForCausalLM.from_pretrained(model.hf_dir, torch_dtype=torch.float32)
+    with torch.inference_mode():
+        logits = reference(input_ids=torch.tensor([ids])).logits[0, -1]
+    expected = torch.log_softmax(logits.float(), dim=-1).numpy()
+    assert float(np.abs(await transformers.next_token_logprobs(ids, "m") - expected).max()) < 1e-5
+
+
+async def test_bad_input_fails_its_caller_only_and_the_providers_stay_usable(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    ids = await pair[1].tokenize(TEXT, "m")
+    for provider in pair[:2]:
+        size = (await provider.token_vocabulary("m")).size
+        with pytest.raises(TokenLimitError):
+            await provider.next_token_logprobs([*ids, size], "m")
+        with pytest.raises(AdapterNotFoundError):
+            await provider.next_token_logprobs(ids, "m", "missing")
+        good, overflowing = await asyncio.gather(
+            provider.next_token_logprobs(ids, "m", "a0"),
+            provider.next_token_logprobs(ids, "m", [("a0", 1e6)]),  # the delta overflows float32
+            return_exceptions=True,
+        )
+        assert isinstance(overflowing, ProviderError) and "a0" in str(overflowing)
+        assert isinstance(good, np.ndarray)
+        assert float(np.abs(good - await provider.next_token_logprobs(ids, "m", "a0")).max()) < TOLERANCE
+        stats = provider.cache_stats()
+        assert not stats.enabled and stats.misses > 0 and stats.computed_tokens >= stats.misses
+
+
+async def test_genlm_async_lm_runs_on_a_real_backend(pair: tuple[InferenceProvider, InferenceProvider, Any]) -> None:
+    pytest.importorskip("genlm.backend")
+    from inference.integrations.genlm import AsyncInferenceLM
+
+    llamacpp, transformers, _ = pair
+    ids = await transformers.tokenize(TEXT, "m")
+    for provider in (llamacpp, transformers):
+        lm = await AsyncInferenceLM.create(provider, "m")
+        rows = await lm.batch_next_token_logprobs([ids, ids[:3]])
+        expected = await provider.batch_next_token_logprobs([ids, ids[:3]], "m")
+        assert np.allclose(np.asarray(rows.float() if hasattr(rows, "float") else rows), expected, atol=1e-6)
