@@ -212,6 +212,18 @@ async def test_generate_parses_text_tokens_and_finish_reason(provider: VLLMProvi
     assert result.finish_reason == "length"
 
 
+async def test_an_aborted_answer_is_a_provider_error_never_a_finished_text(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """vLLM answers a request its engine aborted (preempted, out of KV cache) with finish_reason "abort" and the
+    text so far: the server's body as it is, which used to pass for a finished text ("stop")."""
+    mock.post(CHAT).mock(return_value=completion("one tw", finish_reason="abort"))
+    with pytest.raises(ProviderError, match="finish_reason 'abort'"):
+        await provider.generate("Hi", model="base-model")
+    mock.post(CHAT).mock(return_value=completion("done", finish_reason="stop"))
+    assert (await provider.generate("Hi", model="base-model")).finish_reason == "stop"
+
+
 async def test_adapter_id_is_sent_as_the_model(provider: VLLMProvider, mock: respx.MockRouter) -> None:
     mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success: LoRA adapter 'style-a' added successfully."))
     route = mock.post(CHAT).mock(return_value=completion("styled", model="style-a"))

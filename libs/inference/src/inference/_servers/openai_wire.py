@@ -256,13 +256,16 @@ def generation_result(
     logprobs: list[TokenLogprob] | None = None,
     reasoning: str | None = None,
 ) -> GenerationResult:
-    """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too."""
+    """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too.
+
+    The server's ``finish_reason`` is kept as it came (``None``: ``"stop"``), so that one that did not finish the
+    text (vLLM's ``"abort"``) fails the call in the base class instead of passing for a finished answer."""
     return GenerationResult(
         text=text,
         model=model,
         adapter_id=request.adapter_id,
         token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
-        finish_reason="length" if finish_reason == "length" else "stop",
+        finish_reason=finish_reason if isinstance(finish_reason, str) and finish_reason else "stop",
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
