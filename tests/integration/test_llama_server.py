@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from server_options import check_sampling_options
 
 from inference import get_provider
 from inference.exceptions import (
@@ -34,6 +36,19 @@ async def test_generates_real_text_with_token_counts(llama_server: str) -> None:
     assert result.completion_tokens <= 6
     assert result.finish_reason == "length"  # a random tiny model does not stop in six tokens
     assert result.adapter_id is None and result.model == MODEL
+
+
+async def test_sampling_options_change_llama_cpp_server_s_answers_as_they_say(
+    llama_server: str, tiny_qwen2_gguf: Path
+) -> None:
+    """The openai provider (every OpenAI-compatible server) on llama-cpp-python's server."""
+    from inference.llamacpp_provider import LlamaCppProvider
+    from inference.openai_provider import OpenAIProvider
+
+    async with OpenAIProvider(base_url=llama_server, api_key="unused") as remote, LlamaCppProvider(
+        tiny_qwen2_gguf, n_ctx=512
+    ) as local:
+        await check_sampling_options(remote, local, MODEL)
 
 
 async def test_system_prompt_reaches_the_chat_template(llama_server: str) -> None:

@@ -25,6 +25,7 @@ import httpx
 import jsonschema
 import pytest
 import pytest_asyncio
+from server_options import PROMPT, check_sampling_options
 
 from inference.adapters.gguf import convert_peft_to_gguf
 from inference.exceptions import AdapterNotFoundError, InferenceError, InvalidAdapterError, InvalidRequestError
@@ -131,6 +132,17 @@ async def both(
     yield remote, local
     await remote.aclose()
     await local.aclose()
+
+
+async def test_sampling_options_change_llama_server_s_answers_as_they_say(
+    both: tuple[LlamaCppServerProvider, LlamaCppProvider],
+) -> None:
+    remote, local = both
+    await check_sampling_options(remote, local, "m")
+    raw = await remote.generate(PROMPT, model="m", max_tokens=4, temperature=0, raw_prompt=True)
+    templated = await remote.generate(PROMPT, model="m", max_tokens=4, temperature=0)
+    assert raw.completion_tokens > 0 and raw.prompt_tokens is not None and templated.prompt_tokens is not None
+    assert raw.prompt_tokens <= templated.prompt_tokens  # the prompt alone; a chat template only adds to it
 
 
 async def test_greedy_answers_equal_the_in_process_provider_s(

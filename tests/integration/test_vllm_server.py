@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 import pytest_asyncio
+from server_options import PROMPT, check_sampling_options
 
 from inference.exceptions import AdapterNotFoundError, InvalidRequestError
 from inference.results import GenerationResult
@@ -50,6 +51,26 @@ async def both(vllm_server: Any) -> AsyncIterator[tuple[VLLMProvider, Transforme
     yield server, local, model
     await server.aclose()
     await local.aclose()
+
+
+async def test_sampling_options_change_vllm_s_answers_as_they_say(
+    both: tuple[VLLMProvider, TransformersProvider, Any],
+) -> None:
+    server, local, _ = both
+    await check_sampling_options(server, local, "tiny")
+
+
+async def test_a_chat_template_and_its_variables_render_what_a_raw_prompt_sends(
+    both: tuple[VLLMProvider, TransformersProvider, Any],
+) -> None:
+    server, _, _ = both
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "temperature": 0}
+    raw = await server.generate(f"Note: {PROMPT}", raw_prompt=True, **greedy)
+    template = "{{ lead }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    templated = await server.generate(
+        PROMPT, chat_template=template, chat_template_kwargs={"lead": "Note: "}, **greedy
+    )
+    assert (templated.text, templated.prompt_tokens) == (raw.text, raw.prompt_tokens)
 
 
 @pytest.mark.parametrize("adapter_id", [None, "a0", "a1"])

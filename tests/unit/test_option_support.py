@@ -24,6 +24,7 @@ from inference.options import (
     POSITIONAL_OPTIONS,
     RESPONSE_FORMAT_AS_JSON_SCHEMA,
     TIMEOUT_IN_BASE_CLASS,
+    ByRequests,
     GenerationOptions,
     OptionMap,
     Refused,
@@ -246,12 +247,24 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
             bodies.append(json.loads(chat.calls.last.request.content))
     finally:
         await provider.aclose()
+    by_requests = isinstance(cls.options["n"], ByRequests)
     for option, how in cls.options.items():
-        if isinstance(how, Refused) or how in BEFORE_THE_BACKEND:
-            continue
+        if isinstance(how, (Refused, ByRequests)) or how in BEFORE_THE_BACKEND:
+            continue  # n by requests: the base class sends n requests (the seeds below)
         body = bodies[1] if option == "json_schema" else bodies[0]
+        if option == "extra_body":  # merged into the body
+            assert body["priority"] == EVERY_OPTION["extra_body"]["priority"], provider_type
+            continue
+        if option == "raw_prompt":  # False: the chat route, with messages (True: /v1/completions, tested live)
+            assert "messages" in body, provider_type
+            continue
         sent = _at(body, how.field)
-        if option in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "top_k"):
+        if option == "seed" and by_requests:  # n=2 as two requests: seeds 11 and 12, in either order
+            assert sent in (EVERY_OPTION["seed"], EVERY_OPTION["seed"] + 1), (provider_type, sent)
+        elif option == "logit_bias":
+            assert sent == {"7": -100}, (provider_type, sent)  # ids as decimal strings, OpenAI's form
+        elif option in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "top_k", "min_p",
+                        "presence_penalty", "frequency_penalty", "chat_template", "chat_template_kwargs"):
             assert sent == EVERY_OPTION[option], (provider_type, option, sent)
     assert bodies[0]["messages"][0] == {"role": "system", "content": "Be brief."}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from typing import ClassVar
 
 from inference._core.lifecycle import Discovered
 from inference._core.validation import ScoreRequest
@@ -34,6 +35,7 @@ from inference._servers.served_adapters import ReconcileReport, ReplicaReconcili
 from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
 from inference.exceptions import InvalidAdapterError, ServerInvalidAdapterError, ServerResponseError
+from inference.options import OptionMap, Sent
 from inference.results import ScoreResult
 
 __all__ = ["ReconcileReport", "ReplicaReconciliation", "VLLMProvider"]
@@ -204,6 +206,11 @@ class VLLMProvider(OpenAICompatibleProvider):
     """
 
     name = "vllm"
+    options: ClassVar[OptionMap] = {
+        **OpenAICompatibleProvider.options,
+        "chat_template": Sent("chat_template", "vLLM's chat request field: the template used instead of the model's"),
+        "chat_template_kwargs": Sent("chat_template_kwargs", "vLLM's chat request field"),
+    }
     server_label = "vLLM"
     env_prefix = "VLLM"
     model_hint = (

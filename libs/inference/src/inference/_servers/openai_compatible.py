@@ -263,7 +263,9 @@ class OpenAICompatibleProvider(InferenceProvider):
                 lora.started(replica, request)
             try:
                 try:
-                    route = await self._route_choice.route(replica, request)
+                    route = (  # a raw prompt is plain text on the completions route, whatever the api setting
+                        COMPLETIONS if request.raw_prompt else await self._route_choice.route(replica, request)
+                    )
                     arguments = self._arguments(replica, request, route, stream=stream)
                     try:
                         answer = await self._create(replica, request, arguments)

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference.exceptions import InferenceError, ProviderError
-from inference.options import NOT_BUILT_YET, RESPONSE_FORMAT_AS_JSON_SCHEMA, TIMEOUT_IN_BASE_CLASS, OptionMap, Sent
+from inference.options import (
+    NOT_BUILT_YET,
+    RESPONSE_FORMAT_AS_JSON_SCHEMA,
+    TIMEOUT_IN_BASE_CLASS,
+    ByRequests,
+    OptionMap,
+    Sent,
+)
 from inference.provider import GenerationResult
 from inference.results import TokenLogprob
 
@@ -66,6 +73,13 @@ OPENAI_OPTIONS: OptionMap = {
     "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
     "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
     **NOT_BUILT_YET,
+    "n": ByRequests(),
+    "presence_penalty": Sent("presence_penalty"),
+    "frequency_penalty": Sent("frequency_penalty"),
+    "min_p": Sent("min_p", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
+    "logit_bias": Sent("logit_bias", "token ids as decimal strings, OpenAI's form"),
+    "raw_prompt": Sent("/v1/completions", "the prompt text as it is, on the completions route"),
+    "extra_body": Sent("extra_body", "merged into the request body last, as the openai client does"),
     "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
     "timeout": TIMEOUT_IN_BASE_CLASS,
 }
@@ -172,14 +186,28 @@ def request_arguments(
         arguments["logprobs"] = request.logprobs
     if request.json_schema is not None:
         arguments["response_format"] = response_format(request.json_schema, schema_style)
+    if request.logit_bias and isinstance(fields["logit_bias"], Sent):
+        arguments["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
+    for name in _TEMPLATE_FIELDS:
+        value, sent = getattr(request, name), fields[name]
+        if value and route == CHAT and isinstance(sent, Sent):
+            arguments[sent.field] = dict(value) if isinstance(value, Mapping) else value
+    if request.extra_body and isinstance(fields["extra_body"], Sent):
+        arguments.update(request.extra_body)  # last: a key that is also an option's field is extra_body's
     if stream:
         arguments["stream"] = True
         arguments["stream_options"] = {"include_usage": True}
     return arguments
 
 
-_SAMPLING = ("max_tokens", "temperature", "top_p", "seed", "repetition_penalty", "top_k")
+_SAMPLING = (
+    "max_tokens", "temperature", "top_p", "seed", "repetition_penalty", "top_k", "presence_penalty",
+    "frequency_penalty", "min_p",
+)
 """The options sent as one number each, under the field the provider's ``options`` names."""
+
+_TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs")
+"""The chat route's template options, sent where the provider's ``options`` says its server reads them (vLLM)."""
 
 
 def _field(value: Any, name: str) -> Any:
@@ -223,6 +251,8 @@ def completion_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
     """
     if logprobs is None:
         return []
+    if _field(logprobs, "content") is not None:  # llama-server answers /v1/completions in the chat form
+        return token_logprobs(logprobs, k)
     tokens = _field(logprobs, "tokens") or []
     values = _field(logprobs, "token_logprobs") or []
     tops = _field(logprobs, "top_logprobs") or [None] * len(tokens)
