@@ -73,6 +73,48 @@ async def test_a_chat_template_and_its_variables_render_what_a_raw_prompt_sends(
     assert (templated.text, templated.prompt_tokens) == (raw.text, raw.prompt_tokens)
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+async def test_a_named_tool_comes_back_as_a_checked_call_and_the_conversation_goes_on(
+    both: tuple[VLLMProvider, TransformersProvider, Any],
+) -> None:
+    """vLLM constrains a named tool's arguments to its schema (the tiny base model closes the JSON in 32 tokens;
+    one whose JSON runs past max_tokens gets finish_reason "length" and a call whose error says so)."""
+    server, _, _ = both
+    asked: dict[str, Any] = {
+        "model": "tiny", "tools": [WEATHER], "max_tokens": 32, "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    result = await server.generate("What is the weather in Paris?", **asked)
+    streamed = [event async for event in server.stream("What is the weather in Paris?", **asked)]
+    for answer in (result, streamed[-1]):
+        assert isinstance(answer, GenerationResult) and answer.finish_reason == "tool_calls"
+        assert answer.tool_calls is not None and len(answer.tool_calls) == 1
+        (call,) = answer.tool_calls
+        assert call.name == "get_weather" and call.error is None and call.arguments["city"] in ("Paris", "Oslo")
+    assert streamed[-1].tool_calls[0].arguments == result.tool_calls[0].arguments  # type: ignore[union-attr]
+    conversation = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        result.as_message(),
+        result.tool_calls[0].answer({"temperature_c": 21}),  # type: ignore[index]
+    ]
+    follow_up = await server.generate(conversation, model="tiny", tools=[WEATHER], max_tokens=4, temperature=0)
+    assert follow_up.finish_reason == "length" and follow_up.completion_tokens == 4
+
+
 @pytest.mark.parametrize("adapter_id", [None, "a0", "a1"])
 async def test_greedy_logprobs_and_text_match_transformers(
     both: tuple[VLLMProvider, TransformersProvider, Any], adapter_id: str | None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -31,6 +31,7 @@ from inference.exceptions import (
 from inference.fake_provider import FakeProvider
 from inference.fallback import falls_through
 from inference.openai_provider import OpenAIProvider
+from inference.options import OptionMap, Refused
 from inference.results import ScoreResult, StreamEvent
 
 BASE = "http://gateway.test:4000/v1"
@@ -161,9 +162,19 @@ async def test_a_stream_falls_back_only_before_its_first_piece() -> None:
     assert len(pieces) == 1 and isinstance(pieces[0], str)  # the caller saw a piece of "a": no switch to "b"
 
 
+class NoToolsServer(OpenAIProvider):
+    """An OpenAI-compatible provider whose options refuse tools (as one for a server without tool parsing would)."""
+
+    options: ClassVar[OptionMap] = {
+        **OpenAIProvider.options,
+        "tools": Refused("this server parses no tool calls"),
+        "tool_choice": Refused("this server parses no tool calls"),
+    }
+
+
 async def test_tools_go_to_the_provider_that_takes_them() -> None:
     """A provider whose options refuse tools passes the request on, before anything is sent to it."""
-    openai = OpenAIProvider(base_url=BASE, api_key="sk-x", max_retries=0)
+    openai = NoToolsServer(base_url=BASE, api_key="sk-x", max_retries=0)
     fallback = FallbackProvider([openai, FakeProvider()])
     tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
     with respx.mock(assert_all_called=False) as router:

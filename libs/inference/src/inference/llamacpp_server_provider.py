@@ -27,7 +27,7 @@ from inference._servers.routes import RouteChoice
 from inference.adapters.gguf import convert_peft_to_gguf_cached
 from inference.adapters.source import AdapterSource
 from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
-from inference.options import OptionMap, Sent
+from inference.options import OptionMap, Refused, Sent
 
 __all__ = ["LlamaCppServerProvider", "ServedAdapter"]
 
@@ -112,6 +112,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         **OpenAICompatibleProvider.options,
         "repetition_penalty": Sent("repeat_penalty", "llama-server's name; it ignores repetition_penalty"),
         "top_k": Sent("top_k"),
+        "tools": Refused("llama-server reads tools only when started with --jinja and ignores them otherwise, "
+                         "without a word: not built yet for this backend"),
+        "tool_choice": Refused("llama-server reads tool_choice only when started with --jinja: not built yet"),
     }
     server_label = "llama-server"
     env_prefix = "LLAMACPP_SERVER"

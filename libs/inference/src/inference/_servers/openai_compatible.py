@@ -38,6 +38,7 @@ from inference._servers.openai_wire import (
     LOGPROB_READERS,
     OPENAI_OPTIONS,
     ServerEvents,
+    ToolCallDeltas,
     about_schema,
     generation_result,
     model_name,
@@ -48,6 +49,7 @@ from inference._servers.openai_wire import (
     request_arguments,
     response_format,
     token_counts,
+    tool_calls_of,
 )
 from inference._servers.replicas import Replica, ReplicaDown, ReplicaSet
 from inference._servers.routes import RouteChoice
@@ -145,6 +147,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                 answered_model = model_name(completion.get("model"), request)
                 finish_reason = choice.get("finish_reason")
                 reasoning = reasoning_of(message) if message is not None else ""
+                tool_calls = tool_calls_of(message, request) if message is not None else []
                 logprobs = (
                     self._logprobs(replica, request, LOGPROB_READERS[route](choice.get("logprobs"), request.logprobs),
                                    completion_tokens)
@@ -156,7 +159,8 @@ class OpenAICompatibleProvider(InferenceProvider):
                     operation_of(request), f"an answer that is not a {route} completion ({error!r})"
                 ) from error
         return generation_result(
-            request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs, reasoning
+            request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs, reasoning,
+            tool_calls,
         )
 
     def _logprobs(
@@ -188,6 +192,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             token_chunks = 0
             logprobs: list[TokenLogprob] = []
             thoughts: list[str] = []
+            calls = ToolCallDeltas()
             iterator = events.__aiter__()
             while True:
                 try:
@@ -213,6 +218,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                     announces_role = delta is not None and bool(delta.get("role"))
                     if delta is not None:
                         thoughts.append(reasoning_of(delta))
+                        calls.add(delta)
                 except (AttributeError, IndexError, KeyError, TypeError) as error:
                     raise replica.http.protocol_error(
                         operation, f"a stream chunk that is not a {route} chunk ({error})"
@@ -245,6 +251,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             completion_tokens,
             logprobs if request.logprobs is not None else None,
             "".join(thoughts),
+            calls.calls(request),
         )
 
     @asynccontextmanager
@@ -297,7 +304,8 @@ class OpenAICompatibleProvider(InferenceProvider):
         """The JSON body of ``request`` on ``route`` for ``replica`` (its schema style; the adapter's name as the
         server takes it)."""
         arguments = request_arguments(
-            request, route, stream=stream, schema_style=replica.schema_style, options=self.options
+            request, route, stream=stream, schema_style=replica.schema_style, options=self.options,
+            provider=self.name,
         )
         if self._lora is not None and request.adapter_id is not None:
             arguments["model"] = self._lora.model_for(request)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
-from inference.exceptions import InferenceError, ProviderError
+from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
 from inference.options import (
     NOT_BUILT_YET,
     RESPONSE_FORMAT_AS_JSON_SCHEMA,
@@ -27,7 +27,8 @@ from inference.options import (
     Sent,
 )
 from inference.provider import GenerationResult
-from inference.results import TokenLogprob
+from inference.results import TokenLogprob, ToolCall
+from inference.tools import parse_tool_call
 
 if TYPE_CHECKING:
     import httpx
@@ -39,6 +40,7 @@ __all__ = [
     "OPENAI_OPTIONS",
     "SCHEMA_NAME",
     "ServerEvents",
+    "ToolCallDeltas",
     "about_schema",
     "completion_logprobs",
     "generation_result",
@@ -51,6 +53,7 @@ __all__ = [
     "response_format",
     "token_counts",
     "token_logprobs",
+    "tool_calls_of",
 ]
 
 CHAT = "chat"
@@ -73,6 +76,9 @@ OPENAI_OPTIONS: OptionMap = {
     "logprobs": Sent("logprobs", "with top_logprobs on the chat route, a number on /v1/completions"),
     "json_schema": Sent("response_format", "OpenAI's json_schema form (llama_cpp.server: json_object)"),
     **NOT_BUILT_YET,
+    "tools": Sent("tools", "OpenAI's function tools, on the chat route; a server parses the model's calls with its "
+                  "tool parser (vLLM: --enable-auto-tool-choice --tool-call-parser NAME for tool_choice auto)"),
+    "tool_choice": Sent("tool_choice", "a named tool or required: the server constrains the arguments to the schema"),
     "n": ByRequests(),
     "presence_penalty": Sent("presence_penalty"),
     "frequency_penalty": Sent("frequency_penalty"),
@@ -156,6 +162,7 @@ def request_arguments(
     stream: bool,
     schema_style: str = "json_schema",
     options: OptionMap | None = None,
+    provider: str = "openai",
 ) -> dict[str, Any]:
     """The JSON body for ``route``: only what the caller set, each sampling option under the field its provider's
     ``options`` names (``top_k`` and ``repetition_penalty``, which the OpenAI API lacks, as vLLM's extra fields;
@@ -186,6 +193,17 @@ def request_arguments(
         arguments["logprobs"] = request.logprobs
     if request.json_schema is not None:
         arguments["response_format"] = response_format(request.json_schema, schema_style)
+    if request.tools and isinstance(fields["tools"], Sent):
+        if route != CHAT:
+            raise InvalidRequestError(
+                "tools need the chat route (/v1/chat/completions), and this request goes to /v1/completions "
+                "(raw_prompt, the api setting, or a model without a chat template): ask without raw_prompt, or "
+                "give the server's model a chat template",
+                provider=provider,
+            )
+        arguments["tools"] = [dict(tool) for tool in request.tools]
+        if request.tool_choice is not None:
+            arguments["tool_choice"] = request.tool_choice
     if request.logit_bias and isinstance(fields["logit_bias"], Sent):
         arguments["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
     for name in _TEMPLATE_FIELDS:
@@ -285,6 +303,7 @@ def generation_result(
     completion_tokens: int,
     logprobs: list[TokenLogprob] | None = None,
     reasoning: str | None = None,
+    tool_calls: Sequence[ToolCall] = (),
 ) -> GenerationResult:
     """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too.
 
@@ -295,12 +314,64 @@ def generation_result(
         model=model,
         adapter_id=request.adapter_id,
         token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
-        finish_reason=finish_reason if isinstance(finish_reason, str) and finish_reason else "stop",
+        finish_reason=_finish_reason(finish_reason, bool(tool_calls)),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
         reasoning=reasoning or None,
+        tool_calls=tuple(tool_calls) or None,
     )
+
+
+def _finish_reason(reason: object, called: bool) -> str:
+    """The server's reason as it came (``None``: ``"stop"``); ``"tool_calls"`` for an answer that called tools but
+    says ``"stop"`` (vLLM and OpenAI with a named ``tool_choice``), as every other backend reports it."""
+    kept = reason if isinstance(reason, str) and reason else "stop"
+    return "tool_calls" if called and kept == "stop" else kept
+
+
+def tool_calls_of(message: Any, request: GenerationRequest) -> list[ToolCall]:
+    """The tool calls of a whole chat answer's ``message.tool_calls``, parsed and checked against the request's tools
+    (a call whose arguments do not parse or validate is kept, with its ``error``)."""
+    calls = []
+    for index, call in enumerate(_field(message, "tool_calls") or ()):
+        function = _field(call, "function") or {}
+        name = _field(function, "name")
+        if not isinstance(name, str):
+            raise TypeError(f"a tool call without a function name: {call!r:.200}")
+        call_id = _field(call, "id") or f"call_{index}"
+        calls.append(parse_tool_call(str(call_id), name, _field(function, "arguments"), request.tools or None))
+    return calls
+
+
+class ToolCallDeltas:
+    """A stream's tool calls, assembled from its chunks' ``delta.tool_calls`` (each piece names its call's
+    ``index``; the id and name come first, the arguments' JSON text in pieces)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, delta: Any) -> None:
+        """Take one chunk's ``delta`` (nothing happens for one without tool calls)."""
+        for piece in _field(delta, "tool_calls") or ():
+            index = _field(piece, "index")
+            call = self._calls.setdefault(index if isinstance(index, int) else len(self._calls),
+                                          {"id": None, "name": "", "arguments": []})
+            if _field(piece, "id"):
+                call["id"] = _field(piece, "id")
+            function = _field(piece, "function") or {}
+            if _field(function, "name"):
+                call["name"] += _field(function, "name")
+            if isinstance(_field(function, "arguments"), str):
+                call["arguments"].append(_field(function, "arguments"))
+
+    def calls(self, request: GenerationRequest) -> list[ToolCall]:
+        """The assembled calls, in index order, parsed and checked as a whole answer's are."""
+        return [
+            parse_tool_call(str(call["id"] or f"call_{index}"), call["name"], "".join(call["arguments"]),
+                            request.tools or None)
+            for index, call in sorted(self._calls.items())
+        ]
 
 
 def reasoning_of(message: Any) -> str:
