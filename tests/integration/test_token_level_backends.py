@@ -145,3 +145,27 @@ async def test_genlm_async_lm_runs_on_a_real_backend(pair: tuple[InferenceProvid
         rows = await lm.batch_next_token_logprobs([ids, ids[:3]])
         expected = await provider.batch_next_token_logprobs([ids, ids[:3]], "m")
         assert np.allclose(np.asarray(rows.float() if hasattr(rows, "float") else rows), expected, atol=1e-6)
+
+
+async def test_a_genlm_control_regex_smc_run_on_a_real_backend_with_an_adapter(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    """genlm-control's README example (a regex potential, sequential Monte Carlo with AWRS) on the real tiny models,
+    through an adapter: every particle that survives spells the regex."""
+    pytest.importorskip("genlm.control")
+    import re
+
+    from genlm.control import AWRS, BoolFSA, PromptedLLM
+
+    from inference.integrations.genlm import AsyncInferenceLM
+
+    for provider in pair[:2]:
+        llm = PromptedLLM(await AsyncInferenceLM.create(provider, "m"), lora_name="a0")
+        llm.set_prompt_from_str("Here is my honest opinion:")
+        fsa = BoolFSA.from_regex(r" SMC is (great|fun) with LMs").coerce(llm, f=b"".join)
+        np.random.seed(0)  # genlm-control resamples with numpy's global generator
+        sequences = await AWRS(llm, fsa, seed=0).smc(n_particles=4, ess_threshold=0.5, max_tokens=30)
+        posterior = sequences.decoded_posterior
+        assert posterior, f"every particle died on {provider.name}"
+        assert all(re.fullmatch(r" SMC is (great|fun) with LMs", text) for text in posterior), posterior
+        assert provider.adapter_stats().get("a0").last_used is not None  # type: ignore[union-attr]
