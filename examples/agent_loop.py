@@ -5,9 +5,9 @@ Each round of the loop runs two model steps, and each step's output feeds the ne
 1. ``plan``  (a model step on an HTTP server that speaks vLLM's OpenAI protocol, here ``llama_cpp.server``):
    writes a short plan for the task, seeing the feedback of the previous round if there was one. It has a tool,
    ``key_words`` (a Python function): where the step's backend calls tools, the model calls it, the loop runs it
-   and sends the result back as a tool message until the model answers in text; where the backend cannot call
-   tools yet, the loop runs the tool itself on the step's answer. Either way the tool's output is recorded and
-   fills ``{key_words}`` in later prompts.
+   and sends the result back as a tool message until the model answers in text; where the model did not call it
+   (a backend without tool calling yet, or a model that answered in text), the loop runs the tool itself on the
+   step's answer. Either way the tool's output is recorded and fills ``{key_words}`` in later prompts.
 2. ``write`` (a model step on llama.cpp in process, with a LoRA adapter): writes the answer from the task
    and the key words.
 
@@ -254,15 +254,16 @@ class AgentLoop:
         prompt = str(step["prompt"]).format_map(outputs)
         tools = {name: self.tools[name] for name in step.get("tools", ())}
         conversation: list[Message] = [{"role": "user", "content": prompt}]
-        calls = 0
+        calls, called = 0, set()
         while True:
-            offered = tools if provider.supports_tools and calls < self.max_tool_calls else {}
+            offered = tools if self._offers_tools(provider, step) and calls < self.max_tool_calls else {}
             result = await self._generate(provider, step, conversation, offered)
             if not result.tool_calls:
                 break
             conversation.append(result.as_message())
             for call in result.tool_calls:  # the model asked for tools: run each, answer with its output
                 calls += 1
+                called.add(call.name)
                 output = self._call_tool(tools, call.name, call.arguments, call.error)
                 conversation.append(call.answer(output))
                 yield StepRecord(round_number, call.name, "tool", None, call.raw_arguments, output, 0.0)
@@ -280,12 +281,19 @@ class AgentLoop:
             result,
             empty,
         )
-        if not provider.supports_tools:  # a backend without tool calling yet: the loop runs the tools itself
-            for name, tool in tools.items():  # each takes the step's answer as its first argument
-                tool_started = time.perf_counter()
-                output = tool(result.text)
-                seconds = time.perf_counter() - tool_started
-                yield StepRecord(round_number, name, "tool", None, result.text, output, seconds)
+        for name, tool in tools.items():  # a tool the model did not call (a backend without tool calling, or a
+            if name in called or (self._offers_tools(provider, step) and calls >= self.max_tool_calls):
+                continue  # model that answered in text) runs on the step's answer, unless calls ran out
+            tool_started = time.perf_counter()
+            output = tool(result.text)
+            seconds = time.perf_counter() - tool_started
+            yield StepRecord(round_number, name, "tool", None, result.text, output, seconds)
+
+    @staticmethod
+    def _offers_tools(provider: InferenceProvider, step: Mapping[str, Any]) -> bool:
+        """Whether the step's model is offered its tools: the backend calls tools, on the chat route (a step on
+        ``/v1/completions`` sends plain text, where tools have no place)."""
+        return provider.supports_tools and step.get("api") != "completions"
 
     async def _generate(
         self,
