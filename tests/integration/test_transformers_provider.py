@@ -465,10 +465,13 @@ async def test_cuda_without_cuda_is_a_configuration_error(qwen2: Any) -> None:
             await on_cuda.generate("Hi", model="", max_tokens=2)
 
 
-async def test_model_names_that_are_not_local_files_are_refused(tmp_path: Path) -> None:
-    async with TransformersProvider(model_name="Qwen/Qwen2-0.5B-Instruct") as hub_name:
-        with pytest.raises(ModelLoadError, match="never downloads"):
+async def test_model_names_that_are_neither_files_nor_cached_hub_ids_are_refused(tmp_path: Path) -> None:
+    async with TransformersProvider(model_name="Qwen/Qwen2-0.5B-Instruct") as hub_name:  # offline, not cached
+        with pytest.raises(ModelLoadError, match="is not in the local Hugging Face cache"):
             await hub_name.generate("Hi", model="", max_tokens=2)
+    async with TransformersProvider(model_name=str(tmp_path / "no" / "such" / "dir")) as missing:
+        with pytest.raises(ModelLoadError, match=r"not a local directory or \.gguf file, nor a Hugging Face Hub id"):
+            await missing.generate("Hi", model="", max_tokens=2)
     (tmp_path / "weights.bin").write_bytes(b"")
     async with TransformersProvider(model_name=str(tmp_path / "weights.bin")) as not_gguf:
         with pytest.raises(ConfigurationError, match="gguf"):
@@ -751,3 +754,38 @@ def test_max_adapters_comes_from_the_argument_or_the_environment(monkeypatch: py
     assert TransformersProvider(model_name="x", max_adapters=2).max_adapters == 2
     with pytest.raises(ConfigurationError, match="max_adapters"):
         TransformersProvider(model_name="x", max_adapters=-1)
+
+
+HUB_SCRIPT = """
+import asyncio, sys
+from inference.transformers_provider import TransformersProvider
+
+async def main() -> None:
+    async with TransformersProvider(model_name="tiny-org/tiny-qwen2") as hub, TransformersProvider(
+        model_name=sys.argv[1]
+    ) as local:
+        a = await hub.generate("Hello", model="", max_tokens=6, temperature=0)
+        b = await local.generate("Hello", model="", max_tokens=6, temperature=0)
+        print(a.model, a.text == b.text, a.completion_tokens)
+
+asyncio.run(main())
+"""
+
+
+def test_a_hub_id_loads_offline_from_the_hugging_face_cache(qwen2: Any, tmp_path: Path) -> None:
+    """A model laid out in a Hugging Face cache (models--ORG--NAME/snapshots/REV, refs/main) loads by its Hub id with
+    HF_HUB_OFFLINE=1, as on a user's machine after a download, and answers as the same directory does."""
+    import shutil
+    import subprocess
+    import sys
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-qwen2"
+    shutil.copytree(qwen2.hf_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    environment = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    finished = subprocess.run([sys.executable, "-c", HUB_SCRIPT, str(qwen2.hf_dir)], capture_output=True, text=True,
+                              env=environment, timeout=300, check=False)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert finished.stdout.split() == ["tiny-org/tiny-qwen2", "True", "6"]

@@ -233,7 +233,7 @@ _SPECS = (
         model_setting="model_name",
         settings=(
             Setting("model_name", "TRANSFORMERS_MODEL_NAME", "", "path",
-                    "Local model directory (or a .gguf file) to load with transformers"),
+                    "Local model directory, .gguf file, or Hugging Face Hub id (ORG/NAME) to load with transformers"),
             Setting("device", "TRANSFORMERS_DEVICE", "cpu", "str", "Torch device: cpu, cuda, cuda:1, ...",
                     pattern=r"cpu|mps|cuda(:\d+)?", hint="'cpu', 'cuda', 'cuda:N' or 'mps'"),
             Setting("torch_dtype", "TRANSFORMERS_TORCH_DTYPE", "auto", "str",

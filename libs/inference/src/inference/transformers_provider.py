@@ -120,6 +120,7 @@ class TransformersProvider(InProcessProvider[str]):
     loads_adapter_weights_in_memory = True
     supports_tokenize = True
     supports_next_token_logprobs = True
+    loads_hub_ids = True
 
     def __init__(
         self,

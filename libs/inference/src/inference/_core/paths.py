@@ -7,9 +7,14 @@ Every place that takes a path (settings, ``load_adapter``, the conversion functi
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-__all__ = ["directory_problem", "expand_path", "normalise_path", "path_identity", "path_text_problem"]
+__all__ = ["HUB_ID", "directory_problem", "expand_path", "normalise_path", "path_identity", "path_text_problem"]
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A Hugging Face Hub model id, ``ORG/NAME``. A relative path that does not exist reads the same: a model setting is
+taken as a Hub id only when no such path exists."""
 
 
 def expand_path(path: str | os.PathLike[str]) -> Path:

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
-from inference._core.paths import normalise_path, path_text_problem
+from inference._core.paths import HUB_ID, normalise_path, path_text_problem
 from inference._core.telemetry import observed_adapter_hook
 from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest, validate_adapter_id
 from inference._core.weights_store import AdapterWeightsStore
@@ -62,6 +62,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
     supports_tokenize: ClassVar[bool] = False
     supports_next_token_logprobs: ClassVar[bool] = False
     supports_token_prompts: ClassVar[bool] = False
+    loads_hub_ids: ClassVar[bool] = False
     options: ClassVar[OptionMap] = {}
     max_adapters: int | None = None
 
@@ -346,7 +347,9 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         error = None
         if setting is not None and not model:
             error = f"no model configured: give {setting.key}, or set {setting.env_var}"
-        elif setting is not None and setting.kind == "path" and not loaded and not Path(str(model)).exists():
+        elif setting is not None and setting.kind == "path" and not loaded and not Path(str(model)).exists() and not (
+            self.loads_hub_ids and HUB_ID.fullmatch(str(model))  # a Hub id loads from the Hugging Face cache
+        ):
             error = f"the model file {model} does not exist"
         resident = tuple(sorted(entry.adapter_id for entry in self.adapter_stats().adapters
                                 if entry.state == "resident"))

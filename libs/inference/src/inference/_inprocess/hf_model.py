@@ -1,8 +1,9 @@
 """A local Hugging Face causal language model as the Transformers provider holds it: loaded, placed, described.
 
-:func:`load_model` reads a local model directory or GGUF file (never downloads) onto the requested device and
-dtype, and returns a :class:`LoadedModel`: the model, its tokenizer and what generation and scoring read from them
-(end-of-sequence and padding tokens, context length, the scoring :class:`~inference._core.scoring.Vocabulary`).
+:func:`load_model` reads a local model directory or GGUF file, or a Hub id from the Hugging Face cache, onto the
+requested device and dtype, and returns a :class:`LoadedModel`: the model, its tokenizer and what generation and
+scoring read from them (end-of-sequence and padding tokens, context length, the scoring
+:class:`~inference._core.scoring.Vocabulary`).
 Everything here runs on the provider's worker thread; torch and transformers are imported on first use only.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inference._core.dependencies import import_optional
+from inference._core.paths import HUB_ID
 from inference._core.scoring import Vocabulary
 from inference._inprocess.constrained import JsonGrammars
 from inference.exceptions import ConfigurationError, InferenceError, ModelLoadError, ProviderError
@@ -123,7 +125,9 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
     """Load a local model directory or ``.gguf`` file onto ``device_name`` in ``dtype_name`` (worker thread).
 
     Args:
-        model_name: A local model directory or GGUF file (``~`` is expanded); nothing is downloaded.
+        model_name: A local model directory or GGUF file (``~`` is expanded), or a Hugging Face Hub id
+            (``ORG/NAME``): resolved as ``from_pretrained`` resolves it, from the local cache (downloaded there
+            first unless ``HF_HUB_OFFLINE`` is set).
         device_name: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"`` (already validated).
         dtype_name: ``"auto"`` (float32 on CPU; bfloat16 on CUDA where supported, else float16), ``"float32"``,
             ``"float16"`` or ``"bfloat16"`` (already validated).
@@ -131,7 +135,8 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
 
     Raises:
         ConfigurationError: No model was given, it is a file but not GGUF, or the device is not available.
-        ModelLoadError: The path does not exist, or transformers could not load what is there.
+        ModelLoadError: The path does not exist (and is no Hub id), a Hub model is neither cached nor downloadable,
+            or transformers could not load what is there.
     """
     torch = import_optional("torch", extra="transformers", provider=provider)
     transformers = import_optional("transformers", extra="transformers", provider=provider)
@@ -144,11 +149,11 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
             provider=provider,
         )
     path = Path(model_name).expanduser()
-    if not path.exists():
+    hub_id = not path.exists() and HUB_ID.fullmatch(model_name) is not None
+    if not path.exists() and not hub_id:
         raise ModelLoadError(
-            f"model_name {model_name!r} is not a local directory or .gguf file: the transformers "
-            "provider never downloads; fetch the model first (e.g. huggingface-cli download REPO "
-            "--local-dir DIR) and pass that directory",
+            f"model_name {model_name!r} is not a local directory or .gguf file, nor a Hugging Face Hub id "
+            "(ORG/NAME): pass a model directory, a GGUF file, or a Hub id",
             provider=provider,
             path=str(path),
         )
@@ -158,28 +163,38 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
             provider=provider,
             path=str(path),
         )
-    directory, extra = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
+    if hub_id:  # the Hub's own resolution: the local cache, downloaded there first unless HF_HUB_OFFLINE is set
+        source, extra = model_name, {}
+    else:
+        directory, gguf = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
+        source, extra = str(directory), {"local_files_only": True, **gguf}
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True, **extra)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(directory), dtype=dtype, local_files_only=True, **extra
-        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, **extra)
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
         model.to(device)
         model.eval()
     except InferenceError:
         raise
     except Exception as error:
+        if hub_id and isinstance(error, OSError):
+            raise ModelLoadError(
+                f"the Hub model {model_name!r} is not in the local Hugging Face cache and could not be downloaded "
+                f"({type(error).__name__}: {str(error)[:300]}): download it first (huggingface-cli download "
+                f"{model_name}) or, offline, unset HF_HUB_OFFLINE once you can reach the Hub",
+                provider=provider,
+                path=model_name,
+            ) from error
         raise ModelLoadError(
-            f"transformers could not load the model at {path} ({type(error).__name__}: {error}): "
-            "check that it is a complete causal language model (config, weights, tokenizer) or GGUF file",
+            f"transformers could not load the model at {model_name if hub_id else path} ({type(error).__name__}: "
+            f"{error}): check that it is a complete causal language model (config, weights, tokenizer) or GGUF file",
             provider=provider,
-            path=str(path),
+            path=model_name if hub_id else str(path),
         ) from error
     generation = model.generation_config
     eos = {*_as_ids(generation.eos_token_id), *_as_ids(tokenizer.eos_token_id)}
     pad_candidates = [tokenizer.pad_token_id, generation.pad_token_id, *sorted(eos), 0]
     return LoadedModel(
-        name=path.stem if path.is_file() else path.name,
+        name=model_name if hub_id else path.stem if path.is_file() else path.name,
         model=model,
         base_model=model,
         tokenizer=tokenizer,
