@@ -63,7 +63,7 @@ from inference.exceptions import (
     InvalidRequestError,
     ProviderError,
 )
-from inference.options import OptionMap, Sent
+from inference.options import ByRequests, OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 from inference.tokens import TokenCacheStats, TokenVocabulary
@@ -148,6 +148,11 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         "seed": Sent("seed", "the request's sampler seed"),
         "top_k": Sent("top_k", "llama.cpp's sampler chain"),
         "logprobs": Sent("logits", "log-softmax of the step's logits"),
+        "n": ByRequests(),
+        "presence_penalty": Sent("penalty_present", "llama.cpp's penalties sampler, over the generated tokens"),
+        "frequency_penalty": Sent("penalty_freq", "llama.cpp's penalties sampler, over the generated tokens"),
+        "min_p": Sent("min_p", "llama.cpp's sampler chain (its default 0.05 when not given)"),
+        "logit_bias": Sent("logits processor", "added to the raw logits, first in the sampler chain"),
     }
     batches_mixed_adapters = False
     supports_scoring = True

@@ -45,7 +45,7 @@ from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceSink, stream_from_worker
 from inference.adapters.source import AdapterSource
-from inference.options import OptionMap, Sent
+from inference.options import ByRequests, OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 from inference.tokens import TokenCacheStats, TokenVocabulary
@@ -113,6 +113,11 @@ class TransformersProvider(InProcessProvider[str]):
         "seed": Sent("torch.manual_seed", "a seeded request runs in a batch of its own"),
         "top_k": Sent("GenerationConfig.top_k"),
         "logprobs": Sent("logits processor", "log-softmax of the raw logits"),
+        "n": ByRequests(),
+        "presence_penalty": Sent("logits processor", "OpenAI's meaning over the generated tokens, as llama.cpp's"),
+        "frequency_penalty": Sent("logits processor", "OpenAI's meaning over the generated tokens, as llama.cpp's"),
+        "min_p": Sent("GenerationConfig.min_p", "when sampling"),
+        "logit_bias": Sent("logits processor", "added to the raw logits"),
     }
     batches_mixed_adapters = True
     supports_scoring = True

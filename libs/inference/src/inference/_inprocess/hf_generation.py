@@ -29,6 +29,7 @@ from inference._inprocess.base import non_finite_logits, require_prompt
 from inference._inprocess.batching import BatchRow, PendingRequest, RowLimits, RowsCancelled, cut_row, left_pad
 from inference._inprocess.constrained import GrammarRows, JsonGrammars
 from inference._inprocess.hf_model import LoadedModel, OverflowWatch, as_inference_error
+from inference._inprocess.hf_penalties import LogitBias, OpenAIPenalties
 from inference._inprocess.hf_prompt import prompt_token_ids
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceAssembler, PieceSink
@@ -86,6 +87,10 @@ class Sampling:
     repetition_penalty: float
     seed: int | None
     alone: object | None = None  # a fresh object for seeded sampling: it runs alone, so it reproduces
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float | None = None
 
 
 class GenerateRows(Protocol):
@@ -123,8 +128,13 @@ class HFGeneration:
         defaults = loaded.model.generation_config
         penalty = request.repetition_penalty or defaults.repetition_penalty or 1.0
         greedy = request.temperature == 0 or (request.temperature is None and not defaults.do_sample)
+        adjustments: dict[str, Any] = {
+            "presence_penalty": float(request.presence_penalty or 0.0),
+            "frequency_penalty": float(request.frequency_penalty or 0.0),
+            "logit_bias": tuple(sorted((request.logit_bias or {}).items())),
+        }
         if greedy:
-            return Sampling(False, 1.0, 1.0, 50, float(penalty), None)
+            return Sampling(False, 1.0, 1.0, 50, float(penalty), None, **adjustments)
         temperature = request.temperature if request.temperature is not None else defaults.temperature
         top_p = request.top_p if request.top_p is not None else defaults.top_p
         top_k = request.top_k if request.top_k is not None else defaults.top_k
@@ -136,6 +146,8 @@ class HFGeneration:
             repetition_penalty=float(penalty),
             seed=request.seed,
             alone=None if request.seed is None else object(),
+            min_p=request.min_p,
+            **adjustments,
         )
 
     def run_batch(self, loaded: LoadedModel, batch: list[Queued], generate: GenerateRows) -> None:
@@ -227,6 +239,11 @@ class HFGeneration:
                 padding = (attention_mask != 0).int().argmax(dim=1).to(loaded.device)
                 processors.append(transformers.RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=padding))
                 penalty = 1.0
+        if sampling.logit_bias:
+            size = loaded.model.get_output_embeddings().weight.shape[0]
+            processors.append(LogitBias(torch, dict(sampling.logit_bias), size, loaded.device))
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            processors.append(OpenAIPenalties(torch, sampling.presence_penalty, sampling.frequency_penalty, width))
         grammar = None
         if any(row.matcher is not None for row in rows):
             grammar = GrammarRows(torch, [row.matcher for row in rows], width, limits)
@@ -241,6 +258,7 @@ class HFGeneration:
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             repetition_penalty=penalty,
+            min_p=sampling.min_p,
             num_beams=1,
             pad_token_id=loaded.pad_id,
             eos_token_id=sorted(loaded.eos_ids) or None,

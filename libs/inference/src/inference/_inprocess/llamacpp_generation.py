@@ -113,14 +113,34 @@ class Generation:
             "temp": DEFAULT_SAMPLING["temperature"] if request.temperature is None else request.temperature,
             "top_p": DEFAULT_SAMPLING["top_p"] if request.top_p is None else request.top_p,
             "top_k": int(DEFAULT_SAMPLING["top_k"]) if request.top_k is None else request.top_k,
-            "min_p": DEFAULT_SAMPLING["min_p"],
+            "min_p": DEFAULT_SAMPLING["min_p"] if request.min_p is None else request.min_p,
             "repeat_penalty": (
                 DEFAULT_SAMPLING["repeat_penalty"]
                 if request.repetition_penalty is None
                 else request.repetition_penalty
             ),
-            "logits_processor": None if completion.mask is None else llama_cpp.LogitsProcessorList([completion.mask]),
+            "frequency_penalty": request.frequency_penalty or 0.0,
+            "presence_penalty": request.presence_penalty or 0.0,
+            "logits_processor": self._processors(llama_cpp, request, completion),
         }
+
+    def _processors(self, llama_cpp: Any, request: GenerationRequest, completion: Completion) -> Any:
+        """The logits processors of a request, first in the sampler chain: its ``logit_bias``, then the JSON mask."""
+        processors: list[Any] = []
+        if request.logit_bias:
+            numpy = import_optional("numpy", provider=self.model.provider, extra="llamacpp")
+            ids = numpy.array(list(request.logit_bias), dtype=numpy.intp)
+            values = numpy.array(list(request.logit_bias.values()), dtype=numpy.float32)
+
+            def biased(input_ids: Any, scores: Any) -> Any:
+                inside = ids < len(scores)
+                scores[ids[inside]] += values[inside]
+                return scores
+
+            processors.append(biased)
+        if completion.mask is not None:
+            processors.append(completion.mask)
+        return llama_cpp.LogitsProcessorList(processors) if processors else None
 
     def alone(
         self, llama: Any, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event
@@ -215,6 +235,8 @@ class LoopBackend:
             min_p=sampling["min_p"],
             temp=sampling["temp"],
             repeat_penalty=sampling["repeat_penalty"],
+            frequency_penalty=sampling["frequency_penalty"],
+            presence_penalty=sampling["presence_penalty"],
             logits_processor=sampling["logits_processor"],
         )
         return Started(prompt, sampler, completion)

@@ -1,0 +1,97 @@
+"""OpenAI's sampling options in process (issue 25), on llama.cpp and Transformers + PEFT with the same tiny model and
+adapter: ``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` give the same greedy tokens on both backends
+(one meaning: a bias added to its logit; a token generated ``c`` times loses ``presence * (c > 0) + frequency * c``),
+``min_p=1`` keeps only the likeliest token, and ``n`` returns that many choices (n requests: equal texts when greedy,
+the same choices again for the same seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inference.provider import InferenceProvider
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("peft")
+
+PROMPT = "numbers 1 2 3 and"
+
+
+async def token_ids(provider: InferenceProvider, adapter_id: str | None = "a0", **options: Any) -> list[int | None]:
+    result = await provider.generate(PROMPT, model="m", adapter_id=adapter_id, temperature=0, max_tokens=16,
+                                     logprobs=0, **options)
+    assert result.logprobs is not None
+    return [entry.token_id for entry in result.logprobs]
+
+
+@pytest.fixture(params=["qwen2", "llama"])
+async def pair(
+    request: pytest.FixtureRequest, tiny_models: dict[str, Any], tmp_path: Path
+) -> AsyncIterator[tuple[InferenceProvider, InferenceProvider]]:
+    from inference.llamacpp_provider import LlamaCppProvider
+    from inference.transformers_provider import TransformersProvider
+
+    model = tiny_models[str(request.param)]
+    llamacpp = LlamaCppProvider(model.gguf_path, n_ctx=512, adapter_cache_dir=tmp_path, kv_cache_type="f32")
+    transformers = TransformersProvider(model_name=str(model.hf_dir), device="cpu")
+    for provider in (llamacpp, transformers):
+        await provider.load_adapter("a0", model.adapter_dirs["a0"])
+    yield llamacpp, transformers
+    await llamacpp.aclose()
+    await transformers.aclose()
+
+
+async def test_logit_bias_and_the_penalties_give_the_same_tokens_on_both_backends(
+    pair: tuple[InferenceProvider, InferenceProvider],
+) -> None:
+    llamacpp, transformers = pair
+    plain = await token_ids(transformers)
+    assert await token_ids(llamacpp) == plain
+    assert len(set(plain)) < len(plain), f"the check needs a greedy text that repeats a token: {plain}"
+    target = next(token for token in plain if token is not None)
+    variants: list[dict[str, Any]] = [
+        {"logit_bias": {target: -100}},  # banned: never generated
+        {"presence_penalty": 2.0},
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {target: 3.0}},
+    ]
+    for options in variants:
+        theirs, ours = await token_ids(llamacpp, **options), await token_ids(transformers, **options)
+        assert theirs == ours, options
+        assert ours != plain, options
+    assert target not in await token_ids(transformers, logit_bias={target: -100})
+    forced = await token_ids(transformers, logit_bias={target: 100})
+    assert forced == [target] * 16 == await token_ids(llamacpp, logit_bias={target: 100})
+
+
+async def test_min_p_1_keeps_only_the_likeliest_token(pair: tuple[InferenceProvider, InferenceProvider]) -> None:
+    for provider in pair:
+        greedy = await token_ids(provider)
+        sampled = await provider.generate(PROMPT, model="m", adapter_id="a0", temperature=1.0, seed=5, min_p=1.0,
+                                          max_tokens=16, logprobs=0)
+        assert sampled.logprobs is not None
+        assert [entry.token_id for entry in sampled.logprobs] == greedy
+
+
+async def test_n_gives_n_choices_equal_when_greedy_and_reproducible_with_a_seed(
+    pair: tuple[InferenceProvider, InferenceProvider],
+) -> None:
+    for provider in pair:
+        greedy = await provider.generate(PROMPT, model="m", adapter_id="a0", temperature=0, max_tokens=8, n=4)
+        assert greedy.choices is not None and len(greedy.choices) == 4
+        assert len({choice.text for choice in greedy.choices}) == 1
+        assert greedy.completion_tokens == sum(choice.completion_tokens for choice in greedy.choices)
+        first = await provider.generate(PROMPT, model="m", temperature=1.0, seed=11, max_tokens=8, n=4)
+        again = await provider.generate(PROMPT, model="m", temperature=1.0, seed=11, max_tokens=8, n=4)
+        assert first.choices is not None and again.choices is not None
+        assert [choice.text for choice in first.choices] == [choice.text for choice in again.choices]
+        assert len({choice.text for choice in first.choices}) > 1  # seeds 11, 12, 13, 14: different samples
