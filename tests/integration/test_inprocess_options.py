@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from inference.exceptions import InvalidRequestError
 from inference.provider import InferenceProvider
 
 pytestmark = [
@@ -95,3 +96,31 @@ async def test_n_gives_n_choices_equal_when_greedy_and_reproducible_with_a_seed(
         assert first.choices is not None and again.choices is not None
         assert [choice.text for choice in first.choices] == [choice.text for choice in again.choices]
         assert len({choice.text for choice in first.choices}) > 1  # seeds 11, 12, 13, 14: different samples
+
+
+TEMPLATE = "{{ lead }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+async def test_raw_prompts_and_template_overrides_read_the_same_tokens_on_both_backends(
+    pair: tuple[InferenceProvider, InferenceProvider],
+) -> None:
+    """A raw prompt is the text as it is; a template given with the request (and its variables) renders what the
+    same raw text reads; both backends read the same tokens (llama.cpp's template renderer and Transformers')."""
+    llamacpp, transformers = pair
+    for provider in pair:
+        raw = await provider.generate(f"Note: {PROMPT}", model="m", temperature=0, max_tokens=8, logprobs=0,
+                                      raw_prompt=True)
+        templated = await provider.generate(PROMPT, model="m", temperature=0, max_tokens=8, logprobs=0,
+                                            chat_template=TEMPLATE, chat_template_kwargs={"lead": "Note: "})
+        assert raw.logprobs is not None and templated.logprobs is not None
+        assert [entry.token_id for entry in raw.logprobs] == [entry.token_id for entry in templated.logprobs]
+        assert templated.prompt_tokens == raw.prompt_tokens  # the tiny tokenizers add no BOS to a raw prompt
+    results = [
+        await provider.generate(PROMPT, model="m", temperature=0, max_tokens=8, raw_prompt=True) for provider in pair
+    ]
+    assert results[0].text == results[1].text
+    with pytest.raises(InvalidRequestError, match="chat_template given cannot render"):
+        await llamacpp.generate(PROMPT, model="m", max_tokens=2, chat_template="{% for %}")
+    with pytest.raises(InvalidRequestError, match="chat template refused"):
+        await transformers.generate(PROMPT, model="m", max_tokens=2, chat_template="{% for %}")
+    assert (await llamacpp.generate(PROMPT, model="m", max_tokens=2)).completion_tokens > 0  # still usable

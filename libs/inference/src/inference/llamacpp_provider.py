@@ -153,6 +153,9 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         "frequency_penalty": Sent("penalty_freq", "llama.cpp's penalties sampler, over the generated tokens"),
         "min_p": Sent("min_p", "llama.cpp's sampler chain (its default 0.05 when not given)"),
         "logit_bias": Sent("logits processor", "added to the raw logits, first in the sampler chain"),
+        "raw_prompt": Sent("prompt text", "tokenized as it is, with the BOS the vocabulary adds, no chat template"),
+        "chat_template": Sent("Jinja2ChatFormatter", "the request's template instead of the GGUF's"),
+        "chat_template_kwargs": Sent("template variables", "passed to the chat template's rendering"),
     }
     batches_mixed_adapters = False
     supports_scoring = True

@@ -118,6 +118,9 @@ class TransformersProvider(InProcessProvider[str]):
         "frequency_penalty": Sent("logits processor", "OpenAI's meaning over the generated tokens, as llama.cpp's"),
         "min_p": Sent("GenerationConfig.min_p", "when sampling"),
         "logit_bias": Sent("logits processor", "added to the raw logits"),
+        "raw_prompt": Sent("prompt text", "tokenized as it is, with the special tokens the tokenizer adds"),
+        "chat_template": Sent("apply_chat_template(chat_template=...)", "instead of the model's template"),
+        "chat_template_kwargs": Sent("apply_chat_template(**kwargs)", "the chat template's variables"),
     }
     batches_mixed_adapters = True
     supports_scoring = True

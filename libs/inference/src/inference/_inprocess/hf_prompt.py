@@ -18,21 +18,28 @@ __all__ = ["prompt_token_ids"]
 def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: str) -> list[int]:
     """The token ids the model reads for ``request``.
 
-    A tokenizer with a chat template renders :func:`~inference._inprocess.base.chat_messages` with the generation
-    prompt, then tokenizes the text without adding special tokens (the template wrote them); one without gets
+    A tokenizer with a chat template (or a request with ``chat_template``) renders
+    :func:`~inference._inprocess.base.chat_messages` with the generation prompt and the request's
+    ``chat_template_kwargs`` as template variables, then tokenizes the text without adding special tokens (the
+    template wrote them); one without, or a request with ``raw_prompt``, gets
     :func:`~inference._inprocess.base.plain_prompt` with the special tokens the tokenizer adds (BOS where its
     vocabulary says so).
 
     Raises:
         InvalidRequestError: The chat template refused the messages (a system role it does not support, say).
     """
-    if getattr(tokenizer, "chat_template", None):
+    if request.raw_prompt:  # the text as it is, with the special tokens the tokenizer adds (BOS)
+        ids = tokenizer(plain_prompt(request))["input_ids"]
+    elif request.chat_template or getattr(tokenizer, "chat_template", None):
         try:
-            text = tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(
+                chat_messages(request), chat_template=request.chat_template, add_generation_prompt=True,
+                tokenize=False, **dict(request.chat_template_kwargs or {}),
+            )
         except Exception as error:  # jinja2's TemplateError, e.g. "System role not supported"
             raise InvalidRequestError(
-                f"the model's chat template refused these messages ({error}): drop system_prompt or put it into "
-                "the prompt",
+                f"the chat template refused these messages ({error}): drop system_prompt or put it into the prompt"
+                + (", or fix the chat_template given" if request.chat_template else ""),
                 provider=provider,
             ) from error
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]

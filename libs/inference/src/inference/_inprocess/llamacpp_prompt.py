@@ -30,21 +30,41 @@ class LlamaPrompts:
     def __init__(self, model: LlamaCppModel) -> None:
         self.model = model
         self._text: TextEncoder | None = None  # text to token ids as the model's HF tokenizer does it
+        self._formatters: dict[str, Any] = {}  # the renderers of the last requests' chat_template overrides
 
     def tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
         """Token ids of a request's prompt per the in-process prompt rule."""
-        formatter = self.model.formatter
-        if formatter is not None:
-            try:
-                rendered: str = formatter(messages=chat_messages(request)).prompt
-            except Exception as error:  # jinja2 errors, raise_exception() in the template
-                raise InvalidRequestError(
-                    f"the chat template of {self.model.settings.model_path.name} cannot render this request ({error})",
-                    provider=self.model.provider,
-                ) from error
+        whose = "the chat_template given" if request.chat_template else f"the chat template of {self.model.name}"
+        try:
+            formatter = self._formatter(request)
+            variables = dict(request.chat_template_kwargs or {})
+            messages = chat_messages(request)
+            rendered = None if formatter is None else str(formatter(messages=messages, **variables).prompt)
+        except Exception as error:  # jinja2 errors (syntax, raise_exception() in the template)
+            raise InvalidRequestError(
+                f"{whose} cannot render this request ({type(error).__name__}: {error})",
+                provider=self.model.provider,
+            ) from error
+        if rendered is not None:
             return self.encode(llama, rendered, add_bos=False)
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
         return self.encode(llama, plain_prompt(request), add_bos=True)
+
+    def _formatter(self, request: GenerationRequest) -> Any:
+        """The request's chat template renderer: the model's, one for the request's ``chat_template``, or ``None``
+        (no template, or a ``raw_prompt``)."""
+        if request.raw_prompt:
+            return None
+        if request.chat_template is None:
+            return self.model.formatter
+        formatter = self._formatters.get(request.chat_template)
+        if formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            info = self.model.model_info()
+            formatter = Jinja2ChatFormatter(request.chat_template, info.eos_token, info.bos_token, True)
+            self._formatters = {**dict(list(self._formatters.items())[-7:]), request.chat_template: formatter}
+        return formatter
 
     def encode(self, llama: Any, text: str, *, add_bos: bool) -> list[int]:
         """Token ids of ``text`` as the model's Hugging Face tokenizer makes them (see :class:`TextEncoder`)."""
