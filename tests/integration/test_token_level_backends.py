@@ -169,3 +169,32 @@ async def test_a_genlm_control_regex_smc_run_on_a_real_backend_with_an_adapter(
         assert posterior, f"every particle died on {provider.name}"
         assert all(re.fullmatch(r" SMC is (great|fun) with LMs", text) for text in posterior), posterior
         assert provider.adapter_stats().get("a0").last_used is not None  # type: ignore[union-attr]
+
+
+async def test_a_token_ids_prompt_and_the_generated_ids_agree_with_text_on_both_backends(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    """``generate(TokenIds(ids))`` reads exactly ``ids`` (the same answer as the raw text they spell), and
+    ``return_token_ids`` gives the generated ids, which spell the text; the same ids on both backends."""
+    from inference import TokenIds
+
+    llamacpp, transformers, _ = pair
+    answers = []
+    for provider in (llamacpp, transformers):
+        ids = await provider.tokenize(TEXT, "m")
+        greedy: dict[str, Any] = {"model": "m", "adapter_id": "a0", "max_tokens": 8, "temperature": 0,
+                                  "return_token_ids": True}
+        from_ids = await provider.generate(TokenIds(ids), **greedy)
+        from_text = await provider.generate(TEXT, raw_prompt=True, **greedy)
+        assert from_ids.token_ids is not None and len(from_ids.token_ids) == from_ids.completion_tokens
+        assert (from_ids.text, from_ids.token_ids, from_ids.prompt_tokens) == (
+            from_text.text, from_text.token_ids, len(ids)
+        )
+        assert (await provider.detokenize(from_ids.token_ids, "m")).startswith(from_ids.text)
+        streamed = [event async for event in provider.stream(TokenIds(ids), **greedy)]
+        assert streamed[-1].token_ids == from_ids.token_ids  # type: ignore[union-attr]
+        answers.append(from_ids.token_ids)
+        size = (await provider.token_vocabulary("m")).size
+        with pytest.raises(TokenLimitError):
+            await provider.generate(TokenIds([*ids, size]), model="m", max_tokens=2)
+    assert answers[0] == answers[1]

@@ -156,11 +156,13 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         "raw_prompt": Sent("prompt text", "tokenized as it is, with the BOS the vocabulary adds, no chat template"),
         "chat_template": Sent("Jinja2ChatFormatter", "the request's template instead of the GGUF's"),
         "chat_template_kwargs": Sent("template variables", "passed to the chat template's rendering"),
+        "return_token_ids": Sent("token_ids", "the generated ids, the end token included"),
     }
     batches_mixed_adapters = False
     supports_scoring = True
     supports_tokenize = True
     supports_next_token_logprobs = True
+    supports_token_prompts = True
     supports_adapter_scales = True
     _backend_label = "llama.cpp"
 

@@ -121,6 +121,7 @@ class TransformersProvider(InProcessProvider[str]):
         "raw_prompt": Sent("prompt text", "tokenized as it is, with the special tokens the tokenizer adds"),
         "chat_template": Sent("apply_chat_template(chat_template=...)", "instead of the model's template"),
         "chat_template_kwargs": Sent("apply_chat_template(**kwargs)", "the chat template's variables"),
+        "return_token_ids": Sent("token_ids", "the generated ids, the end token included"),
     }
     batches_mixed_adapters = True
     supports_scoring = True
@@ -128,6 +129,7 @@ class TransformersProvider(InProcessProvider[str]):
     loads_adapter_weights_in_memory = True
     supports_tokenize = True
     supports_next_token_logprobs = True
+    supports_token_prompts = True
     loads_hub_ids = True
 
     def __init__(

@@ -356,6 +356,7 @@ class HFGeneration:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             logprobs=logprobs,
+            token_ids=tuple(tokens[:completion_tokens]) if request.return_token_ids else None,
         )
 
 

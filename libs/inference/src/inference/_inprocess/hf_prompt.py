@@ -28,6 +28,8 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
     Raises:
         InvalidRequestError: The chat template refused the messages (a system role it does not support, say).
     """
+    if request.prompt_token_ids is not None:  # a TokenIds prompt: the model's whole input, as given
+        return list(request.prompt_token_ids)
     if request.raw_prompt:  # the text as it is, with the special tokens the tokenizer adds (BOS)
         ids = tokenizer(plain_prompt(request))["input_ids"]
     elif request.chat_template or getattr(tokenizer, "chat_template", None):

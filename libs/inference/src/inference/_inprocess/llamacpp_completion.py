@@ -146,4 +146,5 @@ class Completion:
             prompt_tokens=prompt_tokens,
             completion_tokens=len(self.generated),
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            token_ids=tuple(self.generated) if self.request.return_token_ids else None,
         )

@@ -34,6 +34,8 @@ class LlamaPrompts:
 
     def tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
         """Token ids of a request's prompt per the in-process prompt rule."""
+        if request.prompt_token_ids is not None:  # a TokenIds prompt: the model's whole input, as given
+            return list(request.prompt_token_ids)
         whose = "the chat_template given" if request.chat_template else f"the chat template of {self.model.name}"
         try:
             formatter = self._formatter(request)
