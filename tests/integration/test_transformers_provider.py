@@ -789,3 +789,37 @@ def test_a_hub_id_loads_offline_from_the_hugging_face_cache(qwen2: Any, tmp_path
                               env=environment, timeout=300, check=False)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert finished.stdout.split() == ["tiny-org/tiny-qwen2", "True", "6"]
+
+
+async def test_a_model_loaded_by_the_caller_and_from_pretrained_keywords_answer_as_the_directory(qwen2: Any) -> None:
+    """genlm and AXEtract wrap a model they loaded themselves; users pass from_pretrained keywords (device_map,
+    attn_implementation...): each gives the greedy text the plain directory gives, adapters included."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    greedy: dict[str, Any] = {"model": "", "max_tokens": 8, "temperature": 0}
+    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as plain:
+        await plain.load_adapter("a0", qwen2.adapter_dirs["a0"])
+        expected = [(await plain.generate("Hello", adapter_id=a, **greedy)).text for a in (None, "a0")]
+
+    preloaded = AutoModelForCausalLM.from_pretrained(qwen2.hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(qwen2.hf_dir)
+    given = TransformersProvider(model=preloaded, tokenizer=tokenizer)
+    passed = TransformersProvider(model_name=str(qwen2.hf_dir),
+                                  model_kwargs={"attn_implementation": "eager", "device_map": "cpu"})
+    for provider in (given, passed):
+        async with provider:
+            await provider.load_adapter("a0", qwen2.adapter_dirs["a0"])
+            assert [(await provider.generate("Hello", adapter_id=a, **greedy)).text for a in (None, "a0")] == expected
+    assert passed._loaded is None  # closed
+    assert given.model_kwargs == {} and passed.model_kwargs["attn_implementation"] == "eager"
+    with pytest.raises(ConfigurationError, match="model= and tokenizer= together"):
+        TransformersProvider(model=preloaded)
+
+
+async def test_from_pretrained_keywords_reach_transformers(qwen2: Any) -> None:
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), model_kwargs={"attn_implementation": "eager"}) as p:
+        await p.generate("Hello", model="", max_tokens=1)
+        assert p.model.config._attn_implementation == "eager"
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), model_kwargs={"no_such_keyword": 1}) as bad:
+        with pytest.raises(ModelLoadError, match="no_such_keyword"):
+            await bad.generate("Hello", model="", max_tokens=1)

@@ -32,6 +32,7 @@ import re
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest, TokenRequest
@@ -39,12 +40,13 @@ from inference._inprocess import hf_tokens
 from inference._inprocess.base import InProcessProvider
 from inference._inprocess.batching import BatchQueue, PendingRequest
 from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check_seed
-from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache, load_model
+from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache, load_model, loaded_model
 from inference._inprocess.hf_scoring import HFScoring, ScoreCall
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceSink, stream_from_worker
 from inference.adapters.source import AdapterSource
+from inference.exceptions import ConfigurationError
 from inference.options import ByRequests, OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
@@ -67,8 +69,9 @@ class TransformersProvider(InProcessProvider[str]):
     """A local Hugging Face model (directory or GGUF file) with PEFT LoRA adapters and mixed-adapter batching.
 
     Args:
-        model_name: A local model directory, or a local ``.gguf`` file (dequantised by transformers);
-            else ``TRANSFORMERS_MODEL_NAME``. Nothing is ever downloaded.
+        model_name: A local model directory, a local ``.gguf`` file (dequantised by transformers), or a Hugging
+            Face Hub id (``ORG/NAME``, from the local cache; fetched there unless ``HF_HUB_OFFLINE`` is set); else
+            ``TRANSFORMERS_MODEL_NAME``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``; else ``TRANSFORMERS_DEVICE``; else cpu.
         torch_dtype: ``"auto"`` (float32 on CPU; bfloat16 on CUDA where supported, else float16),
             ``"float32"``, ``"float16"`` or ``"bfloat16"``; else ``TRANSFORMERS_TORCH_DTYPE``.
@@ -78,6 +81,13 @@ class TransformersProvider(InProcessProvider[str]):
         max_adapters: Most adapters kept in the PEFT model at once; else ``TRANSFORMERS_MAX_ADAPTERS``; else
             unlimited. Beyond it the least recently used adapter (not pinned, not in use) is deleted from
             the model, and loaded again from its path when a request needs it.
+        model_kwargs: More keywords for ``AutoModelForCausalLM.from_pretrained`` (``device_map="auto"``,
+            ``attn_implementation``, ``quantization_config``, ``trust_remote_code``, ``revision``...), winning over
+            the provider's own (``dtype``); ``trust_remote_code``, ``revision``, ``token``, ``cache_dir`` and
+            ``subfolder`` go to the tokenizer too. With a ``device_map`` the model stays where accelerate puts it.
+        model: A model already loaded (a ``transformers`` causal LM), used as it is, on its own device, instead of
+            loading ``model_name``; give its ``tokenizer`` with it. The provider puts PEFT adapters into it.
+        tokenizer: The tokenizer of ``model``.
         spare_adapter_slots: How many adapter slots an unload keeps in the model, emptied, for the next adapter
             of the same LoRA shape (same config: rank, alpha, target modules...), which is then loaded by copying
             its weights in instead of PEFT building and removing LoRA layers (on the tiny test model 4 ms instead
@@ -141,8 +151,18 @@ class TransformersProvider(InProcessProvider[str]):
         batch_window_ms: float | None = None,
         max_adapters: int | None = None,
         spare_adapter_slots: int | None = None,
+        *,
+        model_kwargs: Mapping[str, Any] | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
     ) -> None:
         super().__init__(locals())  # settings resolved and checked, max_adapters among them
+        if (model is None) != (tokenizer is None):
+            raise ConfigurationError(
+                "give model= and tokenizer= together (a loaded model and its tokenizer), or neither", provider=self.name
+            )
+        self._given = None if model is None else (model, tokenizer)
+        self.model_kwargs: dict[str, Any] = dict(model_kwargs or {})
         settings = self._settings
         self.model_name: str = str(settings["model_name"])
         self.device: str = str(settings["device"]).strip().lower()
@@ -268,8 +288,13 @@ class TransformersProvider(InProcessProvider[str]):
     # Worker thread -----------------------------------------------------------------------------------------------
 
     def _ensure_loaded(self) -> LoadedModel:
+        if self._loaded is None and self._given is not None:
+            model, tokenizer = self._given
+            name = self.model_name or str(getattr(model, "name_or_path", "") or type(model).__name__)
+            self._loaded = loaded_model(Path(name).name, model.eval(), tokenizer, model.device, provider=self.name)
         if self._loaded is None:
-            self._loaded = load_model(self.model_name, self.device, self.torch_dtype, provider=self.name)
+            self._loaded = load_model(self.model_name, self.device, self.torch_dtype, provider=self.name,
+                                      model_kwargs=self.model_kwargs)
         return self._loaded
 
     def _serve(self, entry: PendingRequest[GenerationRequest, GenerationResult]) -> None:

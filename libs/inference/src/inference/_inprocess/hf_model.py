@@ -9,6 +9,7 @@ Everything here runs on the provider's worker thread; torch and transformers are
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,18 @@ class LoadedModel:
         return layers
 
 
-def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: str) -> LoadedModel:
+TOKENIZER_KEYWORDS = ("trust_remote_code", "revision", "token", "cache_dir", "subfolder")
+"""The keywords of ``model_kwargs`` the tokenizer's ``from_pretrained`` gets too."""
+
+
+def load_model(
+    model_name: str,
+    device_name: str,
+    dtype_name: str,
+    *,
+    provider: str,
+    model_kwargs: Mapping[str, Any] | None = None,
+) -> LoadedModel:
     """Load a local model directory or ``.gguf`` file onto ``device_name`` in ``dtype_name`` (worker thread).
 
     Args:
@@ -132,6 +144,10 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
         dtype_name: ``"auto"`` (float32 on CPU; bfloat16 on CUDA where supported, else float16), ``"float32"``,
             ``"float16"`` or ``"bfloat16"`` (already validated).
         provider: The provider's name, for errors.
+        model_kwargs: More keywords for ``AutoModelForCausalLM.from_pretrained`` (``device_map``,
+            ``attn_implementation``, ``quantization_config``, ``trust_remote_code``...; they win over the provider's
+            own, ``dtype`` included); those in :data:`TOKENIZER_KEYWORDS` go to the tokenizer too. With a
+            ``device_map``, accelerate places the model and it is not moved to ``device_name``.
 
     Raises:
         ConfigurationError: No model was given, it is a file but not GGUF, or the device is not available.
@@ -168,10 +184,13 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
     else:
         directory, gguf = (path.parent, {"gguf_file": path.name}) if path.is_file() else (path, {})
         source, extra = str(directory), {"local_files_only": True, **gguf}
+    passed = dict(model_kwargs or {})
+    for_tokenizer = {key: value for key, value in passed.items() if key in TOKENIZER_KEYWORDS}
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source, **extra)
-        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
-        model.to(device)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, **{**extra, **for_tokenizer})
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, **{"dtype": dtype, **extra, **passed})
+        if "device_map" not in passed:
+            model.to(device)
         model.eval()
     except InferenceError:
         raise
@@ -190,11 +209,18 @@ def load_model(model_name: str, device_name: str, dtype_name: str, *, provider: 
             provider=provider,
             path=model_name if hub_id else str(path),
         ) from error
+    name = model_name if hub_id else path.stem if path.is_file() else path.name
+    return loaded_model(name, model, tokenizer, model.device if "device_map" in passed else device, provider=provider)
+
+
+def loaded_model(name: str, model: Any, tokenizer: Any, device: Any, *, provider: str) -> LoadedModel:
+    """A :class:`LoadedModel` for a model and its tokenizer already in memory (loaded here, or by the caller: a
+    model passed to the provider is used as it is, on its own device)."""
     generation = model.generation_config
     eos = {*_as_ids(generation.eos_token_id), *_as_ids(tokenizer.eos_token_id)}
     pad_candidates = [tokenizer.pad_token_id, generation.pad_token_id, *sorted(eos), 0]
     return LoadedModel(
-        name=model_name if hub_id else path.stem if path.is_file() else path.name,
+        name=name,
         model=model,
         base_model=model,
         tokenizer=tokenizer,
