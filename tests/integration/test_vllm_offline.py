@@ -171,6 +171,39 @@ async def test_json_schema_output_validates(seen: dict[str, Any]) -> None:
     jsonschema.validate(json.loads(seen["json"]["text"]), SCHEMA)
 
 
+async def test_request_options_give_transformers_tokens(seen: dict[str, Any], local: TransformersProvider) -> None:
+    """logit_bias, the penalties, min_p, n, raw prompts, template overrides and TokenIds prompts on vLLM's engine
+    give the token ids Transformers gives for the same adapter."""
+    options = seen["options"]
+    for name, case in options.items():
+        if case["extra"] is None:
+            continue
+        ours = await local.generate("numbers 1 2 3 and", model="tiny", adapter_id="a0", max_tokens=12,
+                                    return_token_ids=True, **{"temperature": 0, **case["extra"]})
+        assert case["ids"] == list(ours.token_ids or ()), name
+        assert case["choices"] == len(ours.choices or (ours,)), name
+    greedy = options["greedy"]["ids"]
+    assert len(set(greedy)) < len(greedy)  # the penalties have a repetition to act on
+    for name in ("banned", "presence", "frequency"):
+        assert options[name]["ids"] != greedy, name
+    assert greedy[0] not in options["banned"]["ids"] and set(options["forced"]["ids"]) == {greedy[0]}
+    assert options["min_p"]["ids"] == greedy and options["n"]["texts"] == [options["greedy"]["texts"][0]]
+    assert options["raw"]["ids"] == options["template"]["ids"] == options["token_prompt"]["ids"]
+
+
+
+async def test_tokenize_detokenize_and_the_vocabulary_are_transformers(
+    seen: dict[str, Any], local: TransformersProvider
+) -> None:
+    vocabulary = seen["vocabulary"]
+    ours = await local.token_vocabulary("tiny")
+    assert vocabulary["size"] == ours.size and [bytes.fromhex(piece) for piece in vocabulary["bytes"]] == list(
+        ours.token_bytes
+    )
+    assert vocabulary["ids"] == await local.tokenize("numbers 1 2 3 and", "tiny")
+    assert vocabulary["text"] == "numbers 1 2 3 and"
+
+
 async def test_bad_input_is_a_typed_error_and_the_provider_goes_on(seen: dict[str, Any]) -> None:
     errors = seen["errors"]
     assert errors["missing_adapter"]["type"] == "InvalidAdapterError"

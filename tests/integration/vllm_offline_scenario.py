@@ -26,6 +26,18 @@ from inference.vllm_offline_provider import VLLMOfflineProvider
 
 PROMPTS = ["the quick brown fox", "Once upon a time there was", "numbers 1 2 3 and"]
 ADAPTERS: list[str | None] = [None, "a0", "a1"]
+OPTION_PROMPT = "numbers 1 2 3 and"
+OPTION_CASES: dict[str, dict[str, Any]] = {  # each run on Transformers too, by test_vllm_offline.py
+    "greedy": {},  # and "banned", "forced": the first greedy token's logit_bias -100 and 100
+    "presence": {"presence_penalty": 2.0},
+    "frequency": {"frequency_penalty": 2.0},
+    "min_p": {"temperature": 1.0, "seed": 3, "min_p": 1.0},
+    "n": {"n": 3},
+    "raw": {"raw_prompt": True},
+    "template": {"chat_template": "{{ lead }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                 "chat_template_kwargs": {"lead": ""}},
+}
+
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 SCORE_PAIRS = [
     ("the quick brown fox", " jumps over the dog"),
@@ -162,6 +174,30 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     # A stop string the JSON holds must not cut it (vLLM would apply it to structured output too).
     structured = await provider.generate("Give me JSON", model="tiny", max_tokens=60, json_schema=SCHEMA, stop=":")
     out["json"] = generation(structured)
+
+    # The request options of issue 25, each as token ids (compared with Transformers by the test).
+    options: dict[str, Any] = {}
+    plain = await provider.generate(OPTION_PROMPT, model="tiny", adapter_id="a0", max_tokens=12, temperature=0,
+                                    return_token_ids=True)
+    first = (plain.token_ids or (0,))[0]
+    cases = {**OPTION_CASES, "banned": {"logit_bias": {first: -100}}, "forced": {"logit_bias": {first: 100}}}
+    for name, extra in cases.items():
+        result = await provider.generate(OPTION_PROMPT, model="tiny", adapter_id="a0", max_tokens=12,
+                                         return_token_ids=True, **{"temperature": 0, **extra})
+        choices = result.choices or (result,)
+        options[name] = {"extra": extra, "ids": list(result.token_ids or ()), "choices": len(choices),
+                         "texts": sorted({choice.text for choice in choices})}
+    from inference import TokenIds
+
+    ids = await provider.tokenize(OPTION_PROMPT, "tiny")
+    vocabulary = await provider.token_vocabulary("tiny")
+    out["vocabulary"] = {"size": vocabulary.size, "bytes": [piece.hex() for piece in vocabulary.token_bytes],
+                         "text": await provider.detokenize(ids, "tiny"), "ids": ids}
+    from_ids = await provider.generate(TokenIds(ids), model="tiny", adapter_id="a0", max_tokens=12, temperature=0,
+                                       return_token_ids=True)
+    options["token_prompt"] = {"extra": None, "ids": list(from_ids.token_ids or ()), "choices": 1,
+                               "texts": [from_ids.text]}
+    out["options"] = options
 
     rank16 = scratch / "rank16"  # a1 with its matrices padded to rank 16 (a config r alone is refused as a lie)
     shutil.copytree(model.adapter_dirs["a1"], rank16)

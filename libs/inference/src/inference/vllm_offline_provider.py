@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
-from inference._core.validation import GenerationRequest, ScoreRequest
+from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest
 from inference._inprocess.hf_prompt import prompt_token_ids
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
@@ -35,12 +35,14 @@ from inference.exceptions import (
     ProviderError,
 )
 from inference.options import (
+    ByRequests,
     GenerationOptions,
     OptionMap,
     Sent,
 )
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
+from inference.tokens import TokenVocabulary
 
 __all__ = ["VLLMOfflineProvider"]
 
@@ -60,6 +62,7 @@ class _Engine:
     tokenizer: Any
     vocabulary: Vocabulary
     max_model_len: int
+    vocab_size: int
 
 
 class VLLMOfflineProvider(InferenceProvider):
@@ -112,12 +115,23 @@ class VLLMOfflineProvider(InferenceProvider):
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
         "json_schema": Sent("SamplingParams.structured_outputs"),
+        "n": ByRequests(),
+        "presence_penalty": Sent("SamplingParams.presence_penalty"),
+        "frequency_penalty": Sent("SamplingParams.frequency_penalty"),
+        "min_p": Sent("SamplingParams.min_p"),
+        "logit_bias": Sent("SamplingParams.logit_bias"),
+        "raw_prompt": Sent("prompt_token_ids", "the text tokenized as it is (the in-process prompt rule)"),
+        "chat_template": Sent("apply_chat_template(chat_template=...)", "instead of the model's template"),
+        "chat_template_kwargs": Sent("apply_chat_template(**kwargs)", "the chat template's variables"),
+        "return_token_ids": Sent("token_ids", "the generated ids"),
     }
     supports_adapters = True
     hot_swaps_adapters = True
     batches_mixed_adapters = True
     runs_in_process = True
     supports_scoring = True
+    supports_token_prompts = True
+    supports_tokenize = True
 
     def __init__(
         self,
@@ -182,6 +196,31 @@ class VLLMOfflineProvider(InferenceProvider):
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         return self._run(request, stream=True)
 
+    async def _tokenize_text(self, text: str, model: str) -> list[int]:
+        engine = await self._engine()
+        return [int(token) for token in engine.vocabulary.encode(text)]
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        engine = await self._engine()
+        return str(engine.tokenizer.decode(list(request.token_ids), skip_special_tokens=False))
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        """The engine's vocabulary: its model's logits size, each id's bytes as Transformers' provider reads them."""
+        from inference._inprocess.token_bytes import token_bytes
+
+        engine = await self._engine()
+        tokenizer, size = engine.tokenizer, engine.vocab_size
+        eos = tokenizer.eos_token_id
+        return TokenVocabulary(
+            size=size,
+            token_bytes=token_bytes(tokenizer, size),
+            special_ids=frozenset(int(token) for token in tokenizer.all_special_ids if 0 <= int(token) < size),
+            bos_id=engine.vocabulary.bos_id,
+            eos_ids=() if eos is None else (int(eos),),
+            adds_bos=engine.vocabulary.adds_bos,
+            context_length=engine.max_model_len,
+        )
+
     async def _run(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[StreamEvent]:
         """Send the request to the engine and follow it: text pieces (streams), then the result."""
         engine = await self._engine()
@@ -212,10 +251,11 @@ class VLLMOfflineProvider(InferenceProvider):
             model=self.model_name,
             adapter_id=request.adapter_id,
             token_count=len(ids) + len(tokens),
-            finish_reason="length" if finish_reason == "length" else "stop",
+            finish_reason=finish_reason or "stop",  # kept as vLLM says it: the base class refuses "abort" and the like
             prompt_tokens=len(ids),
             completion_tokens=len(tokens),
             logprobs=tuple(logprobs) if request.logprobs is not None else None,
+            token_ids=tuple(tokens) if request.return_token_ids else None,
         )
 
     def _sampling(self, engine: _Engine, request: GenerationRequest, prompt_length: int, *, stream: bool) -> Any:
@@ -241,12 +281,15 @@ class VLLMOfflineProvider(InferenceProvider):
             "max_tokens": max_tokens,
             "output_kind": sampling.RequestOutputKind.DELTA if stream else sampling.RequestOutputKind.FINAL_ONLY,
         }
-        for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "logprobs"):
+        for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "logprobs", "presence_penalty",
+                     "frequency_penalty", "min_p"):
             value = getattr(request, name)
             if value is not None:
                 arguments[name] = value
         if request.stop:
             arguments["stop"] = list(request.stop)
+        if request.logit_bias:
+            arguments["logit_bias"] = dict(request.logit_bias)
         if request.json_schema is not None:
             arguments["structured_outputs"] = sampling.StructuredOutputsParams(json=dict(request.json_schema))
         try:
@@ -441,6 +484,7 @@ class VLLMOfflineProvider(InferenceProvider):
             tokenizer=tokenizer,
             vocabulary=_vocabulary(tokenizer),
             max_model_len=int(llm.model_config.max_model_len),
+            vocab_size=int(llm.model_config.get_vocab_size()),
         )
 
 

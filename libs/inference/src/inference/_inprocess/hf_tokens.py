@@ -8,20 +8,21 @@ yet: each sequence is computed whole (:class:`~inference.tokens.TokenCacheStats`
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from inference._core.dependencies import import_optional
 from inference._core.validation import TokenRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.hf_model import LoadedModel
 from inference._inprocess.peft_slots import PeftSlots
+from inference._inprocess.token_bytes import token_bytes
 from inference.tokens import TokenVocabulary
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["next_token_rows", "token_bytes", "vocabulary"]
+__all__ = ["next_token_rows", "vocabulary"]
 
 
 def vocabulary(loaded: LoadedModel) -> TokenVocabulary:
@@ -39,49 +40,6 @@ def vocabulary(loaded: LoadedModel) -> TokenVocabulary:
         adds_bos=loaded.vocabulary.adds_bos,
         context_length=loaded.context if loaded.context is not None else 2**31 - 1,
     )
-
-
-def token_bytes(tokenizer: Any, size: int) -> tuple[bytes, ...]:
-    """Each id's bytes, ``size`` entries: a byte-level BPE token's raw bytes (GPT-2, Qwen, Llama 3), a SentencePiece
-    piece with ``▁`` as a space and ``<0xNN>`` as that byte (Llama 2, Gemma), a special token's text; ``b""`` for
-    the ids the tokenizer lacks (a model's output layer may be wider)."""
-    pieces = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
-    specials = {int(token) for token in tokenizer.all_special_ids}
-    decoder = _byte_decoder() if _is_byte_level(tokenizer) else None
-    result = []
-    for token_id, piece in enumerate(pieces):
-        if piece is None:
-            result.append(b"")
-        elif token_id in specials or piece in tokenizer.get_added_vocab():
-            result.append(piece.encode("utf-8"))
-        elif decoder is not None:
-            result.append(bytes(decoder[char] for char in piece) if all(c in decoder for c in piece) else
-                          piece.encode("utf-8"))
-        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            result.append(bytes([int(piece[3:5], 16)]))
-        else:
-            result.append(piece.replace("\u2581", " ").encode("utf-8"))
-    result.extend(b"" for _ in range(size - len(result)))
-    return tuple(result)
-
-
-def _is_byte_level(tokenizer: Any) -> bool:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = getattr(backend, "decoder", None)
-    return type(decoder).__name__ == "ByteLevel" or "ByteLevel" in repr(decoder)
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's map from the printable characters of byte-level BPE back to bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    codes = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
 def next_token_rows(
