@@ -65,15 +65,14 @@ async def test_in_process_health_says_whether_the_model_is_loaded(tiny_models: d
 
 
 async def test_a_killed_and_restarted_replica_logs_its_down_and_back_events_with_fields(
-    start_llama_server: Callable[..., Any], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    start_llama_server: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     from inference import OpenAIProvider
-    from inference._servers import replicas
 
-    monkeypatch.setattr(replicas, "DOWN_SECONDS", 0.0)  # a down replica is tried again at once, not after 5 s
     first, second = start_llama_server(), start_llama_server()
     urls = f"{first.base_url},{second.base_url}"
-    async with OpenAIProvider(base_url=urls, api_key="unused", max_retries=0) as provider:
+    # replica_down_s=0: a down replica is tried again at once, not after 5 s (the setting's default)
+    async with OpenAIProvider(base_url=urls, api_key="unused", max_retries=0, replica_down_s=0) as provider:
 
         async def ask_both() -> None:  # round-robin: two calls reach both replicas
             for _ in range(2):

@@ -101,6 +101,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         max_retries: Retries of connect errors and 429/502/503/504; else ``LLAMACPP_SERVER_MAX_RETRIES``; else 2.
         adapter_cache_dir: Where PEFT directories are converted to GGUF for matching; else
             ``LLAMACPP_SERVER_ADAPTER_CACHE_DIR``; else ``~/.cache/inference-adapters``.
+        replica_down_s: Seconds a replica that refused a connection is tried after the others (then in turn
+            again); else ``LLAMACPP_SERVER_REPLICA_DOWN_S``; else 5.
 
     Example:
         >>> LlamaCppServerProvider(base_url="http://127.0.0.1:8080")
@@ -130,9 +132,12 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         timeout: float | None = None,
         max_retries: int | None = None,
         adapter_cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        replica_down_s: float | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
+            replica_down_s=replica_down_s,
             adapter_cache_dir=None if adapter_cache_dir is None else os.fspath(adapter_cache_dir),
         )
         for replica in self._replicas:  # the OpenAI-compatible routes, whether base_url ends with /v1 or not

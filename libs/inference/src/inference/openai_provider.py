@@ -44,6 +44,8 @@ class OpenAIProvider(OpenAICompatibleProvider):
         max_retries: Retries of connect errors and 429/502/503/504; else ``OPENAI_MAX_RETRIES``; else 2.
         api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``OPENAI_API``;
             else ``"auto"``.
+        replica_down_s: Seconds a replica that refused a connection is tried after the others (then in turn
+            again); else ``OPENAI_REPLICA_DOWN_S``; else 5.
 
     Example:
         >>> OpenAIProvider(base_url="http://127.0.0.1:30000/v1", api_key="sk-secret")
@@ -62,7 +64,12 @@ class OpenAIProvider(OpenAICompatibleProvider):
         timeout: float | None = None,
         max_retries: int | None = None,
         api: str | None = None,
+        *,
+        replica_down_s: float | None = None,
     ) -> None:
-        super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries, api=api)
+        super().__init__(
+            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries, api=api,
+            replica_down_s=replica_down_s,
+        )
         self.api: str = self._settings["api"]
         self._route_choice = ChatUntilRefused(self.api, env_prefix=self.env_prefix)

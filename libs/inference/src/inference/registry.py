@@ -67,8 +67,11 @@ class ProviderSpec:
         return self.target.partition(":")[2]
 
 
-def _server_settings(prefix: str, base_url: str, what: str, *, api_key: str | None = None) -> tuple[Setting, ...]:
-    """``base_url``, ``api_key``, ``timeout`` and ``max_retries``, read from ``<prefix>_BASE_URL`` and so on.
+def _server_settings(
+    prefix: str, base_url: str, what: str, *, api_key: str | None = None, replicas: bool = True
+) -> tuple[Setting, ...]:
+    """``base_url``, ``api_key``, ``timeout``, ``max_retries`` and (``replicas``: a provider that spreads requests
+    over several base URLs) ``replica_down_s``, read from ``<prefix>_BASE_URL`` and so on.
 
     ``api_key`` is the server's option that sets its key (``"vLLM --api-key"``), ``""`` for a server that takes a
     key without one, ``None`` for a server that takes no key (no ``api_key`` setting).
@@ -84,6 +87,9 @@ def _server_settings(prefix: str, base_url: str, what: str, *, api_key: str | No
         Setting("timeout", f"{prefix}_TIMEOUT", 120.0, "float", "Seconds to wait for one answer",
                 minimum=0, exclusive_minimum=True),
         Setting("max_retries", f"{prefix}_MAX_RETRIES", 2, "int", _RETRIES, minimum=0, maximum=100),
+        *((Setting("replica_down_s", f"{prefix}_REPLICA_DOWN_S", 5.0, "float",
+                   "Seconds a replica that refused a connection is tried after the others (then in turn again)",
+                   minimum=0),) if replicas else ()),
     )
 
 
@@ -165,7 +171,7 @@ _SPECS = (
         settings=(
             *_server_settings(
                 "OLLAMA", "http://localhost:11434/v1", "Ollama base URL; the native API is used at the same host "
-                "without /v1"
+                "without /v1", replicas=False,
             ),
             Setting("base_model", "OLLAMA_BASE_MODEL", None, "str",
                     "Ollama model that adapters are applied to (load_adapter creates a model derived from it)",

@@ -198,6 +198,8 @@ class VLLMProvider(OpenAICompatibleProvider):
             :class:`~inference.exceptions.ConfigurationError` saying what to set.
         api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``VLLM_API``;
             else ``"auto"``.
+        replica_down_s: Seconds a replica that refused a connection is tried after the others (then in turn
+            again); else ``VLLM_REPLICA_DOWN_S``; else 5.
 
     Example:
         >>> provider = VLLMProvider(base_url="http://127.0.0.1:8100/v1", api_key="secret")
@@ -235,12 +237,14 @@ class VLLMProvider(OpenAICompatibleProvider):
         adapter_placement: str | None = None,
         max_loras: int | None = None,
         spread_after: int | None = None,
+        *,
+        replica_down_s: float | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,
             api_key=api_key,
             timeout=timeout,
-            max_retries=max_retries,
+            max_retries=max_retries, replica_down_s=replica_down_s,
             max_lora_rank=max_lora_rank,
             adapter_dir=adapter_dir,
             api=api,

@@ -55,6 +55,7 @@ class Replica:
         self.down_until = 0.0
         self.down_since: float | None = None  # when it last went down (time.monotonic()), until it answers again
         self.announces = False  # logs going down and back (with several replicas; one replica's error says it all)
+        self.down_seconds = float(settings.get("replica_down_s", DOWN_SECONDS))
         self.max_model_len: int | None = None  # vLLM's context size (from /tokenize, or a refused max_tokens)
         self.tokenizers: dict[str, Any] = {}  # model -> what scoring found out about its tokenizer
         self.schema_style = "json_schema"  # "json_object" once the server refused OpenAI's form (llama_cpp.server)
@@ -63,10 +64,11 @@ class Replica:
         self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
 
     def mark_down(self, error: InferenceError | None = None) -> None:
-        """The replica refused a connection: try it last for :data:`DOWN_SECONDS`. Its going down is logged once
+        """The replica refused a connection: try it last for ``down_seconds`` (the provider's ``replica_down_s``,
+        default :data:`DOWN_SECONDS`). Its going down is logged once
         (a warning with the fields ``replica_event="down"``, ``url``, ``error``), not at every failed try."""
         now = time.monotonic()
-        self.down_until = now + DOWN_SECONDS
+        self.down_until = now + self.down_seconds
         if self.down_since is None:
             self.down_since = now
             if not self.announces:
