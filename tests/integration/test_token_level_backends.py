@@ -198,3 +198,52 @@ async def test_a_token_ids_prompt_and_the_generated_ids_agree_with_text_on_both_
         with pytest.raises(TokenLimitError):
             await provider.generate(TokenIds([*ids, size]), model="m", max_tokens=2)
     assert answers[0] == answers[1]
+
+
+async def test_rows_with_an_adapter_are_plain_peft_and_genlm_backend_s_own_async_transformer(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    """The reference: plain transformers + PEFT in the test, and genlm-backend's AsyncTransformer over the same PEFT
+    model; both backends within 1e-4 per entry."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    llamacpp, transformers, model = pair
+    ids = await transformers.tokenize(TEXT, "m")
+    base = AutoModelForCausalLM.from_pretrained(model.hf_dir, torch_dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, model.adapter_dirs["a0"], adapter_name="a0").eval()
+    with torch.inference_mode():
+        logits = peft_model(input_ids=torch.tensor([ids])).logits[0, -1]
+    expected = torch.log_softmax(logits.float(), dim=-1).numpy()
+    for provider in (llamacpp, transformers):
+        assert float(np.abs(await provider.next_token_logprobs(ids, "m", "a0") - expected).max()) < TOLERANCE
+
+    pytest.importorskip("genlm.backend")
+    from genlm.backend.llm import AsyncTransformer
+
+    theirs = AsyncTransformer(AutoModelForCausalLM.from_pretrained(model.hf_dir, torch_dtype=torch.float32),
+                              AutoTokenizer.from_pretrained(model.hf_dir))
+    theirs.add_new_lora(str(model.adapter_dirs["a0"]), "a0")
+    for adapter in (None, "a0"):
+        row = (await theirs.next_token_logprobs(ids, lora_name=adapter)).float().numpy()
+        ours = await transformers.next_token_logprobs(ids, "m", adapter)
+        assert float(np.abs(ours - row[: ours.shape[0]]).max()) < TOLERANCE, adapter
+
+
+async def test_a_score_is_the_sum_of_the_next_token_logprobs_of_its_continuation(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    context, continuation = "Hello, world!", " café 42"
+    for provider in pair[:2]:
+        words = await provider.token_vocabulary("m")
+        start = [words.bos_id] if words.adds_bos and words.bos_id is not None else []
+        prefix = start + await provider.tokenize(context, "m")
+        whole = start + await provider.tokenize(context + continuation, "m")
+        assert whole[: len(prefix)] == prefix  # the continuation's tokens follow the context's
+        rows = await provider.batch_next_token_logprobs([whole[:end] for end in range(len(prefix), len(whole))], "m",
+                                                        "a0")
+        total = sum(float(row[token]) for row, token in zip(rows, whole[len(prefix):], strict=True))
+        score = await provider.score(context, continuation, "m", "a0")
+        assert score.num_tokens == len(whole) - len(prefix)
+        assert abs(score.logprob - total) < 1e-3
