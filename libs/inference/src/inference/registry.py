@@ -253,6 +253,9 @@ _SPECS = (
             Setting("spare_adapter_slots", "TRANSFORMERS_SPARE_ADAPTER_SLOTS", 8, "int",
                     "Adapter slots an unload keeps for the next adapter of the same LoRA shape (0: unload frees all)",
                     minimum=0, maximum=1000),
+            Setting("prefix_cache_tokens", "TRANSFORMERS_PREFIX_CACHE_TOKENS", 0, "int",
+                    "Tokens of keys and values next_token_logprobs keeps to extend cached prefixes (0: no cache, "
+                    "sequences run whole in batches)", minimum=0),
         ),
     ),
     ProviderSpec(

@@ -41,6 +41,7 @@ from inference._inprocess.base import InProcessProvider
 from inference._inprocess.batching import BatchQueue, PendingRequest
 from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check_seed
 from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache, load_model, loaded_model
+from inference._inprocess.hf_prefix_cache import PrefixCache
 from inference._inprocess.hf_scoring import HFScoring, ScoreCall
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.peft_slots import PeftSlots
@@ -88,6 +89,12 @@ class TransformersProvider(InProcessProvider[str]):
         model: A model already loaded (a ``transformers`` causal LM), used as it is, on its own device, instead of
             loading ``model_name``; give its ``tokenizer`` with it. The provider puts PEFT adapters into it.
         tokenizer: The tokenizer of ``model``.
+        prefix_cache_tokens: How many tokens of keys and values ``next_token_logprobs`` keeps, so that a sequence
+            extending one computed before (same adapter weights) runs only its new tokens; else
+            ``TRANSFORMERS_PREFIX_CACHE_TOKENS``; else 0, off: sequences then run whole, in batches. With the
+            cache each sequence runs alone from its cached prefix, which pays where a forward pass over the prefix
+            costs more than copying its keys and values (large models); on the tiny test model it is 3x slower
+            than the batched pass (``docs/benchmarks.md``).
         spare_adapter_slots: How many adapter slots an unload keeps in the model, emptied, for the next adapter
             of the same LoRA shape (same config: rank, alpha, target modules...), which is then loaded by copying
             its weights in instead of PEFT building and removing LoRA layers (on the tiny test model 4 ms instead
@@ -151,6 +158,7 @@ class TransformersProvider(InProcessProvider[str]):
         batch_window_ms: float | None = None,
         max_adapters: int | None = None,
         spare_adapter_slots: int | None = None,
+        prefix_cache_tokens: int | None = None,
         *,
         model_kwargs: Mapping[str, Any] | None = None,
         model: Any = None,
@@ -179,7 +187,8 @@ class TransformersProvider(InProcessProvider[str]):
         self._slots = PeftSlots(self._resident, spare_limit=self.spare_adapter_slots, provider=self.name)
         self._generation = HFGeneration(self._slots, self._batch_sizes, provider=self.name)
         self._scoring = HFScoring(self._slots, size, self._batch_sizes, provider=self.name)
-        self._token_counts = [0, 0]  # next-token sequences computed, their tokens (no prefix cache yet)
+        self._token_counts = [0, 0]  # next-token sequences computed, their tokens (the prefix cache off)
+        self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]))
 
     def __repr__(self) -> str:
         return (
@@ -252,8 +261,13 @@ class TransformersProvider(InProcessProvider[str]):
         return await self._worker.run(self._next_token_rows_now, requests)
 
     def _cache_stats(self) -> TokenCacheStats:
+        if self._prefix_cache.enabled:
+            return self._prefix_cache.stats()
         sequences, tokens = self._token_counts
         return TokenCacheStats(enabled=False, misses=sequences, computed_tokens=tokens)
+
+    def _clear_cache(self) -> None:
+        self._prefix_cache.clear()
 
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into the PEFT model (first load, or again after an eviction)."""
@@ -330,6 +344,9 @@ class TransformersProvider(InProcessProvider[str]):
         return str(self._ensure_loaded().tokenizer.decode(list(token_ids), skip_special_tokens=False))
 
     def _next_token_rows_now(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        if self._prefix_cache.enabled:
+            return hf_tokens.cached_rows(self._ensure_loaded(), self._slots, requests, self._prefix_cache,
+                                         batch_sizes=self._batch_sizes, provider=self.name)
         rows, tokens = hf_tokens.next_token_rows(
             self._ensure_loaded(), self._slots, requests, max_batch_size=self.max_batch_size,
             batch_sizes=self._batch_sizes, provider=self.name,
@@ -347,6 +364,7 @@ class TransformersProvider(InProcessProvider[str]):
             self._slots.load(loaded, adapter_id, adapter_path)
 
     def _unload_adapter_now(self, adapter_id: str) -> None:
+        self._prefix_cache.drop_adapter(adapter_id)  # its backend name: a later load is other weights
         if self._loaded is not None:  # else nothing of it is in the model (never loaded, or freed)
             self._slots.unload(self._loaded, adapter_id)
 

@@ -1,8 +1,9 @@
 """The token level on a Transformers model: the vocabulary as token bytes, and full next-token distributions of
 many sequences in right-padded forward passes, each row with its own adapter (or weighted combination).
 
-Everything here runs on the provider's worker thread; torch and numpy are imported on first use. No prefix cache
-yet: each sequence is computed whole (:class:`~inference.tokens.TokenCacheStats` counts the tokens computed).
+Everything here runs on the provider's worker thread; torch and numpy are imported on first use. With the prefix
+cache on (:mod:`inference._inprocess.hf_prefix_cache`), each sequence runs alone from its longest cached prefix;
+off, sequences run whole, batched.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from inference._core.dependencies import import_optional
 from inference._core.validation import TokenRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.hf_model import LoadedModel
+from inference._inprocess.hf_prefix_cache import PrefixCache
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.token_bytes import token_bytes
 from inference.tokens import TokenVocabulary
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["next_token_rows", "vocabulary"]
+__all__ = ["cached_rows", "next_token_rows", "vocabulary"]
 
 
 def vocabulary(loaded: LoadedModel) -> TokenVocabulary:
@@ -97,3 +99,49 @@ def vocabulary_size(loaded: LoadedModel) -> int:
     """How many logits the model gives per position (its output layer's rows)."""
     output = loaded.base_model.get_output_embeddings()
     return int(output.weight.shape[0]) if output is not None else len(loaded.tokenizer)
+
+
+def cached_rows(
+    loaded: LoadedModel,
+    slots: PeftSlots,
+    requests: list[TokenRequest],
+    cache: PrefixCache,
+    *,
+    batch_sizes: deque[int],
+    provider: str,
+) -> NDArray[np.float32]:
+    """:func:`next_token_rows` through the prefix cache: each request runs alone from its longest cached prefix
+    (only its new tokens), and its keys and values are kept for the requests that extend it."""
+    import copy
+
+    torch = import_optional("torch", extra="transformers", provider=provider)
+    numpy = import_optional("numpy", extra="transformers", provider=provider)
+    size = vocabulary_size(loaded)
+    out = numpy.empty((len(requests), size), dtype=numpy.float32)
+    for index, request in enumerate(requests):
+        ids, adapters = request.token_ids, request.adapters
+        found = cache.longest(adapters, ids)
+        if found is not None and found[0] == len(ids):
+            out[index] = found[2]
+            cache.counted(len(ids), 0)
+            continue
+        start, past = (found[0], copy.deepcopy(found[1])) if found is not None else (0, None)
+        with slots.rows(loaded, [(request.adapter_id, request.adapter_scales)]) as extra, torch.inference_mode():
+            batch_sizes.append(1)
+            answer = loaded.model(
+                input_ids=torch.tensor([ids[start:]], dtype=torch.long, device=loaded.device),
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
+            )
+            overflowed = loaded.overflow.take() if loaded.overflow is not None else None
+            logits = answer.logits[0, -1, :size].float()
+            if not bool(torch.isfinite(logits).all()) or (overflowed is not None and bool(overflowed.any())):
+                raise non_finite_logits(provider, adapters)
+            row = torch.log_softmax(logits, dim=-1).cpu().numpy()
+        out[index] = row
+        cache.counted(start, len(ids) - start)
+        cache.put(adapters, ids, answer.past_key_values, row)
+    rows: NDArray[np.float32] = out
+    return rows
