@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, rolling_windows, score_tokens, too_long
-from inference._core.validation import ScoreRequest
+from inference._core.validation import AdapterScales, ScoreRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.batching import PendingRequest
 from inference._inprocess.hf_model import LoadedModel, as_inference_error
@@ -26,7 +28,7 @@ from inference._inprocess.peft_slots import PeftSlots
 from inference.exceptions import ProviderError
 from inference.results import ScoreResult
 
-__all__ = ["HFScoring", "ScoreCall"]
+__all__ = ["HFScoring", "ScoreCall", "right_padded_pass"]
 
 
 @dataclass(frozen=True)
@@ -146,21 +148,12 @@ class HFScoring:
         """
         torch = import_optional("torch", extra="transformers", provider=self.provider)
         reads = [sequence.tokens[:-1] for sequence in sequences]
-        width = max(len(tokens) for tokens in reads)
-        input_ids = torch.full((len(reads), width), loaded.pad_id, dtype=torch.long)
-        for row, tokens in enumerate(reads):
-            input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         wanted = sorted({position for s in sequences for position in range(s.start - 1, len(s.tokens) - 1)})
-        column = {position: index for index, position in enumerate(wanted)}
-        with self.slots.rows(loaded, [(adapter_id, ()) for adapter_id in adapter_ids]) as extra, torch.inference_mode():
-            self.batch_sizes.append(len(reads))
-            logits = loaded.model(
-                input_ids=input_ids.to(loaded.device),
-                logits_to_keep=torch.tensor(wanted, dtype=torch.long, device=loaded.device),
-                use_cache=False,
-                **extra,
-            ).logits
-            overflowed = loaded.overflow.take() if loaded.overflow is not None else None
+        applied: list[tuple[str | None, AdapterScales]] = [(adapter_id, ()) for adapter_id in adapter_ids]
+        with torch.inference_mode():
+            logits, column, overflowed = right_padded_pass(
+                torch, loaded, self.slots, applied, reads, wanted, self.batch_sizes
+            )
             results = []
             for row, sequence in enumerate(sequences):
                 targets = torch.tensor(sequence.scored, dtype=torch.long, device=logits.device)
@@ -176,3 +169,38 @@ class HFScoring:
                     usable = usable and bool((highest > lowest).all())
                 results.append((math.fsum(logprobs.double().tolist()) if usable else math.nan, len(targets), greedy))
         return results
+
+
+def right_padded_pass(
+    torch: Any,
+    loaded: LoadedModel,
+    slots: PeftSlots,
+    applied: Sequence[tuple[str | None, AdapterScales]],
+    reads: Sequence[Sequence[int]],
+    positions: Sequence[int],
+    batch_sizes: deque[int],
+) -> tuple[Any, dict[int, int], Any]:
+    """One forward pass over right-padded ``reads`` (each row with its adapter), logits only at ``positions``.
+
+    Right padding needs no attention mask (a causal model never looks at the padding after a sequence), so
+    attention keeps its fastest kernel. Call it under ``torch.inference_mode()``.
+
+    Returns:
+        The logits (rows x positions x vocabulary), position -> its column there, and the rows the final norm's
+        watch saw overflow (``None`` without a watch).
+    """
+    width = max(len(tokens) for tokens in reads)
+    input_ids = torch.full((len(reads), width), loaded.pad_id, dtype=torch.long)
+    for row, tokens in enumerate(reads):
+        input_ids[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
+    kept = sorted(set(positions))
+    with slots.rows(loaded, applied) as extra:
+        batch_sizes.append(len(reads))
+        logits = loaded.model(
+            input_ids=input_ids.to(loaded.device),
+            logits_to_keep=torch.tensor(kept, dtype=torch.long, device=loaded.device),
+            use_cache=False,
+            **extra,
+        ).logits
+    overflowed = loaded.overflow.take() if loaded.overflow is not None else None
+    return logits, {position: index for index, position in enumerate(kept)}, overflowed

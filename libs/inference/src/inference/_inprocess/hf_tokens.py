@@ -16,6 +16,7 @@ from inference._core.validation import TokenRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.hf_model import LoadedModel
 from inference._inprocess.hf_prefix_cache import PrefixCache
+from inference._inprocess.hf_scoring import right_padded_pass
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.token_bytes import token_bytes
 from inference.tokens import TokenVocabulary
@@ -68,22 +69,11 @@ def next_token_rows(
     for begin in range(0, len(order), max_batch_size):
         chunk = order[begin : begin + max_batch_size]
         reads = [requests[index].token_ids for index in chunk]
-        width = max(len(ids) for ids in reads)
-        input_ids = torch.full((len(reads), width), loaded.pad_id, dtype=torch.long)
-        for row, ids in enumerate(reads):
-            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        last = sorted({len(ids) - 1 for ids in reads})
-        column = {position: index for index, position in enumerate(last)}
         applied = [(requests[index].adapter_id, requests[index].adapter_scales) for index in chunk]
-        with slots.rows(loaded, applied) as extra, torch.inference_mode():
-            batch_sizes.append(len(reads))
-            logits = loaded.model(
-                input_ids=input_ids.to(loaded.device),
-                logits_to_keep=torch.tensor(last, dtype=torch.long, device=loaded.device),
-                use_cache=False,
-                **extra,
-            ).logits
-            overflowed = loaded.overflow.take() if loaded.overflow is not None else None
+        with torch.inference_mode():
+            logits, column, overflowed = right_padded_pass(
+                torch, loaded, slots, applied, reads, [len(ids) - 1 for ids in reads], batch_sizes
+            )
             rows = torch.stack([logits[row, column[len(ids) - 1], :size] for row, ids in enumerate(reads)]).float()
             finite = torch.isfinite(rows).all(dim=-1)
             if overflowed is not None:

@@ -15,14 +15,17 @@ Everything here runs on the provider's worker thread with the ``Llama`` object i
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from inference._core.scoring import ScoreTokens
 from inference.results import TokenLogprob
 
-__all__ = ["JsonMask", "clear_memory", "finite_logits", "log_softmax", "score_sequence", "token_logprob"]
+__all__ = [
+    "JsonMask", "clear_memory", "evaluated", "finite_logits", "log_softmax", "score_sequence", "token_logprob",
+]
 
 
 def finite_logits(numpy: Any, logits: Any) -> bool:
@@ -70,41 +73,48 @@ def token_logprob(
     return TokenLogprob(text_of(token), float(logprobs[token]), top, token)
 
 
-def score_sequence(llama_cpp: Any, numpy: Any, llama: Any, sequence: ScoreTokens) -> tuple[float, bool]:
-    """Evaluate ``sequence.tokens[:-1]`` from an empty KV cache; return the scored tokens' summed logprob and
-    whether each was the argmax (a NaN sum where logits are not :func:`finite_logits`). The ``Llama`` object is left
-    reset (its next ``generate`` starts afresh)."""
-    inputs = sequence.tokens[:-1]
+def evaluated(
+    numpy: Any, llama: Any, tokens: Sequence[int], wanted: Callable[[int], bool]
+) -> Generator[tuple[int, Any], None, None]:
+    """Evaluate ``tokens`` from an empty KV cache in chunks of the context's batch size, logits requested only at
+    the positions ``wanted`` accepts; yield ``(position, logits)`` for each (the logits after ``tokens[position]``,
+    valid until the next item). The ``Llama`` object is left reset (its next ``generate`` starts afresh)."""
     n_vocab = llama.n_vocab()
-    total, greedy, usable = 0.0, True, True
     llama.reset()
     llama._ctx.kv_cache_seq_rm(-1, 0, -1)
     try:
-        for begin in range(0, len(inputs), llama.n_batch):
-            chunk = inputs[begin : begin + llama.n_batch]
+        for begin in range(0, len(tokens), llama.n_batch):
+            chunk = tokens[begin : begin + llama.n_batch]
             llama._batch.set_batch(batch=list(chunk), n_past=begin, logits_all=False)
-            wanted = [begin + row + 1 >= sequence.start for row in range(len(chunk))]
-            for row, flag in enumerate(wanted):
+            flags = [wanted(begin + row) for row in range(len(chunk))]
+            for row, flag in enumerate(flags):
                 llama._batch.batch.logits[row] = flag
             llama._ctx.decode(llama._batch)
-            rows = sum(wanted)
-            if not rows:
+            if not any(flags):
                 continue
-            logits = numpy.ctypeslib.as_array(llama._ctx.get_logits(), shape=(rows, n_vocab))
-            first = begin + wanted.index(True) + 1  # the token the first row predicts
-            for row in range(rows):
-                target = sequence.tokens[first + row]
-                if not finite_logits(numpy, logits[row]):
-                    usable = False
-                    return math.nan, False  # no score can be read from these logits: the caller says so
-                logprobs = log_softmax(numpy, logits[row])
-                total += float(logprobs[target])
-                greedy = greedy and int(numpy.argmax(logits[row])) == target
+            logits = numpy.ctypeslib.as_array(llama._ctx.get_logits(), shape=(sum(flags), n_vocab))
+            positions = [begin + row for row, flag in enumerate(flags) if flag]
+            yield from zip(positions, logits, strict=True)
     finally:
         llama.reset()
         llama._ctx.kv_cache_seq_rm(-1, 0, -1)
-        if not usable:
-            clear_memory(llama_cpp, llama)
+
+
+def score_sequence(llama_cpp: Any, numpy: Any, llama: Any, sequence: ScoreTokens) -> tuple[float, bool]:
+    """Evaluate ``sequence.tokens[:-1]`` (:func:`evaluated`); return the scored tokens' summed logprob and
+    whether each was the argmax (a NaN sum where logits are not :func:`finite_logits`)."""
+    total, greedy = 0.0, True
+    steps = evaluated(numpy, llama, sequence.tokens[:-1], lambda position: position + 1 >= sequence.start)
+    with contextlib.closing(steps):
+        for position, row in steps:
+            target = sequence.tokens[position + 1]
+            if not finite_logits(numpy, row):
+                steps.close()
+                clear_memory(llama_cpp, llama)
+                return math.nan, False  # no score can be read from these logits: the caller says so
+            logprobs = log_softmax(numpy, row)
+            total += float(logprobs[target])
+            greedy = greedy and int(numpy.argmax(row)) == target
     return total, greedy
 
 

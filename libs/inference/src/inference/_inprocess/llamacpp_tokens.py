@@ -5,10 +5,11 @@ sequence is evaluated from an empty KV cache (no prefix cache yet), like a score
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import TYPE_CHECKING, Any
 
-from inference._inprocess.llamacpp_logits import clear_memory, finite_logits
+from inference._inprocess.llamacpp_logits import clear_memory, evaluated, finite_logits
 from inference._inprocess.llamacpp_scoring import vocabulary as scoring_vocabulary
 from inference.tokens import TokenVocabulary
 
@@ -55,23 +56,11 @@ def token_piece(llama_cpp: Any, vocab: Any, token: int) -> bytes:
 def next_token_row(llama_cpp: Any, numpy: Any, llama: Any, token_ids: tuple[int, ...]) -> NDArray[np.float32] | None:
     """The log-softmax after ``token_ids`` (float32, one entry per vocabulary token), or ``None`` where the logits
     are not finite (the caller says which adapter did it). The ``Llama`` is left reset."""
-    n_vocab = llama.n_vocab()
     row: Any = None
-    llama.reset()
-    llama._ctx.kv_cache_seq_rm(-1, 0, -1)
-    try:
-        for begin in range(0, len(token_ids), llama.n_batch):
-            chunk = token_ids[begin : begin + llama.n_batch]
-            llama._batch.set_batch(batch=list(chunk), n_past=begin, logits_all=False)
-            final = begin + len(chunk) == len(token_ids)
-            for index in range(len(chunk)):
-                llama._batch.batch.logits[index] = final and index == len(chunk) - 1
-            llama._ctx.decode(llama._batch)
-            if final:
-                row = numpy.array(numpy.ctypeslib.as_array(llama._ctx.get_logits(), shape=(1, n_vocab))[0])
-    finally:
-        llama.reset()
-        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+    last = len(token_ids) - 1
+    with contextlib.closing(evaluated(numpy, llama, token_ids, lambda position: position == last)) as steps:
+        for _, logits in steps:
+            row = numpy.array(logits)
     if row is None or not finite_logits(numpy, row):
         clear_memory(llama_cpp, llama)
         return None
