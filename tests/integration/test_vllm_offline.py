@@ -204,6 +204,21 @@ async def test_tokenize_detokenize_and_the_vocabulary_are_transformers(
     assert vocabulary["text"] == "numbers 1 2 3 and"
 
 
+
+async def test_next_token_distributions_are_transformers(seen: dict[str, Any], local: TransformersProvider) -> None:
+    """Full distributions from vLLM's engine (every token's logprob, the engine at max_logprobs=-1), batched with an
+    adapter and alone on the base model, equal Transformers' rows within 1e-4 per entry."""
+    import numpy as np
+
+    ids = seen["vocabulary"]["ids"]
+    theirs = np.asarray(seen["next_token"]["a0"], dtype=np.float32)
+    ours = await local.batch_next_token_logprobs([ids, ids[:3]], "tiny", "a0")
+    assert theirs.shape == ours.shape and float(np.abs(theirs - ours).max()) < 1e-4
+    base = np.asarray(seen["next_token"]["base"], dtype=np.float32)
+    assert float(np.abs(base - await local.next_token_logprobs(ids, "tiny")).max()) < 1e-4
+    assert abs(float(np.logaddexp.reduce(base.astype(np.float64)))) < 1e-4
+
+
 async def test_bad_input_is_a_typed_error_and_the_provider_goes_on(seen: dict[str, Any]) -> None:
     errors = seen["errors"]
     assert errors["missing_adapter"]["type"] == "InvalidAdapterError"

@@ -193,6 +193,10 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     vocabulary = await provider.token_vocabulary("tiny")
     out["vocabulary"] = {"size": vocabulary.size, "bytes": [piece.hex() for piece in vocabulary.token_bytes],
                          "text": await provider.detokenize(ids, "tiny"), "ids": ids}
+    rows = await asyncio.gather(
+        provider.batch_next_token_logprobs([ids, ids[:3]], "tiny", "a0"), provider.next_token_logprobs(ids, "tiny")
+    )
+    out["next_token"] = {"a0": rows[0].tolist(), "base": rows[1].tolist()}
     from_ids = await provider.generate(TokenIds(ids), model="tiny", adapter_id="a0", max_tokens=12, temperature=0,
                                        return_token_ids=True)
     options["token_prompt"] = {"extra": None, "ids": list(from_ids.token_ids or ()), "choices": 1,

@@ -17,7 +17,7 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
@@ -43,6 +43,10 @@ from inference.options import (
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent, TokenLogprob
 from inference.tokens import TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = ["VLLMOfflineProvider"]
 
@@ -132,6 +136,7 @@ class VLLMOfflineProvider(InferenceProvider):
     supports_scoring = True
     supports_token_prompts = True
     supports_tokenize = True
+    supports_next_token_logprobs = True
 
     def __init__(
         self,
@@ -203,6 +208,33 @@ class VLLMOfflineProvider(InferenceProvider):
     async def _detokenize_ids(self, request: TokenRequest) -> str:
         engine = await self._engine()
         return str(engine.tokenizer.decode(list(request.token_ids), skip_special_tokens=False))
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        """Each sequence as a one-token request with every token's logprob (vLLM's raw log-softmax: the engine runs
+        with ``max_logprobs=-1``), all sent at once so the engine batches them, each with its adapter."""
+        import numpy
+
+        engine = await self._engine()
+        params = engine.sampling.SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1)
+
+        async def row(request: TokenRequest) -> Any:
+            last = None
+            async for output in self._outputs(engine, {"prompt_token_ids": list(request.token_ids)}, params,
+                                              request.adapter_id):
+                last = output
+            entries = last.outputs[0].logprobs[0] if last is not None and last.outputs[0].logprobs else {}
+            values = numpy.full(engine.vocab_size, -numpy.inf, dtype=numpy.float32)
+            for token, entry in entries.items():
+                values[token] = entry.logprob
+            if len(entries) < engine.vocab_size or not numpy.isfinite(values).all():
+                raise ProviderError(
+                    f"vLLM's engine gave {len(entries)} of {engine.vocab_size} logprobs (or a non-finite one): a "
+                    "full distribution needs the engine's max_logprobs=-1 (do not override it in engine arguments)",
+                    provider=self.name,
+                )
+            return values
+
+        return numpy.stack(await asyncio.gather(*(row(request) for request in requests)))
 
     async def _token_vocabulary(self, model: str) -> TokenVocabulary:
         """The engine's vocabulary: its model's logits size, each id's bytes as Transformers' provider reads them."""
@@ -464,6 +496,7 @@ class VLLMOfflineProvider(InferenceProvider):
             "max_lora_rank": self.max_lora_rank,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "disable_log_stats": True,
+            "max_logprobs": -1,  # next_token_logprobs asks for every token's (a request's logprobs stay its own)
             **({"max_model_len": self.max_model_len} if self.max_model_len is not None else {}),
             **self._engine_arguments,
         }
