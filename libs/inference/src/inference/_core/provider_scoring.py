@@ -55,16 +55,7 @@ class ScoringProvider(TokenLevelProvider):
                 context window.
             AdapterNotFoundError: ``adapter_id`` is not loaded.
         """
-        with observe(self.name, "score") as observed:
-            request = ScoreRequest.checked(
-                provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
-            )
-            observed.request(request.model, request.adapter_id)
-            self._require_scoring("score")
-            async with self._adapter_in_use(request.adapter_id) as backend:
-                result = _as_asked(await self._score(_sent_as(request, backend)), request.adapter_id)
-            observed.scored(result.num_tokens)
-            return result
+        return await self._scored("score", self._score, context, continuation, model, adapter_id)
 
     async def score_rolling(self, text: str, model: str, adapter_id: str | None = None) -> ScoreResult:
         """The log-likelihood of all of ``text`` (lm-eval's ``loglikelihood_rolling``), for perplexity.
@@ -78,16 +69,7 @@ class ScoringProvider(TokenLevelProvider):
             InvalidRequestError: ``text`` is empty.
             AdapterNotFoundError: ``adapter_id`` is not loaded.
         """
-        with observe(self.name, "score_rolling") as observed:
-            request = ScoreRequest.checked(
-                provider=self.name, context="", continuation=text, model=model, adapter_id=adapter_id
-            )
-            observed.request(request.model, request.adapter_id)
-            self._require_scoring("score_rolling")
-            async with self._adapter_in_use(request.adapter_id) as backend:
-                result = _as_asked(await self._score_rolling(_sent_as(request, backend)), request.adapter_id)
-            observed.scored(result.num_tokens)
-            return result
+        return await self._scored("score_rolling", self._score_rolling, "", text, model, adapter_id)
 
     async def score_batch(
         self,
@@ -127,6 +109,29 @@ class ScoringProvider(TokenLevelProvider):
         return await self._run_all(
             "score_batch", pairs, score_one, max_concurrency, on_result, on_error=on_error, chunk_size=chunk_size
         )
+
+    async def _scored(
+        self,
+        operation: str,
+        hook: Callable[[ScoreRequest], Awaitable[ScoreResult]],
+        context: str,
+        continuation: str,
+        model: str,
+        adapter_id: str | None,
+    ) -> ScoreResult:
+        """The one path of ``score`` and ``score_rolling``: the request checked and observed as ``operation``, the
+        adapter held while the backend's ``hook`` (``_score`` or ``_score_rolling``) runs, the result under the
+        adapter id asked for."""
+        with observe(self.name, operation) as observed:
+            request = ScoreRequest.checked(
+                provider=self.name, context=context, continuation=continuation, model=model, adapter_id=adapter_id
+            )
+            observed.request(request.model, request.adapter_id)
+            self._require_scoring(operation)
+            async with self._adapter_in_use(request.adapter_id) as backend:
+                result = _as_asked(await hook(_sent_as(request, backend)), request.adapter_id)
+            observed.scored(result.num_tokens)
+            return result
 
     async def _run_all(
         self,
