@@ -180,17 +180,10 @@ class Observation:
             outcome, error = "error", exc_type.__name__
         if self.span is not None:
             self._end_span(outcome, error, exc)
-        instruments = _otel.instruments_if_set() if _otel else None
-        if instruments is not None:
-            try:
-                self._record_otel(instruments, outcome, error, seconds)
-            except Exception:
-                _sink_failed("OpenTelemetry metrics")
-        if _prometheus is not None:
-            try:
-                _prometheus.request(self, outcome, error, seconds)
-            except Exception:
-                _sink_failed("Prometheus metrics")
+        _record_metrics(
+            lambda instruments: self._record_otel(instruments, outcome, error, seconds),
+            lambda prometheus: prometheus.request(self, outcome, error, seconds),
+        )
 
     def _end_span(self, outcome: str, error: str | None, exc: BaseException | None) -> None:
         span = self.span
@@ -259,17 +252,27 @@ def observed_adapter_hook(
 
 
 def _record_adapter(provider: str, operation: str, outcome: str, seconds: float) -> None:
+    labels = {"provider": provider, "operation": operation, "outcome": outcome}
+
+    def to_otel(instruments: _OtelInstruments) -> None:
+        instruments.adapter_operations.add(1, labels)
+        instruments.adapter_duration.record(seconds, labels)
+
+    _record_metrics(to_otel, lambda prometheus: prometheus.adapter(provider, operation, outcome, seconds))
+
+
+def _record_metrics(to_otel: Callable[[_OtelInstruments], object], to_prometheus: Callable[[Any], object]) -> None:
+    """Record one set of metric points in each metrics sink that is on (OpenTelemetry's instruments, inference.metrics'
+    Prometheus metrics); a sink that fails is logged once and never fails the request."""
     otel = _otel if _otel is not None else _opentelemetry()
     instruments = otel.instruments_if_set() if otel else None
     if instruments is not None:
         try:
-            labels = {"provider": provider, "operation": operation}
-            instruments.adapter_operations.add(1, {**labels, "outcome": outcome})
-            instruments.adapter_duration.record(seconds, {**labels, "outcome": outcome})
+            to_otel(instruments)
         except Exception:
             _sink_failed("OpenTelemetry metrics")
     if _prometheus is not None:
         try:
-            _prometheus.adapter(provider, operation, outcome, seconds)
+            to_prometheus(_prometheus)
         except Exception:
             _sink_failed("Prometheus metrics")
