@@ -99,7 +99,7 @@ class SGLangProvider(OpenAICompatibleProvider):
         timeout: float | None = None,
         max_retries: int | None = None,
     ) -> None:
-        super().__init__(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
+        super().__init__(locals())
         lora = RuntimeLoRA(SGLANG_LORA_ROUTES)
         self._lora = ServedAdapters(self._replicas, lora, self._adapter_registry, None)
 

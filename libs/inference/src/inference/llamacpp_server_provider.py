@@ -135,11 +135,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         *,
         replica_down_s: float | None = None,
     ) -> None:
-        super().__init__(
-            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
-            replica_down_s=replica_down_s,
-            adapter_cache_dir=None if adapter_cache_dir is None else os.fspath(adapter_cache_dir),
-        )
+        super().__init__(locals())
         for replica in self._replicas:  # the OpenAI-compatible routes, whether base_url ends with /v1 or not
             replica.urls = {CHAT: f"{replica.root}/v1/chat/completions", COMPLETIONS: f"{replica.root}/v1/completions"}
         self.adapter_cache_dir = expand_path(self._settings["adapter_cache_dir"] or "~/.cache/inference-adapters")

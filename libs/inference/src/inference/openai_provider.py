@@ -67,9 +67,6 @@ class OpenAIProvider(OpenAICompatibleProvider):
         *,
         replica_down_s: float | None = None,
     ) -> None:
-        super().__init__(
-            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries, api=api,
-            replica_down_s=replica_down_s,
-        )
+        super().__init__(locals())
         self.api: str = self._settings["api"]
         self._route_choice = ChatUntilRefused(self.api, env_prefix=self.env_prefix)

@@ -240,18 +240,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         *,
         replica_down_s: float | None = None,
     ) -> None:
-        super().__init__(
-            base_url=base_url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries, replica_down_s=replica_down_s,
-            max_lora_rank=max_lora_rank,
-            adapter_dir=adapter_dir,
-            api=api,
-            adapter_placement=adapter_placement,
-            max_loras=max_loras,
-            spread_after=spread_after,
-        )
+        super().__init__(locals())
         self.max_lora_rank: int = self._settings["max_lora_rank"]
         self.adapter_dir: str | None = self._settings["adapter_dir"]
         self.api: str = self._settings["api"]

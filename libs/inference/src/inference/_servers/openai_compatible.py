@@ -23,7 +23,7 @@ subclass gives its name, its settings (in :mod:`inference.registry`) and its par
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
@@ -90,7 +90,7 @@ class OpenAICompatibleProvider(InferenceProvider):
     options: ClassVar[OptionMap] = OPENAI_OPTIONS
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
 
-    def __init__(self, **arguments: Any) -> None:
+    def __init__(self, arguments: Mapping[str, Any] | None = None) -> None:
         super().__init__(arguments)
         settings = self._settings
         # Imported with the provider (never by ``import inference``), not at the first request.
