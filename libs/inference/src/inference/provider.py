@@ -121,8 +121,9 @@ class InferenceProvider(ScoringProvider):
             next-token distribution (never a truncated one).
         supports_token_prompts: ``generate``, ``stream`` and ``generate_batch`` take a
             :class:`~inference.tokens.TokenIds` prompt.
-        loads_hub_ids: The model setting may be a Hugging Face Hub id (``ORG/NAME``), resolved from the local
-            Hugging Face cache (fetched there first unless ``HF_HUB_OFFLINE`` is set).
+        loads_hub_ids: The model setting may be a Hugging Face Hub id (``ORG/NAME``; llama.cpp's
+            ``ORG/NAME:FILE.gguf``), resolved from the local Hugging Face cache (fetched there first unless
+            ``HF_HUB_OFFLINE`` is set).
     """
 
     async def generate(

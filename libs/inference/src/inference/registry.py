@@ -188,10 +188,11 @@ _SPECS = (
         target="inference.llamacpp_provider:LlamaCppProvider",
         summary="llama.cpp in this process (llama-cpp-python): GGUF models, GGUF LoRA adapters hot-swapped",
         extra="llamacpp",
-        packages=("llama_cpp", "gguf", "llguidance"),
+        packages=("llama_cpp", "gguf", "llguidance", "huggingface_hub"),
         model_setting="model_path",
         settings=(
-            Setting("model_path", "LLAMACPP_MODEL_PATH", None, "path", "Path of the GGUF base model",
+            Setting("model_path", "LLAMACPP_MODEL_PATH", None, "path",
+                    "Path of the GGUF base model, or ORG/NAME:FILE.gguf from the Hugging Face Hub (its cache)",
                     none_means="no model"),
             Setting("n_ctx", "LLAMACPP_N_CTX", 4096, "int", "Context size in tokens", minimum=1),
             Setting("n_gpu_layers", "LLAMACPP_N_GPU_LAYERS", -1, "int",
