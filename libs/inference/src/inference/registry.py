@@ -267,7 +267,8 @@ _SPECS = (
         packages=("vllm",),
         model_setting="model_name",
         settings=(
-            Setting("model_name", "VLLM_OFFLINE_MODEL_NAME", "", "path", "Local model directory for vLLM to load"),
+            Setting("model_name", "VLLM_OFFLINE_MODEL_NAME", "", "path",
+                    "Local model directory, or Hugging Face Hub id (ORG/NAME), for vLLM to load"),
             Setting("max_loras", "VLLM_OFFLINE_MAX_LORAS", 4, "int",
                     "Adapters one engine step can mix (vLLM's max_loras)", minimum=1),
             Setting("max_lora_rank", "VLLM_OFFLINE_MAX_LORA_RANK", 16, "int",
@@ -279,6 +280,9 @@ _SPECS = (
             Setting("dtype", "VLLM_OFFLINE_DTYPE", "auto", "str", "Weights dtype: auto, float32, float16, bfloat16",
                     choices=("auto", "float32", "float16", "bfloat16")),
             _max_adapters("VLLM_OFFLINE"),
+            Setting("engine_args", "VLLM_OFFLINE_ENGINE_ARGS", None, "json",
+                    "More of vLLM's engine arguments (AsyncEngineArgs), passed unchecked",
+                    none_means="none"),
         ),
     ),
     ProviderSpec(
