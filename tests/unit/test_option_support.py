@@ -264,7 +264,7 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
         elif option == "logit_bias":
             assert sent == {"7": -100}, (provider_type, sent)  # ids as decimal strings, OpenAI's form
         elif option in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "top_k", "min_p",
-                        "presence_penalty", "frequency_penalty", "chat_template", "chat_template_kwargs"):
+                        "presence_penalty", "frequency_penalty", "chat_template", "chat_template_kwargs", "thinking"):
             assert sent == EVERY_OPTION[option], (provider_type, option, sent)
     assert bodies[0]["messages"][0] == {"role": "system", "content": "Be brief."}
 

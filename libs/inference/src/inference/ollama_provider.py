@@ -130,6 +130,7 @@ class OllamaProvider(InferenceProvider):
         "logprobs": Sent("logprobs", "with top_logprobs"),
         "json_schema": Sent("format"),
         **NOT_BUILT_YET,
+        "thinking": Sent("think", "over the provider's think setting; the reasoning is message.thinking"),
         "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
         "timeout": TIMEOUT_IN_BASE_CLASS,
     }

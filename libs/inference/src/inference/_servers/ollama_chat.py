@@ -195,7 +195,8 @@ class OllamaChat:
 def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: str = "auto") -> dict[str, Any]:
     """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply.
 
-    ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``.
+    ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``; the request's
+    ``thinking`` (``True``/``False``) goes over it.
     """
     messages = request.messages  # the one message rule (GenerationRequest.messages)
     options: dict[str, Any] = {"num_predict": request.max_tokens}
@@ -218,6 +219,8 @@ def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: st
         body["top_logprobs"] = request.logprobs
     if think != "auto":
         body["think"] = {"true": True, "false": False}.get(think, think)
+    if request.thinking is not None:
+        body["think"] = request.thinking
     return body
 
 
