@@ -296,6 +296,13 @@ async def test_the_ollama_body_carries_every_option_under_its_declared_field() -
     finally:
         await provider.aclose()
     for option, how in cls.options.items():
-        if isinstance(how, Sent) and how not in BEFORE_THE_BACKEND:
-            _at(bodies[1] if option == "json_schema" else bodies[0], how.field)
+        if not isinstance(how, Sent) or isinstance(how, ByRequests) or how in BEFORE_THE_BACKEND:
+            continue
+        body = bodies[1] if option == "json_schema" else bodies[0]
+        if option == "extra_body":  # merged into the body
+            assert body["priority"] == EVERY_OPTION["extra_body"]["priority"]
+        elif option == "raw_prompt":  # False: /api/chat with messages (True: /api/generate, test_ollama_options.py)
+            assert "messages" in body and "raw" not in body
+        else:
+            _at(body, how.field)
     assert bodies[0]["options"]["repeat_penalty"] == 1.1 and bodies[0]["options"]["num_predict"] == 7
