@@ -235,6 +235,9 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
         return_value=httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
     )
     respx.post(f"{base.removesuffix('/v1')}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [1]}))
+    respx.post(f"{base}/apply-template").mock(  # llama-server: it renders with Jinja (template variables are read)
+        return_value=httpx.Response(200, json={"prompt": "x"})
+    )
     cls = load_provider_class(provider_type)
     kwargs: dict[str, Any] = {"base_url": base}
     if provider_type == "vllm":
