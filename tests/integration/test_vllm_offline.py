@@ -174,8 +174,9 @@ async def test_json_schema_output_validates(seen: dict[str, Any]) -> None:
 
 
 async def test_request_options_give_transformers_tokens(seen: dict[str, Any], local: TransformersProvider) -> None:
-    """logit_bias, the penalties, min_p, n, raw prompts, template overrides and TokenIds prompts on vLLM's engine
-    give the token ids Transformers gives for the same adapter."""
+    """logit_bias, the penalties, min_p, n, raw prompts, template overrides, thinking (the template's
+    enable_thinking) and TokenIds prompts on vLLM's engine give the token ids Transformers gives for the same
+    adapter."""
     options = seen["options"]
     for name, case in options.items():
         if case["extra"] is None:
@@ -191,6 +192,7 @@ async def test_request_options_give_transformers_tokens(seen: dict[str, Any], lo
     assert greedy[0] not in options["banned"]["ids"] and set(options["forced"]["ids"]) == {greedy[0]}
     assert options["min_p"]["ids"] == greedy and options["n"]["texts"] == [options["greedy"]["texts"][0]]
     assert options["raw"]["ids"] == options["template"]["ids"] == options["token_prompt"]["ids"]
+    assert options["thinking"]["ids"] != options["template"]["ids"]  # "No thinking. " went into the prompt
 
 
 

@@ -37,6 +37,8 @@ OPTION_CASES: dict[str, dict[str, Any]] = {  # each run on Transformers too, by 
     "raw": {"raw_prompt": True},
     "template": {"chat_template": "{{ lead }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
                  "chat_template_kwargs": {"lead": ""}},
+    "thinking": {"chat_template": "{% if not enable_thinking %}No thinking. {% endif %}"
+                                  "{% for m in messages %}{{ m['content'] }}{% endfor %}", "thinking": False},
 }
 
 HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -12,7 +12,7 @@ import pytest
 from inference._core.thinking import ThinkingStream, split_thinking, template_variables
 from inference._core.validation import GenerationRequest
 from inference.fake_provider import FakeProvider
-from inference.options import ByRequests, OptionMap
+from inference.options import ByRequests, OptionMap, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, StreamEvent
 
@@ -87,3 +87,20 @@ async def test_in_process_results_and_streams_carry_the_reasoning_apart() -> Non
         assert [(one.text, one.reasoning) for one in both.choices or ()] == [("Hello there.", "The user greets.")] * 2
         raw = await provider.generate("Hi", model="m", raw_prompt=True)  # the caller's own prompt: left as it is
         assert (raw.text, raw.reasoning) == (ThinkingModel.TEXT, None)
+
+
+class NativeChoices(ThinkingModel):
+    """The same model with a native ``n``: its backend answers with every choice at once."""
+
+    options: ClassVar[OptionMap] = {**FakeProvider.options, "n": Sent("n")}
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        one = await super()._generate(request)
+        return GenerationResult.from_choices([one] * request.n)
+
+
+async def test_a_native_n_reads_as_its_first_choice_with_the_reasoning_apart() -> None:
+    async with NativeChoices() as provider:
+        result = await provider.generate("Hi", model="m", n=2)
+    assert (result.text, result.reasoning) == ("Hello there.", "The user greets.")
+    assert [(one.text, one.reasoning) for one in result.choices or ()] == [("Hello there.", "The user greets.")] * 2

@@ -413,7 +413,10 @@ class InferenceProvider(ScoringProvider):
 
         if result.choices is None:
             return checked(result)
-        return dataclasses.replace(_as_asked(result, asked), choices=tuple(checked(one) for one in result.choices))
+        choices = tuple(checked(one) for one in result.choices)
+        first = choices[0]  # the result reads as its first choice (reasoning apart there too)
+        answer = _as_asked(result, asked)
+        return dataclasses.replace(answer, text=first.text, reasoning=first.reasoning, choices=choices)
 
     def _splits_thinking(self, request: GenerationRequest) -> bool:
         """Whether the text's ``<think>...</think>`` goes to ``reasoning`` here: on in-process backends (a server
