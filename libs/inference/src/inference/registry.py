@@ -264,7 +264,7 @@ _SPECS = (
         target="inference.vllm_offline_provider:VLLMOfflineProvider",
         summary="vLLM's engine in this process: batches that mix LoRA adapters, no server to manage",
         extra="vllm-offline",
-        packages=("vllm",),
+        packages=("vllm", "huggingface_hub"),
         model_setting="model_name",
         settings=(
             Setting("model_name", "VLLM_OFFLINE_MODEL_NAME", "", "path",
