@@ -124,3 +124,38 @@ async def test_raw_prompts_and_template_overrides_read_the_same_tokens_on_both_b
     with pytest.raises(InvalidRequestError, match="chat template refused"):
         await transformers.generate(PROMPT, model="m", max_tokens=2, chat_template="{% for %}")
     assert (await llamacpp.generate(PROMPT, model="m", max_tokens=2)).completion_tokens > 0  # still usable
+
+
+THINKING_TEMPLATE = (
+    "{% if enable_thinking is defined and not enable_thinking %}No thinking. {% endif %}"
+    "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+)
+"""A template that honours ``enable_thinking`` as Qwen3's does (``False`` writes into the prompt)."""
+
+
+async def test_thinking_is_the_template_s_enable_thinking_on_both_backends(
+    pair: tuple[InferenceProvider, InferenceProvider],
+) -> None:
+    """``thinking=False`` renders what ``chat_template_kwargs={"enable_thinking": False}`` renders (the raw text
+    with the template's no-thinking words); ``thinking=True`` renders the prompt alone; the same on both backends."""
+    texts = []
+    for provider in pair:
+        def ids(result: Any) -> list[int | None]:
+            assert result.logprobs is not None
+            return [entry.token_id for entry in result.logprobs]
+
+        greedy: dict[str, Any] = {"model": "m", "temperature": 0, "max_tokens": 8, "logprobs": 0}
+        off = await provider.generate(PROMPT, chat_template=THINKING_TEMPLATE, thinking=False, **greedy)
+        off_by_variable = await provider.generate(PROMPT, chat_template=THINKING_TEMPLATE,
+                                                  chat_template_kwargs={"enable_thinking": False}, **greedy)
+        on = await provider.generate(PROMPT, chat_template=THINKING_TEMPLATE, thinking=True, **greedy)
+        raw_off = await provider.generate(f"No thinking. {PROMPT}", raw_prompt=True, **greedy)
+        raw_on = await provider.generate(PROMPT, raw_prompt=True, **greedy)
+        assert ids(off) == ids(off_by_variable) == ids(raw_off)
+        assert off.prompt_tokens == raw_off.prompt_tokens
+        assert ids(on) == ids(raw_on) and on.prompt_tokens == raw_on.prompt_tokens
+        assert off.prompt_tokens != on.prompt_tokens
+        texts.append((off.text, on.text))
+        with pytest.raises(InvalidRequestError, match="disagree"):
+            await provider.generate(PROMPT, thinking=True, chat_template_kwargs={"enable_thinking": False}, **greedy)
+    assert texts[0] == texts[1]

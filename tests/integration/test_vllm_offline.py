@@ -61,7 +61,9 @@ def seen(tmp_path_factory: pytest.TempPathFactory, vllm_python: Path) -> dict[st
     build_vllm_model()  # built here, with this venv's transformers, before the scenario reads it
     directory = tmp_path_factory.mktemp("vllm-offline")
     out, log = directory / "seen.json", directory / "scenario.log"
-    environment = vllm_environment({"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
+    environment = vllm_environment(
+        {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(directory / "hub")}
+    )
     with log.open("wb") as sink:
         finished = subprocess.run(
             [str(python), str(SCENARIO), str(out)], stdout=sink, stderr=subprocess.STDOUT, env=environment,
@@ -172,8 +174,9 @@ async def test_json_schema_output_validates(seen: dict[str, Any]) -> None:
 
 
 async def test_request_options_give_transformers_tokens(seen: dict[str, Any], local: TransformersProvider) -> None:
-    """logit_bias, the penalties, min_p, n, raw prompts, template overrides and TokenIds prompts on vLLM's engine
-    give the token ids Transformers gives for the same adapter."""
+    """logit_bias, the penalties, min_p, n, raw prompts, template overrides, thinking (the template's
+    enable_thinking) and TokenIds prompts on vLLM's engine give the token ids Transformers gives for the same
+    adapter."""
     options = seen["options"]
     for name, case in options.items():
         if case["extra"] is None:
@@ -189,6 +192,7 @@ async def test_request_options_give_transformers_tokens(seen: dict[str, Any], lo
     assert greedy[0] not in options["banned"]["ids"] and set(options["forced"]["ids"]) == {greedy[0]}
     assert options["min_p"]["ids"] == greedy and options["n"]["texts"] == [options["greedy"]["texts"][0]]
     assert options["raw"]["ids"] == options["template"]["ids"] == options["token_prompt"]["ids"]
+    assert options["thinking"]["ids"] != options["template"]["ids"]  # "No thinking. " went into the prompt
 
 
 
@@ -230,6 +234,21 @@ async def test_bad_input_is_a_typed_error_and_the_provider_goes_on(seen: dict[st
     assert "ask for at most" in errors["max_tokens_too_large"]["message"]
     assert errors["listed"] == ["a0", "a1"]  # failed loads left nothing behind
     assert errors["after"]["tokens"] == seen["greedy"][f"a0|{PROMPTS[0]}"]["tokens"]
+
+
+async def test_a_hub_id_loads_offline_from_the_cache_with_engine_arguments_from_a_step_config(
+    seen: dict[str, Any],
+) -> None:
+    """``model_name="ORG/NAME"`` in a step config loads the model from the Hugging Face cache with HF_HUB_OFFLINE=1
+    and answers as the directory does; the step's ``engine_args`` reach vLLM's engine; a Hub id not cached is a
+    ModelLoadError saying so, before the engine starts."""
+    hub = seen["hub"]
+    assert hub["greedy"]["tokens"] == seen["greedy"][f"None|{PROMPTS[0]}"]["tokens"]
+    assert hub["greedy"]["text"] == seen["greedy"][f"None|{PROMPTS[0]}"]["text"]
+    assert hub["max_num_seqs"] == 3
+    assert hub["same_provider"]  # a mapping and its JSON text are one setting
+    assert hub["not_cached"]["type"] == "ModelLoadError"
+    assert "not in the local Hugging Face cache" in hub["not_cached"]["message"]
 
 
 async def test_the_engine_starts_off_the_event_loop_and_closes(seen: dict[str, Any]) -> None:

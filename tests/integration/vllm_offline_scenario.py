@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -36,8 +37,11 @@ OPTION_CASES: dict[str, dict[str, Any]] = {  # each run on Transformers too, by 
     "raw": {"raw_prompt": True},
     "template": {"chat_template": "{{ lead }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
                  "chat_template_kwargs": {"lead": ""}},
+    "thinking": {"chat_template": "{% if not enable_thinking %}No thinking. {% endif %}"
+                                  "{% for m in messages %}{{ m['content'] }}{% endfor %}", "thinking": False},
 }
 
+HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 SCORE_PAIRS = [
     ("the quick brown fox", " jumps over the dog"),
@@ -228,6 +232,33 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     await provider.aclose()
     out["closed_in_flight"] = await in_flight
     out["closed"] = await error_of(provider.generate("Hi", model="tiny", max_tokens=2))
+    await hub_id_and_step_config(out, model.hf_dir)
+
+
+async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
+    """The model by Hub id, offline from a Hugging Face cache (``HF_HUB_CACHE``, set by the test) laid out as a
+    download leaves it, with engine arguments from a step config; and a Hub id that is not cached."""
+    from inference.factory import get_provider_for_step
+
+    cache = Path(os.environ["HF_HUB_CACHE"])
+    repo = cache / "models--tiny-org--tiny-vllm"
+    shutil.copytree(directory, repo / "snapshots" / HUB_REVISION)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(HUB_REVISION)
+    step = {"provider": "vllm-offline", "model_name": "tiny-org/tiny-vllm", "dtype": "float32", "max_model_len": 512,
+            "max_lora_rank": 8, "engine_args": {"max_num_seqs": 3}}
+    provider = get_provider_for_step(step)
+    same = get_provider_for_step({**step, "engine_args": '{"max_num_seqs": 3}'})  # equal settings, one provider
+    missing = get_provider_for_step({**step, "model_name": "tiny-org/not-cached"})
+    async with provider, missing:
+        engine = await provider._engine()
+        out["hub"] = {
+            "same_provider": same is provider,
+            "max_num_seqs": engine.llm.vllm_config.scheduler_config.max_num_seqs,
+            "greedy": generation(await provider.generate(PROMPTS[0], model="tiny", max_tokens=8, temperature=0,
+                                                         logprobs=2)),
+            "not_cached": await error_of(missing.start()),
+        }
 
 
 async def until(condition: Any, what: str) -> None:

@@ -152,3 +152,25 @@ async def test_a_provider_closed_by_async_with_is_replaced_in_the_cache(clean_en
 def test_unhashable_step_settings_are_a_configuration_error(clean_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigurationError, match="plain values"):
         get_provider_for_step({"provider": "llamacpp", "model_path": "/m.gguf", "n_ctx": [4096]})
+
+
+def test_vllm_offline_engine_arguments_come_from_a_step_config_or_the_environment(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """``engine_args`` is a JSON object: a mapping or its text, kept as canonical JSON (one cache key for both), and
+    the keywords of the constructor go over it."""
+    from inference.config import resolve_settings
+    from inference.vllm_offline_provider import VLLMOfflineProvider
+
+    step = {"model_name": "/models/m", "engine_args": {"seed": 0, "enforce_eager": True}}
+    as_text = {**step, "engine_args": '{"enforce_eager": true, "seed": 0}'}
+    assert resolve_settings("vllm-offline", step) == resolve_settings("vllm-offline", as_text)
+    provider = VLLMOfflineProvider(**resolve_settings("vllm-offline", step), max_num_seqs=2, seed=1)
+    assert provider._engine_arguments == {"enforce_eager": True, "seed": 1, "max_num_seqs": 2}
+    clean_env.setenv("VLLM_OFFLINE_ENGINE_ARGS", '{"max_num_seqs": 3}')
+    assert VLLMOfflineProvider(model_name="/models/m")._engine_arguments == {"max_num_seqs": 3}
+    clean_env.setenv("VLLM_OFFLINE_ENGINE_ARGS", "max_num_seqs=3")
+    with pytest.raises(ConfigurationError, match=r"VLLM_OFFLINE_ENGINE_ARGS.*must be a JSON object"):
+        VLLMOfflineProvider(model_name="/models/m")
+    with pytest.raises(ConfigurationError, match=r"engine_args.*must be a JSON object"):
+        resolve_settings("vllm-offline", {"engine_args": ["enforce_eager"]})

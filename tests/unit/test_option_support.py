@@ -235,6 +235,9 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
         return_value=httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
     )
     respx.post(f"{base.removesuffix('/v1')}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [1]}))
+    respx.post(f"{base}/apply-template").mock(  # llama-server: it renders with Jinja (template variables are read)
+        return_value=httpx.Response(200, json={"prompt": "x"})
+    )
     cls = load_provider_class(provider_type)
     kwargs: dict[str, Any] = {"base_url": base}
     if provider_type == "vllm":
@@ -264,7 +267,7 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
         elif option == "logit_bias":
             assert sent == {"7": -100}, (provider_type, sent)  # ids as decimal strings, OpenAI's form
         elif option in ("max_tokens", "temperature", "top_p", "repetition_penalty", "seed", "top_k", "min_p",
-                        "presence_penalty", "frequency_penalty", "chat_template", "chat_template_kwargs"):
+                        "presence_penalty", "frequency_penalty", "chat_template", "chat_template_kwargs", "thinking"):
             assert sent == EVERY_OPTION[option], (provider_type, option, sent)
     assert bodies[0]["messages"][0] == {"role": "system", "content": "Be brief."}
 
@@ -296,6 +299,13 @@ async def test_the_ollama_body_carries_every_option_under_its_declared_field() -
     finally:
         await provider.aclose()
     for option, how in cls.options.items():
-        if isinstance(how, Sent) and how not in BEFORE_THE_BACKEND:
-            _at(bodies[1] if option == "json_schema" else bodies[0], how.field)
+        if not isinstance(how, Sent) or isinstance(how, ByRequests) or how in BEFORE_THE_BACKEND:
+            continue
+        body = bodies[1] if option == "json_schema" else bodies[0]
+        if option == "extra_body":  # merged into the body
+            assert body["priority"] == EVERY_OPTION["extra_body"]["priority"]
+        elif option == "raw_prompt":  # False: /api/chat with messages (True: /api/generate, test_ollama_options.py)
+            assert "messages" in body and "raw" not in body
+        else:
+            _at(body, how.field)
     assert bodies[0]["options"]["repeat_penalty"] == 1.1 and bodies[0]["options"]["num_predict"] == 7

@@ -98,7 +98,10 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         ...         return await provider.generate("Hello", model="base", adapter_id="style", temperature=0)
 
     Args:
-        model_path: The GGUF base model; else ``LLAMACPP_MODEL_PATH``. Required.
+        model_path: The GGUF base model; else ``LLAMACPP_MODEL_PATH``. Required. A GGUF file of a Hugging Face Hub
+            repository is written ``ORG/NAME:FILE.gguf`` (``FILE`` as named in the repository, no wildcards): it is
+            resolved as ``Llama.from_pretrained(ORG/NAME, FILE.gguf)`` does (the Hugging Face cache, fetched there
+            first unless ``HF_HUB_OFFLINE`` is set) when no such local path exists.
         n_ctx: Context size in tokens; else ``LLAMACPP_N_CTX``; else 4096.
         n_gpu_layers: Layers offloaded to the GPU (-1 = all); else ``LLAMACPP_N_GPU_LAYERS``; else -1.
             Ignored by CPU-only builds of llama.cpp.
@@ -164,6 +167,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
     supports_next_token_logprobs = True
     supports_token_prompts = True
     supports_adapter_scales = True
+    loads_hub_ids = True
     _backend_label = "llama.cpp"
 
     def __init__(
@@ -235,7 +239,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
     @property
     def model_name(self) -> str:
         """The loaded model's name: the GGUF file's stem."""
-        return self.model_path.stem
+        return self._model.name
 
     @property
     def uses_hot_swap(self) -> bool | None:

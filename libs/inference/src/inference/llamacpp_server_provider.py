@@ -26,7 +26,12 @@ from inference._servers.replicas import Replica
 from inference._servers.routes import RouteChoice
 from inference.adapters.gguf import convert_peft_to_gguf_cached
 from inference.adapters.source import AdapterSource
-from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
+from inference.exceptions import (
+    AdapterNotFoundError,
+    InvalidAdapterError,
+    InvalidRequestError,
+    ProviderUnavailableError,
+)
 from inference.options import OptionMap, Refused, Sent
 
 __all__ = ["LlamaCppServerProvider", "ServedAdapter"]
@@ -117,6 +122,13 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         "tools": Refused("llama-server reads tools only when started with --jinja and ignores them otherwise, "
                          "without a word: not built yet for this backend"),
         "tool_choice": Refused("llama-server reads tool_choice only when started with --jinja: not built yet"),
+        "chat_template_kwargs": Sent(
+            "chat_template_kwargs",
+            "read by llama-server's Jinja renderer (--jinja, its default): refused for a server started with "
+            "--no-jinja, which would ignore them without a word",
+        ),
+        "thinking": Sent("chat_template_kwargs.enable_thinking", "as chat_template_kwargs; the reasoning comes back "
+                         "apart (reasoning_content) as llama-server's --reasoning-format says"),
     }
     server_label = "llama-server"
     env_prefix = "LLAMACPP_SERVER"
@@ -140,6 +152,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             replica.urls = {CHAT: f"{replica.root}/v1/chat/completions", COMPLETIONS: f"{replica.root}/v1/completions"}
         self.adapter_cache_dir = expand_path(self._settings["adapter_cache_dir"] or "~/.cache/inference-adapters")
         self._props: dict[str, dict[str, Any]] = {}  # replica URL -> its GET /props
+        self._jinja: dict[str, bool] = {}  # replica URL -> whether it renders templates with Jinja
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
         self._route_choice = _TemplateFromProps(self._server_props)
 
@@ -177,6 +190,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             AdapterNotFoundError: The server (restarted) has no longer an adapter the request applies.
             ProviderUnavailableError: The server kept restarting between the adapter list and the answer.
         """
+        if "chat_template_kwargs" in arguments:  # a server without Jinja would ignore them without a word
+            await self._require_jinja(replica)
         stream = bool(arguments.get("stream"))
         held = contextlib.AsyncExitStack()  # the connection, until the answer is read (a stream: until it is closed)
         pinned = await held.enter_async_context((http or replica.http).one_connection())
@@ -301,6 +316,30 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             body = replica.http.parse_json(response, operation=operation)
             props = self._props[replica.base_url] = body if isinstance(body, dict) else {}
         return props
+
+    async def _require_jinja(self, replica: Replica) -> None:
+        """Refuse template variables for a replica that renders chat templates without Jinja (``--no-jinja``).
+
+        Asked once per replica: ``POST /apply-template`` with a tool only renders the prompt, and a server without
+        Jinja refuses any tool (``"tools param requires --jinja flag"``); ``/props`` does not say.
+        """
+        jinja = self._jinja.get(replica.base_url)
+        if jinja is None:
+            probe = {"messages": [{"role": "user", "content": "x"}], "tools": [
+                {"type": "function", "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}}}
+            ]}
+            response = await replica.http.request(
+                "POST", f"{replica.root}/apply-template", operation="ask whether the server renders with Jinja",
+                json_body=probe, ok_statuses=frozenset({400, 404, 500, 501}),
+            )
+            jinja = self._jinja[replica.base_url] = response.status_code == 200
+        if not jinja:
+            raise InvalidRequestError(
+                f"llama-server at {replica.root} renders chat templates without Jinja (started with --no-jinja, or "
+                "too old for /apply-template), so it would ignore chat_template_kwargs and thinking without a word: "
+                "start it with --jinja (its default), or leave them out",
+                provider=self.name,
+            )
 
     async def _read_served(
         self, replica: Replica, http: ServerClient | None = None, *, again: bool = True

@@ -31,7 +31,14 @@ from inference.exceptions import (
     ServerModelNotFoundError,
     ServerResponseError,
 )
-from inference.options import NOT_BUILT_YET, RESPONSE_FORMAT_AS_JSON_SCHEMA, TIMEOUT_IN_BASE_CLASS, OptionMap, Sent
+from inference.options import (
+    NOT_BUILT_YET,
+    RESPONSE_FORMAT_AS_JSON_SCHEMA,
+    TIMEOUT_IN_BASE_CLASS,
+    ByRequests,
+    OptionMap,
+    Sent,
+)
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 if TYPE_CHECKING:
@@ -130,6 +137,19 @@ class OllamaProvider(InferenceProvider):
         "logprobs": Sent("logprobs", "with top_logprobs"),
         "json_schema": Sent("format"),
         **NOT_BUILT_YET,
+        "thinking": Sent("think", "over the provider's think setting; the reasoning is message.thinking"),
+        "presence_penalty": Sent(
+            "options.presence_penalty",
+            "llama.cpp's additive penalty (OpenAI's meaning) over the last repeat_last_n tokens (Ollama's default 64)",
+        ),
+        "frequency_penalty": Sent(
+            "options.frequency_penalty",
+            "llama.cpp's additive penalty (OpenAI's meaning) over the last repeat_last_n tokens (Ollama's default 64)",
+        ),
+        "min_p": Sent("options.min_p"),
+        "n": ByRequests(),
+        "raw_prompt": Sent("/api/generate", "the prompt text as it is (raw: true), no template"),
+        "extra_body": Sent("extra_body", "merged into the /api/chat body last; a mapping under options joins them"),
         "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
         "timeout": TIMEOUT_IN_BASE_CLASS,
     }

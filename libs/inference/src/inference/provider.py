@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from inference._core.provider_base import _as_asked
 from inference._core.provider_scoring import ScoringProvider
 from inference._core.telemetry import observe
+from inference._core.thinking import ThinkingStream, split_thinking
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
@@ -121,8 +122,9 @@ class InferenceProvider(ScoringProvider):
             next-token distribution (never a truncated one).
         supports_token_prompts: ``generate``, ``stream`` and ``generate_batch`` take a
             :class:`~inference.tokens.TokenIds` prompt.
-        loads_hub_ids: The model setting may be a Hugging Face Hub id (``ORG/NAME``), resolved from the local
-            Hugging Face cache (fetched there first unless ``HF_HUB_OFFLINE`` is set).
+        loads_hub_ids: The model setting may be a Hugging Face Hub id (``ORG/NAME``; llama.cpp's
+            ``ORG/NAME:FILE.gguf``), resolved from the local Hugging Face cache (fetched there first unless
+            ``HF_HUB_OFFLINE`` is set).
     """
 
     async def generate(
@@ -243,6 +245,7 @@ class InferenceProvider(ScoringProvider):
             async with contextlib.AsyncExitStack() as stack:
                 sent = await self._in_time(request, deadline, stack.enter_async_context(self._request_in_use(request)))
                 events = self._stream(sent)
+                thoughts = ThinkingStream() if self._splits_thinking(request) else None  # reasoning never streamed
                 try:
                     while True:
                         try:
@@ -250,9 +253,13 @@ class InferenceProvider(ScoringProvider):
                         except StopAsyncIteration:
                             break
                         if isinstance(event, str):
-                            observed.piece()
-                            yield event
+                            event = event if thoughts is None else thoughts.feed(event)
+                            if event:
+                                observed.piece()
+                                yield event
                         else:
+                            if thoughts is not None and (held := thoughts.flush()):
+                                yield held
                             final = self._checked_result(request, event)
                             observed.result(final.prompt_tokens, final.completion_tokens, final.finish_reason)
                             yield final
@@ -397,12 +404,32 @@ class InferenceProvider(ScoringProvider):
 
     def _checked_result(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
         """``result`` as the caller receives it: each choice finished (an engine error or abort is a
-        :class:`ProviderError`, never a text), kept to the ``json_schema``, and under the adapter id asked for."""
+        :class:`ProviderError`, never a text), its reasoning apart (in process), kept to the ``json_schema``, and
+        under the adapter id asked for."""
         asked = _asked_adapter(request)
+
+        def checked(one: GenerationResult) -> GenerationResult:
+            return _as_asked(self._kept_to_schema(request, self._reasoning_apart(request, self._finished(one))), asked)
+
         if result.choices is None:
-            return _as_asked(self._kept_to_schema(request, self._finished(result)), asked)
-        choices = tuple(_as_asked(self._kept_to_schema(request, self._finished(one)), asked) for one in result.choices)
-        return dataclasses.replace(_as_asked(result, asked), choices=choices)
+            return checked(result)
+        choices = tuple(checked(one) for one in result.choices)
+        first = choices[0]  # the result reads as its first choice (reasoning apart there too)
+        answer = _as_asked(result, asked)
+        return dataclasses.replace(answer, text=first.text, reasoning=first.reasoning, choices=choices)
+
+    def _splits_thinking(self, request: GenerationRequest) -> bool:
+        """Whether the text's ``<think>...</think>`` goes to ``reasoning`` here: on in-process backends (a server
+        parses its own), for a prompt the chat template rendered (a raw prompt or token ids is the caller's)."""
+        return self.runs_in_process and not request.raw_prompt and request.prompt_token_ids is None
+
+    def _reasoning_apart(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+        """``result`` with a leading ``<think>...</think>`` moved from ``text`` to ``reasoning`` (see
+        :mod:`inference._core.thinking`; the token counts, ids and logprobs still cover every generated token)."""
+        if not self._splits_thinking(request) or result.reasoning is not None:
+            return result
+        text, reasoning = split_thinking(result.text)
+        return result if reasoning is None else dataclasses.replace(result, text=text, reasoning=reasoning)
 
     def _finished(self, result: GenerationResult) -> GenerationResult:
         """Refuse a result whose ``finish_reason`` says the backend did not finish it (``"abort"``, ``"error"``,

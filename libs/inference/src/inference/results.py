@@ -115,7 +115,8 @@ class GenerationResult:
         logprobs: One :class:`TokenLogprob` per generated token when the request asked for ``logprobs``,
             else ``None``. Tokens cut off by a stop string are not included.
         reasoning: What a thinking model wrote before its answer, where the backend returns it separately
-            (Ollama's ``message.thinking``, vLLM's ``reasoning``); ``None`` otherwise. Not part of ``text``.
+            (Ollama's ``message.thinking``, vLLM's ``reasoning``; in process, a leading ``<think>...</think>`` of
+            the generated text); ``None`` otherwise. Not part of ``text``.
         tool_calls: The tools the model called, in order (each a :class:`ToolCall`), or ``None`` when it called
             none. ``text`` holds what it wrote besides the calls (often ``""``).
         provider: Which provider answered, where a :class:`~inference.fallback.FallbackProvider` chose among

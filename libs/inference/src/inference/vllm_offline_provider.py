@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import multiprocessing
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.dependencies import import_optional
+from inference._core.hub import hub_model_problem
+from inference._core.paths import HUB_ID
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest
 from inference._inprocess.hf_prompt import prompt_token_ids
@@ -89,7 +92,9 @@ class VLLMOfflineProvider(InferenceProvider):
     cache); on a GPU ``gpu_memory_utilization`` bounds what vLLM takes.
 
     Args:
-        model_name: Local model directory; else ``VLLM_OFFLINE_MODEL_NAME``.
+        model_name: Local model directory, or a Hugging Face Hub id (``ORG/NAME``, where no such path exists: vLLM
+            resolves it, from the local cache, fetched there first unless ``HF_HUB_OFFLINE`` is set; offline, a
+            model not cached is a ``ModelLoadError`` before the engine starts); else ``VLLM_OFFLINE_MODEL_NAME``.
         max_loras: Adapters one engine step can mix; else ``VLLM_OFFLINE_MAX_LORAS``; else 4.
         max_lora_rank: Largest adapter rank the engine accepts; else ``VLLM_OFFLINE_MAX_LORA_RANK``; else 16.
         max_model_len: Longest prompt plus answer in tokens; else ``VLLM_OFFLINE_MAX_MODEL_LEN``; else the model's.
@@ -98,7 +103,10 @@ class VLLMOfflineProvider(InferenceProvider):
         dtype: Weights dtype; else ``VLLM_OFFLINE_DTYPE``; else ``"auto"``.
         max_adapters: Most adapters registered with the engine at once (least recently used ones are removed and
             registered again on use); else ``VLLM_OFFLINE_MAX_ADAPTERS``; else no limit.
-        **engine_arguments: More of vLLM's ``AsyncEngineArgs`` (``enforce_eager=True``, ``seed=0``...).
+        engine_args: More of vLLM's ``AsyncEngineArgs`` as a mapping or its JSON text (``{"enforce_eager": true,
+            "seed": 0}``), the form a step config and ``VLLM_OFFLINE_ENGINE_ARGS`` give them in; else
+            ``VLLM_OFFLINE_ENGINE_ARGS``. Passed to vLLM unchecked, over the provider's own.
+        **engine_arguments: The same as keywords (``enforce_eager=True``, ``seed=0``...), over ``engine_args``.
 
     Example:
         >>> async def main():  # doctest: +SKIP
@@ -137,6 +145,7 @@ class VLLMOfflineProvider(InferenceProvider):
     supports_token_prompts = True
     supports_tokenize = True
     supports_next_token_logprobs = True
+    loads_hub_ids = True
 
     def __init__(
         self,
@@ -147,6 +156,7 @@ class VLLMOfflineProvider(InferenceProvider):
         gpu_memory_utilization: float | None = None,
         dtype: str | None = None,
         max_adapters: int | None = None,
+        engine_args: Mapping[str, Any] | str | None = None,
         **engine_arguments: Any,
     ) -> None:
         super().__init__(locals())
@@ -158,7 +168,8 @@ class VLLMOfflineProvider(InferenceProvider):
         self.gpu_memory_utilization: float = settings["gpu_memory_utilization"]
         self.dtype: str = settings["dtype"]
         self.max_adapters = settings["max_adapters"]
-        self._engine_arguments = engine_arguments
+        from_setting = json.loads(settings["engine_args"]) if settings["engine_args"] else {}
+        self._engine_arguments: dict[str, Any] = {**from_setting, **engine_arguments}
         self._starting: asyncio.Future[_Engine] | None = None
         self._loras: dict[str, Any] = {}  # adapter id -> its LoRARequest
         self._lora_ids = itertools.count(1)
@@ -469,13 +480,15 @@ class VLLMOfflineProvider(InferenceProvider):
                 "no model to load: give model_name (or set VLLM_OFFLINE_MODEL_NAME) to a local model directory",
                 provider=self.name,
             )
-        if not Path(self.model_name).is_dir():
-            raise ModelLoadError(
-                f"model_name {self.model_name!r} is not a directory: give a local model directory "
-                "(this SDK never downloads weights)",
-                provider=self.name,
-                path=self.model_name,
+        hub_id = not Path(self.model_name).exists() and HUB_ID.fullmatch(self.model_name) is not None
+        problem = hub_model_problem(self.model_name) if hub_id else None
+        if problem is None and not hub_id and not Path(self.model_name).is_dir():
+            problem = (
+                f"model_name {self.model_name!r} is not a directory, nor a Hugging Face Hub id (ORG/NAME): give a "
+                "local model directory or a Hub id"
             )
+        if problem is not None:
+            raise ModelLoadError(problem, provider=self.name, path=self.model_name)
         if getattr(multiprocessing.current_process(), "_inheriting", False):
             raise ModelLoadError(
                 "vLLM's engine cannot start here: this code runs again while Python starts a process the main "

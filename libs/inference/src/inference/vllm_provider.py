@@ -212,6 +212,10 @@ class VLLMProvider(OpenAICompatibleProvider):
         **OpenAICompatibleProvider.options,
         "chat_template": Sent("chat_template", "vLLM's chat request field: the template used instead of the model's"),
         "chat_template_kwargs": Sent("chat_template_kwargs", "vLLM's chat request field"),
+        "thinking": Sent(
+            "chat_template_kwargs.enable_thinking",
+            "the template's switch; the reasoning comes back apart where vLLM runs a --reasoning-parser",
+        ),
     }
     server_label = "vLLM"
     env_prefix = "VLLM"

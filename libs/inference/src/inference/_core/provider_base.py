@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from inference._core.hub import HUB_GGUF
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.paths import HUB_ID, normalise_path, path_text_problem
 from inference._core.telemetry import observed_adapter_hook
@@ -348,7 +349,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         if setting is not None and not model:
             error = f"no model configured: give {setting.key}, or set {setting.env_var}"
         elif setting is not None and setting.kind == "path" and not loaded and not Path(str(model)).exists() and not (
-            self.loads_hub_ids and HUB_ID.fullmatch(str(model))  # a Hub id loads from the Hugging Face cache
+            self.loads_hub_ids and (HUB_ID.fullmatch(str(model)) or HUB_GGUF.fullmatch(str(model)))  # from the cache
         ):
             error = f"the model file {model} does not exist"
         resident = tuple(sorted(entry.adapter_id for entry in self.adapter_stats().adapters

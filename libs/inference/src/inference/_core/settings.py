@@ -7,9 +7,11 @@ error tree and path helpers, so both can import it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -106,10 +108,11 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-SettingKind = Literal["str", "secret", "int", "float", "bool", "url", "path", "directory"]
+SettingKind = Literal["str", "secret", "int", "float", "bool", "url", "path", "directory", "json"]
 """What a setting's values are: text, a secret (an API key: checked to be sendable in a header, never shown), an
-integer, a finite number, a switch (``true``/``false``), base URL(s), a file path, or a directory that files are
-written into (checked to be creatable and writable, nothing created)."""
+integer, a finite number, a switch (``true``/``false``), base URL(s), a file path, a directory that files are
+written into (checked to be creatable and writable, nothing created), or a JSON object (a mapping, or its JSON text;
+kept as canonical JSON text, sorted keys, so that equal settings make one cached provider)."""
 
 _ENV_FILE = "env-file:"
 """How an origin names a ``.env`` file: ``env-file:/srv/app/.env`` (see :mod:`inference._core.env_file`)."""
@@ -179,6 +182,8 @@ class Setting:
             noun = "a directory this process can create or write into"
         elif self.kind == "secret":
             noun = "printable ASCII without whitespace at its ends"
+        elif self.kind == "json":
+            noun = "a JSON object, such as {\"enforce_eager\": true}"
         elif self.choices:
             noun = "one of " + ", ".join(repr(choice) for choice in self.choices)
         else:
@@ -231,6 +236,8 @@ class Setting:
             raise self._invalid(value, origin, provider)
         if self.kind in ("path", "directory"):
             return self._path(value, origin, provider)
+        if self.kind == "json":
+            return self._json(value, origin, provider)
         if not isinstance(value, str):
             raise self._invalid(value, origin, provider)
         if not self.choices and self.pattern is None:
@@ -279,6 +286,16 @@ class Setting:
             provider=provider,
         )
 
+    def _json(self, value: Any, origin: str, provider: str | None) -> str:
+        """A mapping, or the JSON text of an object, as canonical JSON text."""
+        try:
+            loaded = json.loads(value) if isinstance(value, str) else value
+            if isinstance(loaded, Mapping) and all(isinstance(key, str) for key in loaded):
+                return json.dumps(dict(loaded), sort_keys=True, allow_nan=False)
+        except (ValueError, TypeError):  # not JSON, or a value JSON cannot hold
+            pass
+        raise self._invalid(value, origin, provider)
+
     def _path(self, value: Any, origin: str, provider: str | None) -> str:
         text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
         if not isinstance(text, str):
@@ -307,7 +324,7 @@ class Setting:
         path: Path | None = None,
     ) -> ConfigurationError:
         why = reason or f"{self.key} must be {self.rule}"
-        if not isinstance(value, (str, int, float, os.PathLike)):  # a list, a dict... from a step config
+        if not isinstance(value, (str, int, float, os.PathLike)) and self.kind != "json":  # a list, a dict...
             why = f"settings take plain values (strings, numbers), not a {type(value).__name__}: {why}"
         if isinstance(self.default, bool):
             default = str(self.default).lower()

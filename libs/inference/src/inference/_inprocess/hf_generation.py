@@ -17,6 +17,7 @@ Everything here runs on the provider's worker thread; torch, transformers and ll
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -31,11 +32,14 @@ from inference._inprocess.constrained import GrammarRows, JsonGrammars
 from inference._inprocess.hf_model import LoadedModel, OverflowWatch, as_inference_error
 from inference._inprocess.hf_penalties import LogitBias, OpenAIPenalties
 from inference._inprocess.hf_prompt import prompt_token_ids
+from inference._inprocess.memory import free_cached_memory, out_of_memory
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceAssembler, PieceSink
 from inference.exceptions import InvalidRequestError, ProviderError
 from inference.provider import GenerationResult
 from inference.results import TokenLogprob
+
+logger = logging.getLogger("inference.transformers")
 
 __all__ = [
     "MAX_SEED",
@@ -154,7 +158,9 @@ class HFGeneration:
         """Answer every request of ``batch`` (its future gets the result or the error) with ``generate``.
 
         A request that fails on its own (its prompt, its adapter) fails alone; when the ``generate`` itself
-        fails, each request is run again alone, so only the one that makes it fail gets the error.
+        fails, each request is run again alone, so only the one that makes it fail gets the error. Out of memory
+        (``torch.OutOfMemoryError``), the batch is run again as two halves, each halved again while it runs out,
+        down to one row, with a warning each time: only a request that runs out of memory alone gets the error.
         """
         rows: list[Row] = []
         for entry in batch:
@@ -168,14 +174,26 @@ class HFGeneration:
                 entry.future.set_exception(as_inference_error(error, provider=self.provider))
         if not rows:
             return
+        outputs: Outputs | None = None
         try:
             outputs = generate(loaded, rows)
         except BaseException as error:
             if len(rows) == 1:
-                rows[0].entry.future.set_exception(as_inference_error(error, provider=self.provider))
+                rows[0].entry.future.set_exception(self._alone_error(error))
                 return
-            for row in rows:  # find the request that fails on its own; the others still get answers
-                self.run_batch(loaded, [row.entry], generate)
+            if not out_of_memory(error):
+                for row in rows:  # find the request that fails on its own; the others still get answers
+                    self.run_batch(loaded, [row.entry], generate)
+                return
+        if outputs is None:  # out of memory: the halves run here, once the failed batch's tensors are freed
+            half = (len(rows) + 1) // 2
+            free_cached_memory()
+            logger.warning(
+                "%s: out of memory generating a batch of %d rows: trying again as batches of %d and %d rows",
+                self.provider, len(rows), half, len(rows) - half,
+            )
+            for part in (rows[:half], rows[half:]):
+                self.run_batch(loaded, [row.entry for row in part], generate)
             return
         for index, row in enumerate(rows):
             if row.entry.cancel.is_set():  # stopped early at its caller's request: nobody reads a result
@@ -185,6 +203,18 @@ class HFGeneration:
                 row.entry.future.set_result(self._result(loaded, row, outputs, index))
             except BaseException as error:
                 row.entry.future.set_exception(as_inference_error(error, provider=self.provider))
+
+    def _alone_error(self, error: BaseException) -> BaseException:
+        """The error of a request that failed alone (out of memory: a sentence saying what to lower)."""
+        if not out_of_memory(error):
+            return as_inference_error(error, provider=self.provider)
+        wrapped = ProviderError(
+            f"transformers ran out of memory generating this request alone ({error}): ask for fewer max_tokens, "
+            "shorten the prompt, or load the model with a smaller dtype or on a larger device",
+            provider=self.provider,
+        )
+        wrapped.__cause__ = error
+        return wrapped
 
     def stream(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
 from inference._inprocess.base import chat_messages, plain_prompt
 from inference.exceptions import InvalidRequestError
@@ -36,7 +37,7 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
         try:
             text = tokenizer.apply_chat_template(
                 chat_messages(request), chat_template=request.chat_template, add_generation_prompt=True,
-                tokenize=False, **dict(request.chat_template_kwargs or {}),
+                tokenize=False, **template_variables(request),
             )
         except Exception as error:  # jinja2's TemplateError, e.g. "System role not supported"
             raise InvalidRequestError(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from inference._core.dependencies import import_optional
+from inference._core.hub import hub_file, hub_gguf
 from inference._core.lifecycle import FilesState, files_state
 from inference._core.validation import AdapterScales
 from inference._inprocess.llamacpp_native import (
@@ -45,6 +46,8 @@ __all__ = [
     "ModelInfo",
     "ResidentAdapter",
     "convert_peft",
+    "gguf_file",
+    "gguf_name",
     "read_lora_architecture",
 ]
 
@@ -139,11 +142,18 @@ class LlamaCppModel:
         self.active: AdapterScales = ()
         self.loads = 0
         self._lora_path: Path | None = None  # reload mode: the adapter the model was built with
+        self._file: Path | None = None  # the GGUF file, once resolved (a Hub id's cached file)
 
     @property
     def name(self) -> str:
         """The model's name: the GGUF file's stem."""
-        return self.settings.model_path.stem
+        return gguf_name(self.settings.model_path)
+
+    def file(self) -> Path:
+        """The GGUF file: ``model_path``, or the cached file of a Hub id (resolved once, see :func:`gguf_file`)."""
+        if self._file is None:
+            self._file = gguf_file(self.settings.model_path, self.provider)
+        return self._file
 
     def llama_cpp(self) -> Any:
         """The ``llama_cpp`` module (imported on first use, with the log filter; decides hot-swap or reload mode)."""
@@ -167,7 +177,7 @@ class LlamaCppModel:
             self.llama = None
             self.active = ()
         settings = self.settings
-        model_path = settings.model_path
+        model_path = self.file()
         if not model_path.is_file():
             raise missing_model(model_path, self.provider)
         require_utf8(model_path, ModelLoadError, "GGUF model path", "", self.provider)
@@ -226,7 +236,7 @@ class LlamaCppModel:
         model with it (llama-cpp-python does not check for that refusal and crashes).
         """
         info = self.model_info()
-        model_file = self.settings.model_path.name
+        model_file = self.file().name
         lora_architecture = read_lora_architecture(gguf_path, self.provider)
         if lora_architecture != info.architecture:
             raise InvalidAdapterError(
@@ -323,6 +333,7 @@ def convert_peft(directory: Path, model_path: Path, cache: Path, provider: str) 
     helper thread, not the worker)."""
     from inference.adapters.gguf import convert_peft_to_gguf_cached
 
+    model_path = gguf_file(model_path, provider)
     if not model_path.is_file():
         raise missing_model(model_path, provider, ", so no PEFT adapter can be converted for it")
     try:
@@ -336,11 +347,25 @@ def convert_peft(directory: Path, model_path: Path, cache: Path, provider: str) 
         ) from error
 
 
+def gguf_file(model_path: Path, provider: str) -> Path:
+    """The GGUF file a ``model_path`` setting names: the path itself, or, for ``ORG/NAME:FILE.gguf`` where no such
+    path exists, the file of that Hub repository in the Hugging Face cache (fetched there unless
+    ``HF_HUB_OFFLINE`` is set), as ``Llama.from_pretrained(repo_id, filename)`` resolves it. Blocking."""
+    hub = hub_gguf(os.fspath(model_path))
+    return hub_file(*hub, provider) if hub is not None else model_path
+
+
+def gguf_name(model_path: Path) -> str:
+    """The model's name for a ``model_path`` setting: the GGUF file's stem (a Hub id's file too)."""
+    hub = hub_gguf(os.fspath(model_path))
+    return Path(hub[1]).stem if hub is not None else model_path.stem
+
+
 def missing_model(model_path: Path, provider: str, consequence: str = "") -> ModelLoadError:
     """The error for a GGUF model file that does not exist (``consequence`` says what it prevents)."""
     return ModelLoadError(
         f"GGUF model file {model_path} does not exist{consequence}: set model_path or LLAMACPP_MODEL_PATH "
-        "to a .gguf file",
+        "to a .gguf file, or to a GGUF file of a Hugging Face Hub repository (ORG/NAME:FILE.gguf)",
         provider=provider,
         path=str(model_path),
     )

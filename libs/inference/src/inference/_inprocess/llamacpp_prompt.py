@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
 from inference._inprocess.base import chat_messages, plain_prompt
 from inference._inprocess.llamacpp_model import LlamaCppModel
@@ -39,7 +40,7 @@ class LlamaPrompts:
         whose = "the chat_template given" if request.chat_template else f"the chat template of {self.model.name}"
         try:
             formatter = self._formatter(request)
-            variables = dict(request.chat_template_kwargs or {})
+            variables = template_variables(request)
             messages = chat_messages(request)
             rendered = None if formatter is None else str(formatter(messages=messages, **variables).prompt)
         except Exception as error:  # jinja2 errors (syntax, raise_exception() in the template)

@@ -24,6 +24,10 @@ IN_PROCESS_OPTIONS: OptionMap = {
     "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
     "json_schema": Sent("llguidance", "a token mask per step"),
     **NOT_BUILT_YET,
+    "thinking": Sent(
+        "chat template variable enable_thinking",
+        "a leading <think>...</think> of the text goes to the result's reasoning, and is never streamed",
+    ),
     "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
     "extra_body": Refused("extra_body is merged into a server's request body; this backend runs in process"),
     "timeout": TIMEOUT_IN_BASE_CLASS,

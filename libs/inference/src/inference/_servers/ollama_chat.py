@@ -1,4 +1,5 @@
-"""Ollama's native chat route (``POST /api/chat``): the body, a whole answer, a streamed one, its refusals.
+"""Ollama's native chat route (``POST /api/chat``): the body, a whole answer, a streamed one, its refusals; and its
+generate route (``POST /api/generate`` with ``raw: true``) for a ``raw_prompt``, whose answers are read as chat ones.
 
 :class:`OllamaChat` is the generation part the Ollama provider is assembled from (its adapters, derived models, are
 :mod:`~inference._servers.ollama_models`'). The native route honours every sampling option (Ollama's
@@ -39,6 +40,7 @@ class OllamaChat:
     def __init__(self, http: ServerClient, native_url: str, *, think: str, provider: str) -> None:
         self._http = http
         self._url = f"{native_url}/api/chat"
+        self._raw_url = f"{native_url}/api/generate"
         self._native_url = native_url
         self._think = think
         self._provider = provider
@@ -47,7 +49,7 @@ class OllamaChat:
         """Send ``request`` to ``model`` for a whole answer."""
         return self._http.request(
             "POST",
-            self._url,
+            self._raw_url if request.raw_prompt else self._url,
             operation=f"generate with model {model!r}",
             json_body=chat_body(request, model, stream=False, think=self._think),
             handlers=self._handlers(model),
@@ -59,7 +61,7 @@ class OllamaChat:
         """Send ``request`` to ``model`` for a streamed answer, held open by ``stack``: its lines, parsed."""
         lines = self._http.stream_json_lines(
             "POST",
-            self._url,
+            self._raw_url if request.raw_prompt else self._url,
             operation=f"stream from model {model!r}",
             json_body=chat_body(request, model, stream=True, think=self._think),
             handlers=self._handlers(model),
@@ -69,7 +71,7 @@ class OllamaChat:
     def answer(self, response: httpx.Response, request: GenerationRequest, model: str) -> GenerationResult:
         """The result of a whole answer."""
         operation = f"generate with model {model!r}"
-        body = self._http.parse_json(response, operation=operation)
+        body = _as_chat(self._http.parse_json(response, operation=operation), request)
         try:
             text = body["message"]["content"]
             if not isinstance(text, str):
@@ -89,7 +91,7 @@ class OllamaChat:
         thoughts: list[str] = []
         logprobs: list[TokenLogprob] = []
         async for line in lines:
-            event = self._chat_chunk(line, operation)
+            event = self._chat_chunk(_as_chat(line, request), operation)
             thoughts.append(_thinking(event))
             if request.logprobs is not None:
                 try:
@@ -195,22 +197,31 @@ class OllamaChat:
 def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: str = "auto") -> dict[str, Any]:
     """The native ``/api/chat`` body: only the options the caller set, so the model's defaults apply.
 
-    ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``.
+    ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``; the request's
+    ``thinking`` (``True``/``False``) goes over it. A ``raw_prompt`` request gets the ``/api/generate`` body instead
+    (``prompt``, ``raw: true``: no template). ``extra_body`` is merged in last (a mapping into a mapping: its
+    ``options`` join the body's).
     """
-    messages = request.messages  # the one message rule (GenerationRequest.messages)
     options: dict[str, Any] = {"num_predict": request.max_tokens}
     for key, value in (
         ("temperature", request.temperature),
         ("top_p", request.top_p),
         ("top_k", request.top_k),
         ("repeat_penalty", request.repetition_penalty),
+        ("presence_penalty", request.presence_penalty),
+        ("frequency_penalty", request.frequency_penalty),
+        ("min_p", request.min_p),
         ("seed", request.seed),
     ):
         if value is not None:
             options[key] = value
     if request.stop:
         options["stop"] = list(request.stop)
-    body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream, "options": options}
+    body: dict[str, Any] = {"model": model, "stream": stream, "options": options}
+    if request.raw_prompt:
+        body.update(prompt=request.plain_prompt, raw=True)
+    else:
+        body["messages"] = request.messages  # the one message rule (GenerationRequest.messages)
     if request.json_schema is not None:
         body["format"] = dict(request.json_schema)
     if request.logprobs is not None:
@@ -218,7 +229,21 @@ def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: st
         body["top_logprobs"] = request.logprobs
     if think != "auto":
         body["think"] = {"true": True, "false": False}.get(think, think)
+    if request.thinking is not None:
+        body["think"] = request.thinking
+    for key, value in (request.extra_body or {}).items():  # last: what the caller sends is sent
+        body[key] = {**body[key], **value} if isinstance(body.get(key), dict) and isinstance(value, dict) else value
     return body
+
+
+def _as_chat(event: Any, request: GenerationRequest) -> Any:
+    """An ``/api/generate`` answer or stream line (``response``, ``thinking``) as the chat one it stands for."""
+    if not request.raw_prompt or not isinstance(event, dict) or "response" not in event:
+        return event
+    message = {"role": "assistant", "content": event["response"]}
+    if "thinking" in event:
+        message["thinking"] = event["thinking"]
+    return {**event, "message": message}
 
 
 def _thinking(body: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from inference.options import (
     TIMEOUT_IN_BASE_CLASS,
     ByRequests,
     OptionMap,
+    Refused,
     Sent,
 )
 from inference.provider import GenerationResult
@@ -86,6 +87,9 @@ OPENAI_OPTIONS: OptionMap = {
     "logit_bias": Sent("logit_bias", "token ids as decimal strings, OpenAI's form"),
     "raw_prompt": Sent("/v1/completions", "the prompt text as it is, on the completions route"),
     "extra_body": Sent("extra_body", "merged into the request body last, as the openai client does"),
+    "thinking": Refused(
+        "the OpenAI API has no thinking switch (its reasoning models take reasoning_effort: send it in extra_body)"
+    ),
     "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,
     "timeout": TIMEOUT_IN_BASE_CLASS,
 }
@@ -210,6 +214,10 @@ def request_arguments(
         value, sent = getattr(request, name), fields[name]
         if value and route == CHAT and isinstance(sent, Sent):
             arguments[sent.field] = dict(value) if isinstance(value, Mapping) else value
+    thinking, sent = request.thinking, fields["thinking"]
+    if thinking is not None and route == CHAT and isinstance(sent, Sent):  # "chat_template_kwargs.enable_thinking"
+        parent, _, key = sent.field.rpartition(".")
+        (arguments.setdefault(parent, {}) if parent else arguments)[key] = thinking
     if request.extra_body and isinstance(fields["extra_body"], Sent):
         arguments.update(request.extra_body)  # last: a key that is also an option's field is extra_body's
     if stream:
