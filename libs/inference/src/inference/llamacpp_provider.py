@@ -23,7 +23,8 @@ The provider is assembled from parts in :mod:`inference._inprocess`, one job eac
 - ``llamacpp_generation``: a request's preparation, sampling, the one-at-a-time path and the decode loop's backend;
 - ``llamacpp_batch``: the decode loop over many sequences (``n_parallel > 1``) and its event-loop side;
 - ``llamacpp_completion``, ``llamacpp_logits``, ``llamacpp_text``: tokens to text, logits, text to tokens;
-- ``llamacpp_scoring``: scoring; ``llamacpp_native``: llama.cpp's C API and log lines through ctypes.
+- ``llamacpp_scoring``: scoring (alone, or as sequences of the decode loop);
+- ``llamacpp_native``: llama.cpp's C API and log lines through ctypes.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from inference._inprocess.llamacpp_model import (
 )
 from inference._inprocess.llamacpp_native import set_thread_log_mode
 from inference._inprocess.llamacpp_prompt import LlamaPrompts
-from inference._inprocess.llamacpp_scoring import score
+from inference._inprocess.llamacpp_scoring import ScoreJob, score
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
 from inference.adapters.source import AdapterSource
@@ -273,10 +274,14 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
 
     async def _score(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
+        if self._batcher is not None:  # a sequence of the decode loop, beside other scores and generations
+            return await LoopStarter(self._batcher, self._worker, self._serve_batch).score(ScoreJob(request, False))
         return await self._worker.run(self._score_blocking, request, False)
 
     async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
+        if self._batcher is not None:
+            return await LoopStarter(self._batcher, self._worker, self._serve_batch).score(ScoreJob(request, True))
         return await self._worker.run(self._score_blocking, request, True)
 
     async def _tokenize_text(self, text: str, model: str) -> list[int]:
