@@ -42,6 +42,7 @@ from inference._core.lifecycle import files_state
 from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest, TokenRequest
 from inference._inprocess import llamacpp_tokens
 from inference._inprocess.base import InProcessProvider, non_finite_logits
+from inference._inprocess.hf_prefix_cache import PrefixCache
 from inference._inprocess.llamacpp_batch import ContinuousBatcher, LoopStarter
 from inference._inprocess.llamacpp_generation import DEFAULT_SAMPLING, Generation, LoopBackend, seed_fits, seed_rule
 from inference._inprocess.llamacpp_model import (
@@ -52,6 +53,7 @@ from inference._inprocess.llamacpp_model import (
     convert_peft,
 )
 from inference._inprocess.llamacpp_native import set_thread_log_mode
+from inference._inprocess.llamacpp_prefix_cache import cached_row
 from inference._inprocess.llamacpp_prompt import LlamaPrompts
 from inference._inprocess.llamacpp_scoring import ScoreJob, score
 from inference._inprocess.options import IN_PROCESS_OPTIONS
@@ -128,6 +130,11 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
             5-10% faster, but then a request's tokens in a batch may differ from its tokens alone (its attention
             is summed in another order); off, they are equal with an f32 KV cache.
         n_batch: Prompt tokens evaluated per batch; else ``LLAMACPP_N_BATCH``; else 512.
+        prefix_cache_tokens: How many tokens of computed sequences ``next_token_logprobs`` keeps (llama.cpp's saved
+            KV state per sequence, least recently used out), so that a sequence extending a cached one (for the same
+            adapter weights) costs only its new tokens; else ``LLAMACPP_PREFIX_CACHE_TOKENS``; else 0 (off: every
+            sequence is computed whole). As on Transformers: dropped for an adapter on unload or replace,
+            ``clear_cache()`` forgets all, ``cache_stats()`` counts hits and misses.
         hot_swap: ``False`` forces the reload-with-``lora_path`` fallback (rebuilds the model whenever the
             adapter changes); else ``LLAMACPP_HOT_SWAP``; else ``True``. The fallback is used anyway when
             llama.cpp lacks the adapter API.
@@ -181,6 +188,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         n_threads: int | None = None,
         flash_attn: bool | None = None,
         n_batch: int | None = None,
+        prefix_cache_tokens: int | None = None,
         hot_swap: bool | None = None,
         verbose: bool | None = None,
     ) -> None:
@@ -218,7 +226,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         # The parts; their state is touched only from inside self._worker.run calls.
         self._model = LlamaCppModel(LlamaSettings.of(settings), _PROVIDER)
         self._prompts = LlamaPrompts(self._model)
-        self._token_counts = [0, 0]  # next-token sequences computed, their tokens (no prefix cache yet)
+        self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]))  # capacity 0: off, still counting
         self._generation = Generation(self._model, self._prompts, seed=seed, require_prompt=self._require_prompt)
         self._batcher = (
             ContinuousBatcher(self.n_parallel, self.n_ctx, min(self._n_batch, self.n_ctx))
@@ -303,8 +311,10 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         return await self._worker.run(self._next_token_rows_blocking, requests)
 
     def _cache_stats(self) -> TokenCacheStats:
-        sequences, tokens = self._token_counts
-        return TokenCacheStats(enabled=False, misses=sequences, computed_tokens=tokens)
+        return self._prefix_cache.stats()
+
+    def _clear_cache(self) -> None:
+        self._prefix_cache.clear()
 
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into llama.cpp (first load, or again after an eviction: the conversion is cached)."""
@@ -359,6 +369,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         self._resident[adapter_id] = ResidentAdapter(gguf_path=gguf_path, handle=handle, files=files)
 
     def _remove_adapter_blocking(self, adapter_id: str) -> None:
+        self._prefix_cache.drop_adapter(adapter_id)  # its backend name: a later load may be other weights
         adapter = self._resident.pop(adapter_id, None)
         if adapter is not None:
             self._free_adapter_blocking(adapter_id, adapter)
@@ -428,20 +439,18 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         return text.decode("utf-8", errors="replace")
 
     def _next_token_rows_blocking(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
-        """Each request's distribution with its adapters active, requests of one adapter choice one after another."""
+        """Each request's distribution with its adapters active, requests of one adapter choice one after another,
+        each from its longest cached prefix (:mod:`~inference._inprocess.llamacpp_prefix_cache`)."""
         numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
         rows = numpy.empty((len(requests), self._loaded_llama().n_vocab()), dtype=numpy.float32)
         order = sorted(range(len(requests)), key=lambda index: requests[index].adapters)
         for index in order:
             request = requests[index]
-            row = llamacpp_tokens.next_token_row(
-                self._model.llama_cpp(), numpy, self._activate(request.adapters), request.token_ids
-            )
+            llama = self._activate(request.adapters)
+            row = cached_row(self._model.llama_cpp(), numpy, llama, request, self._prefix_cache)
             if row is None:
                 raise non_finite_logits(self.name, request.adapters)
             rows[index] = row
-            self._token_counts[0] += 1
-            self._token_counts[1] += len(request.token_ids)
         result: NDArray[np.float32] = rows
         return result
 
