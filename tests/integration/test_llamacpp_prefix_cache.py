@@ -24,12 +24,14 @@ def gap(a: Any, b: Any) -> float:
     return float(np.abs(a - b).max())
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize(("arch", "n_parallel"), [("qwen2", 4), ("llama", 4), ("qwen2", 1)])
 async def test_the_llamacpp_prefix_cache_gives_the_rows_computed_whole_and_never_stale_weights(
-    tiny_models: dict[str, Any], tmp_path: Path, arch: str
+    tiny_models: dict[str, Any], tmp_path: Path, arch: str, n_parallel: int
 ) -> None:
     model = tiny_models[arch]
-    options: dict[str, Any] = {"n_ctx": 256, "kv_cache_type": "f32", "adapter_cache_dir": tmp_path}
+    options: dict[str, Any] = {
+        "n_ctx": 256, "kv_cache_type": "f32", "adapter_cache_dir": tmp_path, "n_parallel": n_parallel,
+    }
     cached = LlamaCppProvider(model.gguf_path, prefix_cache_tokens=96, **options)
     whole = LlamaCppProvider(model.gguf_path, **options)
     async with cached, whole:
