@@ -423,7 +423,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         self._batcher.serve(LoopBackend(self._generation, self._activate, self._others_waiting))
 
     def _others_waiting(self) -> bool:
-        """Other work (a load, a score, closing) is queued behind the decode loop: it gives way."""
+        """Other work (a load, a next-token call, closing) is queued behind the decode loop: it gives way."""
         if self._closed:  # aclose() queued: the requests that came before it are served first
             return False
         return self._worker.waiting() > self._worker.waiting(self._serve_batch)

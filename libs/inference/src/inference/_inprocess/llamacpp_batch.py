@@ -18,9 +18,9 @@ Scheduling, in one place:
 - **Room.** Sequences share the context's cells (a unified KV cache of ``n_ctx`` cells). A request joins
   only when its prompt plus its token limit fits the cells not promised to others, so a running sequence
   never runs out of room, and a single request may still use the whole context.
-- **Other work.** Loading an adapter, scoring and closing run on the same worker thread. When such a call
-  is queued, the loop admits nobody new, finishes its sequences and returns, so the call runs next and the
-  loop resumes after it.
+- **Other work.** Loading an adapter, next-token distributions and closing run on the same worker thread. When
+  such a call is queued, the loop admits nobody new, finishes its sequences and returns, so the call runs next
+  and the loop resumes after it.
 - **Scores.** A score request (:class:`~inference._inprocess.llamacpp_scoring.ScoreJob`) is a sequence of the
   loop like a generation, under the same rules (its adapter, fairness, room): its tokens go in as prompt chunks
   with logits asked at the positions it scores, read after each step
@@ -131,7 +131,7 @@ class BatchBackend(Protocol):
         """The error a request gets when llama.cpp fails under it."""
 
     def others_waiting(self) -> bool:
-        """True when other work (a load, a score, closing) is queued for the worker thread."""
+        """True when other work (a load, a next-token call, closing) is queued for the worker thread."""
 
 
 @dataclass(eq=False)
@@ -454,7 +454,7 @@ class LoopStarter:
         """Wait for ``entry``'s answer while a decode loop runs on the worker thread.
 
         The answer comes the moment its sequence ends (the loop goes on for the others). When the loop
-        returns without it (it gave way to a load or a score queued behind it), the loop is queued again.
+        returns without it (it gave way to a load or a next-token call queued behind it), the loop is queued again.
         """
         answer = asyncio.wrap_future(entry.future)
         answer.add_done_callback(_retrieve)  # read through entry.future below

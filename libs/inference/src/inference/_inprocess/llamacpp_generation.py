@@ -209,7 +209,7 @@ class LoopBackend:
         generation: How its requests generate.
         activate: Applies adapters to the model and returns the ``Llama`` (the provider's, which knows the resident
             adapters).
-        others_waiting: True when other work (a load, a score, closing) is queued for the worker thread.
+        others_waiting: True when other work (a load, a next-token call, closing) is queued for the worker thread.
     """
 
     def __init__(
