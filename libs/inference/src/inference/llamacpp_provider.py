@@ -23,7 +23,8 @@ The provider is assembled from parts in :mod:`inference._inprocess`, one job eac
 - ``llamacpp_generation``: a request's preparation, sampling, the one-at-a-time path and the decode loop's backend;
 - ``llamacpp_batch``: the decode loop over many sequences (``n_parallel > 1``) and its event-loop side;
 - ``llamacpp_completion``, ``llamacpp_logits``, ``llamacpp_text``: tokens to text, logits, text to tokens;
-- ``llamacpp_scoring``: scoring; ``llamacpp_native``: llama.cpp's C API and log lines through ctypes.
+- ``llamacpp_scoring``: scoring (alone, or as sequences of the decode loop);
+- ``llamacpp_native``: llama.cpp's C API and log lines through ctypes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from inference._core.lifecycle import files_state
 from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest, TokenRequest
 from inference._inprocess import llamacpp_tokens
 from inference._inprocess.base import InProcessProvider, non_finite_logits
+from inference._inprocess.hf_prefix_cache import PrefixCache
 from inference._inprocess.llamacpp_batch import ContinuousBatcher, LoopStarter
 from inference._inprocess.llamacpp_generation import DEFAULT_SAMPLING, Generation, LoopBackend, seed_fits, seed_rule
 from inference._inprocess.llamacpp_model import (
@@ -51,8 +53,9 @@ from inference._inprocess.llamacpp_model import (
     convert_peft,
 )
 from inference._inprocess.llamacpp_native import set_thread_log_mode
+from inference._inprocess.llamacpp_prefix_cache import cached_row
 from inference._inprocess.llamacpp_prompt import LlamaPrompts
-from inference._inprocess.llamacpp_scoring import score
+from inference._inprocess.llamacpp_scoring import ScoreJob, score
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.streaming import JobStarter, PieceSink, on_worker, run_job, stream_job
 from inference.adapters.source import AdapterSource
@@ -130,6 +133,11 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
             5-10% faster, but then a request's tokens in a batch may differ from its tokens alone (its attention
             is summed in another order); off, they are equal with an f32 KV cache.
         n_batch: Prompt tokens evaluated per batch; else ``LLAMACPP_N_BATCH``; else 512.
+        prefix_cache_tokens: How many tokens of computed sequences ``next_token_logprobs`` keeps (llama.cpp's saved
+            KV state per sequence, least recently used out), so that a sequence extending a cached one (for the same
+            adapter weights) costs only its new tokens; else ``LLAMACPP_PREFIX_CACHE_TOKENS``; else 0 (off: every
+            sequence is computed whole). As on Transformers: dropped for an adapter on unload or replace,
+            ``clear_cache()`` forgets all, ``cache_stats()`` counts hits and misses.
         hot_swap: ``False`` forces the reload-with-``lora_path`` fallback (rebuilds the model whenever the
             adapter changes); else ``LLAMACPP_HOT_SWAP``; else ``True``. The fallback is used anyway when
             llama.cpp lacks the adapter API.
@@ -184,6 +192,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         n_threads: int | None = None,
         flash_attn: bool | None = None,
         n_batch: int | None = None,
+        prefix_cache_tokens: int | None = None,
         hot_swap: bool | None = None,
         verbose: bool | None = None,
     ) -> None:
@@ -221,7 +230,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         # The parts; their state is touched only from inside self._worker.run calls.
         self._model = LlamaCppModel(LlamaSettings.of(settings), _PROVIDER)
         self._prompts = LlamaPrompts(self._model)
-        self._token_counts = [0, 0]  # next-token sequences computed, their tokens (no prefix cache yet)
+        self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]))  # capacity 0: off, still counting
         self._generation = Generation(self._model, self._prompts, seed=seed, require_prompt=self._require_prompt)
         self._batcher = (
             ContinuousBatcher(self.n_parallel, self.n_ctx, min(self._n_batch, self.n_ctx))
@@ -277,10 +286,14 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
 
     async def _score(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
+        if self._batcher is not None:  # a sequence of the decode loop, beside other scores and generations
+            return await LoopStarter(self._batcher, self._worker, self._serve_batch).score(ScoreJob(request, False))
         return await self._worker.run(self._score_blocking, request, False)
 
     async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
+        if self._batcher is not None:
+            return await LoopStarter(self._batcher, self._worker, self._serve_batch).score(ScoreJob(request, True))
         return await self._worker.run(self._score_blocking, request, True)
 
     async def _tokenize_text(self, text: str, model: str) -> list[int]:
@@ -302,8 +315,10 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         return await self._worker.run(self._next_token_rows_blocking, requests)
 
     def _cache_stats(self) -> TokenCacheStats:
-        sequences, tokens = self._token_counts
-        return TokenCacheStats(enabled=False, misses=sequences, computed_tokens=tokens)
+        return self._prefix_cache.stats()
+
+    def _clear_cache(self) -> None:
+        self._prefix_cache.clear()
 
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load into llama.cpp (first load, or again after an eviction: the conversion is cached)."""
@@ -358,6 +373,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         self._resident[adapter_id] = ResidentAdapter(gguf_path=gguf_path, handle=handle, files=files)
 
     def _remove_adapter_blocking(self, adapter_id: str) -> None:
+        self._prefix_cache.drop_adapter(adapter_id)  # its backend name: a later load may be other weights
         adapter = self._resident.pop(adapter_id, None)
         if adapter is not None:
             self._free_adapter_blocking(adapter_id, adapter)
@@ -411,7 +427,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         self._batcher.serve(LoopBackend(self._generation, self._activate, self._others_waiting))
 
     def _others_waiting(self) -> bool:
-        """Other work (a load, a score, closing) is queued behind the decode loop: it gives way."""
+        """Other work (a load, a next-token call, closing) is queued behind the decode loop: it gives way."""
         if self._closed:  # aclose() queued: the requests that came before it are served first
             return False
         return self._worker.waiting() > self._worker.waiting(self._serve_batch)
@@ -427,20 +443,18 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         return text.decode("utf-8", errors="replace")
 
     def _next_token_rows_blocking(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
-        """Each request's distribution with its adapters active, requests of one adapter choice one after another."""
+        """Each request's distribution with its adapters active, requests of one adapter choice one after another,
+        each from its longest cached prefix (:mod:`~inference._inprocess.llamacpp_prefix_cache`)."""
         numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
         rows = numpy.empty((len(requests), self._loaded_llama().n_vocab()), dtype=numpy.float32)
         order = sorted(range(len(requests)), key=lambda index: requests[index].adapters)
         for index in order:
             request = requests[index]
-            row = llamacpp_tokens.next_token_row(
-                self._model.llama_cpp(), numpy, self._activate(request.adapters), request.token_ids
-            )
+            llama = self._activate(request.adapters)
+            row = cached_row(self._model.llama_cpp(), numpy, llama, request, self._prefix_cache)
             if row is None:
                 raise non_finite_logits(self.name, request.adapters)
             rows[index] = row
-            self._token_counts[0] += 1
-            self._token_counts[1] += len(request.token_ids)
         result: NDArray[np.float32] = rows
         return result
 

@@ -208,6 +208,9 @@ _SPECS = (
                     none_means="llama-cpp-python's choice"),
             Setting("n_batch", "LLAMACPP_N_BATCH", 512, "int", "Prompt tokens evaluated per llama_decode call",
                     minimum=1),
+            Setting("prefix_cache_tokens", "LLAMACPP_PREFIX_CACHE_TOKENS", 0, "int",
+                    "Tokens of computed sequences next_token_logprobs keeps to extend cached prefixes (0: no cache, "
+                    "each sequence computed whole)", minimum=0),
             Setting("flash_attn", "LLAMACPP_FLASH_ATTN", False, "bool",
                     "Flash attention (faster batched decoding; a request's tokens in a batch may then differ from "
                     "its tokens alone)"),

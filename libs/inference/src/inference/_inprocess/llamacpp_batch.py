@@ -18,9 +18,14 @@ Scheduling, in one place:
 - **Room.** Sequences share the context's cells (a unified KV cache of ``n_ctx`` cells). A request joins
   only when its prompt plus its token limit fits the cells not promised to others, so a running sequence
   never runs out of room, and a single request may still use the whole context.
-- **Other work.** Loading an adapter, scoring and closing run on the same worker thread. When such a call
-  is queued, the loop admits nobody new, finishes its sequences and returns, so the call runs next and the
-  loop resumes after it.
+- **Other work.** Loading an adapter, next-token distributions and closing run on the same worker thread. When
+  such a call is queued, the loop admits nobody new, finishes its sequences and returns, so the call runs next
+  and the loop resumes after it.
+- **Scores.** A score request (:class:`~inference._inprocess.llamacpp_scoring.ScoreJob`) is a sequence of the
+  loop like a generation, under the same rules (its adapter, fairness, room): its tokens go in as prompt chunks
+  with logits asked at the positions it scores, read after each step
+  (:class:`~inference._inprocess.llamacpp_scoring.ScoreWork`); a rolling score's windows go one after another
+  in its sequence. Concurrent scores, and scores beside generations, share each ``llama_decode``.
 - **Cancellation.** A cancelled sequence leaves at the start of the next step. A step that feeds prompt tokens
   (up to ``n_batch`` of them: seconds on a busy CPU) is aborted inside ``llama_decode`` (llama.cpp's abort
   callback, checked between graph nodes) as soon as every sequence in it is cancelled, so a request that comes
@@ -46,9 +51,11 @@ from typing import Any, Protocol
 from inference._core.validation import AdapterScales, GenerationRequest
 from inference._inprocess.llamacpp_completion import Completion
 from inference._inprocess.llamacpp_logits import clear_memory
+from inference._inprocess.llamacpp_scoring import ScoreJob, ScoreWork
 from inference._inprocess.streaming import PieceSink
 from inference._inprocess.worker import ModelWorker
 from inference.provider import GenerationResult
+from inference.results import ScoreResult
 
 __all__ = ["BatchBackend", "BatchEntry", "ContinuousBatcher", "LoopStarter", "Started"]
 
@@ -58,17 +65,22 @@ class BatchEntry:
     """One request waiting for, or running in, the decode loop.
 
     Attributes:
-        request: The validated request.
+        request: The validated request: a generation, or a score (:class:`ScoreJob`).
         sink: Receives its text pieces (on the worker thread); ``None`` when nobody streams.
         cancel: Set when its caller gives up: it leaves the loop at the next step.
-        future: Resolved by the worker thread with the result or the error; cancelled when the caller gives
-            up before the request joins the loop.
+        future: Resolved by the worker thread with the result (a ``GenerationResult`` or a ``ScoreResult``) or
+            the error; cancelled when the caller gives up before the request joins the loop.
     """
 
-    request: GenerationRequest
+    request: GenerationRequest | ScoreJob
     sink: PieceSink | None
     cancel: threading.Event
-    future: Future[GenerationResult] = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
+
+    @property
+    def adapters(self) -> AdapterScales:
+        """The adapters the request runs with (``()``: the base model)."""
+        return self.request.adapters
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,19 @@ class Started:
     sampler: Any
     completion: Completion
 
+    @property
+    def cells(self) -> int:
+        """The KV cells it needs: its prompt plus its token limit."""
+        return len(self.prompt) + self.completion.limit
+
+    def logits_at(self, position: int) -> bool:
+        """Whether the logits after ``prompt[position]`` are wanted: at its last prompt token only."""
+        return position == len(self.prompt) - 1
+
+    def close(self) -> None:
+        """Release its sampler (on the worker thread)."""
+        self.sampler.close()
+
 
 class BatchBackend(Protocol):
     """What the decode loop asks of the provider (all on the worker thread)."""
@@ -95,8 +120,9 @@ class BatchBackend(Protocol):
     def activate(self, adapters: AdapterScales) -> Any:
         """Apply ``adapters`` (``()``: the base model) to the context; return the ``Llama``."""
 
-    def start(self, llama: Any, entry: BatchEntry) -> Started:
-        """Tokenise and check a request, and build its sampler (raises an inference error to refuse it)."""
+    def start(self, llama: Any, entry: BatchEntry) -> Started | ScoreWork:
+        """Tokenise and check a request, and build its sampler or its score (raises an inference error to refuse
+        it)."""
 
     def finish(self, entry: BatchEntry, completion: Completion, prompt_tokens: int) -> GenerationResult:
         """The result of a request whose completion is done."""
@@ -105,7 +131,7 @@ class BatchBackend(Protocol):
         """The error a request gets when llama.cpp fails under it."""
 
     def others_waiting(self) -> bool:
-        """True when other work (a load, a score, closing) is queued for the worker thread."""
+        """True when other work (a load, a next-token call, closing) is queued for the worker thread."""
 
 
 @dataclass(eq=False)
@@ -114,7 +140,7 @@ class _Sequence:
 
     entry: BatchEntry
     seq_id: int
-    started: Started
+    started: Started | ScoreWork
     cells: int  # KV cells promised to it: prompt plus token limit
     fed: int = 0  # prompt tokens sent to llama_decode so far
     position: int = 0  # its tokens in the KV cache
@@ -147,7 +173,9 @@ class ContinuousBatcher:
 
     # Any thread -------------------------------------------------------------------------------------------
 
-    def put(self, request: GenerationRequest, sink: PieceSink | None, cancel: threading.Event) -> BatchEntry:
+    def put(
+        self, request: GenerationRequest | ScoreJob, sink: PieceSink | None, cancel: threading.Event
+    ) -> BatchEntry:
         """Queue a request for the loop; its entry's future gets the result."""
         entry = BatchEntry(request, sink, cancel)
         with self._lock:
@@ -191,12 +219,12 @@ class ContinuousBatcher:
             if not self._waiting or backend.others_waiting():
                 return llama
             if self._running:
-                adapters = self._running[0].entry.request.adapters
-                if any(entry.request.adapters != adapters for entry in self._waiting):
+                adapters = self._running[0].entry.adapters
+                if any(entry.adapters != adapters for entry in self._waiting):
                     return llama  # fairness: another adapter waits, so this group takes nobody new
             else:
-                adapters = self._waiting[0].request.adapters
-            candidates = [entry for entry in self._waiting if entry.request.adapters == adapters]
+                adapters = self._waiting[0].adapters
+            candidates = [entry for entry in self._waiting if entry.adapters == adapters]
         if not self._running:
             try:
                 llama = backend.activate(adapters)
@@ -218,13 +246,13 @@ class ContinuousBatcher:
                 if entry.future.set_running_or_notify_cancel():
                     entry.future.set_exception(error)
                 continue
-            cells = len(started.prompt) + started.completion.limit
+            cells = started.cells
             if cells > free_cells:
-                started.sampler.close()
+                started.close()
                 break  # it waits for room (it fits an empty context: start() checked)
             self._take(entry)
             if not entry.future.set_running_or_notify_cancel():  # cancelled meanwhile
-                started.sampler.close()
+                started.close()
                 continue
             self._running.append(_Sequence(entry, free_ids.pop(0), started, cells))
             free_cells -= cells
@@ -262,10 +290,14 @@ class ContinuousBatcher:
                 sequence.next_token = None
         decoding = count
         for sequence in self._running:
-            prompt = sequence.started.prompt
+            started = sequence.started
+            prompt = started.prompt
             while sequence.fed < len(prompt) and count < self.n_batch:
                 sequence.fed += 1
-                add(prompt[sequence.fed - 1], sequence, sequence.fed == len(prompt))
+                wanted = started.logits_at(sequence.fed - 1)
+                if wanted and isinstance(started, ScoreWork):
+                    started.note(count, sequence.fed - 1)
+                add(prompt[sequence.fed - 1], sequence, wanted)
         if count == 0:
             return
         batch.n_tokens = count
@@ -284,6 +316,10 @@ class ContinuousBatcher:
                 self._leave(llama_cpp, llama, sequence, error=error)
             return
         for sequence in list(self._running):
+            if isinstance(sequence.started, ScoreWork):
+                if sequence.seq_id in in_step:
+                    self._scored(backend, llama, sequence, sequence.started)
+                continue
             if sequence.row < 0:
                 continue  # its prompt is not all in yet
             row, sequence.row = sequence.row, -1
@@ -306,6 +342,26 @@ class ContinuousBatcher:
                     self._leave(llama_cpp, llama, sequence, result=result)
             else:
                 sequence.next_token = token
+
+    def _scored(self, backend: BatchBackend, llama: Any, sequence: _Sequence, work: ScoreWork) -> None:
+        """After a step: read a score's logits; move it to its next window, or answer it once all is read."""
+        llama_cpp = backend.llama_cpp
+        sequence.row = -1
+        if sequence.entry.cancel.is_set():
+            self._leave(llama_cpp, llama, sequence)
+            return
+        try:
+            work.read(llama.ctx)
+        except BaseException as error:  # non-finite logits: this request fails alone
+            self._leave(llama_cpp, llama, sequence, error=backend.failed(error))
+            return
+        if sequence.fed < len(work.prompt):
+            return  # more of this window next step
+        if work.next_window():  # each window is read from an empty sequence
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llama.ctx), sequence.seq_id, -1, -1)
+            sequence.fed = sequence.position = 0
+            return
+        self._leave(llama_cpp, llama, sequence, result=work.result())
 
     @staticmethod
     def _decode(llama_cpp: Any, llama: Any, batch: Any, abort: Any) -> int:
@@ -331,7 +387,7 @@ class ContinuousBatcher:
         llama: Any,
         sequence: _Sequence,
         *,
-        result: GenerationResult | None = None,
+        result: GenerationResult | ScoreResult | None = None,
         error: BaseException | None = None,
     ) -> None:
         """Take a sequence out of the loop: free its cells and sampler, and answer its caller.
@@ -341,7 +397,7 @@ class ContinuousBatcher:
         """
         self._running.remove(sequence)
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llama.ctx), sequence.seq_id, -1, -1)
-        sequence.started.sampler.close()
+        sequence.started.close()
         self._stale = self._stale or error is not None
         if self._stale and not self._running:
             clear_memory(llama_cpp, llama)
@@ -387,11 +443,18 @@ class LoopStarter:
         loop_call = self.worker.submit(self.serve)  # queued now: a later aclose() runs after it
         return asyncio.ensure_future(self._answer(entry, loop_call))
 
-    async def _answer(self, entry: BatchEntry, loop_call: asyncio.Future[None]) -> GenerationResult:
+    async def score(self, job: ScoreJob) -> ScoreResult:
+        """Score in the decode loop; a caller that gives up frees its sequence at the next step."""
+        entry = self.batcher.put(job, None, threading.Event())
+        loop_call = self.worker.submit(self.serve)
+        result: ScoreResult = await self._answer(entry, loop_call)
+        return result
+
+    async def _answer(self, entry: BatchEntry, loop_call: asyncio.Future[None]) -> Any:
         """Wait for ``entry``'s answer while a decode loop runs on the worker thread.
 
         The answer comes the moment its sequence ends (the loop goes on for the others). When the loop
-        returns without it (it gave way to a load or a score queued behind it), the loop is queued again.
+        returns without it (it gave way to a load or a next-token call queued behind it), the loop is queued again.
         """
         answer = asyncio.wrap_future(entry.future)
         answer.add_done_callback(_retrieve)  # read through entry.future below

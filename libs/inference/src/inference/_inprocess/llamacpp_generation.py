@@ -27,6 +27,7 @@ from inference._inprocess.llamacpp_logits import JsonMask, clear_memory
 from inference._inprocess.llamacpp_model import LlamaCppModel
 from inference._inprocess.llamacpp_native import PromptAbort
 from inference._inprocess.llamacpp_prompt import LlamaPrompts
+from inference._inprocess.llamacpp_scoring import ScoreJob, ScoreWork, start_score
 from inference._inprocess.schema_matchers import SchemaMatchers
 from inference._inprocess.streaming import PieceSink
 from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
@@ -208,7 +209,7 @@ class LoopBackend:
         generation: How its requests generate.
         activate: Applies adapters to the model and returns the ``Llama`` (the provider's, which knows the resident
             adapters).
-        others_waiting: True when other work (a load, a score, closing) is queued for the worker thread.
+        others_waiting: True when other work (a load, a next-token call, closing) is queued for the worker thread.
     """
 
     def __init__(
@@ -225,8 +226,10 @@ class LoopBackend:
     def activate(self, adapters: AdapterScales) -> Any:
         return self._activate(adapters)
 
-    def start(self, llama: Any, entry: BatchEntry) -> Started:
+    def start(self, llama: Any, entry: BatchEntry) -> Started | ScoreWork:
         generation = self.generation
+        if isinstance(entry.request, ScoreJob):
+            return start_score(generation.prompts, llama, entry.request)
         prompt, completion = generation.prepare(llama, entry.request, entry.sink)
         sampling = generation.sampling(llama, entry.request, completion)
         sampler = llama._init_sampler(  # the chain Llama.generate builds, seeded with the request's seed

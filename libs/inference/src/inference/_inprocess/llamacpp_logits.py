@@ -74,16 +74,20 @@ def token_logprob(
 
 
 def evaluated(
-    numpy: Any, llama: Any, tokens: Sequence[int], wanted: Callable[[int], bool]
+    numpy: Any, llama: Any, tokens: Sequence[int], wanted: Callable[[int], bool], *, start: int = 0
 ) -> Generator[tuple[int, Any], None, None]:
     """Evaluate ``tokens`` from an empty KV cache in chunks of the context's batch size, logits requested only at
     the positions ``wanted`` accepts; yield ``(position, logits)`` for each (the logits after ``tokens[position]``,
-    valid until the next item). The ``Llama`` object is left reset (its next ``generate`` starts afresh)."""
+    valid until the next item). The ``Llama`` object is left reset (its next ``generate`` starts afresh).
+
+    With ``start > 0`` the KV cache holds ``tokens[:start]`` already (in sequence 0, restored from a prefix cache):
+    only the rest is evaluated."""
     n_vocab = llama.n_vocab()
     llama.reset()
-    llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+    if start == 0:
+        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
     try:
-        for begin in range(0, len(tokens), llama.n_batch):
+        for begin in range(start, len(tokens), llama.n_batch):
             chunk = tokens[begin : begin + llama.n_batch]
             llama._batch.set_batch(batch=list(chunk), n_past=begin, logits_all=False)
             flags = [wanted(begin + row) for row in range(len(chunk))]

@@ -1,25 +1,19 @@
-"""The token level on llama.cpp: the vocabulary as token bytes, and the full next-token distribution of a sequence
-(logits requested at its last position only). On the provider's worker thread, with the ``Llama`` it owns; each
-sequence is evaluated from an empty KV cache (no prefix cache yet), like a score.
+"""The token level on llama.cpp: the vocabulary as token bytes (the full next-token distributions are computed through
+:mod:`~inference._inprocess.llamacpp_prefix_cache`). On the provider's worker thread, with the ``Llama`` it owns.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 from typing import TYPE_CHECKING, Any
 
-from inference._inprocess.llamacpp_logits import clear_memory, evaluated, finite_logits
 from inference._inprocess.llamacpp_scoring import vocabulary as scoring_vocabulary
 from inference.tokens import TokenVocabulary
 
 if TYPE_CHECKING:
-    import numpy as np
-    from numpy.typing import NDArray
-
     from inference._inprocess.llamacpp_prompt import LlamaPrompts
 
-__all__ = ["next_token_row", "token_piece", "vocabulary"]
+__all__ = ["token_piece", "vocabulary"]
 
 
 def vocabulary(prompts: LlamaPrompts, llama: Any, n_ctx: int) -> TokenVocabulary:
@@ -51,21 +45,3 @@ def token_piece(llama_cpp: Any, vocab: Any, token: int) -> bytes:
         if written >= 0:
             return bytes(buffer.raw[:written])
         size = -written
-
-
-def next_token_row(llama_cpp: Any, numpy: Any, llama: Any, token_ids: tuple[int, ...]) -> NDArray[np.float32] | None:
-    """The log-softmax after ``token_ids`` (float32, one entry per vocabulary token), or ``None`` where the logits
-    are not finite (the caller says which adapter did it). The ``Llama`` is left reset."""
-    row: Any = None
-    last = len(token_ids) - 1
-    with contextlib.closing(evaluated(numpy, llama, token_ids, lambda position: position == last)) as steps:
-        for _, logits in steps:
-            row = numpy.array(logits)
-    if row is None or not finite_logits(numpy, row):
-        clear_memory(llama_cpp, llama)
-        return None
-    row = row.astype(numpy.float64)
-    row -= row.max()
-    row -= numpy.log(numpy.exp(row).sum())
-    result: NDArray[np.float32] = row.astype(numpy.float32)
-    return result
