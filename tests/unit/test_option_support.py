@@ -215,6 +215,7 @@ _CHAT_ANSWER = {
             "message": {"role": "assistant", "content": "{}"},
             "finish_reason": "stop",
             "logprobs": {"content": [{"token": "{}", "logprob": -0.1, "top_logprobs": []}]},
+            "token_ids": [90],  # vLLM's answer to return_token_ids (the others ignore the field they are not sent)
         }
     ],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
@@ -254,6 +255,9 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
         body = bodies[1] if option == "json_schema" else bodies[0]
         if option == "extra_body":  # merged into the body
             assert body["priority"] == EVERY_OPTION["extra_body"]["priority"], provider_type
+            continue
+        if option == "return_token_ids":  # a flag: the answer's token_ids come back (vLLM's request field)
+            assert _at(body, how.field) is True, provider_type
             continue
         if option == "raw_prompt":  # False: the chat route, with messages (True: /v1/completions, tested live)
             assert "messages" in body, provider_type
