@@ -15,11 +15,12 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.paths import expand_path, path_identity
-from inference._core.validation import GenerationRequest
+from inference._core.validation import GenerationRequest, TokenRequest
 from inference._servers.http import ServerClient
+from inference._servers.llama_server_tokens import LlamaServerTokens, distribution_fields
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
@@ -28,6 +29,11 @@ from inference.adapters.gguf import convert_peft_to_gguf_cached
 from inference.adapters.source import AdapterSource
 from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
 from inference.options import OptionMap, Refused, Sent
+from inference.tokens import TokenIds, TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = ["LlamaCppServerProvider", "ServedAdapter"]
 
@@ -117,6 +123,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         "tools": Refused("llama-server reads tools only when started with --jinja and ignores them otherwise, "
                          "without a word: not built yet for this backend"),
         "tool_choice": Refused("llama-server reads tool_choice only when started with --jinja: not built yet"),
+        "return_token_ids": Refused("llama-server's OpenAI routes return no token ids (its native /completion's "
+                                    "return_tokens is not used by this provider)"),
     }
     server_label = "llama-server"
     env_prefix = "LLAMACPP_SERVER"
@@ -124,6 +132,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     supports_adapters = True
     hot_swaps_adapters = True
     supports_adapter_scales = True
+    supports_tokenize = True
+    supports_next_token_logprobs = True
+    supports_token_prompts = True
 
     def __init__(
         self,
@@ -146,6 +157,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self._props: dict[str, dict[str, Any]] = {}  # replica URL -> its GET /props
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
         self._route_choice = _TemplateFromProps(self._server_props)
+        self._tokens = LlamaServerTokens(self._replicas, self._server_props)
 
     async def served_adapters(self) -> list[ServedAdapter]:
         """The adapters the (first) server loaded at start, read again from ``GET /lora-adapters``."""
@@ -255,6 +267,36 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             # the answer would be computed partly with the previous request's adapter. Off, for correctness.
             body["cache_prompt"] = False
         return body
+
+    # Token level: /tokenize, /detokenize, one-token completions with every probability (_servers.llama_server_tokens)
+
+    async def _tokenize_text(self, text: str, model: str) -> list[int]:
+        return await self._tokens.tokenize(text)
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        return await self._tokens.detokenize(request.token_ids)
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        return await self._tokens.vocabulary()
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        """Each sequence as a one-token ``/v1/completions`` request of its ids with every token's probability
+        (``n_probs`` = the vocabulary's size), its adapters in the ``lora`` field, all sent at once (the server's
+        slots run them in parallel)."""
+        import numpy
+
+        size = (await self._vocabulary_of(requests[0].model)).size
+        return numpy.stack(await asyncio.gather(*(self._next_token_row(request, size) for request in requests)))
+
+    async def _next_token_row(self, request: TokenRequest, size: int) -> NDArray[np.float32]:
+        asked = GenerationRequest.from_arguments(
+            provider=self.name, prompt=TokenIds(request.token_ids), model=request.model,
+            adapter_id=request.adapter_id, adapter_scales=request.adapter_scales, max_tokens=1, temperature=0.0,
+            extra_body=distribution_fields(size, await self._tokens.whole_character()),
+        )
+        async with self._chat(asked, stream=False) as (replica, _, completion):
+            row, _ = self._tokens.row(replica, completion, size)
+        return row
 
     # Adapters -----------------------------------------------------------------------------------------------
 
