@@ -232,10 +232,16 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
     respx.get(f"{base}/props").mock(  # llama-server: a chat template, so the chat route
         return_value=httpx.Response(200, json={"chat_template": "{{ messages }}", "model_path": "/models/m.gguf"})
     )
-    respx.get(f"{root}/models").mock(
-        return_value=httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+    respx.get(f"{root}/models").mock(  # llama-server's meta: its vocabulary, which logit_bias's ids are checked against
+        return_value=httpx.Response(200, json={"object": "list", "data": [
+            {"id": "m", "object": "model", "meta": {"n_vocab": 16, "n_ctx": 512}}]})
     )
     respx.post(f"{base.removesuffix('/v1')}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [1]}))
+    respx.post(f"{base.removesuffix('/v1')}/detokenize").mock(return_value=httpx.Response(200, json={"content": ""}))
+    every = [{"id": token, "token": "a", "bytes": [97], "logprob": -2.77} for token in range(16)]
+    respx.post(f"{root}/completions").mock(return_value=httpx.Response(200, json={"choices": [{  # every probability
+        "text": "a", "index": 0, "finish_reason": "length",
+        "logprobs": {"content": [{"id": 1, "token": "a", "bytes": [97], "logprob": -2.77, "top_logprobs": every}]}}]}))
     cls = load_provider_class(provider_type)
     kwargs: dict[str, Any] = {"base_url": base}
     if provider_type == "vllm":
