@@ -7,6 +7,7 @@ The bodies are the shapes vLLM 0.32 and llama-server answer (``tests/integration
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import respx
 
 from inference.exceptions import ProviderError, UnsupportedOperationError
 from inference.llamacpp_server_provider import LlamaCppServerProvider
+from inference.tokens import TokenIds
 from inference.vllm_provider import VLLMProvider
 
 VLLM = "http://127.0.0.1:9"
@@ -71,7 +73,7 @@ async def test_a_vllm_server_without_max_logprobs_says_how_to_start_it(vllm: res
             await provider.next_token_logprobs([5], "tiny")
 
 
-async def test_a_vllm_model_directory_elsewhere_refuses_the_vocabulary_but_tokenizes() -> None:
+async def test_a_vllm_model_directory_elsewhere_refuses_the_vocabulary_but_tokenizes_and_takes_ids() -> None:
     with respx.mock(assert_all_called=False) as router:
         router.get(f"{VLLM}/v1/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": [
             {"id": "tiny", "object": "model", "root": "/models/on-the-server", "parent": None}]}))
@@ -81,6 +83,15 @@ async def test_a_vllm_model_directory_elsewhere_refuses_the_vocabulary_but_token
             with pytest.raises(UnsupportedOperationError, match=r"'/models/on-the-server'.*readable at the same path"):
                 await provider.token_vocabulary("tiny")
             assert await provider.tokenize("the", "tiny") == [86, 260]
+            completions = router.post(f"{VLLM}/v1/completions").mock(return_value=httpx.Response(200, json={
+                "id": "cmpl-2", "object": "text_completion", "created": 1, "model": "tiny",
+                "choices": [{"index": 0, "text": " wor", "logprobs": None, "finish_reason": "length",
+                             "stop_reason": None, "token_ids": [146, 316], "prompt_logprobs": None,
+                             "prompt_token_ids": [86, 260]}],
+                "usage": {"prompt_tokens": 2, "total_tokens": 4, "completion_tokens": 2}}))
+            result = await provider.generate(TokenIds([86, 260]), "tiny", max_tokens=2, return_token_ids=True)
+            assert result.token_ids == (146, 316)  # a TokenIds prompt is sent unchecked: the server checks it
+            assert json.loads(completions.calls.last.request.content)["prompt"] == [86, 260]
 
 
 def llama_distribution(entries: int) -> dict[str, Any]:

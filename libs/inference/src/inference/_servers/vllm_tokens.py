@@ -155,8 +155,8 @@ class ServerTokens:
                 f"the vLLM server names no route that gives each token's bytes, so the vocabulary is read from the "
                 f"model's tokenizer files, at the path the server reports ({root!r}, its --model), which is not a "
                 "model directory on this machine: run this process where that directory is readable at the same "
-                "path (tokenize works without it; detokenize, token_vocabulary, next_token_logprobs and TokenIds "
-                "prompts need it)",
+                "path (tokenize and TokenIds prompts work without it; detokenize, token_vocabulary and "
+                "next_token_logprobs need it)",
                 provider=self._provider,
             )
         return Path(root)
