@@ -27,8 +27,9 @@ from inference._servers.replicas import Replica
 from inference._servers.routes import RouteChoice
 from inference.adapters.gguf import convert_peft_to_gguf_cached
 from inference.adapters.source import AdapterSource
-from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
+from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderError, ProviderUnavailableError
 from inference.options import OptionMap, Refused, Sent
+from inference.results import TokenLogprob
 from inference.tokens import TokenIds, TokenVocabulary
 
 if TYPE_CHECKING:
@@ -96,7 +97,10 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     Generation goes to ``/v1/chat/completions`` (the server renders its model's chat template), or, for a model
     without a chat template, to ``/v1/completions`` with the plain text (the system prompt, a blank line, the
     prompt), as the in-process llama.cpp provider does; the server's ``GET /props`` tells which, once.
-    ``logprobs`` and ``json_schema`` work as on the other OpenAI-compatible servers. llama-server has no prompt
+    ``logprobs`` and ``json_schema`` work as on the other OpenAI-compatible servers, except that llama-server
+    reports a generated token that ends inside a UTF-8 character together with the next one (one logprobs entry for
+    both, so fewer entries than tokens), and none for such a token that ends the answer: an answer with no entry
+    at all is then a :class:`~inference.exceptions.ProviderError` that says so. llama-server has no prompt
     log-probabilities, so this provider does not score (``supports_scoring`` is false).
 
     Args:
@@ -267,6 +271,20 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             # the answer would be computed partly with the previous request's adapter. Off, for correctness.
             body["cache_prompt"] = False
         return body
+
+    def _logprobs(
+        self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int
+    ) -> list[TokenLogprob]:
+        """The answer's token logprobs; none for generated tokens: the answer ended inside a UTF-8 character."""
+        if not entries and tokens > 0:
+            raise ProviderError(
+                f"{replica.http.where} gave no logprobs for the {tokens} token(s) it generated: llama-server reports "
+                "a token that ends inside a UTF-8 character only with the next token, and this answer ended on such "
+                "a token: ask for more tokens (max_tokens)",
+                provider=self.name,
+                url=replica.http.shown_url,
+            )
+        return entries
 
     # Token level: /tokenize, /detokenize, one-token completions with every probability (_servers.llama_server_tokens)
 
