@@ -3,6 +3,11 @@
 The server (started with ``--max-logprobs -1``) serves the head-64 tiny Qwen2 of :mod:`inference.testing.vllm_model`
 in float32; the Transformers provider loads the same directory and adapter. Token ids, token bytes and texts must be
 equal, and the distributions equal within 1e-4 per entry (measured: under 1e-6, both float32 on the CPU).
+
+The module has a server of its own: the session's server carries the other modules' adapter replacements and
+unloads, after which vLLM 0.32's CPU build was seen, now and then (prefix caching on or off, requests alone or
+together), to compute a base-model request with the weights of an adapter replaced and unloaded before (its rows equal
+that adapter's exactly): a vLLM bug, reported, that this module does not test.
 """
 
 from __future__ import annotations
@@ -29,22 +34,25 @@ pytestmark = [
 ]
 
 TEXT = "the quick brown fox é<|im_end|> and"
-ADAPTER = "tokens-a0"  # an id of its own: other modules load a0 and a1 on the same server
+ADAPTER = "tokens-a0"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def both(vllm_server: Any) -> AsyncIterator[tuple[VLLMProvider, TransformersProvider]]:
+async def both(
+    start_vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[VLLMProvider, TransformersProvider]]:
     from inference.testing.vllm_model import build_vllm_model
 
     model = build_vllm_model()
-    server = VLLMProvider(base_url=vllm_server.base_url)
+    started = start_vllm_server(model.hf_dir, tmp_path_factory.mktemp("vllm-tokens") / "server.log")
+    server = VLLMProvider(base_url=started.base_url)
     local = TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32")
     await server.load_adapter(ADAPTER, model.adapter_dirs["a0"])
     await local.load_adapter(ADAPTER, model.adapter_dirs["a0"])
     yield server, local
-    await server.unload_adapter(ADAPTER)
     await server.aclose()
     await local.aclose()
+    started.stop()
 
 
 async def test_token_ids_texts_and_the_vocabulary_equal_transformers(

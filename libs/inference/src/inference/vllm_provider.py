@@ -187,6 +187,13 @@ class VLLMProvider(OpenAICompatibleProvider):
     ``--enable-tokenizer-info-endpoint``. Trap: vLLM computes prompt logprobs without a LoRA's ``lm_head``
     delta (vllm#51594), so adapters that train ``lm_head`` score as if it were untrained.
 
+    Token level (:mod:`inference._servers.vllm_tokens`): ``tokenize``/``detokenize`` through ``/tokenize`` and
+    ``/detokenize``; ``token_vocabulary`` from the model's tokenizer files at the path the server reports (``root``
+    in ``GET /v1/models``), which must be readable from this machine (vLLM serves no token bytes);
+    ``next_token_logprobs`` as one-token ``/v1/completions`` requests of the ids with every token's logprob, which
+    needs the server started with ``--max-logprobs -1``; :class:`~inference.tokens.TokenIds` prompts on
+    ``/v1/completions``; ``return_token_ids`` through vLLM's field of that name.
+
     Adapters live on the servers, so they outlive this object: ``list_adapters`` reads ``GET /v1/models``
     (the LoRA entries, those with a ``parent``) on every replica and merges them with what this object
     loaded, and an adapter a server lists can be used and unloaded by id from any new provider.
