@@ -215,6 +215,7 @@ _CHAT_ANSWER = {
             "message": {"role": "assistant", "content": "{}"},
             "finish_reason": "stop",
             "logprobs": {"content": [{"token": "{}", "logprob": -0.1, "top_logprobs": []}]},
+            "token_ids": [90],  # vLLM's answer to return_token_ids (the others ignore the field they are not sent)
         }
     ],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
@@ -231,13 +232,19 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
     respx.get(f"{base}/props").mock(  # llama-server: a chat template, so the chat route
         return_value=httpx.Response(200, json={"chat_template": "{{ messages }}", "model_path": "/models/m.gguf"})
     )
-    respx.get(f"{root}/models").mock(
-        return_value=httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+    respx.get(f"{root}/models").mock(  # llama-server's meta: its vocabulary, which logit_bias's ids are checked against
+        return_value=httpx.Response(200, json={"object": "list", "data": [
+            {"id": "m", "object": "model", "meta": {"n_vocab": 16, "n_ctx": 512}}]})
     )
     respx.post(f"{base.removesuffix('/v1')}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [1]}))
     respx.post(f"{base}/apply-template").mock(  # llama-server: it renders with Jinja (template variables are read)
         return_value=httpx.Response(200, json={"prompt": "x"})
     )
+    respx.post(f"{base.removesuffix('/v1')}/detokenize").mock(return_value=httpx.Response(200, json={"content": ""}))
+    every = [{"id": token, "token": "a", "bytes": [97], "logprob": -2.77} for token in range(16)]
+    respx.post(f"{root}/completions").mock(return_value=httpx.Response(200, json={"choices": [{  # every probability
+        "text": "a", "index": 0, "finish_reason": "length",
+        "logprobs": {"content": [{"id": 1, "token": "a", "bytes": [97], "logprob": -2.77, "top_logprobs": every}]}}]}))
     cls = load_provider_class(provider_type)
     kwargs: dict[str, Any] = {"base_url": base}
     if provider_type == "vllm":
@@ -257,6 +264,9 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
         body = bodies[1] if option == "json_schema" else bodies[0]
         if option == "extra_body":  # merged into the body
             assert body["priority"] == EVERY_OPTION["extra_body"]["priority"], provider_type
+            continue
+        if option == "return_token_ids":  # a flag: the answer's token_ids come back (vLLM's request field)
+            assert _at(body, how.field) is True, provider_type
             continue
         if option == "raw_prompt":  # False: the chat route, with messages (True: /v1/completions, tested live)
             assert "messages" in body, provider_type

@@ -15,11 +15,12 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.paths import expand_path, path_identity
-from inference._core.validation import GenerationRequest
+from inference._core.validation import GenerationRequest, TokenRequest
 from inference._servers.http import ServerClient
+from inference._servers.llama_server_tokens import LlamaServerTokens, distribution_fields
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
@@ -30,9 +31,16 @@ from inference.exceptions import (
     AdapterNotFoundError,
     InvalidAdapterError,
     InvalidRequestError,
+    ProviderError,
     ProviderUnavailableError,
 )
 from inference.options import OptionMap, Refused, Sent
+from inference.results import TokenLogprob
+from inference.tokens import TokenIds, TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = ["LlamaCppServerProvider", "ServedAdapter"]
 
@@ -95,7 +103,10 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     Generation goes to ``/v1/chat/completions`` (the server renders its model's chat template), or, for a model
     without a chat template, to ``/v1/completions`` with the plain text (the system prompt, a blank line, the
     prompt), as the in-process llama.cpp provider does; the server's ``GET /props`` tells which, once.
-    ``logprobs`` and ``json_schema`` work as on the other OpenAI-compatible servers. llama-server has no prompt
+    ``logprobs`` and ``json_schema`` work as on the other OpenAI-compatible servers, except that llama-server
+    reports a generated token that ends inside a UTF-8 character together with the next one (one logprobs entry for
+    both, so fewer entries than tokens), and none for such a token that ends the answer: an answer with no entry
+    at all is then a :class:`~inference.exceptions.ProviderError` that says so. llama-server has no prompt
     log-probabilities, so this provider does not score (``supports_scoring`` is false).
 
     Args:
@@ -129,6 +140,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         ),
         "thinking": Sent("chat_template_kwargs.enable_thinking", "as chat_template_kwargs; the reasoning comes back "
                          "apart (reasoning_content) as llama-server's --reasoning-format says"),
+        "return_token_ids": Refused("llama-server's OpenAI routes return no token ids (its native /completion's "
+                                    "return_tokens is not used by this provider)"),
     }
     server_label = "llama-server"
     env_prefix = "LLAMACPP_SERVER"
@@ -136,6 +149,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     supports_adapters = True
     hot_swaps_adapters = True
     supports_adapter_scales = True
+    supports_tokenize = True
+    supports_next_token_logprobs = True
+    supports_token_prompts = True
 
     def __init__(
         self,
@@ -155,6 +171,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self._jinja: dict[str, bool] = {}  # replica URL -> whether it renders templates with Jinja
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
         self._route_choice = _TemplateFromProps(self._server_props)
+        self._tokens = LlamaServerTokens(self._replicas, self._server_props)
 
     async def served_adapters(self) -> list[ServedAdapter]:
         """The adapters the (first) server loaded at start, read again from ``GET /lora-adapters``."""
@@ -266,6 +283,50 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             # the answer would be computed partly with the previous request's adapter. Off, for correctness.
             body["cache_prompt"] = False
         return body
+
+    def _logprobs(
+        self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int
+    ) -> list[TokenLogprob]:
+        """The answer's token logprobs; none for generated tokens: the answer ended inside a UTF-8 character."""
+        if not entries and tokens > 0:
+            raise ProviderError(
+                f"{replica.http.where} gave no logprobs for the {tokens} token(s) it generated: llama-server reports "
+                "a token that ends inside a UTF-8 character only with the next token, and this answer ended on such "
+                "a token: ask for more tokens (max_tokens)",
+                provider=self.name,
+                url=replica.http.shown_url,
+            )
+        return entries
+
+    # Token level: /tokenize, /detokenize, one-token completions with every probability (_servers.llama_server_tokens)
+
+    async def _tokenize_text(self, text: str, model: str) -> list[int]:
+        return await self._tokens.tokenize(text)
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        return await self._tokens.detokenize(request.token_ids)
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        return await self._tokens.vocabulary()
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        """Each sequence as a one-token ``/v1/completions`` request of its ids with every token's probability
+        (``n_probs`` = the vocabulary's size), its adapters in the ``lora`` field, all sent at once (the server's
+        slots run them in parallel)."""
+        import numpy
+
+        size = (await self._vocabulary_of(requests[0].model)).size
+        return numpy.stack(await asyncio.gather(*(self._next_token_row(request, size) for request in requests)))
+
+    async def _next_token_row(self, request: TokenRequest, size: int) -> NDArray[np.float32]:
+        asked = GenerationRequest.from_arguments(
+            provider=self.name, prompt=TokenIds(request.token_ids), model=request.model,
+            adapter_id=request.adapter_id, adapter_scales=request.adapter_scales, max_tokens=1, temperature=0.0,
+            extra_body=distribution_fields(size, await self._tokens.whole_character()),
+        )
+        async with self._chat(asked, stream=False) as (replica, _, completion):
+            row, _ = self._tokens.row(replica, completion, size)
+        return row
 
     # Adapters -----------------------------------------------------------------------------------------------
 

@@ -398,7 +398,10 @@ class InferenceProvider(ScoringProvider):
         (where the provider has its tokenizer at hand, ``supports_tokenize``)."""
         await self._check_token_prompt(request)
         if request.logit_bias and self.supports_tokenize:
-            vocabulary = await self._vocabulary_of(request.model)
+            try:
+                vocabulary = await self._vocabulary_of(request.model)
+            except UnsupportedOperationError:
+                return  # a server whose vocabulary cannot be read here (vLLM's model files elsewhere) checks the ids
             ids = tuple(request.logit_bias)
             check_token_limits(ids, vocabulary, provider=self.name, name="logit_bias", max_length=len(ids))
 

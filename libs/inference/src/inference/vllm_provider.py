@@ -10,13 +10,14 @@ refusals (``_LORA_ROUTES``), its limits, and the check of a local adapter agains
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from inference._core.lifecycle import Discovered
-from inference._core.validation import ScoreRequest
+from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer
 from inference._servers.limits import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
 from inference._servers.limits import ServerLimits
@@ -32,11 +33,17 @@ from inference._servers.runtime_lora import (
     shared_adapter_dir,
 )
 from inference._servers.served_adapters import ReconcileReport, ReplicaReconciliation, ServedAdapters
+from inference._servers.vllm_tokens import DISTRIBUTION_FIELDS, ServerTokens
 from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
 from inference.exceptions import InvalidAdapterError, ServerInvalidAdapterError, ServerResponseError
 from inference.options import OptionMap, Sent
 from inference.results import ScoreResult
+from inference.tokens import TokenIds, TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = ["ReconcileReport", "ReplicaReconciliation", "VLLMProvider"]
 
@@ -180,6 +187,13 @@ class VLLMProvider(OpenAICompatibleProvider):
     ``--enable-tokenizer-info-endpoint``. Trap: vLLM computes prompt logprobs without a LoRA's ``lm_head``
     delta (vllm#51594), so adapters that train ``lm_head`` score as if it were untrained.
 
+    Token level (:mod:`inference._servers.vllm_tokens`): ``tokenize``/``detokenize`` through ``/tokenize`` and
+    ``/detokenize``; ``token_vocabulary`` from the model's tokenizer files at the path the server reports (``root``
+    in ``GET /v1/models``), which must be readable from this machine (vLLM serves no token bytes);
+    ``next_token_logprobs`` as one-token ``/v1/completions`` requests of the ids with every token's logprob, which
+    needs the server started with ``--max-logprobs -1``; :class:`~inference.tokens.TokenIds` prompts on
+    ``/v1/completions``; ``return_token_ids`` through vLLM's field of that name.
+
     Adapters live on the servers, so they outlive this object: ``list_adapters`` reads ``GET /v1/models``
     (the LoRA entries, those with a ``parent``) on every replica and merges them with what this object
     loaded, and an adapter a server lists can be used and unloaded by id from any new provider.
@@ -216,6 +230,7 @@ class VLLMProvider(OpenAICompatibleProvider):
             "chat_template_kwargs.enable_thinking",
             "the template's switch; the reasoning comes back apart where vLLM runs a --reasoning-parser",
         ),
+        "return_token_ids": Sent("return_token_ids", "vLLM's request field: the answer's token_ids"),
     }
     server_label = "vLLM"
     env_prefix = "VLLM"
@@ -226,6 +241,9 @@ class VLLMProvider(OpenAICompatibleProvider):
     hot_swaps_adapters = True
     batches_mixed_adapters = True
     supports_scoring = True
+    supports_tokenize = True
+    supports_next_token_logprobs = True
+    supports_token_prompts = True
     _lora: ServedAdapters  # narrowed: this provider always has runtime LoRA routes
     _scoring: PromptLogprobScoring
 
@@ -260,6 +278,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         lora = RuntimeLoRA(_LORA_ROUTES)
         self._lora = ServedAdapters(self._replicas, lora, self._adapter_registry, self.placement)
         self._scoring = PromptLogprobScoring(self._replicas, self.model_hint, _resolver_could_not_load)
+        self._tokens = ServerTokens(self._replicas, self._scoring)
 
     # Adapters: vLLM's runtime LoRA routes on every replica (inference._servers.served_adapters) ----------------
 
@@ -345,3 +364,38 @@ class VLLMProvider(OpenAICompatibleProvider):
     async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
         """Score the whole text in windows that fit the server's context (``max_model_len - 2`` tokens each)."""
         return await self._scoring.score_rolling(request)
+
+    # Token level: /tokenize, /detokenize, one-token completions with every logprob (inference._servers.vllm_tokens) ---
+
+    async def _tokenize_text(self, text: str, model: str) -> list[int]:
+        return await self._tokens.tokenize(model, text)
+
+    async def _detokenize_ids(self, request: TokenRequest) -> str:
+        return await self._tokens.detokenize(request.model, request.token_ids)
+
+    async def _token_vocabulary(self, model: str) -> TokenVocabulary:
+        """The served model's vocabulary, from its tokenizer files at the path the server reports (see
+        :mod:`inference._servers.vllm_tokens`): refused when that directory is not readable from this machine."""
+        return await self._tokens.vocabulary(model)
+
+    async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
+        """Each sequence as a one-token ``/v1/completions`` request of its ids with every token's logprob (the server
+        must run with ``--max-logprobs -1``), under its adapter's name, all sent at once (the server batches them)."""
+        import numpy
+
+        size = (await self._vocabulary_of(requests[0].model)).size
+        return numpy.stack(await asyncio.gather(*(self._next_token_row(request, size) for request in requests)))
+
+    async def _next_token_row(self, request: TokenRequest, size: int) -> NDArray[np.float32]:
+        asked = GenerationRequest.from_arguments(
+            provider=self.name, prompt=TokenIds(request.token_ids), model=request.model,
+            adapter_id=request.adapter_id, max_tokens=1, temperature=0.0, extra_body=DISTRIBUTION_FIELDS,
+        )
+        try:
+            async with self._chat(asked, stream=False) as (replica, _, completion):
+                return self._tokens.row(replica, completion, size)
+        except ServerResponseError as error:
+            refused = self._tokens.refusal(str(error)) if error.status_code == 400 else None
+            if refused is None:
+                raise
+            raise refused from error

@@ -23,7 +23,7 @@ from inference._core.validation import (
     checked_text,
     split_adapter_choice,
 )
-from inference.exceptions import InvalidRequestError
+from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.tokens import TokenCacheStats, TokenVocabulary
 
 if TYPE_CHECKING:
@@ -201,7 +201,10 @@ class TokenLevelProvider(ProviderBase):
         ids = request.prompt_token_ids
         if ids is None:
             return
-        vocabulary = await self._vocabulary_of(request.model)
+        try:
+            vocabulary = await self._vocabulary_of(request.model)
+        except UnsupportedOperationError:
+            return  # a server whose vocabulary cannot be read here (vLLM's model files elsewhere) checks the ids
         check_token_limits(ids, vocabulary, provider=self.name, name="prompt.ids",
                            max_length=vocabulary.context_length - 1)
 

@@ -48,6 +48,7 @@ from inference._servers.openai_wire import (
     refuses_schema_type,
     request_arguments,
     response_format,
+    returned_token_ids,
     token_counts,
     tool_calls_of,
 )
@@ -154,13 +155,14 @@ class OpenAICompatibleProvider(InferenceProvider):
                     if request.logprobs is not None
                     else None
                 )
+                token_ids = returned_token_ids(choice.get("token_ids")) if request.return_token_ids else None
             except (AttributeError, IndexError, KeyError, TypeError) as error:
                 raise replica.http.protocol_error(
                     operation_of(request), f"an answer that is not a {route} completion ({error!r})"
                 ) from error
         return generation_result(
             request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs, reasoning,
-            tool_calls,
+            tool_calls, token_ids,
         )
 
     def _logprobs(
@@ -193,6 +195,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             logprobs: list[TokenLogprob] = []
             thoughts: list[str] = []
             calls = ToolCallDeltas()
+            token_ids: list[int] = []
             iterator = events.__aiter__()
             while True:
                 try:
@@ -215,6 +218,8 @@ class OpenAICompatibleProvider(InferenceProvider):
                     finished = choices[0].get("finish_reason") if choices else None
                     if request.logprobs is not None and choices:
                         logprobs.extend(LOGPROB_READERS[route](choices[0].get("logprobs"), request.logprobs))
+                    if request.return_token_ids and choices and choices[0].get("token_ids") is not None:
+                        token_ids.extend(returned_token_ids(choices[0]["token_ids"]))
                     announces_role = delta is not None and bool(delta.get("role"))
                     if delta is not None:
                         thoughts.append(reasoning_of(delta))
@@ -252,6 +257,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             logprobs if request.logprobs is not None else None,
             "".join(thoughts),
             calls.calls(request),
+            token_ids,
         )
 
     @asynccontextmanager
@@ -270,8 +276,10 @@ class OpenAICompatibleProvider(InferenceProvider):
                 lora.started(replica, request)
             try:
                 try:
-                    route = (  # a raw prompt is plain text on the completions route, whatever the api setting
-                        COMPLETIONS if request.raw_prompt else await self._route_choice.route(replica, request)
+                    route = (  # a raw prompt (text or token ids) goes to the completions route, whatever the api
+                        COMPLETIONS
+                        if request.raw_prompt or request.prompt_token_ids is not None
+                        else await self._route_choice.route(replica, request)
                     )
                     arguments = self._arguments(replica, request, route, stream=stream)
                     try:

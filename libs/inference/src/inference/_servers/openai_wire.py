@@ -52,6 +52,7 @@ __all__ = [
     "refuses_schema_type",
     "request_arguments",
     "response_format",
+    "returned_token_ids",
     "token_counts",
     "token_logprobs",
     "tool_calls_of",
@@ -181,6 +182,8 @@ def request_arguments(
     arguments: dict[str, Any] = {"model": model}
     if route == CHAT:
         arguments["messages"] = request.messages  # the one message rule (GenerationRequest.messages)
+    elif request.prompt_token_ids is not None:
+        arguments["prompt"] = list(request.prompt_token_ids)  # a TokenIds prompt: the model's whole input
     else:
         arguments["prompt"] = request.plain_prompt
     for name in _SAMPLING:
@@ -208,6 +211,8 @@ def request_arguments(
         arguments["tools"] = [dict(tool) for tool in request.tools]
         if request.tool_choice is not None:
             arguments["tool_choice"] = request.tool_choice
+    if request.return_token_ids and isinstance(returned := fields["return_token_ids"], Sent):
+        arguments[returned.field] = True
     if request.logit_bias and isinstance(fields["logit_bias"], Sent):
         arguments["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
     for name in _TEMPLATE_FIELDS:
@@ -312,6 +317,7 @@ def generation_result(
     logprobs: list[TokenLogprob] | None = None,
     reasoning: str | None = None,
     tool_calls: Sequence[ToolCall] = (),
+    token_ids: Sequence[int] | None = None,
 ) -> GenerationResult:
     """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too.
 
@@ -328,7 +334,22 @@ def generation_result(
         logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
         reasoning=reasoning or None,
         tool_calls=tuple(tool_calls) or None,
+        token_ids=tuple(token_ids) if request.return_token_ids and token_ids is not None else None,
     )
+
+
+def returned_token_ids(value: Any) -> list[int]:
+    """The generated ids a server returns for ``return_token_ids`` (vLLM's ``choices[i].token_ids``; a stream chunk's
+    are the new ones).
+
+    Raises:
+        TypeError: The value is not a list of non-negative integers.
+    """
+    if not isinstance(value, list) or not all(
+        isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in value
+    ):
+        raise TypeError(f"token_ids {value!r:.200} is not a list of token ids")
+    return value
 
 
 def _finish_reason(reason: object, called: bool) -> str:

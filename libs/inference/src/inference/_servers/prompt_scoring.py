@@ -207,8 +207,8 @@ class PromptLogprobScoring:
             if answer.route_missing:
                 return answer.error(
                     ServerResponseError,
-                    f"{answer.where} has no route {answer.response.request.url.path}: scoring needs a "
-                    f"{self._replicas.server} server (its /tokenize and /v1/completions routes); set "
+                    f"{answer.where} has no route {answer.response.request.url.path}: scoring and the token level "
+                    f"need a {self._replicas.server} server (its /tokenize and /v1/completions routes); set "
                     f"{self._replicas.env_prefix}_BASE_URL (or base_url) to it",
                 )
             if adapter_id is not None:

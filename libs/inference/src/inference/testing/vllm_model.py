@@ -58,15 +58,16 @@ def server_command(python: str | Path, model_dir: str | Path, port: int, *, serv
 
     ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script looks up a distribution named
     ``vllm`` and fails with the CPU build), float32, a 512-token context, up to 4 adapters of rank 16 in a batch,
-    the tokenizer-info route scoring uses, chat templates sent with a request (the option ``chat_template``), and
-    tool calls (a tool parser that needs no special tokens: the tiny tokenizer has none).
+    the tokenizer-info route scoring uses, chat templates sent with a request (the option ``chat_template``),
+    tool calls (a tool parser that needs no special tokens: the tiny tokenizer has none), and every token's logprob
+    (``--max-logprobs -1``: full next-token distributions).
     """
     return [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "512", "--enable-lora", "--max-lora-rank", "16", "--max-loras", "4",
         "--enable-tokenizer-info-endpoint", "--trust-request-chat-template",
-        "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+        "--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--max-logprobs", "-1",
     ]
 
 VLLM_BUILD_VERSION = "vllm-1"

@@ -1,0 +1,184 @@
+"""vLLM's token level over HTTP: ``/tokenize`` and ``/detokenize``, the vocabulary from the model's tokenizer files,
+full next-token distributions from one-token ``/v1/completions`` requests.
+
+:class:`ServerTokens` is the part the vLLM provider's token-level hooks delegate to:
+
+- ``tokenize``/``detokenize``: vLLM's own routes at the server root (``add_special_tokens`` false: no BOS added).
+- The vocabulary: vLLM serves no route that gives each token's bytes (``/detokenize`` of one id writes a byte that
+  ends inside a UTF-8 character as ``"\\ufffd"``, and logprob keys are such decoded strings too). So the bytes come
+  from the model's tokenizer files, at the path the server reports as its model's ``root`` in ``GET /v1/models``
+  (the ``--model`` directory), read here with Transformers' tokenizer when that directory is readable from this
+  machine; otherwise the vocabulary, and the calls that need it, are refused with a sentence saying so. The size
+  is the model's ``vocab_size`` (its output layer, what vLLM's ``logprobs=-1`` covers), the context the server's
+  ``max_model_len``.
+- A distribution: the sequence as a token-id prompt, ``max_tokens=1``, ``logprobs=-1`` (every token; the server
+  must run with ``--max-logprobs -1``) and ``return_tokens_as_token_ids`` (keys ``token_id:N``, since decoded
+  strings collide). vLLM sends the raw log-softmax of the logits, each value clamped at -9999 (JSON has no
+  ``-inf``). A distribution that lacks an id is a :class:`~inference.exceptions.ProviderError`, never a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inference._core.dependencies import import_optional
+from inference._servers.prompt_scoring import PromptLogprobScoring
+from inference._servers.replicas import Replica, ReplicaSet
+from inference.exceptions import ModelNotFoundError, ProviderError, UnsupportedOperationError
+from inference.tokens import TokenVocabulary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+__all__ = ["DISTRIBUTION_FIELDS", "ServerTokens"]
+
+DISTRIBUTION_FIELDS: dict[str, Any] = {"logprobs": -1, "return_tokens_as_token_ids": True}
+"""The ``/v1/completions`` fields of a full next-token distribution (with ``max_tokens=1``, greedy)."""
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+class ServerTokens:
+    """Token ids and vocabularies from a vLLM server (see the module docstring).
+
+    Args:
+        replicas: The provider's replicas (all serve the same model; the least busy one that is up answers).
+        scoring: The scoring part, whose ``/tokenize`` call and tokenizer facts are shared.
+    """
+
+    def __init__(self, replicas: ReplicaSet, scoring: PromptLogprobScoring) -> None:
+        self._replicas = replicas
+        self._scoring = scoring
+
+    @property
+    def _provider(self) -> str:
+        return self._replicas.provider
+
+    async def tokenize(self, model: str, text: str) -> list[int]:
+        """``POST /tokenize`` without special tokens added."""
+        return await self._scoring.tokenize(self._replicas.in_order()[0], model, text, special=False)
+
+    async def detokenize(self, model: str, token_ids: tuple[int, ...]) -> str:
+        """``POST /detokenize``: the text of the ids, special tokens written out."""
+        replica = self._replicas.in_order()[0]
+        operation = "detokenize token ids"
+        response = await replica.http.request(
+            "POST", f"{replica.root}/detokenize", operation=operation,
+            json_body={"model": model, "tokens": list(token_ids)}, handlers=self._scoring._handlers(model),
+        )
+        body = replica.http.parse_json(response, operation=operation)
+        text = body.get("prompt") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise replica.http.protocol_error(operation, f"an answer that is not a detokenized text: {body!r:.200}")
+        return text
+
+    async def vocabulary(self, model: str) -> TokenVocabulary:
+        """The served model's vocabulary: bytes and special tokens from its tokenizer files (the ``root`` the server
+        reports, read here), the context from the server.
+
+        Raises:
+            ModelNotFoundError: The server does not serve ``model``.
+            UnsupportedOperationError: The model's directory is not readable from this machine.
+        """
+        replica = self._replicas.in_order()[0]
+        directory = await self._model_directory(replica, model)
+        info = await self._scoring.tokenizer_info(replica, model)
+        return await asyncio.to_thread(_read_vocabulary, directory, info.max_length, self._provider)
+
+    def row(self, replica: Replica, completion: Any, size: int) -> NDArray[np.float32]:
+        """The full distribution of a one-token completion asked with :data:`DISTRIBUTION_FIELDS`.
+
+        Raises:
+            ProviderError: The answer lacks an id of the vocabulary (or names one outside it): never a partial row.
+        """
+        import numpy
+
+        operation = "compute a next-token distribution"
+        try:
+            entries = completion["choices"][0]["logprobs"]["top_logprobs"][0]
+            values = numpy.full(size, numpy.nan, dtype=numpy.float32)
+            for key, value in entries.items():
+                if not key.startswith(_TOKEN_ID_PREFIX) or isinstance(value, bool):
+                    raise TypeError(f"an entry {key!r}: {value!r} that is not token_id:N and a logprob")
+                token = int(key[len(_TOKEN_ID_PREFIX):])
+                if not 0 <= token < size:
+                    raise ValueError(f"token id {token} is outside the vocabulary of {size}")
+                values[token] = float(value)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+            raise replica.http.protocol_error(
+                operation, f"an answer without a distribution keyed by token ids ({error!r:.200})"
+            ) from error
+        missing = int(numpy.isnan(values).sum())
+        if missing:
+            raise ProviderError(
+                f"{replica.http.where} gave {size - missing} of the {size} logprobs of the vocabulary: a full "
+                "distribution needs every one (start vLLM with --max-logprobs -1)",
+                provider=self._provider,
+                url=replica.http.shown_url,
+            )
+        return values
+
+    def refusal(self, message: str) -> UnsupportedOperationError | None:
+        """vLLM's 400 for ``logprobs=-1`` beyond its ``--max-logprobs``, as the sentence that says how to start it."""
+        if "greater than max allowed" not in message:
+            return None
+        return UnsupportedOperationError(
+            f"the vLLM server refuses every token's logprob ({message}): start it with --max-logprobs -1 (the whole "
+            "vocabulary) for next_token_logprobs",
+            provider=self._provider,
+        )
+
+    async def _model_directory(self, replica: Replica, model: str) -> Path:
+        """The served model's directory (``root`` in ``GET /v1/models``), when it is readable here."""
+        operation = "find the served model's tokenizer files"
+        response = await replica.http.request("GET", f"{replica.root}/v1/models", operation=operation)
+        body = replica.http.parse_json(response, operation=operation)
+        entries = body.get("data") if isinstance(body, dict) else None
+        entry = next(
+            (item for item in entries or () if isinstance(item, dict) and item.get("id") == model
+             and item.get("parent") is None),
+            None,
+        )
+        if entry is None:
+            raise ModelNotFoundError(
+                f"{replica.http.where} does not serve model {model!r} (GET /v1/models lists no such base model): use "
+                "the name the server was started with (--served-model-name)",
+                provider=self._provider,
+            )
+        root = entry.get("root")
+        if not isinstance(root, str) or not (Path(root) / "config.json").is_file():
+            raise UnsupportedOperationError(
+                f"the vLLM server names no route that gives each token's bytes, so the vocabulary is read from the "
+                f"model's tokenizer files, at the path the server reports ({root!r}, its --model), which is not a "
+                "model directory on this machine: run this process where that directory is readable at the same "
+                "path (tokenize and TokenIds prompts work without it; detokenize, token_vocabulary and "
+                "next_token_logprobs need it)",
+                provider=self._provider,
+            )
+        return Path(root)
+
+
+def _read_vocabulary(directory: Path, context_length: int, provider: str) -> TokenVocabulary:
+    """The vocabulary of the model directory: its tokenizer (Transformers') and its output layer's size."""
+    from inference._inprocess.token_bytes import token_bytes
+
+    transformers = import_optional("transformers", provider=provider, extra="transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    size = int(text_config.get("vocab_size") or len(tokenizer))
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    probe = tokenizer("probe")["input_ids"]
+    return TokenVocabulary(
+        size=size,
+        token_bytes=token_bytes(tokenizer, size),
+        special_ids=frozenset(int(token) for token in tokenizer.all_special_ids if 0 <= int(token) < size),
+        bos_id=None if bos is None else int(bos),
+        eos_ids=() if eos is None else (int(eos),),
+        adds_bos=bos is not None and len(probe) > 0 and int(probe[0]) == int(bos),
+        context_length=context_length,
+    )
