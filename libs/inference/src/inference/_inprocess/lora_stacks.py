@@ -301,20 +301,21 @@ class LoraStacks:
             layer = self.modules.get(module)
             if layer is None or not hasattr(layer, "in_features") or not hasattr(layer, "out_features"):
                 raise ValueError(f"{module} is not a linear layer of the model")
-        slot = self._free.pop() if self._free else self._new_slot()
-        self._used.add(slot)
-        try:
-            for module, stack in self._stacks.items():
-                if module not in weights:
-                    stack.clear(slot)
-            for module, entry in weights.items():
-                stack = self._stack(module)
-                a = self.torch.as_tensor(entry.a).to(device=self.device, dtype=self.dtype)
-                b = self.torch.as_tensor(entry.b).to(device=self.device, dtype=self.dtype)
-                stack.write(slot, a, b, entry.scaling)
-        except BaseException:
-            self.remove(slot)
-            raise
+        with self.torch.inference_mode(False):  # a write inside a forward pass's inference mode makes no
+            slot = self._free.pop() if self._free else self._new_slot()  # inference tensor a later write refuses
+            self._used.add(slot)
+            try:
+                for module, stack in self._stacks.items():
+                    if module not in weights:
+                        stack.clear(slot)
+                for module, entry in weights.items():
+                    stack = self._stack(module)
+                    a = self.torch.as_tensor(entry.a).to(device=self.device, dtype=self.dtype)
+                    b = self.torch.as_tensor(entry.b).to(device=self.device, dtype=self.dtype)
+                    stack.write(slot, a, b, entry.scaling)
+            except BaseException:
+                self.remove(slot)
+                raise
         return slot
 
     def add_combination(self, parts: Sequence[tuple[int, float]]) -> int:
