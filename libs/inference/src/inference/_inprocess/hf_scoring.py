@@ -5,7 +5,9 @@ share a batch; the oldest call's adapter goes first, since a forward pass of one
 mixed-adapter path). :class:`HFScoring` cuts each call into its sequences (one for ``score``, the rolling windows
 of :func:`~inference._core.scoring.rolling_windows` for ``score_rolling``), scores them longest first in
 right-padded forward passes of up to ``max_batch_size`` rows, each row with its own adapter, and sums each call's
-parts into its :class:`~inference.ScoreResult`.
+parts into its :class:`~inference.ScoreResult`. ``score`` calls of one batch that share their adapter and their
+context (a multiple-choice item's choices) are scored first, the context once per group
+(:mod:`inference._inprocess.hf_shared_context`).
 
 Everything here runs on the provider's worker thread; torch is imported on first use.
 """
