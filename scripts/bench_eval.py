@@ -25,6 +25,7 @@ Usage::
     python scripts/bench_eval.py --adapters 10 --prompts 5 --providers llamacpp
     python scripts/bench_eval.py --providers transformers --adapters-in-flight 1 8
     python scripts/bench_eval.py --providers transformers --score-only --adapters 20
+    python scripts/bench_eval.py --providers transformers-peft transformers --adapters-in-flight 1 8  # PEFT vs stacks
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ SPARE_ADAPTER_SLOTS: int | None = None
 
 
 def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
+    """``llamacpp``, ``transformers`` or ``transformers-peft`` (every adapter served by PEFT, no stacked LoRA)."""
     if name == "llamacpp":
         from inference.llamacpp_provider import LlamaCppProvider
 
@@ -82,13 +84,15 @@ def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
         )
     from inference.transformers_provider import TransformersProvider
 
-    return TransformersProvider(
+    provider = TransformersProvider(
         model_name=str(tiny.hf_dir),
         device="cpu",
         torch_dtype="float32",
         max_batch_size=MAX_BATCH_SIZE,
         spare_adapter_slots=SPARE_ADAPTER_SLOTS,
     )
+    provider._slots.stacking = name != "transformers-peft"
+    return provider
 
 
 async def bench(
@@ -174,7 +178,7 @@ async def bench_scoring(
     from inference.evaluation import evaluate_adapters
 
     prompts = choice_prompts(prompt_count)
-    if name == "transformers":
+    if name.startswith("transformers"):
         import torch
 
         torch.set_num_threads(1)  # as bench_batching.py: rounds stay comparable on a shared 2-core machine
@@ -297,7 +301,7 @@ def main() -> int:
                 continue
             baseline: tuple[float, dict[tuple[str, str], Any]] | None = None
             runs: list[tuple[int, int | None]] = [(in_flight, None) for in_flight in args.adapters_in_flight]
-            if args.baseline_without_spare_slots and name == "transformers":
+            if args.baseline_without_spare_slots and name.startswith("transformers"):
                 runs.insert(0, (1, 0))
             for in_flight, spare in runs:
                 SPARE_ADAPTER_SLOTS = spare

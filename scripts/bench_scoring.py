@@ -78,10 +78,22 @@ def pairs(count: int) -> list[tuple[str, str]]:
     ]
 
 
-async def provider_scores(model_dir: Path, adapters: dict[str, Path], work: list[tuple[str, str]]) -> dict[str, Any]:
+def choice_pairs(items: int) -> list[tuple[str, str]]:
+    """``items`` multiple-choice items of 4 choices each: one context, 4 continuations (distinct contexts)."""
+    return [
+        (f"Item {i}. {CONTEXTS[i % len(CONTEXTS)]}", CONTINUATIONS[(i + choice * 2) % len(CONTINUATIONS)])
+        for i in range(items)
+        for choice in range(4)
+    ]
+
+
+async def provider_scores(
+    model_dir: Path, adapters: dict[str, Path], work: list[tuple[str, str]], *, stacking: bool = True
+) -> dict[str, Any]:
     from inference.transformers_provider import TransformersProvider
 
     async with TransformersProvider(model_name=str(model_dir), max_batch_size=32) as provider:
+        provider._slots.stacking = stacking  # False: every adapter served by PEFT (the path before LoraStacks)
         for adapter_id, path in adapters.items():
             await provider.load_adapter(adapter_id, path)
         await provider.score_batch(work[:8], model="m", adapter_id="a0")  # warm-up
@@ -159,13 +171,18 @@ def transformers_part(count: int, skip_lm_eval: bool, size: str) -> None:
         adapters = adapter_paths(built)
         work = pairs(count)
         torch.set_num_threads(os.cpu_count() or 1)
+        peft_only = asyncio.run(provider_scores(model_dir, adapters, work, stacking=False))
         ours = asyncio.run(provider_scores(model_dir, adapters, work))
         seed = one_at_a_time(model_dir, adapters, work)
         total = count * len(adapters)
         print(f"\n## Transformers: {count} pairs x {len(adapters)} adapters = {total} scores ({size} Qwen2)")
         print("| way | seconds | scores/s | provider's speed-up |")
         print("| --- | ---: | ---: | ---: |")
-        rows = [("provider (concurrent score_batch)", ours), ("one forward pass per pair, one at a time", seed)]
+        rows = [
+            ("provider (concurrent score_batch)", ours),
+            ("provider, every adapter served by PEFT", peft_only),
+            ("one forward pass per pair, one at a time", seed),
+        ]
         if not skip_lm_eval:
             theirs = lm_eval_hf(model_dir, adapters, work)
             rows.append(("lm-eval `hf` (a model per adapter, batch 32)", theirs))
@@ -177,6 +194,22 @@ def transformers_part(count: int, skip_lm_eval: bool, size: str) -> None:
         if not skip_lm_eval:
             print(f"; from lm-eval hf: {largest_gap(ours['scores'], theirs['scores']):.2e} nats")
         print()
+        choices = choice_pairs(count)
+        total = len(choices) * len(adapters)
+        peft_only = asyncio.run(provider_scores(model_dir, adapters, choices, stacking=False))
+        ours = asyncio.run(provider_scores(model_dir, adapters, choices))
+        print(f"\n## Transformers: {count} items x 4 choices x {len(adapters)} adapters = {total} scores ({size})")
+        print("| way | seconds | scores/s | provider's speed-up |")
+        print("| --- | ---: | ---: | ---: |")
+        rows = [("provider (contexts shared, stacks)", ours), ("provider, every adapter served by PEFT", peft_only)]
+        if not skip_lm_eval:
+            theirs = lm_eval_hf(model_dir, adapters, choices)
+            rows.append(("lm-eval `hf` (a model per adapter, batch 32)", theirs))
+        for label, run in rows:
+            print(f"| {label} | {run['seconds']:.2f} | {total / run['seconds']:.0f} | "
+                  f"{run['seconds'] / ours['seconds']:.2f}x |")
+        if not skip_lm_eval:
+            print(f"\nlargest difference from lm-eval hf: {largest_gap(ours['scores'], theirs['scores']):.2e} nats")
 
 
 async def tokens_per_second(provider: Any, prompts: list[str], **options: Any) -> tuple[float, int]:

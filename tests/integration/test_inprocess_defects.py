@@ -153,6 +153,7 @@ async def test_every_valid_adapter_id_works(provider: Any, tiny_models: Any) -> 
 
 async def test_transformers_names_peft_adapters_itself(tiny_models: Any, tmp_path: Path) -> None:
     async with make_provider("transformers", tiny_models, tmp_path) as fresh:
+        fresh._slots.stacking = False  # type: ignore[attr-defined]  # PEFT's names (stacked adapters need none)
         await fresh.load_adapter("lr0.001", tiny_models["qwen2"].adapter_dirs["a0"])
         await fresh.load_adapter("train", tiny_models["qwen2"].adapter_dirs["a1"])
         names = fresh.peft_adapter_names  # type: ignore[attr-defined]

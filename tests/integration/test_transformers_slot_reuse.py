@@ -27,6 +27,14 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
 ]
 
+def peft_provider(**settings: Any) -> TransformersProvider:
+    """A provider that serves every adapter with PEFT: spare slots are PEFT's (a stacked adapter needs none), and
+    they still serve the adapters the stacks cannot hold."""
+    provider = TransformersProvider(**settings)
+    provider._slots.stacking = False
+    return provider
+
+
 PROMPTS = ["the quick brown fox", "Once upon a time there was", "Dear diary"]
 GREEDY: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "temperature": 0, "logprobs": 1}
 
@@ -43,7 +51,7 @@ async def answers(provider: TransformersProvider, adapter_id: str | None) -> lis
 
 async def reference(model: Any, path: Path | str) -> list[tuple[str, list[float]]]:
     """The adapter's answers on a provider that loads it into a new slot."""
-    async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32", spare_adapter_slots=0) as p:
+    async with peft_provider(model_name=str(model.hf_dir), torch_dtype="float32", spare_adapter_slots=0) as p:
         await p.load_adapter("x", path)
         return await answers(p, "x")
 
@@ -73,7 +81,7 @@ async def test_the_next_adapter_of_the_same_shape_reuses_the_slot_and_answers_as
     model = tiny_models["qwen2"]
     expected = {name: await reference(model, model.adapter_dirs[name]) for name in ("a0", "a1", "a2")}
     assert len({json.dumps(found) for found in expected.values()}) == 3
-    async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
+    async with peft_provider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
         base = await answers(provider, None)
         await provider.load_adapter("first", model.adapter_dirs["a0"])
         slot = provider.peft_adapter_names["first"]
@@ -92,7 +100,7 @@ async def test_the_next_adapter_of_the_same_shape_reuses_the_slot_and_answers_as
 async def test_several_slots_in_flight_and_weights_from_memory(tiny_models: dict[str, Any]) -> None:
     model = tiny_models["qwen2"]
     expected = {name: await reference(model, model.adapter_dirs[name]) for name in ("a0", "a1", "a2")}
-    async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
+    async with peft_provider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
         for name in ("a0", "a1", "a2"):
             await provider.load_adapter(name, model.adapter_dirs[name])
         slots = set(provider.peft_adapter_names.values())
@@ -112,7 +120,7 @@ async def test_an_adapter_of_another_shape_gets_its_own_slot(tiny_models: dict[s
     model = tiny_models["qwen2"]
     rank_4 = write_random_peft_lora(model.gguf_path, tmp_path / "rank-4", rank=4, alpha=8, seed=3)
     expected = await reference(model, rank_4)
-    async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
+    async with peft_provider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
         spare = await leave_a_spare_slot(provider, model)
         await provider.load_adapter("other", rank_4)
         assert provider.peft_adapter_names["other"] != spare
@@ -127,7 +135,7 @@ async def test_an_adapter_that_would_leave_old_weights_in_the_slot_is_loaded_ane
     model = tiny_models["qwen2"]
     partial = without_tensors(model.adapter_dirs["a1"], tmp_path / "partial", "v_proj")
     expected = await reference(model, partial)
-    async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
+    async with peft_provider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
         spare = await leave_a_spare_slot(provider, model)
         await provider.load_adapter("partial", partial)
         assert provider.peft_adapter_names["partial"] != spare
@@ -141,7 +149,7 @@ async def test_a_bad_adapter_leaves_the_spare_slots_usable(tiny_models: dict[str
     broken = tmp_path / "broken"
     shutil.copytree(model.adapter_dirs["a1"], broken)
     (broken / "adapter_model.safetensors").write_bytes(b"not safetensors")
-    async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
+    async with peft_provider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
         await leave_a_spare_slot(provider, model)
         with pytest.raises(InvalidAdapterError):
             await provider.load_adapter("broken", broken)
@@ -151,7 +159,7 @@ async def test_a_bad_adapter_leaves_the_spare_slots_usable(tiny_models: dict[str
 
 async def test_the_slots_kept_are_bounded_and_close_frees_them(tiny_models: dict[str, Any], tmp_path: Path) -> None:
     model = tiny_models["qwen2"]
-    async with TransformersProvider(
+    async with peft_provider(
         model_name=str(model.hf_dir), torch_dtype="float32", spare_adapter_slots=2
     ) as provider:
         for index in range(4):

@@ -5,7 +5,9 @@ share a batch; the oldest call's adapter goes first, since a forward pass of one
 mixed-adapter path). :class:`HFScoring` cuts each call into its sequences (one for ``score``, the rolling windows
 of :func:`~inference._core.scoring.rolling_windows` for ``score_rolling``), scores them longest first in
 right-padded forward passes of up to ``max_batch_size`` rows, each row with its own adapter, and sums each call's
-parts into its :class:`~inference.ScoreResult`.
+parts into its :class:`~inference.ScoreResult`. ``score`` calls of one batch that share their adapter and their
+context (a multiple-choice item's choices) are scored first, the context once per group
+(:mod:`inference._inprocess.hf_shared_context`).
 
 Everything here runs on the provider's worker thread; torch is imported on first use.
 """
@@ -24,6 +26,7 @@ from inference._core.validation import AdapterScales, ScoreRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.batching import PendingRequest
 from inference._inprocess.hf_model import LoadedModel, as_inference_error
+from inference._inprocess.hf_shared_context import SharedGroup, score_groups, shared_context_groups
 from inference._inprocess.peft_slots import PeftSlots
 from inference.exceptions import ProviderError
 from inference.results import ScoreResult
@@ -77,6 +80,7 @@ class HFScoring:
                 entry.future.set_exception(as_inference_error(error, provider=self.provider))
         totals: dict[int, tuple[float, int, bool]] = {}
         failed: dict[int, BaseException] = {}
+        rows = self._score_shared(loaded, batch, rows, totals, failed)
         rows.sort(key=lambda item: len(item[1].tokens), reverse=True)  # similar lengths pad less
         for begin in range(0, len(rows), self.max_batch_size):
             chunk = rows[begin : begin + self.max_batch_size]
@@ -91,14 +95,8 @@ class HFScoring:
                 for index, _ in chunk:
                     failed.setdefault(index, error)
                 continue
-            for (index, _), (logprob, count, greedy) in zip(chunk, scored, strict=True):
-                if not math.isfinite(logprob):  # NaN or infinite logits (finite ones give a finite log-softmax)
-                    adapter_id = batch[index].request.adapter_id
-                    used = () if adapter_id is None else ((adapter_id, 1.0),)
-                    failed.setdefault(index, non_finite_logits(self.provider, used))
-                    continue
-                before = totals.get(index, (0.0, 0, True))
-                totals[index] = (before[0] + logprob, before[1] + count, before[2] and greedy)
+            for (index, _), result in zip(chunk, scored, strict=True):
+                self._add(batch, index, result, totals, failed)
         for index, entry in enumerate(batch):
             if entry.future.done():
                 continue
@@ -117,6 +115,60 @@ class HFScoring:
                         adapter_id=entry.request.adapter_id,
                     )
                 )
+
+    def _add(
+        self,
+        batch: list[QueuedScore],
+        index: int,
+        result: tuple[float, int, bool],
+        totals: dict[int, tuple[float, int, bool]],
+        failed: dict[int, BaseException],
+    ) -> None:
+        """Add one scored sequence of call ``index`` to its totals (non-finite logits fail the call)."""
+        logprob, count, greedy = result
+        if not math.isfinite(logprob):  # NaN or infinite logits (finite ones give a finite log-softmax)
+            adapter_id = batch[index].request.adapter_id
+            used = () if adapter_id is None else ((adapter_id, 1.0),)
+            failed.setdefault(index, non_finite_logits(self.provider, used))
+            return
+        before = totals.get(index, (0.0, 0, True))
+        totals[index] = (before[0] + logprob, before[1] + count, before[2] and greedy)
+
+    def _score_shared(
+        self,
+        loaded: LoadedModel,
+        batch: list[QueuedScore],
+        rows: list[tuple[int, ScoreTokens]],
+        totals: dict[int, tuple[float, int, bool]],
+        failed: dict[int, BaseException],
+    ) -> list[tuple[int, ScoreTokens]]:
+        """Score the ``score`` calls that share a context with the same adapter, the context once per group
+        (:mod:`inference._inprocess.hf_shared_context`); return the rows left to score one sequence per row.
+
+        A pass that fails gives its rows back to the one-sequence-per-row passes, which find the call that fails.
+        """
+        torch = import_optional("torch", extra="transformers", provider=self.provider)
+        alone = [row for row in rows if batch[row[0]].request.rolling]
+        plain = [row for row in rows if not batch[row[0]].request.rolling]
+        groups, left = shared_context_groups([(batch[index].request.adapter_id, seq) for index, seq in plain])
+        alone.extend(plain[position] for position in left)
+        chunk: list[SharedGroup] = []
+        for number, group in enumerate(groups):
+            chunk.append(group)
+            ahead = groups[number + 1] if number + 1 < len(groups) else None
+            members = sum(len(member.members) for member in chunk)
+            if ahead is not None and members + len(ahead.members) <= self.max_batch_size:
+                continue
+            try:
+                with torch.inference_mode():
+                    scored = score_groups(torch, loaded, self.slots, chunk, self.batch_sizes)
+            except Exception:
+                alone.extend(plain[member] for done in chunk for member in done.members)
+            else:
+                for member, result in scored.items():
+                    self._add(batch, plain[member][0], result, totals, failed)
+            chunk = []
+        return alone
 
     def _sequences(self, loaded: LoadedModel, call: ScoreCall) -> list[ScoreTokens]:
         """The sequences that score ``call``: one for ``score``, the rolling windows for ``score_rolling``."""

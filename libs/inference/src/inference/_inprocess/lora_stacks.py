@@ -121,6 +121,8 @@ def lora_module_weights(
     for key, tensor in tensors.items():
         match = _LORA_KEY.match(key)
         if match is None:
+            if ".lora_" in key:  # lora_embedding_A, a DoRA magnitude...: more than a linear layer's A and B
+                raise ValueError(f"{key} is not a linear layer's lora_A or lora_B")
             continue
         halves.setdefault(match["module"], {})[match["which"]] = tensor
     rank_pattern = config.get("rank_pattern") or {}
@@ -146,6 +148,8 @@ def lora_module_weights(
                 f"{in_features} inputs and {out_features} outputs"
             )
         rank = int(_pattern_value(rank_pattern, module, config.get("r", a.shape[0])))
+        if a.shape[0] != rank:  # PEFT builds the layer of the config's rank, and fails to load these
+            raise ValueError(f"{module} has weights of rank {a.shape[0]} where the config says {rank}")
         alpha = float(_pattern_value(alpha_pattern, module, config.get("lora_alpha", 8)))
         scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
         weights[module] = LoraModuleWeights(a=a, b=b, scaling=scaling)
@@ -266,7 +270,11 @@ class LoraStacks:
 
     def __init__(self, torch: Any, model: Any, *, dtype: Any, device: Any) -> None:
         self.torch = torch
-        self.modules: dict[str, Any] = dict(model.named_modules())
+        # A module PEFT has wrapped is hooked at its base layer, which PEFT calls and gives back when it unloads.
+        self.modules: dict[str, Any] = {
+            name: module.get_base_layer() if hasattr(module, "get_base_layer") else module
+            for name, module in model.named_modules()
+        }
         self.dtype = dtype
         self.device = device
         self._capacity = 1  # slot 0: no adapter
@@ -293,20 +301,21 @@ class LoraStacks:
             layer = self.modules.get(module)
             if layer is None or not hasattr(layer, "in_features") or not hasattr(layer, "out_features"):
                 raise ValueError(f"{module} is not a linear layer of the model")
-        slot = self._free.pop() if self._free else self._new_slot()
-        self._used.add(slot)
-        try:
-            for module, stack in self._stacks.items():
-                if module not in weights:
-                    stack.clear(slot)
-            for module, entry in weights.items():
-                stack = self._stack(module)
-                a = self.torch.as_tensor(entry.a).to(device=self.device, dtype=self.dtype)
-                b = self.torch.as_tensor(entry.b).to(device=self.device, dtype=self.dtype)
-                stack.write(slot, a, b, entry.scaling)
-        except BaseException:
-            self.remove(slot)
-            raise
+        with self.torch.inference_mode(False):  # a write inside a forward pass's inference mode makes no
+            slot = self._free.pop() if self._free else self._new_slot()  # inference tensor a later write refuses
+            self._used.add(slot)
+            try:
+                for module, stack in self._stacks.items():
+                    if module not in weights:
+                        stack.clear(slot)
+                for module, entry in weights.items():
+                    stack = self._stack(module)
+                    a = self.torch.as_tensor(entry.a).to(device=self.device, dtype=self.dtype)
+                    b = self.torch.as_tensor(entry.b).to(device=self.device, dtype=self.dtype)
+                    stack.write(slot, a, b, entry.scaling)
+            except BaseException:
+                self.remove(slot)
+                raise
         return slot
 
     def add_combination(self, parts: Sequence[tuple[int, float]]) -> int:

@@ -17,6 +17,13 @@ is part of another (``inference_1_adapter`` is not in ``inference_11_adapter``).
   ``add_weighted_adapter`` and kept (the :data:`COMBINED_KEPT` most recently used ones).
 - **What a row applies.** :meth:`PeftSlots.applied` names the slot a request runs on (the base model, an adapter,
   a combination), and :meth:`PeftSlots.rows` makes each row of one model call apply its own.
+- **Stacked adapters.** Every adapter that can be stacked (plain LoRA on linear layers, see
+  :mod:`inference._inprocess.lora_stacks`) goes into the stacked matrices of
+  :class:`~inference._inprocess.stacked_adapters.StackedAdapters` instead of a PEFT adapter: one gathered pass per
+  layer serves a batch, however many distinct adapters its rows use. The others stay with PEFT (the reason logged
+  once). A batch mixing both runs as one pass: each row gets its adapter from the stacks or from PEFT's
+  ``adapter_names``; a combination of both kinds applies its stacked parts from the stacks and the others from a
+  PEFT combination, on the same row (the deltas add up). Spare slots are PEFT's only: a stack slot costs nothing.
 
 Everything here runs on the provider's worker thread; peft, torch and safetensors are imported on first use.
 """
@@ -35,6 +42,7 @@ from inference._core.dependencies import import_optional
 from inference._core.validation import AdapterScales
 from inference._inprocess.base import adapter_not_loaded
 from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache
+from inference._inprocess.stacked_adapters import StackedAdapters
 from inference.adapters.peft import PeftAdapter, check_layer_shapes, check_target_modules, read_peft_adapter
 from inference.exceptions import InvalidAdapterError
 
@@ -97,10 +105,13 @@ class PeftSlots:
         resident: The provider's map of resident adapters, id -> slot (PEFT adapter name); kept up to date here.
         spare_limit: How many emptied slots an unload keeps for the next adapter of the same shape.
         provider: The provider's name, for errors.
+        stacking: Whether adapters that can be stacked go into the stacks (else every adapter is PEFT's).
     """
 
-    def __init__(self, resident: dict[str, str], *, spare_limit: int, provider: str) -> None:
+    def __init__(self, resident: dict[str, str], *, spare_limit: int, provider: str, stacking: bool = True) -> None:
         self.resident = resident
+        self.stacking = stacking
+        self.stacked = StackedAdapters(provider=provider)
         self.spare_limit = spare_limit
         self.provider = provider
         self._names = (f"inference_{number}_adapter" for number in itertools.count())
@@ -139,15 +150,24 @@ class PeftSlots:
         missing = [part for part, _ in scales if part not in self.resident]
         if missing:
             raise self._not_loaded(missing[0])
-        names = [self.resident[part] for part, _ in scales]
-        weights = [scale for _, scale in scales]
+        parts = [(self.resident[part], scale) for part, scale in scales]
+        stacked = [(name, scale) for name, scale in parts if name in self.stacked.slots]
+        names = [name for name, _ in parts if name not in self.stacked.slots]
+        weights = [scale for name, scale in parts if name not in self.stacked.slots]
         if len(names) == 1:  # PEFT combines one adapter "linearly", with sqrt(weight): no negative scales
             names, weights = names * 2, [weights[0], 0.0]
         combined = next(self._combined_names)
-        loaded.model.add_weighted_adapter(names, weights, combined, combination_type="cat")
+        if names:
+            loaded.model.add_weighted_adapter(names, weights, combined, combination_type="cat")
+        if stacked:
+            try:
+                self.stacked.add_combination(combined, stacked)
+            except BaseException:
+                self._drop_combination(loaded, combined)
+                raise
         self._combined[scales] = combined
         while len(self._combined) > COMBINED_KEPT:
-            loaded.model.delete_adapter(self._combined.popitem(last=False)[1])
+            self._drop_combination(loaded, self._combined.popitem(last=False)[1])
         return combined
 
     @contextlib.contextmanager
@@ -161,13 +181,20 @@ class PeftSlots:
             applied: Per row, what it applies: ``(adapter_id, adapter_scales)``.
 
         Yields:
-            The keyword arguments the model call takes: PEFT's ``adapter_names`` (the slots' names, never the ids)
-            while the model holds adapters; nothing for a plain model.
+            The keyword arguments the model call takes: PEFT's ``adapter_names`` (the slots' names, never the ids,
+            ``"__base__"`` for rows the stacks serve) while PEFT holds adapters some row applies; else nothing.
         """
-        if loaded.model is loaded.base_model:
-            yield {}
-        else:
-            yield {"adapter_names": [self.applied(loaded, adapter_id, scales) for adapter_id, scales in applied]}
+        names = [self.applied(loaded, adapter_id, scales) for adapter_id, scales in applied]
+        with contextlib.ExitStack() as context:
+            extra: dict[str, Any] = {}
+            if loaded.model is not loaded.base_model:
+                peft_names = [name if name in loaded.model.peft_config else BASE_ADAPTER_NAME for name in names]
+                if all(name == BASE_ADAPTER_NAME for name in peft_names):  # PEFT's layers pass the base output on
+                    context.enter_context(loaded.model.disable_adapter())
+                else:
+                    extra = {"adapter_names": peft_names}
+            context.enter_context(self.stacked.rows(names))
+            yield extra
 
     # Load and unload ---------------------------------------------------------------------------------------------
 
@@ -193,6 +220,13 @@ class PeftSlots:
         check_target_modules(adapter, loaded.module_names, loaded.name, self._refusal(adapter))
         self._check_file_shapes(loaded, adapter)
         peft = import_optional("peft", extra="transformers", provider=self.provider)
+        if self.stacking:
+            try:
+                tensors = peft.utils.load_peft_weights(str(adapter.path), device=str(loaded.device))
+            except Exception:  # PEFT's load below reports the unreadable file
+                tensors = None
+            if tensors is not None and self._stack(loaded, adapter_id, adapter.config, tensors):
+                return
         shape = slot_shape(adapter.config)
         if shape in self._spare:
             try:
@@ -255,6 +289,8 @@ class PeftSlots:
             name: torch.as_tensor(tensor).detach().to(device=loaded.device, dtype=dtype)
             for name, tensor in weights.tensors.items()
         }
+        if self.stacking and self._stack(loaded, adapter_id, config, tensors):
+            return
         shape = slot_shape(config)
         if shape in self._spare and self._refill_spare(loaded, adapter_id, shape, tensors):
             return
@@ -277,8 +313,10 @@ class PeftSlots:
         if adapter_id not in self.resident:
             return  # nothing of it is in the model
         for key in [key for key in self._combined if any(part == adapter_id for part, _ in key)]:
-            loaded.model.delete_adapter(self._combined.pop(key))
+            self._drop_combination(loaded, self._combined.pop(key))
         peft_name = self.resident.pop(adapter_id)
+        if self.stacked.remove(peft_name):
+            return
         shape = self._shapes.get(peft_name)
         spare = sum(len(slots) for slots in self._spare.values())
         if shape is not None and spare < self.spare_limit:
@@ -291,11 +329,26 @@ class PeftSlots:
     def clear(self) -> None:
         """Forget every slot (the model they were in is being freed)."""
         self.resident.clear()
+        self.stacked.close()
         self._shapes.clear()
         self._spare.clear()
         self._combined.clear()
 
     # Slots (private) ---------------------------------------------------------------------------------------------
+
+    def _stack(self, loaded: LoadedModel, adapter_id: str, config: Mapping[str, Any], tensors: Any) -> bool:
+        """Put ``adapter_id`` into the stacks under a new name: False when it cannot be stacked."""
+        name = next(self._names)
+        if not self.stacked.add(loaded, name, adapter_id, config, tensors):
+            return False
+        self.resident[adapter_id] = name
+        return True
+
+    def _drop_combination(self, loaded: LoadedModel, name: str) -> None:
+        """Remove combination ``name``: its stacked part and its PEFT part, whichever it has."""
+        self.stacked.remove(name)
+        if loaded.model is not loaded.base_model and name in loaded.model.peft_config:
+            loaded.model.delete_adapter(name)
 
     def _new_slot(
         self,
