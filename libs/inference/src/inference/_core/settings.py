@@ -120,6 +120,16 @@ _ENV_FILE = "env-file:"
 _BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 """How the text of a ``bool`` setting reads (stripped, lower-cased)."""
 
+_KIND_RULES: dict[SettingKind, str] = {
+    "bool": "true or false",
+    "url": "an http(s) base URL, or several separated by commas",
+    "path": "a file path",
+    "directory": "a directory this process can create or write into",
+    "secret": "printable ASCII without whitespace at its ends",
+    "json": "a JSON object, such as {\"enforce_eager\": true}",
+}
+"""The values a setting of each kind takes, as words, for the kinds whose rule has no bounds or choices."""
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -172,18 +182,8 @@ class Setting:
                 noun += f" above {self.minimum:g}" if self.exclusive_minimum else f" of at least {self.minimum:g}"
             elif self.maximum is not None:
                 noun += f" of at most {self.maximum:g}"
-        elif self.kind == "bool":
-            noun = "true or false"
-        elif self.kind == "url":
-            noun = "an http(s) base URL, or several separated by commas"
-        elif self.kind == "path":
-            noun = "a file path"
-        elif self.kind == "directory":
-            noun = "a directory this process can create or write into"
-        elif self.kind == "secret":
-            noun = "printable ASCII without whitespace at its ends"
-        elif self.kind == "json":
-            noun = "a JSON object, such as {\"enforce_eager\": true}"
+        elif self.kind in _KIND_RULES:
+            noun = _KIND_RULES[self.kind]
         elif self.choices:
             noun = "one of " + ", ".join(repr(choice) for choice in self.choices)
         else:

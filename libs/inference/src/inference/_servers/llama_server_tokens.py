@@ -25,9 +25,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from inference._servers.openai_wire import COMPLETIONS
+from inference._servers.openai_wire import COMPLETIONS, full_distribution
 from inference._servers.replicas import Replica, ReplicaSet
-from inference.exceptions import ProviderError
 from inference.tokens import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -58,10 +57,6 @@ class LlamaServerTokens:
         self._replicas = replicas
         self._props = props
         self._whole_character: int | None = None
-
-    @property
-    def _provider(self) -> str:
-        return self._replicas.provider
 
     async def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         """``POST /tokenize``: the ids of ``text``, special-token text read as those tokens; BOS added with
@@ -146,14 +141,7 @@ class LlamaServerTokens:
             raise replica.http.protocol_error(
                 "compute a next-token distribution", f"an answer without llama-server's token probabilities ({error!r})"
             ) from error
-        missing = int(numpy.isnan(values).sum())
-        if missing:
-            raise ProviderError(
-                f"{replica.http.where} gave {size - missing} of the {size} probabilities of the vocabulary (n_probs): "
-                "a full distribution needs every one",
-                provider=self._provider,
-                url=replica.http.shown_url,
-            )
+        full_distribution(values, replica.http, what="probabilities of the vocabulary (n_probs)")
         return values, tuple(pieces)
 
     async def whole_character(self) -> int:

@@ -33,6 +33,8 @@ from inference.tools import parse_tool_call
 
 if TYPE_CHECKING:
     import httpx
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = [
     "CHAT",
@@ -44,6 +46,7 @@ __all__ = [
     "ToolCallDeltas",
     "about_schema",
     "completion_logprobs",
+    "full_distribution",
     "generation_result",
     "model_name",
     "operation_of",
@@ -305,6 +308,26 @@ def completion_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
 
 LOGPROB_READERS = {CHAT: token_logprobs, COMPLETIONS: completion_logprobs}
 """Route -> the reader of its answers' ``logprobs``."""
+
+
+def full_distribution(values: NDArray[np.float32], http: ServerClient, *, what: str, hint: str = "") -> None:
+    """Refuse a next-token distribution read from ``http``'s answer that lacks an id of the vocabulary (``values``
+    is NaN where the answer gave nothing): never a partial row. ``what`` names what the answer gives of the ids,
+    ``hint`` how to start the server so that it gives them all.
+
+    Raises:
+        ProviderError: An id of the vocabulary has no value.
+    """
+    import numpy
+
+    missing = int(numpy.isnan(values).sum())
+    if missing:
+        size = len(values)
+        raise ProviderError(
+            f"{http.where} gave {size - missing} of the {size} {what}: a full distribution needs every one{hint}",
+            provider=http.provider,
+            url=http.shown_url,
+        )
 
 
 def generation_result(

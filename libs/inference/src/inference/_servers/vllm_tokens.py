@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inference._core.dependencies import import_optional
+from inference._servers.openai_wire import full_distribution
 from inference._servers.prompt_scoring import PromptLogprobScoring
 from inference._servers.replicas import Replica, ReplicaSet
-from inference.exceptions import ModelNotFoundError, ProviderError, UnsupportedOperationError
+from inference.exceptions import ModelNotFoundError, UnsupportedOperationError
 from inference.tokens import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -112,14 +113,8 @@ class ServerTokens:
             raise replica.http.protocol_error(
                 operation, f"an answer without a distribution keyed by token ids ({error!r:.200})"
             ) from error
-        missing = int(numpy.isnan(values).sum())
-        if missing:
-            raise ProviderError(
-                f"{replica.http.where} gave {size - missing} of the {size} logprobs of the vocabulary: a full "
-                "distribution needs every one (start vLLM with --max-logprobs -1)",
-                provider=self._provider,
-                url=replica.http.shown_url,
-            )
+        hint = " (start vLLM with --max-logprobs -1)"
+        full_distribution(values, replica.http, what="logprobs of the vocabulary", hint=hint)
         return values
 
     def refusal(self, message: str) -> UnsupportedOperationError | None:
