@@ -38,8 +38,10 @@ FORECAST = {  # small: the tiny models' context is 512 tokens, and their 512-tok
         "name": "forecast",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string", "pattern": "^[A-Z][a-z]{1,7}$"}, "days": {"type": "integer", "minimum": 1,
-                                                                                "maximum": 7}},
+            "properties": {
+                "city": {"type": "string", "pattern": "^[A-Z][a-z]{1,7}$"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
             "required": ["city", "days"],
             "additionalProperties": False,  # else a sampled call may add keys until max_tokens
         },

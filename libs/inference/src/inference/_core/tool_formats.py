@@ -24,6 +24,7 @@ has text. :class:`ToolPlan` turns a request with tools into what such a backend 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -307,10 +308,8 @@ def tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
             for call in message["tool_calls"]:
                 names[call["id"]] = call["function"]["name"]
                 arguments: Any = call["function"]["arguments"]
-                try:
+                with contextlib.suppress(ValueError):  # a call written badly, answered with its error: kept as text
                     arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-                except ValueError:
-                    pass  # a call the model wrote badly, answered with its error: rendered as written
                 out["tool_calls"].append(
                     {"id": call["id"], "type": "function",
                      "function": {"name": call["function"]["name"], "arguments": arguments}}
