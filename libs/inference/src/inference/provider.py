@@ -423,7 +423,8 @@ class InferenceProvider(ScoringProvider):
 
         def checked(one: GenerationResult) -> GenerationResult:
             one = self._reasoning_apart(request, self._finished(one))
-            return _as_asked(self._kept_to_schema(request, one if plan is None else plan.read(one)), asked)
+            one = self._called_as_forced(request, one if plan is None else plan.read(one))
+            return _as_asked(self._kept_to_schema(request, one), asked)
 
         if result.choices is None:
             return checked(result)
@@ -431,6 +432,21 @@ class InferenceProvider(ScoringProvider):
         first = choices[0]  # the result reads as its first choice (reasoning apart there too)
         answer = _as_asked(result, asked)
         return dataclasses.replace(answer, text=first.text, reasoning=first.reasoning, choices=choices)
+
+    def _called_as_forced(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+        """Refuse a result without a tool call for a request whose ``tool_choice`` forces one (``"required"`` or a
+        named tool): a backend that ignored the choice (llama_cpp.server ignores ``"required"``) never passes its
+        text off as an answer to it."""
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
+        if not forced or not request.tools or result.tool_calls:
+            return result
+        raise ProviderError(
+            f"{type(self).__name__}'s backend answered without a tool call although tool_choice="
+            f"{request.tool_choice!r} forces one (finish_reason {result.finish_reason!r}), so its text is not "
+            "returned: the server ignores that tool_choice (llama_cpp.server ignores 'required': name the tool "
+            "instead), or max_tokens ended the answer first",
+            provider=self.name,
+        )
 
     async def _tool_plan(self, request: GenerationRequest) -> ToolPlan | None:
         """How a request with tools (or a conversation holding tool calls) runs on a backend that renders the chat
