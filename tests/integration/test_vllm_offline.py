@@ -196,6 +196,21 @@ async def test_request_options_give_transformers_tokens(seen: dict[str, Any], lo
 
 
 
+async def test_a_forced_tool_call_is_transformers_call(seen: dict[str, Any], local: TransformersProvider) -> None:
+    """A forced call on vLLM's engine (the tools rendered by the chat template, the call constrained by vLLM's
+    structured outputs) is a valid call, token for token the one Transformers makes (llguidance)."""
+    from vllm_offline_scenario import OPTION_PROMPT, TOOL_REQUEST
+
+    seen_call = seen["tool_call"]
+    assert seen_call["finish_reason"] == "tool_calls" and seen_call["text"] == ""
+    ((name, arguments, error),) = seen_call["calls"]
+    assert (name, error) == ("time", None) and arguments["zone"] in ("CET", "UTC")
+    ours = await local.generate([{"role": "user", "content": OPTION_PROMPT}], model="tiny", adapter_id="a0",
+                                max_tokens=60, temperature=0, return_token_ids=True, **TOOL_REQUEST)
+    assert seen_call["ids"] == list(ours.token_ids or ())
+    assert ours.tool_calls is not None and ours.tool_calls[0].arguments == arguments
+
+
 async def test_tokenize_detokenize_and_the_vocabulary_are_transformers(
     seen: dict[str, Any], local: TransformersProvider
 ) -> None:

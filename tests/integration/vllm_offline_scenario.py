@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 
 from inference.exceptions import InferenceError
 from inference.results import GenerationResult
+from inference.testing.tiny_models import TOOLS_CHATML_TEMPLATE
 from inference.testing.vllm_model import build_vllm_model
 from inference.vllm_offline_provider import VLLMOfflineProvider
 
@@ -39,6 +40,14 @@ OPTION_CASES: dict[str, dict[str, Any]] = {  # each run on Transformers too, by 
                  "chat_template_kwargs": {"lead": ""}},
     "thinking": {"chat_template": "{% if not enable_thinking %}No thinking. {% endif %}"
                                   "{% for m in messages %}{{ m['content'] }}{% endfor %}", "thinking": False},
+}
+
+TOOL_REQUEST: dict[str, Any] = {  # a forced tool call, run on Transformers too (the tools rendered by the template)
+    "tools": [{"type": "function", "function": {"name": "time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}}, "required": ["zone"],
+        "additionalProperties": False}}}],
+    "tool_choice": "required",
+    "chat_template": TOOLS_CHATML_TEMPLATE,
 }
 
 HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -206,6 +215,10 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     options["token_prompt"] = {"extra": None, "ids": list(from_ids.token_ids or ()), "choices": 1,
                                "texts": [from_ids.text]}
     out["options"] = options
+    called = await provider.generate([{"role": "user", "content": OPTION_PROMPT}], model="tiny", adapter_id="a0",
+                                     max_tokens=60, temperature=0, return_token_ids=True, **TOOL_REQUEST)
+    out["tool_call"] = {"ids": list(called.token_ids or ()), "finish_reason": called.finish_reason, "text": called.text,
+                        "calls": [[call.name, call.arguments, call.error] for call in called.tool_calls or ()]}
 
     rank16 = scratch / "rank16"  # a1 with its matrices padded to rank 16 (a config r alone is refused as a lie)
     shutil.copytree(model.adapter_dirs["a1"], rank16)

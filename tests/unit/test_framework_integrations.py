@@ -3,7 +3,7 @@
 pydantic-ai: an ``Agent`` with a Python tool and a structured ``output_type`` runs its loop on
 :class:`~inference.integrations.pydantic_ai.InferenceModel`, streamed or not. LangChain: a tool loop with
 ``bind_tools`` and ``with_structured_output`` on :class:`~inference.integrations.langchain.ChatInference`, sync,
-async and streamed. (The same on llama.cpp in process comes with that backend's tool calling.)
+async and streamed. (On llama.cpp in process: tests/integration/test_framework_tools_inprocess.py.)
 """
 
 from __future__ import annotations

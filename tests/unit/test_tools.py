@@ -9,6 +9,7 @@ conversation holding tool turns) before anything is sent.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -23,6 +24,7 @@ from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.fake_provider import FakeProvider
 from inference.messages import plain_text
 from inference.options import OptionMap, Refused
+from inference.registry import providers_sending
 from inference.tools import parse_tool_call, tool_definition
 
 WEATHER = {
@@ -276,9 +278,11 @@ async def test_a_backend_without_tools_refuses_tools_and_tool_turns_before_sendi
     with pytest.raises(UnsupportedOperationError, match=r"option tools \(not built yet for this backend\)"):
         await provider.generate("hi", "m", tools=[TIME])
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    able = providers_sending("tools")
+    assert {"vllm", "openai", "llamacpp", "transformers", "fake"} <= set(able)
     with pytest.raises(UnsupportedOperationError, match=r"^NoTools cannot take a conversation with tool calls or "
                        r"tool results, which needs the option tools \(not built yet for this backend\); providers "
-                       r"that can: vllm, openai, fake"):
+                       rf"that can: {re.escape(', '.join(able))}$"):
         await provider.generate(conversation(call), "m")
     assert (await provider.generate("hi", "m", tool_choice="auto", max_tokens=2)).text  # auto without tools: fine
 

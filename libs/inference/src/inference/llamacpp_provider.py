@@ -296,6 +296,11 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
             return await LoopStarter(self._batcher, self._worker, self._serve_batch).score(ScoreJob(request, True))
         return await self._worker.run(self._score_blocking, request, True)
 
+    async def _model_chat_template(self) -> tuple[str, str | None]:
+        self._check_open()
+        info = await self._worker.run(self._model.model_info)
+        return self._model.name, info.chat_template
+
     async def _tokenize_text(self, text: str, model: str) -> list[int]:
         self._check_open()
         return await self._worker.run(lambda: self._prompts.encode(self._loaded_llama(), text, add_bos=False))

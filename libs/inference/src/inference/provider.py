@@ -33,6 +33,7 @@ from inference._core.provider_base import _as_asked
 from inference._core.provider_scoring import ScoringProvider
 from inference._core.telemetry import observe
 from inference._core.thinking import ThinkingStream, split_thinking
+from inference._core.tool_formats import ToolCallStream, ToolPlan
 from inference._core.validation import (
     AdapterChoice,
     GenerationRequest,
@@ -242,10 +243,12 @@ class InferenceProvider(ScoringProvider):
                 )
             deadline = _deadline(request)
             await self._in_time(request, deadline, self._check_before_sending(request))
+            plan = await self._in_time(request, deadline, self._tool_plan(request))
             async with contextlib.AsyncExitStack() as stack:
                 sent = await self._in_time(request, deadline, stack.enter_async_context(self._request_in_use(request)))
-                events = self._stream(sent)
+                events = self._stream(sent if plan is None else plan.backend_request(sent))
                 thoughts = ThinkingStream() if self._splits_thinking(request) else None  # reasoning never streamed
+                calls = None if plan is None else ToolCallStream(plan)  # tool calls come with the result
                 try:
                     while True:
                         try:
@@ -254,13 +257,16 @@ class InferenceProvider(ScoringProvider):
                             break
                         if isinstance(event, str):
                             event = event if thoughts is None else thoughts.feed(event)
+                            event = event if calls is None else calls.feed(event)
                             if event:
                                 observed.piece()
                                 yield event
                         else:
-                            if thoughts is not None and (held := thoughts.flush()):
+                            held = "" if thoughts is None else thoughts.flush()
+                            held = held if calls is None else calls.feed(held) + calls.flush()
+                            if held:
                                 yield held
-                            final = self._checked_result(request, event)
+                            final = self._checked_result(request, event, plan)
                             observed.result(final.prompt_tokens, final.completion_tokens, final.finish_reason)
                             yield final
                 finally:
@@ -390,8 +396,10 @@ class InferenceProvider(ScoringProvider):
         return await self._generate_one(request)
 
     async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
+        plan = await self._tool_plan(request)
         async with self._request_in_use(request) as sent:
-            return self._checked_result(request, await self._generate(sent))
+            result = await self._generate(sent if plan is None else plan.backend_request(sent))
+            return self._checked_result(request, result, plan)
 
     async def _check_before_sending(self, request: GenerationRequest) -> None:
         """What needs the backend's vocabulary: a :class:`~inference.tokens.TokenIds` prompt, ``logit_bias`` ids
@@ -405,14 +413,18 @@ class InferenceProvider(ScoringProvider):
             ids = tuple(request.logit_bias)
             check_token_limits(ids, vocabulary, provider=self.name, name="logit_bias", max_length=len(ids))
 
-    def _checked_result(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+    def _checked_result(
+        self, request: GenerationRequest, result: GenerationResult, plan: ToolPlan | None = None
+    ) -> GenerationResult:
         """``result`` as the caller receives it: each choice finished (an engine error or abort is a
-        :class:`ProviderError`, never a text), its reasoning apart (in process), kept to the ``json_schema``, and
-        under the adapter id asked for."""
+        :class:`ProviderError`, never a text), its reasoning apart and its tool calls read from its text (in
+        process, by the ``plan``), kept to the ``json_schema``, and under the adapter id asked for."""
         asked = _asked_adapter(request)
 
         def checked(one: GenerationResult) -> GenerationResult:
-            return _as_asked(self._kept_to_schema(request, self._reasoning_apart(request, self._finished(one))), asked)
+            one = self._reasoning_apart(request, self._finished(one))
+            one = self._called_as_forced(request, one if plan is None else plan.read(one))
+            return _as_asked(self._kept_to_schema(request, one), asked)
 
         if result.choices is None:
             return checked(result)
@@ -420,6 +432,39 @@ class InferenceProvider(ScoringProvider):
         first = choices[0]  # the result reads as its first choice (reasoning apart there too)
         answer = _as_asked(result, asked)
         return dataclasses.replace(answer, text=first.text, reasoning=first.reasoning, choices=choices)
+
+    def _called_as_forced(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
+        """Refuse a result without a tool call for a request whose ``tool_choice`` forces one (``"required"`` or a
+        named tool): a backend that ignored the choice (llama_cpp.server ignores ``"required"``) never passes its
+        text off as an answer to it."""
+        forced = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
+        if not forced or not request.tools or result.tool_calls:
+            return result
+        raise ProviderError(
+            f"{type(self).__name__}'s backend answered without a tool call although tool_choice="
+            f"{request.tool_choice!r} forces one (finish_reason {result.finish_reason!r}), so its text is not "
+            "returned: the server ignores that tool_choice (llama_cpp.server ignores 'required': name the tool "
+            "instead), or max_tokens ended the answer first",
+            provider=self.name,
+        )
+
+    async def _tool_plan(self, request: GenerationRequest) -> ToolPlan | None:
+        """How a request with tools (or a conversation holding tool calls) runs on a backend that renders the chat
+        template itself (in process): what it renders and constrains, how calls are read from its text
+        (:mod:`inference._core.tool_formats`). ``None`` for other requests, and on servers, which read their own."""
+        if not self.runs_in_process or request.prompt_token_ids is not None:
+            return None
+        if not request.tools and not has_tool_turns(request.messages):
+            return None
+        model, template = await self._model_chat_template()
+        if request.raw_prompt:
+            template = None
+        return ToolPlan.for_request(request, request.chat_template or template, model=model, provider=self.name)
+
+    async def _model_chat_template(self) -> tuple[str, str | None]:
+        """The model's name and its own chat template (``None``: it has none), for in-process providers that take
+        tools (the model is loaded first)."""
+        raise self._cannot("call tools", "supports_tools")
 
     def _splits_thinking(self, request: GenerationRequest) -> bool:
         """Whether the text's ``<think>...</think>`` goes to ``reasoning`` here: on in-process backends (a server

@@ -119,7 +119,7 @@ _SPECS = (
         target="inference.vllm_provider:VLLMProvider",
         summary="vLLM servers: OpenAI-compatible generation, LoRA adapters loaded at run time, replicas",
         extra="vllm",
-        packages=("httpx",),
+        packages=("httpx", "transformers"),
         server=True,
         settings=(
             *_server_settings("VLLM", "http://localhost:8100/v1", "OpenAI-compatible base URL of the vLLM server",
@@ -188,7 +188,7 @@ _SPECS = (
         target="inference.llamacpp_provider:LlamaCppProvider",
         summary="llama.cpp in this process (llama-cpp-python): GGUF models, GGUF LoRA adapters hot-swapped",
         extra="llamacpp",
-        packages=("llama_cpp", "gguf", "llguidance", "huggingface_hub"),
+        packages=("llama_cpp", "gguf", "llguidance", "huggingface_hub", "jinja2"),
         model_setting="model_path",
         settings=(
             Setting("model_path", "LLAMACPP_MODEL_PATH", None, "path",

@@ -42,6 +42,7 @@ from inference._inprocess.batching import BatchQueue, PendingRequest
 from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check_seed
 from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache, load_model, loaded_model
 from inference._inprocess.hf_prefix_cache import PrefixCache
+from inference._inprocess.hf_prompt import model_chat_template
 from inference._inprocess.hf_scoring import HFScoring, ScoreCall
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.peft_slots import PeftSlots
@@ -243,6 +244,11 @@ class TransformersProvider(InProcessProvider[str]):
     async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:
         self._check_open()
         return await self._through_queue(self._score_queue, ScoreCall(request, rolling=True), self._serve_scores)
+
+    async def _model_chat_template(self) -> tuple[str, str | None]:
+        self._check_open()
+        loaded = await self._worker.run(self._ensure_loaded)
+        return loaded.name, model_chat_template(loaded.tokenizer)
 
     async def _tokenize_text(self, text: str, model: str) -> list[int]:
         self._check_open()

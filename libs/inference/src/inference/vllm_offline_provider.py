@@ -25,7 +25,7 @@ from inference._core.hub import hub_model_problem
 from inference._core.paths import HUB_ID
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest
-from inference._inprocess.hf_prompt import prompt_token_ids
+from inference._inprocess.hf_prompt import model_chat_template, prompt_token_ids
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
 from inference.adapters.peft import read_peft_adapter
@@ -211,6 +211,10 @@ class VLLMOfflineProvider(InferenceProvider):
 
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         return self._run(request, stream=True)
+
+    async def _model_chat_template(self) -> tuple[str, str | None]:
+        engine = await self._engine()
+        return self.model_name, model_chat_template(engine.tokenizer)
 
     async def _tokenize_text(self, text: str, model: str) -> list[int]:
         engine = await self._engine()

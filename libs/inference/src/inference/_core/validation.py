@@ -300,6 +300,10 @@ class GenerationRequest(GenerationOptions):
     adapter_scales: tuple[tuple[str, float], ...] = spec_field(
         (), check=_adapter_scales, help="adapters applied together with their scales (then adapter_id is None)"
     )
+    answer_prefix: str = spec_field(
+        "", check=_text, help="text the answer starts with, written after the rendered prompt: set by the SDK (a "
+        "forced tool call's opening marker in process, see inference._core.tool_formats), never by a caller",
+    )
 
     @classmethod
     def from_arguments(cls: type[_RequestT], *, provider: str, **values: object) -> _RequestT:

@@ -20,6 +20,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from inference._core.tool_formats import tool_messages
 from inference._core.validation import AdapterScales, GenerationRequest, adapters_label, listed
 from inference._inprocess.worker import ModelWorker
 from inference.exceptions import AdapterNotFoundError, ConfigurationError, InvalidRequestError, ProviderError
@@ -38,9 +39,10 @@ ResidentT = TypeVar("ResidentT")
 """What a provider keeps per adapter resident in its backend (a llama.cpp handle, a PEFT adapter name)."""
 
 
-def chat_messages(request: GenerationRequest) -> list[dict[str, str]]:
-    """The chat messages of a request: its message list, or its system prompt (if any) then its prompt."""
-    return [{"role": message["role"], "content": message["content"]} for message in request.messages]
+def chat_messages(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The chat messages of a request as chat templates read them: its message list, or its system prompt (if any)
+    then its prompt; tool calls and results as :func:`~inference._core.tool_formats.tool_messages` gives them."""
+    return tool_messages(request.messages)
 
 
 def plain_prompt(request: GenerationRequest) -> str:

@@ -13,7 +13,7 @@ from inference._core.validation import GenerationRequest
 from inference._inprocess.base import chat_messages, plain_prompt
 from inference.exceptions import InvalidRequestError
 
-__all__ = ["prompt_token_ids"]
+__all__ = ["model_chat_template", "prompt_token_ids"]
 
 
 def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: str) -> list[int]:
@@ -21,10 +21,10 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
 
     A tokenizer with a chat template (or a request with ``chat_template``) renders
     :func:`~inference._inprocess.base.chat_messages` with the generation prompt and the request's
-    ``chat_template_kwargs`` as template variables, then tokenizes the text without adding special tokens (the
-    template wrote them); one without, or a request with ``raw_prompt``, gets
-    :func:`~inference._inprocess.base.plain_prompt` with the special tokens the tokenizer adds (BOS where its
-    vocabulary says so).
+    ``chat_template_kwargs`` as template variables (and the request's ``tools``), then tokenizes the text and the
+    request's ``answer_prefix`` without adding special tokens (the template wrote them); one without, or a request
+    with ``raw_prompt``, gets :func:`~inference._inprocess.base.plain_prompt` (and the ``answer_prefix``) with the
+    special tokens the tokenizer adds (BOS where its vocabulary says so).
 
     Raises:
         InvalidRequestError: The chat template refused the messages (a system role it does not support, say).
@@ -36,8 +36,8 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
     elif request.chat_template or getattr(tokenizer, "chat_template", None):
         try:
             text = tokenizer.apply_chat_template(
-                chat_messages(request), chat_template=request.chat_template, add_generation_prompt=True,
-                tokenize=False, **template_variables(request),
+                chat_messages(request), tools=list(request.tools) or None, chat_template=request.chat_template,
+                add_generation_prompt=True, tokenize=False, **template_variables(request),
             )
         except Exception as error:  # jinja2's TemplateError, e.g. "System role not supported"
             raise InvalidRequestError(
@@ -45,7 +45,16 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
                 + (", or fix the chat_template given" if request.chat_template else ""),
                 provider=provider,
             ) from error
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(text + request.answer_prefix, add_special_tokens=False)["input_ids"]
     else:
-        ids = tokenizer(plain_prompt(request))["input_ids"]
+        ids = tokenizer(plain_prompt(request) + request.answer_prefix)["input_ids"]
     return [int(token) for token in ids]
+
+
+def model_chat_template(tokenizer: Any) -> str | None:
+    """The chat template ``apply_chat_template`` renders a request with tools with (a tokenizer may keep several,
+    named: its ``"tool_use"`` one then), or ``None`` for a tokenizer without one."""
+    try:
+        return str(tokenizer.get_chat_template(None, tools=[{}]))
+    except ValueError:  # no chat template
+        return None

@@ -29,6 +29,7 @@ from inference._core.dependencies import import_optional
 from inference._core.hub import hub_file, hub_gguf
 from inference._core.lifecycle import FilesState, files_state
 from inference._core.validation import AdapterScales
+from inference._inprocess.chat_templates import ChatTemplate
 from inference._inprocess.llamacpp_native import (
     free_adapter,
     has_adapter_api,
@@ -125,8 +126,8 @@ class LlamaCppModel:
         llama: The loaded ``Llama``; ``None`` before the first load (and in reload mode, between a rebuild's close
             and its load).
         info: What the model says about itself; ``None`` until the first load.
-        formatter: The renderer of the model's chat template (llama-cpp-python's ``Jinja2ChatFormatter``); ``None``
-            for a model without one.
+        formatter: The renderer of the model's chat template (rendered as Transformers renders it:
+            :class:`~inference._inprocess.chat_templates.ChatTemplate`); ``None`` for a model without one.
         hot_swap: True with llama.cpp's adapter API, False in reload mode; ``None`` until llama.cpp is imported.
         active: The adapters (backend names and scales) set on the context (hot-swap) or baked in (reload).
         loads: How many times the base model was loaded.
@@ -137,7 +138,7 @@ class LlamaCppModel:
         self.provider = provider
         self.llama: Any = None
         self.info: ModelInfo | None = None
-        self.formatter: Any = None
+        self.formatter: ChatTemplate | None = None
         self.hot_swap: bool | None = None  # decided when llama_cpp is first imported
         self.active: AdapterScales = ()
         self.loads = 0
@@ -314,18 +315,11 @@ class LlamaCppModel:
             )
 
 
-def chat_formatter(info: ModelInfo) -> Any:
-    """The renderer of the model's chat template (with the generation prompt), or ``None`` without a template."""
+def chat_formatter(info: ModelInfo) -> ChatTemplate | None:
+    """The renderer of the model's chat template, or ``None`` without a template."""
     if not info.chat_template:
         return None
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    return Jinja2ChatFormatter(
-        template=info.chat_template,
-        eos_token=info.eos_token,
-        bos_token=info.bos_token,
-        add_generation_prompt=True,
-    )
+    return ChatTemplate(info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token)
 
 
 def convert_peft(directory: Path, model_path: Path, cache: Path, provider: str) -> Path:

@@ -1,9 +1,10 @@
 """The prompt rule on llama.cpp: a request's messages rendered by the model's chat template, or its plain text, as
 token ids (the rule itself: :mod:`inference._inprocess.base`).
 
-A model with a chat template gets its messages rendered with the generation prompt and tokenized with no further
-special tokens; a model without one gets its plain text with the special tokens its vocabulary adds (BOS where it
-says so). Text becomes token ids as the model's Hugging Face tokenizer makes them
+A model with a chat template gets its messages (and tools) rendered with the generation prompt, as Transformers
+renders them (:mod:`inference._inprocess.chat_templates`), and tokenized with no further special tokens; a model
+without one gets its plain text with the special tokens its vocabulary adds (BOS where it says so). Either is
+followed by the request's ``answer_prefix``. Text becomes token ids as the model's Hugging Face tokenizer makes them
 (:class:`~inference._inprocess.llamacpp_text.TextEncoder`). All on the provider's worker thread.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
 from inference._inprocess.base import chat_messages, plain_prompt
+from inference._inprocess.chat_templates import ChatTemplate
 from inference._inprocess.llamacpp_model import LlamaCppModel
 from inference._inprocess.llamacpp_text import TextEncoder
 from inference.exceptions import InvalidRequestError
@@ -31,7 +33,7 @@ class LlamaPrompts:
     def __init__(self, model: LlamaCppModel) -> None:
         self.model = model
         self._text: TextEncoder | None = None  # text to token ids as the model's HF tokenizer does it
-        self._formatters: dict[str, Any] = {}  # the renderers of the last requests' chat_template overrides
+        self._formatters: dict[str, ChatTemplate] = {}  # the renderers of the last requests' chat_template overrides
 
     def tokens(self, llama: Any, request: GenerationRequest) -> list[int]:
         """Token ids of a request's prompt per the in-process prompt rule."""
@@ -40,20 +42,20 @@ class LlamaPrompts:
         whose = "the chat_template given" if request.chat_template else f"the chat template of {self.model.name}"
         try:
             formatter = self._formatter(request)
-            variables = template_variables(request)
-            messages = chat_messages(request)
-            rendered = None if formatter is None else str(formatter(messages=messages, **variables).prompt)
+            rendered = None if formatter is None else formatter.render(
+                chat_messages(request), tools=request.tools, **template_variables(request)
+            )
         except Exception as error:  # jinja2 errors (syntax, raise_exception() in the template)
             raise InvalidRequestError(
                 f"{whose} cannot render this request ({type(error).__name__}: {error})",
                 provider=self.model.provider,
             ) from error
         if rendered is not None:
-            return self.encode(llama, rendered, add_bos=False)
+            return self.encode(llama, rendered + request.answer_prefix, add_bos=False)
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
-        return self.encode(llama, plain_prompt(request), add_bos=True)
+        return self.encode(llama, plain_prompt(request) + request.answer_prefix, add_bos=True)
 
-    def _formatter(self, request: GenerationRequest) -> Any:
+    def _formatter(self, request: GenerationRequest) -> ChatTemplate | None:
         """The request's chat template renderer: the model's, one for the request's ``chat_template``, or ``None``
         (no template, or a ``raw_prompt``)."""
         if request.raw_prompt:
@@ -62,10 +64,8 @@ class LlamaPrompts:
             return self.model.formatter
         formatter = self._formatters.get(request.chat_template)
         if formatter is None:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
             info = self.model.model_info()
-            formatter = Jinja2ChatFormatter(request.chat_template, info.eos_token, info.bos_token, True)
+            formatter = ChatTemplate(request.chat_template, bos_token=info.bos_token, eos_token=info.eos_token)
             self._formatters = {**dict(list(self._formatters.items())[-7:]), request.chat_template: formatter}
         return formatter
 

@@ -2,7 +2,8 @@
 
 The in-process providers share the prompt rule (:mod:`inference._inprocess.base`: a system prompt is a system
 message rendered by the model's chat template) and constrained decoding with llguidance
-(:mod:`inference._inprocess.constrained`), and none calls tools yet. A provider's
+(:mod:`inference._inprocess.constrained`), and tool calling through the model's chat template
+(:mod:`inference._core.tool_formats`). A provider's
 :attr:`~inference.InferenceProvider.options` starts from :data:`IN_PROCESS_OPTIONS` and declares its own sampling
 options; a key it also sets replaces the shared entry.
 """
@@ -24,6 +25,16 @@ IN_PROCESS_OPTIONS: OptionMap = {
     "system_prompt": Sent("chat template", "a system message rendered by the model's chat template"),
     "json_schema": Sent("llguidance", "a token mask per step"),
     **NOT_BUILT_YET,
+    "tools": Sent(
+        "chat template",
+        "the model's chat template renders the tools; calls are read from its text in the template's format "
+        "(Hermes/Qwen <tool_call>, Mistral [TOOL_CALLS], a JSON object), see inference._core.tool_formats",
+    ),
+    "tool_choice": Sent(
+        "llguidance / structured outputs",
+        "'required' or a named tool: the answer is the call, constrained to the tool's parameters; 'auto': free "
+        "text, calls read from it; 'none': the tools are not rendered",
+    ),
     "thinking": Sent(
         "chat template variable enable_thinking",
         "a leading <think>...</think> of the text goes to the result's reasoning, and is never streamed",

@@ -398,7 +398,8 @@ def tool_calls_of(message: Any, request: GenerationRequest) -> list[ToolCall]:
 
 class ToolCallDeltas:
     """A stream's tool calls, assembled from its chunks' ``delta.tool_calls`` (each piece names its call's
-    ``index``; the id and name come first, the arguments' JSON text in pieces)."""
+    ``index``; the id and name come first, the arguments' JSON text in pieces; a piece that repeats the name
+    whole, as llama_cpp.server's do, adds nothing to it)."""
 
     def __init__(self) -> None:
         self._calls: dict[int, dict[str, Any]] = {}
@@ -412,8 +413,9 @@ class ToolCallDeltas:
             if _field(piece, "id"):
                 call["id"] = _field(piece, "id")
             function = _field(piece, "function") or {}
-            if _field(function, "name"):
-                call["name"] += _field(function, "name")
+            name = _field(function, "name")
+            if name and name != call["name"]:  # llama_cpp.server repeats the whole name in every piece
+                call["name"] += name
             if isinstance(_field(function, "arguments"), str):
                 call["arguments"].append(_field(function, "arguments"))
 

@@ -21,9 +21,10 @@ tool. The synchronous methods (``invoke``, ``stream``) run the provider on the s
 (:func:`inference.sync.run_sync`): drive one provider either synchronously or from your own event loop, not both
 (an HTTP provider's connections belong to one loop).
 
-The provider must take tools (``provider.supports_tools``) for ``bind_tools`` and ``with_structured_output``:
-today the fake provider does; other backends refuse with ``UnsupportedOperationError`` until their tool calling
-is built.
+The provider must take tools (``provider.supports_tools``) for ``bind_tools`` and ``with_structured_output``; one
+that cannot refuses with ``UnsupportedOperationError`` naming those that can (docs/tools.md lists them). In process,
+``with_structured_output`` and a named tool are forced calls, constrained to the schema on any model; a model that
+chooses its calls needs a chat template that renders tools.
 """
 
 from __future__ import annotations

@@ -22,8 +22,10 @@ How the agent's request reaches the provider:
 - settings: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop_sequences`` are sent; the
   others are declared unsupported (pydantic-ai warns for those that change what a request guarantees).
 
-The provider must take tools (``provider.supports_tools``) for an agent with tools or a tool output: today the
-fake provider does; other backends refuse with ``UnsupportedOperationError`` until their tool calling is built.
+The provider must take tools (``provider.supports_tools``) for an agent with tools or a tool output; one that
+cannot refuses with ``UnsupportedOperationError`` naming those that can (docs/tools.md lists them). In process, an
+agent that allows no text answer forces a call (constrained to the tools' schemas on any model); one whose model may
+answer in text ("auto") needs a chat template that renders tools.
 """
 
 from __future__ import annotations

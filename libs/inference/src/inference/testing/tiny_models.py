@@ -45,6 +45,7 @@ __all__ = [
     "BUILD_VERSION",
     "CACHE_ENV_VAR",
     "CHATML_TEMPLATE",
+    "TOOLS_CHATML_TEMPLATE",
     "TinyModel",
     "build_tiny_models",
     "default_cache_dir",
@@ -62,6 +63,41 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+TOOLS_CHATML_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool['function'] | tojson) }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant' }}{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{{- '\\n<tool_call>\\n{\\\"name\\\": \\\"' + call['function']['name'] + '\\\", \\\"arguments\\\": ' "
+    "+ (call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML with tools in the Hermes/Qwen form, kept short for the tiny models' 512 tokens (the tools' functions listed
+in a system turn, calls written as
+``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, results as ``<tool_response>`` in a user turn): what a
+tool-calling model's template does, for tests that pass it as ``chat_template``. Without tools it renders as
+:data:`CHATML_TEMPLATE`."""
 
 # Pre-tokeniser regular expressions of the real families; llama.cpp knows them as "qwen2" and "llama-bpe".
 _QWEN2_SPLIT = (
