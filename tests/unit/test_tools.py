@@ -278,7 +278,7 @@ async def test_a_backend_without_tools_refuses_tools_and_tool_turns_before_sendi
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     with pytest.raises(UnsupportedOperationError, match=r"^NoTools cannot take a conversation with tool calls or "
                        r"tool results, which needs the option tools \(not built yet for this backend\); providers "
-                       r"that can: vllm, openai, fake"):
+                       r"that can: vllm, openai, ollama, fake"):
         await provider.generate(conversation(call), "m")
     assert (await provider.generate("hi", "m", tool_choice="auto", max_tokens=2)).text  # auto without tools: fine
 
