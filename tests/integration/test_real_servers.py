@@ -6,7 +6,9 @@
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``.
 - Ollama: ``OLLAMA_TEST_URL`` (e.g. ``http://localhost:11434/v1``) and ``OLLAMA_TEST_MODEL`` (a pulled model),
   and ``OLLAMA_TEST_ADAPTER`` (a GGUF LoRA file or PEFT LoRA directory on this machine, trained for that model)
-  for the adapter tests, which create and delete models in the ``inference-lora`` namespace.
+  for the adapter tests, which create and delete models in the ``inference-lora`` namespace. The tool tests use
+  ``OLLAMA_TEST_TOOL_MODEL`` (a pulled model whose template takes tools, e.g. ``llama3.2`` or ``qwen3``), else
+  ``OLLAMA_TEST_MODEL``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ VLLM_ADAPTER = os.environ.get("VLLM_TEST_ADAPTER", "")
 OLLAMA_URL = os.environ.get("OLLAMA_TEST_URL", "")
 OLLAMA_MODEL = os.environ.get("OLLAMA_TEST_MODEL", "")
 OLLAMA_ADAPTER = os.environ.get("OLLAMA_TEST_ADAPTER", "")
+OLLAMA_TOOL_MODEL = os.environ.get("OLLAMA_TEST_TOOL_MODEL", "") or OLLAMA_MODEL
 
 needs_vllm = pytest.mark.skipif(
     not (VLLM_URL and VLLM_MODEL), reason="set VLLM_TEST_URL and VLLM_TEST_MODEL to test against a real vLLM"
@@ -203,3 +206,34 @@ async def test_ollama_adapter_on_a_missing_base_says_pull(ollama: OllamaProvider
     name = f"no-such-model-{uuid.uuid4().hex[:8]}"
     with pytest.raises(ModelNotFoundError, match=f"ollama pull {name}"):
         await ollama.load_adapter("sdk-test", tmp_path, base_model=name)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]},
+}}
+
+
+@needs_ollama
+async def test_ollama_calls_a_named_tool_whole_and_streamed_and_reads_its_result(ollama: OllamaProvider) -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    asked = "What is the weather in Paris?"
+    result = await ollama.generate(asked, model=OLLAMA_TOOL_MODEL, tools=[WEATHER], tool_choice=choice,
+                                   max_tokens=128, temperature=0.0)
+    assert result.finish_reason == "tool_calls" and result.tool_calls is not None and len(result.tool_calls) == 1
+    call = result.tool_calls[0]
+    assert call.name == "get_weather" and call.error is None and isinstance(call.arguments["city"], str)
+    pieces: list[str] = []
+    async for event in ollama.stream(asked, model=OLLAMA_TOOL_MODEL, tools=[WEATHER], tool_choice="required",
+                                     max_tokens=128, temperature=0.0):
+        if isinstance(event, str):
+            pieces.append(event)
+        else:
+            assert event.tool_calls is not None and event.tool_calls[0].error is None
+            assert event.tool_calls[0].name == "get_weather" and event.finish_reason == "tool_calls"
+    assert pieces == []  # a forced call's content is the call, not text
+    messages = [{"role": "user", "content": asked}, result.as_message(), call.answer("sunny, 24 degrees")]
+    answer = await ollama.generate(messages, model=OLLAMA_TOOL_MODEL, tools=[WEATHER], tool_choice="none",
+                                   max_tokens=48, temperature=0.0)
+    assert answer.tool_calls is None and answer.text.strip()
+

@@ -279,7 +279,7 @@ async def test_a_backend_without_tools_refuses_tools_and_tool_turns_before_sendi
         await provider.generate("hi", "m", tools=[TIME])
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     able = providers_sending("tools")
-    assert {"vllm", "openai", "llamacpp", "transformers", "fake"} <= set(able)
+    assert {"vllm", "openai", "ollama", "llamacpp", "transformers", "fake"} <= set(able)
     with pytest.raises(UnsupportedOperationError, match=r"^NoTools cannot take a conversation with tool calls or "
                        r"tool results, which needs the option tools \(not built yet for this backend\); providers "
                        rf"that can: {re.escape(', '.join(able))}$"):

@@ -30,6 +30,7 @@ from inference.exceptions import (
     InvalidRequestError,
     ServerModelNotFoundError,
     ServerResponseError,
+    UnsupportedOperationError,
 )
 from inference.options import (
     NOT_BUILT_YET,
@@ -87,6 +88,12 @@ class OllamaProvider(InferenceProvider):
     grammar); ``logprobs=k`` as ``logprobs: true, top_logprobs: k`` (Ollama 0.12.11 or later; an older server
     sends none, which is reported). Ollama cannot score (no prompt logprobs).
 
+    **Tools** go as Ollama's ``tools``, a conversation's tool calls and results in its message fields, and the
+    answer's ``message.tool_calls`` (in a stream, from every line) become ``GenerationResult.tool_calls``. Ollama has
+    no ``tool_choice``: ``"none"`` withholds the tools, and ``"required"`` or a named tool adds ``format``, a JSON
+    schema of the call object, so a forced call parses and validates (see :mod:`inference._servers.ollama_tools`).
+    ``json_schema`` with tools sent is refused (both need ``format``).
+
     **Adapters.** Ollama cannot add a LoRA to a running model; it bakes adapters into a model created
     ``FROM`` a base. ``load_adapter(id, path)`` therefore uploads the adapter file(s) as blobs (skipped when
     the server already has them), then creates ``inference-lora/<id>:<base digest>`` from the base model
@@ -137,6 +144,16 @@ class OllamaProvider(InferenceProvider):
         "logprobs": Sent("logprobs", "with top_logprobs"),
         "json_schema": Sent("format"),
         **NOT_BUILT_YET,
+        "tools": Sent(
+            "tools",
+            "OpenAI's function tools; the answer's message.tool_calls (arguments a JSON object) are parsed and "
+            "checked; tool turns go as tool_calls and tool_name/tool_call_id",
+        ),
+        "tool_choice": Sent(
+            "tools",
+            "Ollama has no tool_choice: auto sends the tools, none withholds them, required or a named tool adds "
+            "format, a JSON schema of the call object {name, arguments}",
+        ),
         "thinking": Sent("think", "over the provider's think setting; the reasoning is message.thinking"),
         "presence_penalty": Sent(
             "options.presence_penalty",
@@ -413,13 +430,37 @@ class OllamaProvider(InferenceProvider):
             )
         return request.model
 
+    def _refuse_schema_with_tools(self, request: GenerationRequest) -> None:
+        """Refuse ``json_schema`` with tools the request sends (any ``tool_choice`` but ``"none"``), before sending.
+
+        Both would need Ollama's one ``format`` field: a forced call's schema is the call object; with ``"auto"``,
+        a format-bound answer is never parsed as a call where llama-server renders the chat (Ollama 0.33's default
+        for models without an Ollama template), and may be taken for one where Ollama's own parser reads it.
+        """
+        if request.json_schema is None or not request.tools or request.tool_choice == "none":
+            return
+        from inference.registry import providers_sending  # the registry imports provider classes lazily
+
+        able = [name for name in providers_sending("tools") if name in providers_sending("json_schema")]
+        raise UnsupportedOperationError(
+            "OllamaProvider cannot honour json_schema together with tools unless tool_choice is 'none': Ollama has "
+            "one format field and no tool_choice, so it cannot let the model choose between a tool call and an "
+            "answer in the schema, and a forced call's format is the call object. Ask with tool_choice='none' (the "
+            "tools are not sent), or without json_schema (a tool whose parameters are the schema, named in "
+            "tool_choice, gives the same object as a call); providers that take both: "
+            f"{', '.join(name for name in able if name != self.name) or 'none'}",
+            provider=self.name,
+        )
+
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        self._refuse_schema_with_tools(request)
         chat = self._chat
         with chat.schema_refusals(request):
             model, response = await self._recreating(request, lambda model: chat.send(request, model))
         return chat.answer(response, request, model)
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        self._refuse_schema_with_tools(request)
         chat = self._chat
         async with contextlib.AsyncExitStack() as stack:
             with chat.schema_refusals(request):

@@ -20,9 +20,10 @@ import httpx
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference._servers.ollama_models import parse_derived_model_name
+from inference._servers.ollama_tools import OllamaToolCalls, ollama_messages, tool_fields
 from inference.exceptions import InvalidRequestError, ServerModelNotFoundError, ServerResponseError
 from inference.provider import GenerationResult, StreamEvent
-from inference.results import TokenLogprob
+from inference.results import TokenLogprob, ToolCall
 
 __all__ = ["OllamaChat", "chat_body"]
 
@@ -72,62 +73,81 @@ class OllamaChat:
         """The result of a whole answer."""
         operation = f"generate with model {model!r}"
         body = _as_chat(self._http.parse_json(response, operation=operation), request)
+        calls = OllamaToolCalls(request)
         try:
             text = body["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError("message.content is not a string")
             logprobs = _token_logprobs(body, request.logprobs) if request.logprobs is not None else None
+            calls.add(body["message"])
         except (KeyError, TypeError, AttributeError) as error:
             problem = f"an answer that is not an Ollama chat reply ({error})"
             raise self._http.protocol_error(operation, problem) from error
-        return self._result(body, request, model, text, operation, logprobs, _thinking(body) or None)
+        text, tool_calls = calls.result(text, cut=body.get("done_reason") == "length")
+        return self._result(body, request, model, text, operation, logprobs, _thinking(body) or None, tool_calls)
 
     async def events(
         self, lines: AsyncIterator[Any], request: GenerationRequest, model: str
     ) -> AsyncIterator[StreamEvent]:
-        """The text pieces of a streamed answer, then its result."""
+        """The text pieces of a streamed answer, then its result (with every tool call of its lines).
+
+        For a forced tool call (``tool_choice`` ``"required"`` or a named tool) the content is the call's JSON, not
+        text: nothing is yielded before the result, which carries the call.
+        """
         operation = f"stream from model {model!r}"
         pieces: list[str] = []
         thoughts: list[str] = []
         logprobs: list[TokenLogprob] = []
+        calls = OllamaToolCalls(request)
         async for line in lines:
             event = self._chat_chunk(_as_chat(line, request), operation)
             thoughts.append(_thinking(event))
-            if request.logprobs is not None:
-                try:
+            try:
+                if request.logprobs is not None:
                     logprobs.extend(_token_logprobs(event, request.logprobs))
-                except (TypeError, AttributeError) as error:
-                    problem = f"a stream line with malformed logprobs ({error})"
-                    raise self._http.protocol_error(operation, problem) from error
+                calls.add(event["message"])
+            except (TypeError, AttributeError) as error:
+                problem = f"a stream line with malformed logprobs or tool_calls ({error})"
+                raise self._http.protocol_error(operation, problem) from error
             piece = event["message"]["content"]
             if piece:
                 pieces.append(piece)
-                yield piece
+                if not calls.forced:
+                    yield piece
             if event.get("done"):
+                text, tool_calls = calls.result("".join(pieces), cut=event.get("done_reason") == "length")
                 yield self._result(
                     event,
                     request,
                     model,
-                    "".join(pieces),
+                    text,
                     operation,
                     logprobs if request.logprobs is not None else None,
                     "".join(thoughts) or None,
+                    tool_calls,
                 )
                 return
         raise self._http.protocol_error(operation, "a stream that ended before its done line")
 
     @contextlib.contextmanager
     def schema_refusals(self, request: GenerationRequest) -> Iterator[None]:
-        """A 400 about ``format`` when the request has a ``json_schema``: the schema is an invalid request."""
+        """A 400 about ``format`` when the request sent one: the ``json_schema`` (or, for a forced tool call, the
+        tools' parameters) is an invalid request."""
         try:
             yield
         except ServerResponseError as error:
             message = str(error).lower()
             about_schema = "format" in message or "schema" in message
-            if request.json_schema is None or error.status_code != 400 or not about_schema:
+            if error.status_code != 400 or not about_schema:
+                raise
+            if request.json_schema is not None:
+                what = "the json_schema"
+            elif "format" in tool_fields(request):
+                what = "the tools' parameters as the format of the forced call ({'name', 'arguments'})"
+            else:
                 raise
             raise InvalidRequestError(
-                f"Ollama at {self._native_url} could not use the json_schema ({error}): simplify the schema to what "
+                f"Ollama at {self._native_url} could not use {what} ({error}): simplify the schema to what "
                 "Ollama's grammar supports",
                 provider=self._provider,
             ) from error
@@ -150,6 +170,7 @@ class OllamaChat:
         operation: str,
         logprobs: list[TokenLogprob] | None = None,
         reasoning: str | None = None,
+        tool_calls: list[ToolCall] | None = None,
     ) -> GenerationResult:
         counts = (body.get("prompt_eval_count") or 0, body.get("eval_count") or 0)
         if any(isinstance(count, bool) or not isinstance(count, int) or count < 0 for count in counts):
@@ -167,11 +188,12 @@ class OllamaChat:
             model=str(body.get("model") or model),
             adapter_id=request.adapter_id,
             token_count=prompt_tokens + completion_tokens,
-            finish_reason="length" if body.get("done_reason") == "length" else "stop",
+            finish_reason=_finish_reason(body, bool(tool_calls)),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             logprobs=tuple(logprobs or ()) if request.logprobs is not None else None,
             reasoning=reasoning,
+            tool_calls=tuple(tool_calls) if tool_calls else None,
         )
 
     def _handlers(self, model: str) -> ErrorHandlers:
@@ -199,7 +221,8 @@ def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: st
 
     ``think`` is sent as Ollama's ``think`` field (a boolean, or a level) unless it is ``"auto"``; the request's
     ``thinking`` (``True``/``False``) goes over it. A ``raw_prompt`` request gets the ``/api/generate`` body instead
-    (``prompt``, ``raw: true``: no template). ``extra_body`` is merged in last (a mapping into a mapping: its
+    (``prompt``, ``raw: true``: no template). Tools, tool turns and ``tool_choice`` are written as
+    :mod:`~inference._servers.ollama_tools` says. ``extra_body`` is merged in last (a mapping into a mapping: its
     ``options`` join the body's).
     """
     options: dict[str, Any] = {"num_predict": request.max_tokens}
@@ -221,9 +244,10 @@ def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: st
     if request.raw_prompt:
         body.update(prompt=request.plain_prompt, raw=True)
     else:
-        body["messages"] = request.messages  # the one message rule (GenerationRequest.messages)
+        body["messages"] = ollama_messages(request.messages)  # the one message rule (GenerationRequest.messages)
     if request.json_schema is not None:
         body["format"] = dict(request.json_schema)
+    body.update(tool_fields(request))  # with json_schema only under tool_choice "none" (the provider refuses more)
     if request.logprobs is not None:
         body["logprobs"] = True
         body["top_logprobs"] = request.logprobs
@@ -234,6 +258,14 @@ def chat_body(request: GenerationRequest, model: str, *, stream: bool, think: st
     for key, value in (request.extra_body or {}).items():  # last: what the caller sends is sent
         body[key] = {**body[key], **value} if isinstance(body.get(key), dict) and isinstance(value, dict) else value
     return body
+
+
+def _finish_reason(body: dict[str, Any], called: bool) -> str:
+    """``"length"`` when Ollama stopped at ``num_predict``; else ``"tool_calls"`` when the model called tools (Ollama
+    says ``"stop"``), else ``"stop"``."""
+    if body.get("done_reason") == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def _as_chat(event: Any, request: GenerationRequest) -> Any:
