@@ -19,7 +19,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from inference import GenerationResult
-from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.exceptions import UnsupportedOperationError
 from inference.provider import InferenceProvider
 from inference.testing.tiny_models import TOOLS_CHATML_TEMPLATE
 from inference.tools import tool_definition
@@ -124,7 +124,7 @@ async def test_a_model_without_tool_support_refuses_auto_but_takes_a_forced_call
         await provider.generate(QUESTION, "m", max_tokens=8, tools=TOOLS)
     forced = await provider.generate(QUESTION, "m", max_tokens=100, temperature=0, tools=TOOLS, tool_choice=NAMED)
     assert_valid_call(forced, {"time"})
-    with pytest.raises(InvalidRequestError, match="json_schema cannot be combined with tools"):
+    with pytest.raises(UnsupportedOperationError, match="json_schema cannot be combined with tools"):
         await provider.generate(QUESTION, "m", max_tokens=8, tools=TOOLS, tool_choice="required",
                                 json_schema={"type": "object"})
     assert (await provider.generate("hello", "m", max_tokens=4, temperature=0)).token_count > 0  # still serving

@@ -12,7 +12,7 @@ import pytest
 from inference import GenerationResult
 from inference._core.tool_formats import HERMES, MISTRAL, NO_TOOLS, ToolCallStream, ToolPlan, tool_format
 from inference._core.validation import GenerationRequest
-from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.exceptions import UnsupportedOperationError
 
 WEATHER = {
     "type": "function",
@@ -165,7 +165,7 @@ def test_none_renders_no_tools_and_reads_no_calls() -> None:
 
 
 def test_json_schema_with_tools_is_refused_in_process() -> None:
-    with pytest.raises(InvalidRequestError, match="json_schema cannot be combined with tools"):
+    with pytest.raises(UnsupportedOperationError, match="json_schema cannot be combined with tools"):
         ToolPlan.for_request(request(tools=[WEATHER], json_schema={"type": "object"}), HERMES_TEMPLATE,
                              model="m", provider="p")
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.exceptions import UnsupportedOperationError
 from inference.tools import forced_tool, parse_tool_call
 
 if TYPE_CHECKING:
@@ -116,18 +116,18 @@ class ToolPlan:
         Raises:
             UnsupportedOperationError: ``tool_choice`` leaves the call to the model (``"auto"``) but its template has
                 no tool support.
-            InvalidRequestError: ``json_schema`` is combined with tools the model may call (both would constrain the
-                answer).
+            UnsupportedOperationError: ``json_schema`` is combined with tools the model may call (both would constrain
+                the answer here; a server may take both, so a fallback moves on).
         """
         format_ = tool_format(template)
         choice = request.tool_choice
         if choice == "none" or not request.tools:
             return cls(format_, tuple(request.tools), offered=False)
         if request.json_schema is not None:
-            raise InvalidRequestError(
+            raise UnsupportedOperationError(
                 "json_schema cannot be combined with tools in process: a tool call and a JSON answer would each "
-                "constrain the text; give a tool whose parameters are the schema and force it (tool_choice), or "
-                "leave the tools out",
+                "constrain the text; give a tool whose parameters are the schema and force it (tool_choice), leave "
+                "the tools out, or send both to a server that takes them together (vllm, openai)",
                 provider=provider,
             )
         names = tuple(str(tool["function"]["name"]) for tool in request.tools)
