@@ -1,6 +1,7 @@
 """llama-server's template options on the real server: ``chat_template_kwargs`` and ``thinking`` reach its Jinja
 renderer (the same tokens as the raw text they render), and a server started with ``--no-jinja``, which would ignore
-them without a word, is refused with a sentence saying so."""
+them without a word, is refused them with a sentence saying so; tools too, and a conversation with tool calls, which
+such a server renders without the calls."""
 
 from __future__ import annotations
 
@@ -90,12 +91,27 @@ async def test_template_variables_and_thinking_reach_llama_server_s_template(
                 assert templated.text.rstrip("\ufffd") == raw.text.rstrip("\ufffd") and templated.text, name
 
 
-async def test_a_server_without_jinja_is_refused_template_variables_and_keeps_working(
+async def test_a_server_without_jinja_is_refused_template_variables_and_tools_and_keeps_working(
     tiny_models: dict[str, Any], tmp_path: Path
 ) -> None:
+    tool = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+    conversation = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "14:05"}]
     with llama_server(tiny_models["qwen2"].gguf_path, tmp_path / "server.log", "--no-jinja") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:  # what llama-server itself does
+            refused = await client.post("/v1/chat/completions", json={"messages": conversation[:1], "tools": [tool]})
+            assert refused.status_code == 500 and "requires --jinja" in refused.text
+            rendered = (await client.post("/apply-template", json={"messages": conversation})).json()["prompt"]
+            assert "clock" not in rendered and "<|im_start|>assistant\n<|im_end|>" in rendered  # the call: gone
         async with LlamaCppServerProvider(base_url=url, max_retries=0) as provider:
-            for options in ({"chat_template_kwargs": {"lead": "x"}}, {"thinking": False}):
-                with pytest.raises(InvalidRequestError, match="--no-jinja"):
-                    await provider.generate(PROMPT, model="m", max_tokens=2, **options)
+            refusals: list[tuple[Any, dict[str, Any]]] = [
+                (PROMPT, {"chat_template_kwargs": {"lead": "x"}}), (PROMPT, {"thinking": False}),
+                (PROMPT, {"tools": [tool]}), (PROMPT, {"tools": [tool], "tool_choice": "required"}),
+                (PROMPT, {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "clock"}}}),
+                (conversation, {}),
+            ]
+            for prompt, options in refusals:
+                with pytest.raises(InvalidRequestError, match=r"--no-jinja.*start it with --jinja"):
+                    await provider.generate(prompt, model="m", max_tokens=2, **options)
             assert (await provider.generate(PROMPT, model="m", max_tokens=2)).completion_tokens > 0

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -34,6 +34,7 @@ from inference.exceptions import (
     ProviderError,
     ProviderUnavailableError,
 )
+from inference.messages import has_tool_turns
 from inference.options import OptionMap, Refused, Sent
 from inference.results import TokenLogprob
 from inference.tokens import TokenIds, TokenVocabulary
@@ -109,6 +110,13 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     at all is then a :class:`~inference.exceptions.ProviderError` that says so. llama-server has no prompt
     log-probabilities, so this provider does not score (``supports_scoring`` is false).
 
+    ``tools`` and ``tool_choice`` go to the chat route, where llama-server renders them with the model's template
+    and parses the calls back (whole and streamed); a named ``tool_choice`` is sent as ``tools=[that tool]`` with
+    ``"required"``. What llama-server would get wrong without a word is refused with an
+    :class:`~inference.exceptions.InvalidRequestError` before anything is generated: a server started with
+    ``--no-jinja``, a template that renders no tool calls (``GET /props``), tools with a ``json_schema``
+    (see :meth:`_tool_arguments`).
+
     Args:
         base_url: The server's URL (``http://HOST:PORT``, with or without ``/v1``), or several (replicas started
             with the same adapters); else ``LLAMACPP_SERVER_BASE_URL``; else ``http://localhost:8080``.
@@ -130,9 +138,14 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         **OpenAICompatibleProvider.options,
         "repetition_penalty": Sent("repeat_penalty", "llama-server's name; it ignores repetition_penalty"),
         "top_k": Sent("top_k"),
-        "tools": Refused("llama-server reads tools only when started with --jinja and ignores them otherwise, "
-                         "without a word: not built yet for this backend"),
-        "tool_choice": Refused("llama-server reads tool_choice only when started with --jinja: not built yet"),
+        "tools": Sent("tools", "on the chat route, read by llama-server's Jinja renderer (--jinja, its default); "
+                      "refused for a server started with --no-jinja, for a model whose chat template renders no "
+                      "tool calls (llama-server would leave the tools out and answer in text) and with json_schema "
+                      "(which it would apply instead); its calls come back parsed from the template's format"),
+        "tool_choice": Sent("tool_choice", "auto, none and required as they are (required: a grammar of the tools' "
+                            "calls, which lets the model write text before its call); a named tool, which "
+                            "llama-server would take as auto without a word, is sent as tools=[that tool] with "
+                            "tool_choice required and parallel_tool_calls false: the same meaning"),
         "chat_template_kwargs": Sent(
             "chat_template_kwargs",
             "read by llama-server's Jinja renderer (--jinja, its default): refused for a server started with "
@@ -208,7 +221,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             ProviderUnavailableError: The server kept restarting between the adapter list and the answer.
         """
         if "chat_template_kwargs" in arguments:  # a server without Jinja would ignore them without a word
-            await self._require_jinja(replica)
+            await self._require_jinja(replica, "it would ignore chat_template_kwargs and thinking without a word")
+        if "tools" in arguments or (isinstance(request.prompt, tuple) and has_tool_turns(request.prompt)):
+            arguments = await self._tool_arguments(replica, request, arguments)
         stream = bool(arguments.get("stream"))
         held = contextlib.AsyncExitStack()  # the connection, until the answer is read (a stream: until it is closed)
         pinned = await held.enter_async_context((http or replica.http).one_connection())
@@ -378,8 +393,62 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             props = self._props[replica.base_url] = body if isinstance(body, dict) else {}
         return props
 
-    async def _require_jinja(self, replica: Replica) -> None:
-        """Refuse template variables for a replica that renders chat templates without Jinja (``--no-jinja``).
+    async def _tool_arguments(
+        self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``arguments`` as llama-server takes the request's tools, checked against what the replica can do.
+
+        llama-server reads tools (and renders a conversation's tool calls) only with Jinja. Without a word, where
+        the model's template renders no tool calls (``GET /props`` says so in ``chat_template_caps``) it leaves the
+        tools out of the prompt and answers in text, and renders a conversation's calls as empty turns; it applies
+        a ``json_schema`` instead of the tools. It refuses logprobs with tools in a stream (a 400). A named
+        ``tool_choice`` it would take as ``"auto"`` (it reads only a string there, logging a warning), so that is
+        sent as ``tools=[that tool]``, ``tool_choice="required"`` and ``parallel_tool_calls=false``: one call of
+        that tool.
+
+        Raises:
+            InvalidRequestError: The replica renders without Jinja, or its template renders no tool calls, or the
+                request asks for tools with a ``json_schema`` or streams logprobs with them.
+        """
+        await self._require_jinja(
+            replica, "it refuses tools, and would render an assistant turn's tool calls as an empty turn"
+        )
+        tools = arguments.get("tools") or []
+        choice = arguments.get("tool_choice")
+        calls_tools = bool(tools) and choice != "none"
+        if tools and arguments.get("stream") and arguments.get("logprobs"):
+            raise InvalidRequestError(
+                f"llama-server at {replica.root} does not stream logprobs with tools (it refuses the request): "
+                "ask without logprobs, or generate instead of stream",
+                provider=self.name,
+            )
+        if calls_tools and request.json_schema is not None:
+            raise InvalidRequestError(
+                f"llama-server at {replica.root} applies a json_schema instead of the tools (its answer is JSON "
+                "text, never a call, without a word): ask with tools or with json_schema, not both (or with "
+                "tool_choice 'none')",
+                provider=self.name,
+            )
+        turns = isinstance(request.prompt, tuple) and has_tool_turns(request.prompt)
+        caps = (await self._server_props(replica)).get("chat_template_caps")
+        if (calls_tools or turns) and isinstance(caps, dict) and caps.get("supports_tool_calls") is False:
+            what = "ignore the tools and answer in text" if calls_tools else "render the tool calls as empty turns"
+            raise InvalidRequestError(
+                f"llama-server at {replica.root} has a chat template that renders no tool calls (GET /props: "
+                f"chat_template_caps.supports_tool_calls is false), so it would {what} without a word: start it "
+                "with --chat-template-file FILE, a template that renders tools and tool calls (the model's "
+                "tool-use template), or send this request to another provider",
+                provider=self.name,
+            )
+        if calls_tools and isinstance(choice, Mapping):
+            name = choice["function"]["name"]
+            named = [tool for tool in tools if tool["function"]["name"] == name]
+            return {**arguments, "tools": named, "tool_choice": "required", "parallel_tool_calls": False}
+        return arguments
+
+    async def _require_jinja(self, replica: Replica, why: str) -> None:
+        """Refuse, saying ``why``, what needs Jinja on a replica that renders chat templates without it
+        (``--no-jinja``).
 
         Asked once per replica: ``POST /apply-template`` with a tool only renders the prompt, and a server without
         Jinja refuses any tool (``"tools param requires --jinja flag"``); ``/props`` does not say.
@@ -397,8 +466,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         if not jinja:
             raise InvalidRequestError(
                 f"llama-server at {replica.root} renders chat templates without Jinja (started with --no-jinja, or "
-                "too old for /apply-template), so it would ignore chat_template_kwargs and thinking without a word: "
-                "start it with --jinja (its default), or leave them out",
+                f"too old for /apply-template), so {why}: start it with --jinja (its default), or leave them out",
                 provider=self.name,
             )
 
