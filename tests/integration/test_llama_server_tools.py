@@ -27,7 +27,7 @@ import pytest_asyncio
 from test_llama_server_templates import llama_server
 
 from inference._core.validation import GenerationRequest
-from inference.exceptions import InvalidRequestError
+from inference.exceptions import UnsupportedOperationError
 from inference.llamacpp_server_provider import LlamaCppServerProvider
 from inference.results import GenerationResult
 
@@ -155,9 +155,9 @@ async def test_what_llama_server_would_mishandle_with_tools_is_refused_and_the_p
     provider: LlamaCppServerProvider,
 ) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    with pytest.raises(InvalidRequestError, match="applies a json_schema instead of the tools"):
+    with pytest.raises(UnsupportedOperationError, match="applies a json_schema instead of the tools"):
         await provider.generate("Hi", model="m", tools=[CLOCK], tool_choice="required", json_schema=schema)
-    with pytest.raises(InvalidRequestError, match="does not stream logprobs with tools"):
+    with pytest.raises(UnsupportedOperationError, match="does not stream logprobs with tools"):
         async for _ in provider.stream("Hi", model="m", tools=[CLOCK], logprobs=2):
             pass
     answer = await provider.generate("Hi", model="m", tools=[CLOCK], tool_choice="none", max_tokens=3)
@@ -183,9 +183,10 @@ async def test_a_template_that_renders_no_tool_calls_is_refused_as_llama_server_
             assert "clock" not in rendered and "<|im_start|>assistant\n<|im_end|>" in rendered  # the call: gone
         async with LlamaCppServerProvider(base_url=url, max_retries=0) as provider:
             for choice in ("auto", "required", {"type": "function", "function": {"name": "clock"}}):
-                with pytest.raises(InvalidRequestError, match=r"renders no tool calls .*ignore the tools"):
+                with pytest.raises(UnsupportedOperationError, match=r"renders no tool calls .*ignore the tools"):
                     await provider.generate("Hi", model="m", tools=[CLOCK], tool_choice=choice, max_tokens=2)
-            with pytest.raises(InvalidRequestError, match=r"render the tool calls as empty turns.*--chat-template"):
+            empty_turns = r"render the tool calls as empty turns.*--chat-template"
+            with pytest.raises(UnsupportedOperationError, match=empty_turns):
                 await provider.generate(CONVERSATION, model="m", max_tokens=2)
             unasked = await provider.generate("Hi", model="m", tools=[CLOCK], tool_choice="none", max_tokens=2)
             assert unasked.completion_tokens == 2 and unasked.tool_calls is None

@@ -33,6 +33,7 @@ from inference.exceptions import (
     InvalidRequestError,
     ProviderError,
     ProviderUnavailableError,
+    UnsupportedOperationError,
 )
 from inference.messages import has_tool_turns
 from inference.options import OptionMap, Refused, Sent
@@ -112,10 +113,10 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
 
     ``tools`` and ``tool_choice`` go to the chat route, where llama-server renders them with the model's template
     and parses the calls back (whole and streamed); a named ``tool_choice`` is sent as ``tools=[that tool]`` with
-    ``"required"``. What llama-server would get wrong without a word is refused with an
-    :class:`~inference.exceptions.InvalidRequestError` before anything is generated: a server started with
-    ``--no-jinja``, a template that renders no tool calls (``GET /props``), tools with a ``json_schema``
-    (see :meth:`_tool_arguments`).
+    ``"required"``. What llama-server would get wrong without a word is refused before anything is generated: a
+    server started with ``--no-jinja`` (:class:`~inference.exceptions.InvalidRequestError`), a template that renders
+    no tool calls (``GET /props``) and tools with a ``json_schema``
+    (:class:`~inference.exceptions.UnsupportedOperationError`; see :meth:`_tool_arguments`).
 
     Args:
         base_url: The server's URL (``http://HOST:PORT``, with or without ``/v1``), or several (replicas started
@@ -407,8 +408,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         that tool.
 
         Raises:
-            InvalidRequestError: The replica renders without Jinja, or its template renders no tool calls, or the
-                request asks for tools with a ``json_schema`` or streams logprobs with them.
+            InvalidRequestError: The replica renders without Jinja.
+            UnsupportedOperationError: Its template renders no tool calls, or the request asks for tools with a
+                ``json_schema`` or streams logprobs with them (another provider may: a fallback moves on).
         """
         await self._require_jinja(
             replica, "it refuses tools, and would render an assistant turn's tool calls as an empty turn"
@@ -417,13 +419,13 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         choice = arguments.get("tool_choice")
         calls_tools = bool(tools) and choice != "none"
         if tools and arguments.get("stream") and arguments.get("logprobs"):
-            raise InvalidRequestError(
+            raise UnsupportedOperationError(
                 f"llama-server at {replica.root} does not stream logprobs with tools (it refuses the request): "
                 "ask without logprobs, or generate instead of stream",
                 provider=self.name,
             )
         if calls_tools and request.json_schema is not None:
-            raise InvalidRequestError(
+            raise UnsupportedOperationError(
                 f"llama-server at {replica.root} applies a json_schema instead of the tools (its answer is JSON "
                 "text, never a call, without a word): ask with tools or with json_schema, not both (or with "
                 "tool_choice 'none')",
@@ -433,7 +435,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         caps = (await self._server_props(replica)).get("chat_template_caps")
         if (calls_tools or turns) and isinstance(caps, dict) and caps.get("supports_tool_calls") is False:
             what = "ignore the tools and answer in text" if calls_tools else "render the tool calls as empty turns"
-            raise InvalidRequestError(
+            raise UnsupportedOperationError(
                 f"llama-server at {replica.root} has a chat template that renders no tool calls (GET /props: "
                 f"chat_template_caps.supports_tool_calls is false), so it would {what} without a word: start it "
                 "with --chat-template-file FILE, a template that renders tools and tool calls (the model's "
