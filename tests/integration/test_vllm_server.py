@@ -115,6 +115,44 @@ async def test_a_named_tool_comes_back_as_a_checked_call_and_the_conversation_go
     assert follow_up.finish_reason == "length" and follow_up.completion_tokens == 4
 
 
+@pytest.mark.parametrize("choice", ["required", "named"])
+async def test_forced_calls_sampled_50_times_always_parse_and_validate(
+    both: tuple[VLLMProvider, TransformersProvider, Any], choice: str
+) -> None:
+    """vLLM's structured outputs constrain a forced call (``"required"`` or a named tool) to the tool's schema,
+    however the model samples; the tool's result then reaches the next turn as Transformers renders it."""
+    server, local, _ = both
+    tool_choice: Any = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
+    # vLLM's "required" grammar is a JSON list of calls that allows any whitespace between tokens, which the random
+    # tiny model writes until max_tokens (a trained model does not); whitespace tokens are biased away, and the list
+    # is held to one call (vLLM's parallel_tool_calls, sent as extra_body)
+    vocabulary = await server.token_vocabulary("tiny")
+    blank = {token: -100.0 for token, piece in enumerate(vocabulary.token_bytes) if piece and not piece.strip()}
+    one_call: dict[str, Any] = (
+        {"extra_body": {"parallel_tool_calls": False}, "logit_bias": blank} if choice == "required" else {}
+    )
+    results = await asyncio.gather(*(
+        server.generate("What is the weather in Paris?", model="tiny", tools=[WEATHER], tool_choice=tool_choice,
+                        max_tokens=100, temperature=1.0, seed=seed, **one_call)
+        for seed in range(50)
+    ))
+    for result in results:
+        assert result.finish_reason == "tool_calls", result
+        (call,) = result.tool_calls or ()
+        assert (call.name, call.error) == ("get_weather", None)
+        jsonschema.validate(call.arguments, WEATHER["function"]["parameters"])
+    conversation = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        results[0].as_message(),
+        (results[0].tool_calls or ())[0].answer("21 degrees and sunny, light wind from the west"),
+    ]
+    theirs = await server.generate(conversation, model="tiny", tools=[WEATHER], tool_choice="none", max_tokens=4,
+                                   temperature=0)
+    ours = await local.generate(conversation, model="tiny", tools=[WEATHER], tool_choice="none", max_tokens=4,
+                                temperature=0)
+    assert theirs.prompt_tokens == ours.prompt_tokens and theirs.text == ours.text  # the same prompt, result included
+
+
 @pytest.mark.parametrize("adapter_id", [None, "a0", "a1"])
 async def test_greedy_logprobs_and_text_match_transformers(
     both: tuple[VLLMProvider, TransformersProvider, Any], adapter_id: str | None
