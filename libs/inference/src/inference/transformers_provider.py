@@ -188,7 +188,7 @@ class TransformersProvider(InProcessProvider[str]):
         self._generation = HFGeneration(self._slots, self._batch_sizes, provider=self.name)
         self._scoring = HFScoring(self._slots, size, self._batch_sizes, provider=self.name)
         self._token_counts = [0, 0]  # next-token sequences computed, their tokens (the prefix cache off)
-        self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]))
+        self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]), bound_memory=True)
 
     def __repr__(self) -> str:
         return (
@@ -346,7 +346,8 @@ class TransformersProvider(InProcessProvider[str]):
     def _next_token_rows_now(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
         if self._prefix_cache.enabled:
             return hf_tokens.cached_rows(self._ensure_loaded(), self._slots, requests, self._prefix_cache,
-                                         batch_sizes=self._batch_sizes, provider=self.name)
+                                         max_batch_size=self.max_batch_size, batch_sizes=self._batch_sizes,
+                                         provider=self.name)
         rows, tokens = hf_tokens.next_token_rows(
             self._ensure_loaded(), self._slots, requests, max_batch_size=self.max_batch_size,
             batch_sizes=self._batch_sizes, provider=self.name,
