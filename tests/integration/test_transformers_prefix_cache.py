@@ -184,6 +184,11 @@ async def _small_budget(cached: TransformersProvider, whole: TransformersProvide
         assert cached.cache_stats().cached_tokens <= 160
     stats = cached.cache_stats()
     assert stats.evictions > 0 and stats.hits > 0
+    # The memory stays within the budget's keys and values, the rows (4 tokens' worth each here) included.
+    entries = list(cached._prefix_cache._entries.items())
+    per_token = 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers, 2 heads of 16, float32: 512 bytes
+    assert all(states.nbytes == per_token * len(ids) for (_, ids), (states, _, _) in entries)
+    assert sum(states.nbytes + row.nbytes for _, (states, row, _) in entries) <= 160 * per_token
     assert worst < TOLERANCE
     cached.clear_cache()
     assert cached.cache_stats().cached_tokens == 0
