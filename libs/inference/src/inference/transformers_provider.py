@@ -92,9 +92,9 @@ class TransformersProvider(InProcessProvider[str]):
         prefix_cache_tokens: How many tokens of keys and values ``next_token_logprobs`` keeps, so that a sequence
             extending one computed before (same adapter weights) runs only its new tokens; else
             ``TRANSFORMERS_PREFIX_CACHE_TOKENS``; else 0, off: sequences then run whole, in batches. With the
-            cache each sequence runs alone from its cached prefix, which pays where a forward pass over the prefix
-            costs more than copying its keys and values (large models); on the tiny test model it is 3x slower
-            than the batched pass (``docs/benchmarks.md``).
+            cache the sequences of one call run together too, in forward passes over only their new tokens after
+            their cached prefixes (mixed adapters, as without it): an SMC step of 32 particles is one pass over 32
+            tokens. Memory: at most this many tokens' keys and values (the cached rows count against it).
         spare_adapter_slots: How many adapter slots an unload keeps in the model, emptied, for the next adapter
             of the same LoRA shape (same config: rank, alpha, target modules...), which is then loaded by copying
             its weights in instead of PEFT building and removing LoRA layers (on the tiny test model 4 ms instead

@@ -2,8 +2,9 @@
 many sequences in right-padded forward passes, each row with its own adapter (or weighted combination).
 
 Everything here runs on the provider's worker thread; torch and numpy are imported on first use. With the prefix
-cache on (:mod:`inference._inprocess.hf_prefix_cache`), each sequence runs alone from its longest cached prefix;
-off, sequences run whole, batched.
+cache off, sequences run whole, batched (:func:`next_token_rows`); on (:func:`cached_rows`,
+:mod:`inference._inprocess.hf_prefix_cache`), the sequences of one call run together too, each from its longest
+cached prefix, in forward passes over only their new tokens.
 """
 
 from __future__ import annotations
