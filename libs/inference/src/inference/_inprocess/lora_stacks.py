@@ -227,11 +227,9 @@ class _RowPlan:
             a = stack.a.index_select(0, index).reshape(len(used) * rank, -1).t()  # [in, U*R]
             b = stack.b.index_select(0, index).permute(0, 2, 1).reshape(len(used) * rank, -1)  # [U*R, out]
             position = {slot: number for number, slot in enumerate(used)}
-            mask = torch.zeros((len(slots), len(used) * rank), dtype=stack.a.dtype, device=stack.a.device)
-            for row, slot in enumerate(rows):
-                if slot in position:
-                    start = position[slot] * rank
-                    mask[row, start : start + rank] = 1
+            blocks = torch.tensor([position.get(slot, -1) for slot in rows], device=stack.a.device)  # -1: none
+            columns = torch.arange(len(used) * rank, device=stack.a.device) // rank
+            mask = (columns[None, :] == blocks[:, None]).to(stack.a.dtype)  # each row's own block of ranks
             self.masked = (a, b, mask)
         else:
             self.gathered = (stack.a.index_select(0, slots), stack.b.index_select(0, slots))
