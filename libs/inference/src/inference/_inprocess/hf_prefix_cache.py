@@ -153,12 +153,16 @@ def padded_past(torch: Any, transformers: Any, states: Sequence[Any], starts: Se
     width = max(starts)
     if width == 0:
         return transformers.DynamicCache()
-    first = next(state for state in states if state is not None)
-    planes, heads, _, dim = first.shape
-    past = torch.zeros((planes, len(starts), heads, width, dim), dtype=first.dtype, device=first.device)
-    for row, (state, start) in enumerate(zip(states, starts, strict=True)):
-        if start:
-            past[:, row, :, width - start :] = state
+    if all(start == width for start in starts):  # prefixes of one length (SMC particles in step): no padding
+        past = torch.stack(list(states), dim=1)
+    else:
+        first = next(state for state in states if state is not None)
+        planes, heads, _, dim = first.shape
+        past = torch.zeros((planes, len(starts), heads, width, dim), dtype=first.dtype, device=first.device)
+        for row, (state, start) in enumerate(zip(states, starts, strict=True)):
+            if start:
+                past[:, row, :, width - start :] = state
+    planes = past.shape[0]
     return transformers.DynamicCache(ddp_cache_data=[(past[plane], past[plane + 1]) for plane in range(0, planes, 2)])
 
 
