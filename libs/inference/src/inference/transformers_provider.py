@@ -93,9 +93,9 @@ class TransformersProvider(InProcessProvider[str]):
         prefix_cache_tokens: How many tokens of keys and values ``next_token_logprobs`` keeps, so that a sequence
             extending one computed before (same adapter weights) runs only its new tokens; else
             ``TRANSFORMERS_PREFIX_CACHE_TOKENS``; else 0, off: sequences then run whole, in batches. With the
-            cache each sequence runs alone from its cached prefix, which pays where a forward pass over the prefix
-            costs more than copying its keys and values (large models); on the tiny test model it is 3x slower
-            than the batched pass (``docs/benchmarks.md``).
+            cache the sequences of one call run together too, in forward passes over only their new tokens after
+            their cached prefixes (mixed adapters, as without it): an SMC step of 32 particles is one pass over 32
+            tokens. Memory: at most this many tokens' keys and values (the cached rows count against it).
         spare_adapter_slots: How many adapter slots an unload keeps in the model, emptied, for the next adapter
             of the same LoRA shape (same config: rank, alpha, target modules...), which is then loaded by copying
             its weights in instead of PEFT building and removing LoRA layers (on the tiny test model 4 ms instead
@@ -189,7 +189,7 @@ class TransformersProvider(InProcessProvider[str]):
         self._generation = HFGeneration(self._slots, self._batch_sizes, provider=self.name)
         self._scoring = HFScoring(self._slots, size, self._batch_sizes, provider=self.name)
         self._token_counts = [0, 0]  # next-token sequences computed, their tokens (the prefix cache off)
-        self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]))
+        self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]), bound_memory=True)
 
     def __repr__(self) -> str:
         return (
@@ -352,7 +352,8 @@ class TransformersProvider(InProcessProvider[str]):
     def _next_token_rows_now(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
         if self._prefix_cache.enabled:
             return hf_tokens.cached_rows(self._ensure_loaded(), self._slots, requests, self._prefix_cache,
-                                         batch_sizes=self._batch_sizes, provider=self.name)
+                                         max_batch_size=self.max_batch_size, batch_sizes=self._batch_sizes,
+                                         provider=self.name)
         rows, tokens = hf_tokens.next_token_rows(
             self._ensure_loaded(), self._slots, requests, max_batch_size=self.max_batch_size,
             batch_sizes=self._batch_sizes, provider=self.name,

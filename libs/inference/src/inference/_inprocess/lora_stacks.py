@@ -202,9 +202,15 @@ class _ModuleStack:
 
 
 class _RowPlan:
-    """How one batch's rows get their adapters in one module, worked out once and reused at every step."""
+    """How one batch's rows get their adapters in one module, worked out once and reused at every step.
 
-    def __init__(self, torch: Any, stack: _ModuleStack, slots: Any, distinct: list[int]) -> None:
+    ``rows`` is ``slots`` as a list; ``masks`` is shared by the modules of one batch (the same adapters and rank
+    give the same mask).
+    """
+
+    def __init__(
+        self, torch: Any, stack: _ModuleStack, slots: Any, distinct: list[int], rows: list[int], masks: dict[Any, Any]
+    ) -> None:
         self.torch = torch
         used = [slot for slot in distinct if slot in stack.ranks]
         self.skip = not used
@@ -214,7 +220,6 @@ class _RowPlan:
         self.scale: Any = None
         if self.skip:
             return
-        rows = slots.tolist()
         if len(distinct) == 1 and 0 not in rows:
             slot = distinct[0]
             rank = stack.ranks[slot]  # its own rank: padding would only change how the sums are rounded
@@ -226,12 +231,13 @@ class _RowPlan:
             index = torch.tensor(used, dtype=torch.long, device=stack.a.device)
             a = stack.a.index_select(0, index).reshape(len(used) * rank, -1).t()  # [in, U*R]
             b = stack.b.index_select(0, index).permute(0, 2, 1).reshape(len(used) * rank, -1)  # [U*R, out]
-            position = {slot: number for number, slot in enumerate(used)}
-            mask = torch.zeros((len(slots), len(used) * rank), dtype=stack.a.dtype, device=stack.a.device)
-            for row, slot in enumerate(rows):
-                if slot in position:
-                    start = position[slot] * rank
-                    mask[row, start : start + rank] = 1
+            key = (tuple(used), rank, stack.a.dtype)
+            mask = masks.get(key)
+            if mask is None:
+                position = {slot: number for number, slot in enumerate(used)}
+                blocks = torch.tensor([position.get(slot, -1) for slot in rows], device=stack.a.device)  # -1: none
+                columns = torch.arange(len(used) * rank, device=stack.a.device) // rank
+                mask = masks[key] = (columns[None, :] == blocks[:, None]).to(stack.a.dtype)  # each row's own block
             self.masked = (a, b, mask)
         else:
             self.gathered = (stack.a.index_select(0, slots), stack.b.index_select(0, slots))
@@ -285,6 +291,8 @@ class LoraStacks:
         self._plans: dict[str, _RowPlan] | None = None
         self._slots: Any = None
         self._distinct: list[int] = []
+        self._rows: list[int] = []
+        self._masks: dict[Any, Any] = {}
 
     @property
     def adapters(self) -> int:
@@ -354,11 +362,14 @@ class LoraStacks:
             raise ValueError(f"adapter slots {unknown} hold no adapter")
         self._slots = self.torch.tensor(list(slots), dtype=self.torch.long, device=self.device)
         self._distinct = sorted({slot for slot in slots if slot != 0})
+        self._rows = list(slots)
+        self._masks = {}
         self._plans = {}
         try:
             yield
         finally:
             self._plans = None
+            self._masks = {}
             self._slots = None
 
     def close(self) -> None:
@@ -399,7 +410,9 @@ class LoraStacks:
                 return output
             plan = plans.get(module)
             if plan is None:
-                plan = plans[module] = _RowPlan(self.torch, self._stacks[module], self._slots, self._distinct)
+                plan = plans[module] = _RowPlan(
+                    self.torch, self._stacks[module], self._slots, self._distinct, self._rows, self._masks
+                )
             if plan.skip:
                 return output
             x = inputs[0]
