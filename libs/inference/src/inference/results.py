@@ -147,9 +147,17 @@ class GenerationResult:
     choices: tuple[GenerationResult, ...] | None = None
 
     @classmethod
-    def from_choices(cls, choices: Sequence[GenerationResult]) -> GenerationResult:
+    def from_choices(
+        cls, choices: Sequence[GenerationResult], *, usage: tuple[int | None, int] | None = None
+    ) -> GenerationResult:
         """The result of a request for ``len(choices)`` completions: the first choice, with every choice in
         :attr:`choices` and the token counts added up (see :attr:`choices`); a single choice is returned as it is.
+
+        Args:
+            choices: The completions, in order.
+            usage: ``(prompt_tokens, completion_tokens)`` of the whole request where the backend counted them
+                itself (a server's ``usage``: the prompt once, the completions summed); by default the first
+                choice's prompt tokens and the sum of the choices' completion tokens.
 
         Raises:
             ValueError: ``choices`` is empty.
@@ -159,11 +167,14 @@ class GenerationResult:
         first = choices[0]
         if len(choices) == 1:
             return first
-        completion_tokens = sum(choice.completion_tokens for choice in choices)
+        prompt_tokens, completion_tokens = (
+            (first.prompt_tokens, sum(choice.completion_tokens for choice in choices)) if usage is None else usage
+        )
         return replace(
             first,
+            prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            token_count=None if first.prompt_tokens is None else first.prompt_tokens + completion_tokens,
+            token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
             choices=tuple(choice if choice.choices is None else replace(choice, choices=None) for choice in choices),
         )
 
