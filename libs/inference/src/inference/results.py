@@ -129,7 +129,10 @@ class GenerationResult:
             (its text, finish reason, logprobs, tool calls, reasoning and token counts); ``None`` for ``n = 1``.
             This result is then the first choice (``text == choices[0].text``...) except for its token counts,
             which add up: ``completion_tokens`` is the sum over the choices, ``prompt_tokens`` the prompt's, counted
-            once (as OpenAI's ``usage``), and ``token_count`` their sum.
+            once (as OpenAI's ``usage``), and ``token_count`` their sum. Each choice's ``prompt_tokens`` is the
+            prompt's too, and its ``token_count`` the prompt plus its own completion. From a server that counts only
+            the whole answer (OpenAI's ``usage``), these are the server's counts, and a choice's
+            ``completion_tokens`` is 0 with ``token_count`` ``None`` (unknown).
     """
 
     text: str
