@@ -4,7 +4,10 @@ vLLM and llama-server test modules (this folder is on sys.path).
 Each option must change the answer the way it says, which a dropped field cannot do: ``logit_bias`` (and the same
 field through ``extra_body``) forces a token; ``min_p=1`` at temperature 1 keeps only the likeliest token, so it
 answers the greedy text; presence and frequency penalties change a greedy text that repeats tokens; ``n`` gives
-that many choices. The token ids come from the in-process provider of the same model (its tokenizer).
+that many choices, with a seed the choices of single requests seeded ``seed + k`` (vLLM's own ``n`` seeds its children
+so; llama_cpp.server ignores ``n``, and the rest is asked one request each; llama-server gets ``n`` requests), greedy
+the greedy text ``n`` times (vLLM refuses ``n`` with greedy sampling: ``n`` requests), the token counts adding up with
+the prompt once. The token ids come from the in-process provider of the same model (its tokenizer).
 """
 
 from __future__ import annotations
@@ -37,3 +40,14 @@ async def check_sampling_options(remote: InferenceProvider, local: InferenceProv
     assert several.choices is not None and len(several.choices) == 3
     assert several.text == several.choices[0].text
     assert several.completion_tokens == sum(choice.completion_tokens for choice in several.choices)
+    alone = [await remote.generate(PROMPT, model=model, max_tokens=8, temperature=1.0, seed=seed) for seed in (7, 8, 9)]
+    assert [choice.text for choice in several.choices] == [result.text for result in alone]
+    assert len({result.text for result in alone}) == 3
+    assert several.prompt_tokens == alone[0].prompt_tokens  # the prompt counted once
+    assert several.token_count == (several.prompt_tokens or 0) + several.completion_tokens
+    assert [choice.completion_tokens for choice in several.choices] == [result.completion_tokens for result in alone]
+
+    greedy_n = await remote.generate(PROMPT, model=model, max_tokens=8, temperature=0, n=3)
+    greedy_one = await remote.generate(PROMPT, model=model, max_tokens=8, temperature=0)
+    assert greedy_n.choices is not None and [choice.text for choice in greedy_n.choices] == [greedy_one.text] * 3
+    assert greedy_n.completion_tokens == 3 * greedy_one.completion_tokens

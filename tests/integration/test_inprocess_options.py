@@ -1,8 +1,8 @@
 """OpenAI's sampling options in process (issue 25), on llama.cpp and Transformers + PEFT with the same tiny model and
 adapter: ``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` give the same greedy tokens on both backends
 (one meaning: a bias added to its logit; a token generated ``c`` times loses ``presence * (c > 0) + frequency * c``),
-``min_p=1`` keeps only the likeliest token, and ``n`` returns that many choices (n requests: equal texts when greedy,
-the same choices again for the same seed).
+``min_p=1`` keeps only the likeliest token, and ``n`` returns that many choices (the prompt computed once: equal texts
+when greedy, the same choices again for the same seed; more in ``test_native_n.py``).
 """
 
 from __future__ import annotations

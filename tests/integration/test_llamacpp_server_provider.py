@@ -146,6 +146,26 @@ async def test_sampling_options_change_llama_server_s_answers_as_they_say(
     assert raw.prompt_tokens <= templated.prompt_tokens  # the prompt alone; a chat template only adds to it
 
 
+async def test_llama_server_s_own_n_counts_only_its_first_choice_so_the_provider_sends_n_requests(
+    served: tuple[LlamaCppServer, Any, dict[str, Path]], both: tuple[LlamaCppServerProvider, LlamaCppProvider],
+) -> None:
+    """Why ``n`` is :class:`~inference.options.ByRequests` on llama-server: its own ``n`` (children sharing the
+    prompt, seeds ``seed + k``) reports the usage of the first choice only, and refuses ``n`` above its slots."""
+    server, _, _ = served
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8, "temperature": 1.0,
+                            "seed": 7}
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        native = (await client.post("/v1/chat/completions", json={**body, "n": 2})).json()
+        assert [choice["finish_reason"] for choice in native["choices"]] == ["length", "length"]  # 8 tokens each
+        assert native["usage"]["completion_tokens"] == 8  # not 16
+        above = await client.post("/v1/chat/completions", json={**body, "n": 3})  # started with --parallel 2
+        assert above.status_code == 400 and "'n'" in above.json()["error"]["message"]
+    remote, _ = both
+    result = await remote.generate(PROMPT, model="m", max_tokens=8, temperature=1.0, seed=7, n=3)
+    assert result.choices is not None and len(result.choices) == 3  # three requests, each counted
+    assert result.completion_tokens == sum(choice.completion_tokens for choice in result.choices) > 8
+
+
 async def test_greedy_answers_equal_the_in_process_provider_s(
     both: tuple[LlamaCppServerProvider, LlamaCppProvider],
 ) -> None:

@@ -196,6 +196,19 @@ async def test_request_options_give_transformers_tokens(seen: dict[str, Any], lo
 
 
 
+async def test_n_sampled_with_a_seed_gives_the_choices_of_single_requests_counted_with_the_prompt_once(
+    seen: dict[str, Any],
+) -> None:
+    """vLLM's own n on its engine: the children of one request seeded seed + k are the single requests with those
+    seeds; the prompt counted once, the completions summed."""
+    case = seen["n_sampled"]
+    assert case["texts"] == case["again"] == case["singles"] and len(set(case["texts"])) == 3
+    assert case["choice_counts"] == case["single_counts"]
+    prompt = case["single_counts"][0][0]
+    completion = sum(count for _, count in case["single_counts"])
+    assert case["counts"] == [prompt, completion, prompt + completion]
+
+
 async def test_a_forced_tool_call_is_transformers_call(seen: dict[str, Any], local: TransformersProvider) -> None:
     """A forced call on vLLM's engine (the tools rendered by the chat template, the call constrained by vLLM's
     structured outputs) is a valid call, token for token the one Transformers makes (llguidance)."""

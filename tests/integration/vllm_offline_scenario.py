@@ -215,6 +215,18 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     options["token_prompt"] = {"extra": None, "ids": list(from_ids.token_ids or ()), "choices": 1,
                                "texts": [from_ids.text]}
     out["options"] = options
+    sampled: dict[str, Any] = {"model": "tiny", "adapter_id": "a0", "max_tokens": 8, "temperature": 1.0}
+    several = await provider.generate(OPTION_PROMPT, n=3, seed=7, **sampled)
+    again = await provider.generate(OPTION_PROMPT, n=3, seed=7, **sampled)
+    singles = [await provider.generate(OPTION_PROMPT, seed=seed, **sampled) for seed in (7, 8, 9)]
+    out["n_sampled"] = {
+        "texts": [choice.text for choice in several.choices or ()],
+        "again": [choice.text for choice in again.choices or ()],
+        "singles": [single.text for single in singles],
+        "counts": [several.prompt_tokens, several.completion_tokens, several.token_count],
+        "choice_counts": [[choice.prompt_tokens, choice.completion_tokens] for choice in several.choices or ()],
+        "single_counts": [[single.prompt_tokens, single.completion_tokens] for single in singles],
+    }
     called = await provider.generate([{"role": "user", "content": OPTION_PROMPT}], model="tiny", adapter_id="a0",
                                      max_tokens=60, temperature=0, return_token_ids=True, **TOOL_REQUEST)
     out["tool_call"] = {"ids": list(called.token_ids or ()), "finish_reason": called.finish_reason, "text": called.text,

@@ -222,12 +222,20 @@ _CHAT_ANSWER = {
 }
 
 
+def _chat_answer(request: httpx.Request) -> httpx.Response:
+    """:data:`_CHAT_ANSWER` with as many choices as the body's ``n`` asks (vLLM's and OpenAI's answer to ``n``)."""
+    n = json.loads(request.content).get("n", 1)
+    choices = [{**_CHAT_ANSWER["choices"][0], "index": index} for index in range(n)]
+    usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+    return httpx.Response(200, json={**_CHAT_ANSWER, "choices": choices, "usage": usage})
+
+
 @pytest.mark.parametrize("provider_type", ["vllm", "openai", "llamacpp-server"])
 @respx.mock
 async def test_an_openai_compatible_body_carries_every_option_under_its_declared_field(provider_type: str) -> None:
     base = "http://127.0.0.1:9/v1" if provider_type != "llamacpp-server" else "http://127.0.0.1:9"
     root = base if base.endswith("/v1") else f"{base}/v1"
-    chat = respx.post(f"{root}/chat/completions").mock(return_value=httpx.Response(200, json=_CHAT_ANSWER))
+    chat = respx.post(f"{root}/chat/completions").mock(side_effect=_chat_answer)
     respx.get(f"{base}/lora-adapters").mock(return_value=httpx.Response(200, json=[]))
     respx.get(f"{base}/props").mock(  # llama-server: a chat template, so the chat route
         return_value=httpx.Response(200, json={"chat_template": "{{ messages }}", "model_path": "/models/m.gguf"})
@@ -272,6 +280,9 @@ async def test_an_openai_compatible_body_carries_every_option_under_its_declared
             assert "messages" in body, provider_type
             continue
         sent = _at(body, how.field)
+        if option == "n":  # the server's own n: one request for both choices
+            assert sent == EVERY_OPTION["n"] and len(chat.calls) == 2, (provider_type, sent)
+            continue
         if option == "seed" and by_requests:  # n=2 as two requests: seeds 11 and 12, in either order
             assert sent in (EVERY_OPTION["seed"], EVERY_OPTION["seed"] + 1), (provider_type, sent)
         elif option == "logit_bias":

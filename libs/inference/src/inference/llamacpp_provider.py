@@ -30,6 +30,7 @@ The provider is assembled from parts in :mod:`inference._inprocess`, one job eac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import os
 import threading
@@ -44,7 +45,15 @@ from inference._inprocess import llamacpp_tokens
 from inference._inprocess.base import InProcessProvider, non_finite_logits
 from inference._inprocess.hf_prefix_cache import PrefixCache
 from inference._inprocess.llamacpp_batch import ContinuousBatcher, LoopStarter
-from inference._inprocess.llamacpp_generation import DEFAULT_SAMPLING, Generation, LoopBackend, seed_fits, seed_rule
+from inference._inprocess.llamacpp_generation import (
+    DEFAULT_SAMPLING,
+    ChoicesApart,
+    Generation,
+    LoopBackend,
+    choice_seeds,
+    seed_fits,
+    seed_rule,
+)
 from inference._inprocess.llamacpp_model import (
     KV_CACHE_TYPES,
     LlamaCppModel,
@@ -66,7 +75,7 @@ from inference.exceptions import (
     InvalidRequestError,
     ProviderError,
 )
-from inference.options import ByRequests, OptionMap, Sent
+from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 from inference.tokens import TokenCacheStats, TokenVocabulary
@@ -159,7 +168,13 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         "seed": Sent("seed", "the request's sampler seed"),
         "top_k": Sent("top_k", "llama.cpp's sampler chain"),
         "logprobs": Sent("logits", "log-softmax of the step's logits"),
-        "n": ByRequests(),
+        "n": Sent(
+            "Branches",
+            "the decode loop's n sequences: the prompt decoded once and its cells shared (llama_memory_seq_cp), each "
+            "choice with its own sampler chain, seeds seed, seed + 1, ... (the choices of n requests with those "
+            "seeds); groups of up to n_parallel. With n_parallel=1 (or where n completions do not fit n_ctx beside "
+            "the prompt): one request per choice, same seeds",
+        ),
         "presence_penalty": Sent("penalty_present", "llama.cpp's penalties sampler, over the generated tokens"),
         "frequency_penalty": Sent("penalty_freq", "llama.cpp's penalties sampler, over the generated tokens"),
         "min_p": Sent("min_p", "llama.cpp's sampler chain (its default 0.05 when not given)"),
@@ -278,7 +293,32 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         self._check_request(request)
-        return await run_job(self._starter(), request)
+        if request.n == 1:
+            return await run_job(self._starter(), request)
+        return await self._choices(request)
+
+    async def _choices(self, request: GenerationRequest) -> GenerationResult:
+        """A request for ``n`` completions: in the decode loop, groups of up to ``n_parallel`` choices, each group's
+        prompt decoded once (:class:`~inference._inprocess.llamacpp_batch.Branches`); with ``n_parallel=1``, or where
+        ``n`` completions beside one prompt do not fit the context, one request per choice. Choice ``k`` is seeded
+        ``seed + k`` either way (:func:`~inference._inprocess.llamacpp_generation.choice_seeds`), so the choices
+        are the same."""
+        from inference._core.batches import all_or_none
+
+        seeds = choice_seeds(request, self.seed)
+
+        def parts(size: int) -> list[GenerationRequest]:
+            return [
+                dataclasses.replace(request, n=min(size, request.n - first), seed=seeds[first])
+                for first in range(0, request.n, size)
+            ]
+
+        starter = self._starter()
+        try:
+            results = await all_or_none([run_job(starter, part) for part in parts(self.n_parallel)])
+        except ChoicesApart:
+            results = await all_or_none([run_job(starter, part) for part in parts(1)])
+        return GenerationResult.from_choices([one for result in results for one in result.choices or (result,)])
 
     def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         self._check_request(request)
@@ -365,6 +405,12 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         super()._check_request(request)
         if request.seed is not None and not seed_fits(request.seed):
             raise InvalidRequestError(f"seed {seed_rule(request.seed)}", provider=self.name)
+        last = choice_seeds(request, self.seed)[-1]
+        if last is not None and not seed_fits(last):
+            raise InvalidRequestError(
+                f"n={request.n} seeds its last choice with {last} (seed + n - 1), which {seed_rule(last)}",
+                provider=self.name,
+            )
 
     # Worker thread: adapters (the record of resident ones; the model applies them) ------------------------
 

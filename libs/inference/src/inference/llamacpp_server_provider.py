@@ -36,7 +36,7 @@ from inference.exceptions import (
     UnsupportedOperationError,
 )
 from inference.messages import has_tool_turns
-from inference.options import OptionMap, Refused, Sent
+from inference.options import ByRequests, OptionMap, Refused, Sent
 from inference.results import TokenLogprob
 from inference.tokens import TokenIds, TokenVocabulary
 
@@ -156,6 +156,11 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                          "apart (reasoning_content) as llama-server's --reasoning-format says"),
         "return_token_ids": Refused("llama-server's OpenAI routes return no token ids (its native /completion's "
                                     "return_tokens is not used by this provider)"),
+        "n": ByRequests(note=(
+            "n requests of one completion (seeds seed, seed + 1, ...): llama-server's own n (its children share the "
+            "prompt, seeds seed + k) counts only the first choice's tokens in usage, reports no count per choice, and "
+            "refuses an n above its --parallel slots"
+        )),
     }
     server_label = "llama-server"
     env_prefix = "LLAMACPP_SERVER"

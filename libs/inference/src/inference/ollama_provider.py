@@ -164,7 +164,7 @@ class OllamaProvider(InferenceProvider):
             "llama.cpp's additive penalty (OpenAI's meaning) over the last repeat_last_n tokens (Ollama's default 64)",
         ),
         "min_p": Sent("options.min_p"),
-        "n": ByRequests(),
+        "n": ByRequests(note="n requests of one completion (seeds seed, seed + 1, ...): /api/chat has no n"),
         "raw_prompt": Sent("/api/generate", "the prompt text as it is (raw: true), no template"),
         "extra_body": Sent("extra_body", "merged into the /api/chat body last; a mapping under options joins them"),
         "response_format": RESPONSE_FORMAT_AS_JSON_SCHEMA,

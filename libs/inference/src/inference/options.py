@@ -581,8 +581,10 @@ class RequestOptions(TypedDict, total=False):
             the model produced, up to a stop string; ``None`` when not asked).
         n: How many completions to return (1-128): with ``n > 1`` the result's
             :attr:`~inference.GenerationResult.choices` holds them, the result itself is the first, and its token
-            counts add up (the prompt counted once). A backend without a native ``n`` sends ``n`` requests (seeds
-            ``seed``, ``seed + 1``... when a ``seed`` is given). Not with ``stream``.
+            counts add up (the prompt counted once). vLLM, OpenAI-compatible servers, llama.cpp and Transformers in
+            process compute the prompt once for all of them; a backend without a native ``n`` (Ollama,
+            llama-server) sends ``n`` requests. Either way choice ``k`` is seeded ``seed + k`` when a ``seed`` is
+            given (the choices of ``n`` requests with those seeds). Not with ``stream``.
         presence_penalty: OpenAI's presence penalty in [-2, 2]: subtracted once from the logit of every token
             already generated (negative values encourage repeats). Never mapped to another penalty.
         frequency_penalty: OpenAI's frequency penalty in [-2, 2]: subtracted from a token's logit once for each

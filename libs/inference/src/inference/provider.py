@@ -384,8 +384,10 @@ class InferenceProvider(ScoringProvider):
         )
 
     async def _generate_answer(self, request: GenerationRequest) -> GenerationResult:
-        """The checked result of a validated request: its ``n`` completions where the backend makes them
-        (``options["n"]`` is :class:`~inference.options.ByRequests`: ``n`` requests of one completion, at once)."""
+        """The checked result of a validated request: its ``n`` completions where the backend makes them (a native
+        ``n``: the result reads as its first checked choice, its tool calls and finish reason too, with the
+        backend's token counts), else (``options["n"]`` is :class:`~inference.options.ByRequests`) ``n`` requests of
+        one completion, at once."""
         await self._check_before_sending(request)
         if request.n > 1 and isinstance(type(self).options.get("n"), ByRequests):
             from inference._core.batches import all_or_none
@@ -393,7 +395,10 @@ class InferenceProvider(ScoringProvider):
             seeds = [None if request.seed is None else request.seed + index for index in range(request.n)]
             ones = [dataclasses.replace(request, n=1, seed=seed) for seed in seeds]
             return GenerationResult.from_choices(await all_or_none([self._generate_one(one) for one in ones]))
-        return await self._generate_one(request)
+        result = await self._generate_one(request)
+        if result.choices is None:
+            return result
+        return GenerationResult.from_choices(result.choices, usage=(result.prompt_tokens, result.completion_tokens))
 
     async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
         plan = await self._tool_plan(request)

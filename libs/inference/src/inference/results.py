@@ -129,7 +129,10 @@ class GenerationResult:
             (its text, finish reason, logprobs, tool calls, reasoning and token counts); ``None`` for ``n = 1``.
             This result is then the first choice (``text == choices[0].text``...) except for its token counts,
             which add up: ``completion_tokens`` is the sum over the choices, ``prompt_tokens`` the prompt's, counted
-            once (as OpenAI's ``usage``), and ``token_count`` their sum.
+            once (as OpenAI's ``usage``), and ``token_count`` their sum. Each choice's ``prompt_tokens`` is the
+            prompt's too, and its ``token_count`` the prompt plus its own completion. From a server that counts only
+            the whole answer (OpenAI's ``usage``), these are the server's counts, and a choice's
+            ``completion_tokens`` is 0 with ``token_count`` ``None`` (unknown).
     """
 
     text: str
@@ -147,9 +150,17 @@ class GenerationResult:
     choices: tuple[GenerationResult, ...] | None = None
 
     @classmethod
-    def from_choices(cls, choices: Sequence[GenerationResult]) -> GenerationResult:
+    def from_choices(
+        cls, choices: Sequence[GenerationResult], *, usage: tuple[int | None, int] | None = None
+    ) -> GenerationResult:
         """The result of a request for ``len(choices)`` completions: the first choice, with every choice in
         :attr:`choices` and the token counts added up (see :attr:`choices`); a single choice is returned as it is.
+
+        Args:
+            choices: The completions, in order.
+            usage: ``(prompt_tokens, completion_tokens)`` of the whole request where the backend counted them
+                itself (a server's ``usage``: the prompt once, the completions summed); by default the first
+                choice's prompt tokens and the sum of the choices' completion tokens.
 
         Raises:
             ValueError: ``choices`` is empty.
@@ -159,11 +170,14 @@ class GenerationResult:
         first = choices[0]
         if len(choices) == 1:
             return first
-        completion_tokens = sum(choice.completion_tokens for choice in choices)
+        prompt_tokens, completion_tokens = (
+            (first.prompt_tokens, sum(choice.completion_tokens for choice in choices)) if usage is None else usage
+        )
         return replace(
             first,
+            prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            token_count=None if first.prompt_tokens is None else first.prompt_tokens + completion_tokens,
+            token_count=None if prompt_tokens is None else prompt_tokens + completion_tokens,
             choices=tuple(choice if choice.choices is None else replace(choice, choices=None) for choice in choices),
         )
 

@@ -49,7 +49,7 @@ from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceSink, stream_from_worker
 from inference.adapters.source import AdapterSource
 from inference.exceptions import ConfigurationError
-from inference.options import ByRequests, OptionMap, Sent
+from inference.options import OptionMap, Sent
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import ScoreResult
 from inference.tokens import TokenCacheStats, TokenVocabulary
@@ -131,7 +131,11 @@ class TransformersProvider(InProcessProvider[str]):
         "seed": Sent("torch.manual_seed", "a seeded request runs in a batch of its own"),
         "top_k": Sent("GenerationConfig.top_k"),
         "logprobs": Sent("logits processor", "log-softmax of the raw logits"),
-        "n": ByRequests(),
+        "n": Sent(
+            "n rows of one prompt",
+            "the prompt computed once (its keys and values repeated per row), the n rows in one generate; seeded, "
+            "row k samples with its own generator seeded seed + k (the choices of n requests with those seeds)",
+        ),
         "presence_penalty": Sent("logits processor", "OpenAI's meaning over the generated tokens, as llama.cpp's"),
         "frequency_penalty": Sent("logits processor", "OpenAI's meaning over the generated tokens, as llama.cpp's"),
         "min_p": Sent("GenerationConfig.min_p", "when sampling"),

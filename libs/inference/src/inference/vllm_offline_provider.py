@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -38,7 +39,6 @@ from inference.exceptions import (
     ProviderError,
 )
 from inference.options import (
-    ByRequests,
     GenerationOptions,
     OptionMap,
     Sent,
@@ -127,7 +127,11 @@ class VLLMOfflineProvider(InferenceProvider):
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
         "json_schema": Sent("SamplingParams.structured_outputs"),
-        "n": ByRequests(),
+        "n": Sent(
+            "SamplingParams.n",
+            "vLLM's n: one engine request whose children share the prompt, seeds seed, seed + 1, ... (the choices of "
+            "n requests with those seeds); greedy (temperature 0), which vLLM refuses with n > 1: n requests",
+        ),
         "presence_penalty": Sent("SamplingParams.presence_penalty"),
         "frequency_penalty": Sent("SamplingParams.frequency_penalty"),
         "min_p": Sent("SamplingParams.min_p"),
@@ -202,6 +206,8 @@ class VLLMOfflineProvider(InferenceProvider):
     # Generation ---------------------------------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        if request.n > 1:
+            return await self._choices(request)
         result: GenerationResult | None = None
         async for event in self._run(request, stream=False):
             if isinstance(event, GenerationResult):
@@ -291,15 +297,63 @@ class VLLMOfflineProvider(InferenceProvider):
                 if request.logprobs is not None:
                     logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, request.logprobs))
                 finish_reason = completion.finish_reason or finish_reason
-        if finish_reason == "abort":  # never a complete answer
+        yield self._result(request, len(ids), "".join(pieces), tokens, logprobs, finish_reason)
+
+    async def _choices(self, request: GenerationRequest) -> GenerationResult:
+        """A request for ``n`` completions: one engine request with vLLM's ``n`` (its children share the prompt's
+        cached blocks, choice ``k`` seeded ``seed + k``: the choices of ``n`` requests with those seeds), answered
+        once all are done. Greedy, which vLLM refuses with ``n > 1``: ``n`` requests of one completion."""
+        if request.temperature is not None and request.temperature < _GREEDY:
+            from inference._core.batches import all_or_none
+
+            seeds = [None if request.seed is None else request.seed + index for index in range(request.n)]
+            ones = [dataclasses.replace(request, n=1, seed=seed) for seed in seeds]
+            return GenerationResult.from_choices(await all_or_none([self._generate(one) for one in ones]))
+        engine = await self._engine()
+        ids = prompt_token_ids(engine.tokenizer, request, provider=self.name)
+        if not ids:
+            raise InvalidRequestError("the prompt has no tokens: give some text", provider=self.name)
+        params = self._sampling(engine, request, len(ids), stream=False)
+        final: Any = None
+        outputs = self._outputs(engine, {"prompt_token_ids": ids}, params, request.adapter_id)
+        async with contextlib.aclosing(outputs):
+            async for output in outputs:
+                final = output  # FINAL_ONLY: one output, every choice in it once all are done
+        completions = sorted(final.outputs if final is not None else (), key=lambda completion: completion.index)
+        if len(completions) != request.n:
+            raise ProviderError(
+                f"vLLM's engine answered {len(completions)} of the {request.n} completions asked for",
+                provider=self.name,
+            )
+        return GenerationResult.from_choices([
+            self._result(
+                request, len(ids), completion.text, list(completion.token_ids),
+                _token_logprobs(completion.token_ids, completion.logprobs, request.logprobs)
+                if request.logprobs is not None else [],
+                completion.finish_reason,
+            )
+            for completion in completions
+        ])
+
+    def _result(
+        self,
+        request: GenerationRequest,
+        prompt_tokens: int,
+        text: str,
+        tokens: list[int],
+        logprobs: list[TokenLogprob],
+        finish_reason: str | None,
+    ) -> GenerationResult:
+        """One completion's result; an aborted one (never a complete answer) is a :class:`ProviderError`."""
+        if finish_reason == "abort":
             raise ProviderError("vLLM's engine aborted the request before it finished", provider=self.name)
-        yield GenerationResult(
-            text="".join(pieces),
+        return GenerationResult(
+            text=text,
             model=self.model_name,
             adapter_id=request.adapter_id,
-            token_count=len(ids) + len(tokens),
+            token_count=prompt_tokens + len(tokens),
             finish_reason=finish_reason or "stop",  # kept as vLLM says it: the base class refuses "abort" and the like
-            prompt_tokens=len(ids),
+            prompt_tokens=prompt_tokens,
             completion_tokens=len(tokens),
             logprobs=tuple(logprobs) if request.logprobs is not None else None,
             token_ids=tuple(tokens) if request.return_token_ids else None,
@@ -328,6 +382,8 @@ class VLLMOfflineProvider(InferenceProvider):
             "max_tokens": max_tokens,
             "output_kind": sampling.RequestOutputKind.DELTA if stream else sampling.RequestOutputKind.FINAL_ONLY,
         }
+        if request.n > 1:
+            arguments["n"] = request.n
         for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "logprobs", "presence_penalty",
                      "frequency_penalty", "min_p"):
             value = getattr(request, name)
@@ -569,6 +625,10 @@ def _fail_waiting_requests(llm: Any) -> None:
 
 def _already_shut_down(timeout: float | None = None) -> None:
     """What ``AsyncLLM.shutdown`` becomes once the provider shut the engine down."""
+
+
+_GREEDY = 1e-5
+"""A temperature below this is greedy sampling (vLLM's ``_SAMPLING_EPS``), where vLLM refuses ``n > 1``."""
 
 
 def _one_line(error: BaseException) -> str:

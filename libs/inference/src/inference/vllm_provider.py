@@ -231,9 +231,16 @@ class VLLMProvider(OpenAICompatibleProvider):
             "the template's switch; the reasoning comes back apart where vLLM runs a --reasoning-parser",
         ),
         "return_token_ids": Sent("return_token_ids", "vLLM's request field: the answer's token_ids"),
+        "n": Sent(
+            "n",
+            "vLLM's n: the prompt computed once, seeds seed, seed + 1, ... (the choices of n requests with those "
+            "seeds); each choice counted by its token_ids. Greedy (temperature 0), which vLLM refuses with n > 1: "
+            "n requests, their prompt shared by vLLM's prefix cache",
+        ),
     }
     server_label = "vLLM"
     env_prefix = "VLLM"
+    greedy_n = False  # "n must be 1 when using greedy sampling" (vLLM 0.32): greedy choices go one request each
     model_hint = (
         "use the name the server was started with (--served-model-name, or the --model path); GET /v1/models lists it"
     )

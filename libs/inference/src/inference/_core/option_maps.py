@@ -53,7 +53,7 @@ class ByRequests(Sent):
     """How a backend without a native ``n`` receives ``n > 1``: the base class sends ``n`` requests of one
     completion each, at once (seeds ``seed``, ``seed + 1``... when the request has a ``seed``; each samples on its
     own otherwise), and joins their results (:meth:`~inference.GenerationResult.from_choices`). The prompt is
-    processed ``n`` times, where a native ``n`` shares it."""
+    processed ``n`` times, where a native ``n`` (``Sent``) computes it once; the note says why a backend has none."""
 
     field: str = "n requests"
     note: str = "n requests of one completion, seeds seed, seed + 1, ... when a seed is given"

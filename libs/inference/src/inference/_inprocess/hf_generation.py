@@ -12,6 +12,12 @@ Inside one ``generate``, per row: :class:`~inference._inprocess.batching.RowLimi
 JSON schema does not allow, and :class:`FiniteRows` ends it at once when its logits are not finite (the other rows
 go on). Requests share a batch only when their :class:`Sampling` is equal.
 
+A request for ``n`` completions runs as a batch of its own, ``n`` rows of one prompt: the prompt but its last token
+goes through the model once, its keys and values are repeated for the ``n`` rows, and ``generate`` goes on from them
+(only the last prompt token is computed per row). Seeded, each row samples with a generator of its own, seeded
+``seed + k`` for choice ``k`` (:class:`SeededRows`): the draws ``torch.manual_seed(seed + k)`` gives a request alone,
+so the choices are those of ``n`` requests with those seeds (up to the float rounding of the shared prompt).
+
 Everything here runs on the provider's worker thread; torch, transformers and llguidance are imported on first use.
 """
 
@@ -21,7 +27,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from inference._core.dependencies import import_optional
@@ -51,6 +57,7 @@ __all__ = [
     "Outputs",
     "Row",
     "Sampling",
+    "SeededRows",
     "StreamWatch",
     "check_seed",
 ]
@@ -65,9 +72,11 @@ Queued = PendingRequest[GenerationRequest, GenerationResult]
 
 @dataclass(frozen=True)
 class Row(BatchRow):
-    """A batch row with its JSON-schema matcher (``None`` for a free row)."""
+    """A batch row with its JSON-schema matcher (``None`` for a free row), and which of its request's ``n`` choices it
+    is."""
 
     matcher: Any = None
+    choice: int = 0
 
 
 @dataclass
@@ -138,7 +147,8 @@ class HFGeneration:
             "logit_bias": tuple(sorted((request.logit_bias or {}).items())),
         }
         if greedy:
-            return Sampling(False, 1.0, 1.0, 50, float(penalty), None, **adjustments)
+            alone = None if request.n == 1 else object()  # n choices: rows of one prompt, a batch of their own
+            return Sampling(False, 1.0, 1.0, 50, float(penalty), None, alone, **adjustments)
         temperature = request.temperature if request.temperature is not None else defaults.temperature
         top_p = request.top_p if request.top_p is not None else defaults.top_p
         top_k = request.top_k if request.top_k is not None else defaults.top_k
@@ -149,7 +159,7 @@ class HFGeneration:
             top_k=int(50 if top_k is None else top_k),
             repetition_penalty=float(penalty),
             seed=request.seed,
-            alone=None if request.seed is None else object(),
+            alone=None if request.seed is None and request.n == 1 else object(),
             min_p=request.min_p,
             **adjustments,
         )
@@ -161,7 +171,11 @@ class HFGeneration:
         fails, each request is run again alone, so only the one that makes it fail gets the error. Out of memory
         (``torch.OutOfMemoryError``), the batch is run again as two halves, each halved again while it runs out,
         down to one row, with a warning each time: only a request that runs out of memory alone gets the error.
+        A request for ``n`` completions is a batch of its own (:meth:`_run_choices`).
         """
+        if len(batch) == 1 and batch[0].request.n > 1:
+            self._run_choices(loaded, batch[0], generate)
+            return
         rows: list[Row] = []
         for entry in batch:
             if entry.cancel.is_set():  # its caller gave up after the batch was formed
@@ -203,6 +217,50 @@ class HFGeneration:
                 row.entry.future.set_result(self._result(loaded, row, outputs, index))
             except BaseException as error:
                 row.entry.future.set_exception(as_inference_error(error, provider=self.provider))
+
+    def _run_choices(self, loaded: LoadedModel, entry: Queued, generate: GenerateRows) -> None:
+        """Answer a request for ``n`` completions: its ``n`` rows in one ``generate``, the prompt computed once (see
+        :meth:`generate_rows`); the result joins them (the prompt counted once). Any choice that fails fails the
+        request."""
+        try:
+            self.slots.applied(loaded, entry.request.adapter_id, entry.request.adapter_scales)
+            first = self._row(loaded, entry)
+            results = self._choices(loaded, first, range(entry.request.n), generate)
+        except BaseException as error:
+            entry.future.set_exception(self._alone_error(error))
+            return
+        if entry.cancel.is_set():
+            _drop(entry, self.provider)
+            return
+        entry.future.set_result(GenerationResult.from_choices(results))
+
+    def _choices(
+        self, loaded: LoadedModel, first: Row, choices: range, generate: GenerateRows
+    ) -> list[GenerationResult]:
+        """The results of ``choices`` of ``first``'s request, as rows of one ``generate``; out of memory, as two
+        halves (each halved again while it runs out), each choice keeping its seed."""
+        request = first.entry.request
+        rows = [
+            replace(first, choice=choice, matcher=None if request.json_schema is None else (
+                self._grammars(loaded).matcher(request.json_schema)))
+            for choice in choices
+        ]
+        try:
+            outputs = generate(loaded, rows)
+        except BaseException as error:
+            if len(rows) == 1 or not out_of_memory(error):
+                raise
+            half = (len(rows) + 1) // 2
+            free_cached_memory()
+            logger.warning(
+                "%s: out of memory generating %d choices of one request: trying again as %d and %d",
+                self.provider, len(rows), half, len(rows) - half,
+            )
+            return [
+                *self._choices(loaded, first, choices[:half], generate),
+                *self._choices(loaded, first, choices[half:], generate),
+            ]
+        return [self._result(loaded, row, outputs, index) for index, row in enumerate(rows)]
 
     def _alone_error(self, error: BaseException) -> BaseException:
         """The error of a request that failed alone (out of memory: a sentence saying what to lower)."""
@@ -249,6 +307,10 @@ class HFGeneration:
 
         Logits processors, in order: the logprob recorder (it sees the model's raw logits), the repetition
         penalty, the JSON-schema masks; then ``generate``'s temperature, top-k and top-p.
+
+        Rows that are the ``n`` choices of one request share their prompt: it is computed once, but its last token
+        (:func:`shared_prompt`), and ``generate`` starts from its keys and values; seeded, each row samples with its
+        own generator (:class:`SeededRows`).
         """
         torch = import_optional("torch", extra="transformers", provider=self.provider)
         transformers = import_optional("transformers", extra="transformers", provider=self.provider)
@@ -303,8 +365,22 @@ class HFGeneration:
         if watch is not None:
             criteria.append(watch)
         applied = [(row.entry.request.adapter_id, row.entry.request.adapter_scales) for row in rows]
+        choices = len(rows) > 1 and all(row.entry is rows[0].entry for row in rows)  # one request's n choices
+        cache: dict[str, Any] = {}
+        own_generators = False  # each row draws with a generator of its own (seeded choices)
+        if choices:
+            cache = shared_prompt(torch, loaded, self.slots, rows[0], len(rows), provider=self.provider)
+            seeded = None
+            if sampling.do_sample and sampling.seed is not None:
+                seeds = [sampling.seed + row.choice for row in rows]
+                seeded = SeededRows.of(torch, transformers, loaded, sampling, seeds)
+            if seeded is not None:
+                processors.append(seeded)
+                config.do_sample = False  # SeededRows draws each row's token; generate takes it (argmax)
+                config.temperature, config.top_p, config.top_k, config.min_p = 1.0, 1.0, 50, None
+            own_generators = seeded is not None
         with self.slots.rows(loaded, applied) as extra, torch.inference_mode():
-            if sampling.seed is not None:
+            if sampling.seed is not None and not own_generators:
                 torch.manual_seed(sampling.seed)
             self.batch_sizes.append(len(rows))
             output = loaded.model.generate(
@@ -313,6 +389,7 @@ class HFGeneration:
                 generation_config=config,
                 stopping_criteria=transformers.StoppingCriteriaList(criteria),
                 logits_processor=transformers.LogitsProcessorList(processors),
+                **cache,
                 **extra,
             )
         new_tokens = output[:, width:]
@@ -388,6 +465,92 @@ class HFGeneration:
             logprobs=logprobs,
             token_ids=tuple(tokens[:completion_tokens]) if request.return_token_ids else None,
         )
+
+
+def shared_prompt(
+    torch: Any, loaded: LoadedModel, slots: PeftSlots, row: Row, rows: int, *, provider: str
+) -> dict[str, Any]:
+    """``generate``'s ``past_key_values`` for ``rows`` rows of ``row``'s prompt: the prompt but its last token, through
+    the model once (with the row's adapters), its keys and values repeated per row; ``{}`` for a one-token prompt.
+
+    Raises:
+        ProviderError: The prompt's hidden state overflowed (an adapter or a scale too large for the model's numbers),
+            as a row whose whole prompt went through ``generate`` would fail.
+    """
+    if len(row.prompt_ids) < 2:
+        return {}
+    request = row.entry.request
+    ids = torch.tensor([row.prompt_ids[:-1]], dtype=torch.long, device=loaded.device)
+    with slots.rows(loaded, [(request.adapter_id, request.adapter_scales)]) as extra, torch.inference_mode():
+        answer = loaded.model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
+    overflowed = loaded.overflow.take() if loaded.overflow is not None else None
+    if overflowed is not None and bool(overflowed.any()):
+        raise non_finite_logits(provider, request.adapters)
+    past = answer.past_key_values
+    past.batch_repeat_interleave(rows)
+    return {"past_key_values": past}
+
+
+class SeededRows:
+    """The last logits processor of a ``generate`` whose rows are one request's seeded choices: each row's token drawn
+    with a generator of its own (``seed + k`` for choice ``k``), its logits returned as that token alone (``generate``
+    runs greedy and takes it).
+
+    The warpers ``generate`` applies when it samples (temperature, top-k, top-p, min-p, in its order) come first,
+    then ``torch.multinomial`` over the softmax, as ``generate`` draws: a row draws what ``torch.manual_seed(seed +
+    k)`` and ``generate`` give a request alone.
+
+    Args:
+        torch: The torch module.
+        warpers: The sampling warpers, in ``generate``'s order.
+        seeds: One seed per row.
+        device: The logits' device.
+    """
+
+    def __init__(self, torch: Any, warpers: list[Any], seeds: list[int], device: Any) -> None:
+        self.torch = torch
+        self.warpers = warpers
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+
+    @classmethod
+    def of(
+        cls, torch: Any, transformers: Any, loaded: LoadedModel, sampling: Sampling, seeds: list[int]
+    ) -> SeededRows | None:
+        """The processor for ``sampling`` (resolved against the model's defaults, as ``generate`` resolves them);
+        ``None`` for a model whose generation config sets a warper this does not apply (typical-p, epsilon or eta
+        sampling): its rows then sample as one batch after ``torch.manual_seed(seed)``, reproducible, but not the
+        choices of single requests."""
+        defaults = loaded.model.generation_config
+        if (
+            (defaults.typical_p or 1.0) < 1.0
+            or (defaults.epsilon_cutoff or 0.0) > 0.0
+            or (defaults.eta_cutoff or 0.0) > 0.0
+            or getattr(defaults, "top_h", None) is not None
+        ):
+            return None
+        warpers: list[Any] = []
+        if sampling.temperature != 1.0:
+            warpers.append(transformers.TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k != 0:
+            warpers.append(transformers.TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+        if sampling.top_p < 1.0:
+            warpers.append(transformers.TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
+        min_p = sampling.min_p if sampling.min_p is not None else loaded.model.generation_config.min_p
+        if min_p is not None:
+            warpers.append(transformers.MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+        return cls(torch, warpers, seeds, loaded.device)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        torch = self.torch
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        chosen = torch.cat([
+            torch.multinomial(probs[row : row + 1], num_samples=1, generator=generator)
+            for row, generator in enumerate(self.generators)
+        ])
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(1, chosen, 0.0)
 
 
 def _steps(loaded: LoadedModel, row: Row, outputs: Outputs, index: int) -> int:

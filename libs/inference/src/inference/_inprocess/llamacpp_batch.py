@@ -26,6 +26,12 @@ Scheduling, in one place:
   with logits asked at the positions it scores, read after each step
   (:class:`~inference._inprocess.llamacpp_scoring.ScoreWork`); a rolling score's windows go one after another
   in its sequence. Concurrent scores, and scores beside generations, share each ``llama_decode``.
+- **Choices.** A request for ``n`` completions (:class:`Branches`) joins as ``n`` sequences at once, when ``n``
+  sequence ids and its cells are free: the first decodes the prompt; at the step that ends it, its cells are shared
+  with the others (``llama_memory_seq_cp``: the same cells, tagged with every sequence), and each samples its first
+  token from the prompt's last logits with its own sampler chain, then goes on alone. The prompt is decoded once
+  (:attr:`ContinuousBatcher.prompt_tokens` counts what is decoded); the request is answered once all ``n`` are done,
+  and fails as a whole.
 - **Cancellation.** A cancelled sequence leaves at the start of the next step. A step that feeds prompt tokens
   (up to ``n_batch`` of them: seconds on a busy CPU) is aborted inside ``llama_decode`` (llama.cpp's abort
   callback, checked between graph nodes) as soon as every sequence in it is cancelled, so a request that comes
@@ -57,7 +63,7 @@ from inference._inprocess.worker import ModelWorker
 from inference.provider import GenerationResult
 from inference.results import ScoreResult
 
-__all__ = ["BatchBackend", "BatchEntry", "ContinuousBatcher", "LoopStarter", "Started"]
+__all__ = ["BatchBackend", "BatchEntry", "Branches", "ContinuousBatcher", "LoopStarter", "Started"]
 
 
 @dataclass(eq=False)
@@ -111,6 +117,28 @@ class Started:
         self.sampler.close()
 
 
+@dataclass(frozen=True)
+class Branches:
+    """What the backend prepared for a request for ``n`` completions: one prompt, a sampler and a completion per
+    choice (choice ``k`` seeded ``seed + k``).
+
+    Attributes:
+        choices: One :class:`Started` per choice, in order, all with the same prompt.
+    """
+
+    choices: tuple[Started, ...]
+
+    @property
+    def cells(self) -> int:
+        """The KV cells they need: the prompt once (its cells are shared), plus each choice's token limit."""
+        return len(self.choices[0].prompt) + sum(choice.completion.limit for choice in self.choices)
+
+    def close(self) -> None:
+        """Release every choice's sampler (on the worker thread)."""
+        for choice in self.choices:
+            choice.close()
+
+
 class BatchBackend(Protocol):
     """What the decode loop asks of the provider (all on the worker thread)."""
 
@@ -120,9 +148,9 @@ class BatchBackend(Protocol):
     def activate(self, adapters: AdapterScales) -> Any:
         """Apply ``adapters`` (``()``: the base model) to the context; return the ``Llama``."""
 
-    def start(self, llama: Any, entry: BatchEntry) -> Started | ScoreWork:
-        """Tokenise and check a request, and build its sampler or its score (raises an inference error to refuse
-        it)."""
+    def start(self, llama: Any, entry: BatchEntry) -> Started | Branches | ScoreWork:
+        """Tokenise and check a request, and build its sampler (its choices' samplers, for ``n > 1``) or its score
+        (raises an inference error to refuse it)."""
 
     def finish(self, entry: BatchEntry, completion: Completion, prompt_tokens: int) -> GenerationResult:
         """The result of a request whose completion is done."""
@@ -136,16 +164,38 @@ class BatchBackend(Protocol):
 
 @dataclass(eq=False)
 class _Sequence:
-    """A request in the loop: its sequence id, its cells and where its tokens are."""
+    """A request in the loop (or one choice of a request for ``n``): its sequence id, its cells and where its tokens
+    are."""
 
     entry: BatchEntry
     seq_id: int
     started: Started | ScoreWork
-    cells: int  # KV cells promised to it: prompt plus token limit
+    cells: int  # KV cells promised to it: prompt plus token limit (a branch: its token limit)
     fed: int = 0  # prompt tokens sent to llama_decode so far
     position: int = 0  # its tokens in the KV cache
     next_token: int | None = None  # sampled, to be decoded at the next step
     row: int = -1  # its logits row in the batch being decoded; -1 when it has none
+    choices: _Choices | None = None  # the request's choices, when it asked for n > 1
+    choice: int = 0  # which of them this sequence is (0 decodes the prompt)
+
+
+@dataclass(eq=False)
+class _Choices:
+    """The sequences of one request for ``n`` completions, and their results as they come."""
+
+    members: list[_Sequence]
+    results: list[GenerationResult | None]
+    branched: bool = False  # the prompt is in, and its cells are shared with every choice
+
+    def branch(self, llama_cpp: Any, llama: Any, lead: _Sequence, running: list[_Sequence]) -> None:
+        """Right after the step that decoded the prompt's last token (``lead``'s): share the prompt's cells with the
+        other choices, which sample their first token from the same logits row."""
+        self.branched = True
+        memory = llama_cpp.llama_get_memory(llama.ctx)
+        for member in self.members[1:]:
+            if member in running:
+                llama_cpp.llama_memory_seq_cp(memory, lead.seq_id, member.seq_id, -1, -1)
+                member.position, member.row = lead.position, lead.row
 
 
 class ContinuousBatcher:
@@ -168,6 +218,8 @@ class ContinuousBatcher:
         self._in_step: list[_Sequence] = []  # the sequences with tokens in the step being decoded
         self.steps = 0
         """``llama_decode`` calls made so far (benchmarks read it)."""
+        self.prompt_tokens = 0
+        """Prompt tokens sent to ``llama_decode`` so far (a request for ``n`` completions: its prompt once)."""
         self.aborted_steps = 0
         """Steps aborted inside ``llama_decode`` because every sequence in them was cancelled."""
 
@@ -247,16 +299,35 @@ class ContinuousBatcher:
                     entry.future.set_exception(error)
                 continue
             cells = started.cells
-            if cells > free_cells:
+            wanted = len(started.choices) if isinstance(started, Branches) else 1
+            if cells > free_cells or wanted > len(free_ids):
                 started.close()
                 break  # it waits for room (it fits an empty context: start() checked)
             self._take(entry)
             if not entry.future.set_running_or_notify_cancel():  # cancelled meanwhile
                 started.close()
                 continue
-            self._running.append(_Sequence(entry, free_ids.pop(0), started, cells))
+            if isinstance(started, Branches):
+                self._running.extend(self._branches(entry, started, [free_ids.pop(0) for _ in range(wanted)]))
+            else:
+                self._running.append(_Sequence(entry, free_ids.pop(0), started, cells))
             free_cells -= cells
         return llama
+
+    @staticmethod
+    def _branches(entry: BatchEntry, branches: Branches, seq_ids: list[int]) -> list[_Sequence]:
+        """The sequences of a request for ``n`` completions: the first decodes the prompt, the others wait for its
+        cells (their prompt counts as fed)."""
+        prompt = len(branches.choices[0].prompt)
+        members = [
+            _Sequence(entry, seq_id, started, started.cells if index == 0 else started.completion.limit,
+                      fed=0 if index == 0 else prompt, choice=index)
+            for index, (seq_id, started) in enumerate(zip(seq_ids, branches.choices, strict=True))
+        ]
+        choices = _Choices(members, [None] * len(members))
+        for member in members:
+            member.choices = choices
+        return members
 
     def _take(self, entry: BatchEntry) -> None:
         with self._lock:
@@ -294,6 +365,7 @@ class ContinuousBatcher:
             prompt = started.prompt
             while sequence.fed < len(prompt) and count < self.n_batch:
                 sequence.fed += 1
+                self.prompt_tokens += 1
                 wanted = started.logits_at(sequence.fed - 1)
                 if wanted and isinstance(started, ScoreWork):
                     started.note(count, sequence.fed - 1)
@@ -315,7 +387,13 @@ class ContinuousBatcher:
             for sequence in list(self._running):
                 self._leave(llama_cpp, llama, sequence, error=error)
             return
+        for sequence in in_step.values():  # a prompt of n choices just in: its cells go to every choice
+            choices = sequence.choices
+            if choices is not None and not choices.branched and sequence.row >= 0:
+                choices.branch(llama_cpp, llama, sequence, self._running)
         for sequence in list(self._running):
+            if sequence not in self._running:
+                continue  # it left with the other choices of its request
             if isinstance(sequence.started, ScoreWork):
                 if sequence.seq_id in in_step:
                     self._scored(backend, llama, sequence, sequence.started)
@@ -392,25 +470,40 @@ class ContinuousBatcher:
     ) -> None:
         """Take a sequence out of the loop: free its cells and sampler, and answer its caller.
 
+        One choice of a request for ``n`` answers it once every choice is done (their results joined, the prompt
+        counted once); one that fails or is abandoned takes the other choices out with it.
+
         A sequence that failed (NaN logits...) may leave NaN in its cells' values, which freeing does not wipe:
         once no sequence runs, the cache is cleared (:func:`~inference._inprocess.llamacpp_logits.clear_memory`).
         """
+        if sequence not in self._running:
+            return  # it left with the other choices of its request
         self._running.remove(sequence)
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llama.ctx), sequence.seq_id, -1, -1)
         sequence.started.close()
         self._stale = self._stale or error is not None
+        choices = sequence.choices
+        if choices is not None and result is not None:
+            assert isinstance(result, GenerationResult)
+            choices.results[sequence.choice] = result
+            done = [one for one in choices.results if one is not None]
+            if len(done) < len(choices.results):
+                return  # the other choices go on
+            result = GenerationResult.from_choices(done)
         if self._stale and not self._running:
             clear_memory(llama_cpp, llama)
             self._stale = False
         future = sequence.entry.future
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        elif result is not None:
-            future.set_result(result)
-        else:  # its caller gave up; nobody reads this
-            future.set_exception(_Abandoned())
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            elif result is not None:
+                future.set_result(result)
+            else:  # its caller gave up; nobody reads this
+                future.set_exception(_Abandoned())
+        if choices is not None and (error is not None or result is None):
+            for member in choices.members:  # the request failed as a whole: its other choices stop too
+                self._leave(llama_cpp, llama, member)
 
 
 _ABORTED = 2

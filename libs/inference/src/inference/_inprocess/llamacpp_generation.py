@@ -4,7 +4,9 @@ and the two ways it runs.
 - :meth:`Generation.alone` runs a request by itself with ``Llama.generate`` (``n_parallel=1``);
 - :class:`LoopBackend` is the provider as the decode loop sees it
   (:class:`~inference._inprocess.llamacpp_batch.BatchBackend`, ``n_parallel > 1``): the same preparation, and a
-  sampler chain of the request's own.
+  sampler chain of the request's own; a request for ``n`` completions gets ``n`` of them
+  (:class:`~inference._inprocess.llamacpp_batch.Branches`: the prompt decoded once, choice ``k`` seeded
+  ``seed + k``, :func:`choice_seeds`).
 
 Either way each sampled token goes to the request's :class:`~inference._inprocess.llamacpp_completion.Completion`,
 which decides when it ends. Sampling: a request's ``None`` settings take llama.cpp's defaults
@@ -21,7 +23,7 @@ from typing import Any
 
 from inference._core.dependencies import import_optional
 from inference._core.validation import AdapterScales, GenerationRequest
-from inference._inprocess.llamacpp_batch import BatchEntry, Started
+from inference._inprocess.llamacpp_batch import BatchEntry, Branches, Started
 from inference._inprocess.llamacpp_completion import Completion, TokenText
 from inference._inprocess.llamacpp_logits import JsonMask, clear_memory
 from inference._inprocess.llamacpp_model import LlamaCppModel
@@ -33,7 +35,16 @@ from inference._inprocess.streaming import PieceSink
 from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
 from inference.provider import GenerationResult
 
-__all__ = ["DEFAULT_SAMPLING", "MAX_SEED", "Generation", "LoopBackend", "seed_fits", "seed_rule"]
+__all__ = [
+    "DEFAULT_SAMPLING",
+    "MAX_SEED",
+    "ChoicesApart",
+    "Generation",
+    "LoopBackend",
+    "choice_seeds",
+    "seed_fits",
+    "seed_rule",
+]
 
 DEFAULT_SAMPLING: dict[str, float] = {
     "temperature": 0.8,
@@ -59,6 +70,19 @@ def seed_rule(seed: int) -> str:
         f"{seed} is out of range for llama.cpp: use an integer in [0, {MAX_SEED}] "
         "(llama.cpp seeds are 32-bit and 4294967295 means a random seed), or None for a fresh random seed"
     )
+
+
+def choice_seeds(request: GenerationRequest, default: int | None) -> list[int | None]:
+    """The sampler seed of each of a request's ``n`` choices: ``seed + k`` for choice ``k`` (the seeds ``n``
+    requests of one completion get), from the request's seed, else the provider's (``default``); ``None`` each
+    (a fresh random seed per choice) when neither is set."""
+    seed = request.seed if request.seed is not None else default
+    return [None if seed is None else seed + index for index in range(request.n)]
+
+
+class ChoicesApart(Exception):
+    """A request for ``n`` completions whose prompt plus ``n`` token limits does not fit the context, although one
+    completion does: its choices are asked for one request each (the provider catches this)."""
 
 
 class Generation:
@@ -99,16 +123,24 @@ class Generation:
                 "shorten it or raise n_ctx (LLAMACPP_N_CTX)",
                 provider=provider,
             )
-        if self._tokens is None or self._tokens.llama is not llama:
-            numpy = import_optional("numpy", provider=provider, extra="llamacpp")
-            self._tokens = TokenText(self.model.llama_cpp(), numpy, llama, provider)
-        mask = self._json_mask(llama, request)
-        return prompt, Completion(request, self._tokens, sink, min(request.max_tokens, room), mask)
+        return prompt, self.completion(llama, request, sink, room)
 
-    def sampling(self, llama: Any, request: GenerationRequest, completion: Completion) -> dict[str, Any]:
-        """The sampler settings of a request, as ``Llama.generate`` takes them; sets the model's seed."""
+    def completion(self, llama: Any, request: GenerationRequest, sink: PieceSink | None, room: int) -> Completion:
+        """A new completion of ``request`` (its JSON mask compiled), with ``room`` cells left after the prompt."""
+        if self._tokens is None or self._tokens.llama is not llama:
+            numpy = import_optional("numpy", provider=self.model.provider, extra="llamacpp")
+            self._tokens = TokenText(self.model.llama_cpp(), numpy, llama, self.model.provider)
+        mask = self._json_mask(llama, request)
+        return Completion(request, self._tokens, sink, min(request.max_tokens, room), mask)
+
+    def sampling(
+        self, llama: Any, request: GenerationRequest, completion: Completion, choice: int = 0
+    ) -> dict[str, Any]:
+        """The sampler settings of a request (of its choice ``choice``, seeded ``seed + choice``), as
+        ``Llama.generate`` takes them; sets the model's seed."""
         llama_cpp = self.model.llama_cpp()
         seed = request.seed if request.seed is not None else self.seed
+        seed = None if seed is None else seed + choice
         llama.set_seed(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
         return {
             "temp": DEFAULT_SAMPLING["temperature"] if request.temperature is None else request.temperature,
@@ -226,13 +258,33 @@ class LoopBackend:
     def activate(self, adapters: AdapterScales) -> Any:
         return self._activate(adapters)
 
-    def start(self, llama: Any, entry: BatchEntry) -> Started | ScoreWork:
+    def start(self, llama: Any, entry: BatchEntry) -> Started | Branches | ScoreWork:
         generation = self.generation
-        if isinstance(entry.request, ScoreJob):
-            return start_score(generation.prompts, llama, entry.request)
-        prompt, completion = generation.prepare(llama, entry.request, entry.sink)
-        sampling = generation.sampling(llama, entry.request, completion)
-        sampler = llama._init_sampler(  # the chain Llama.generate builds, seeded with the request's seed
+        request = entry.request
+        if isinstance(request, ScoreJob):
+            return start_score(generation.prompts, llama, request)
+        prompt, completion = generation.prepare(llama, request, entry.sink)
+        if request.n == 1:
+            return Started(prompt, self._sampler(llama, request, completion, 0), completion)
+        n_ctx = generation.model.settings.n_ctx
+        if len(prompt) + request.n * completion.limit > n_ctx:
+            raise ChoicesApart  # one completion fits (prepare checked), n of them beside one prompt do not
+        completions = [completion]
+        completions += [generation.completion(llama, request, None, n_ctx - len(prompt)) for _ in range(request.n - 1)]
+        started: list[Started] = []
+        try:
+            for choice, each in enumerate(completions):
+                started.append(Started(prompt, self._sampler(llama, request, each, choice), each))
+        except BaseException:
+            for made in started:
+                made.close()
+            raise
+        return Branches(tuple(started))
+
+    def _sampler(self, llama: Any, request: GenerationRequest, completion: Completion, choice: int) -> Any:
+        """The chain ``Llama.generate`` builds, seeded with the request's seed (``+ choice`` for its choice)."""
+        sampling = self.generation.sampling(llama, request, completion, choice)
+        return llama._init_sampler(
             top_k=sampling["top_k"],
             top_p=sampling["top_p"],
             min_p=sampling["min_p"],
@@ -242,7 +294,6 @@ class LoopBackend:
             presence_penalty=sampling["presence_penalty"],
             logits_processor=sampling["logits_processor"],
         )
-        return Started(prompt, sampler, completion)
 
     def finish(self, entry: BatchEntry, completion: Completion, prompt_tokens: int) -> GenerationResult:
         return completion.result(model=self.generation.model.name, prompt_tokens=prompt_tokens)

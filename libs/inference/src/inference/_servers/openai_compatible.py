@@ -22,6 +22,7 @@ subclass gives its name, its settings (in :mod:`inference.registry`) and its par
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -84,12 +85,15 @@ class OpenAICompatibleProvider(InferenceProvider):
         server_label: What the server is called in messages (``"vLLM"``).
         env_prefix: Prefix of the provider's environment variables (``"VLLM"``), for hints.
         model_hint: What to do when the server does not serve the model asked for.
+        greedy_n: The server takes ``n > 1`` with temperature 0. vLLM refuses it ("n must be 1 when using greedy
+            sampling"): its greedy choices are asked one request each (its prefix cache shares their prompt).
     """
 
     server_label: ClassVar[str] = "OpenAI-compatible server"
     env_prefix: ClassVar[str] = "OPENAI"
     options: ClassVar[OptionMap] = OPENAI_OPTIONS
     model_hint: ClassVar[str] = "use a model the server serves; GET /v1/models lists them"
+    greedy_n: ClassVar[bool] = True
 
     def __init__(self, arguments: Mapping[str, Any] | None = None) -> None:
         super().__init__(arguments)
@@ -133,37 +137,96 @@ class OpenAICompatibleProvider(InferenceProvider):
     # Generation -----------------------------------------------------------------------------------------
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        """One request: its answer's choices (``n`` of them, with the server's usage), the missing ones asked for
+        one request each where the server answered fewer (:meth:`_more_choices`)."""
+        if request.n > 1 and not self.greedy_n and request.temperature is not None and request.temperature < _GREEDY:
+            return GenerationResult.from_choices(
+                await self._more_choices(request, 0, f"{self.server_label} refuses n > 1 with greedy sampling")
+            )
         async with self._chat(request, stream=False) as (replica, route, completion):
             try:
-                choice = completion["choices"][0]
-                message = choice["message"] if route == CHAT else None
-                text = (message.get("content") if message is not None else choice.get("text")) or ""
-                if not isinstance(text, str):
-                    raise TypeError(f"the answer's text is {type(text).__name__}, not text")
                 usage = completion.get("usage")
                 # A server that reports no usage: the completion tokens are unknown too, so 0 as before, and
                 # the prompt's tokens are None, as in a stream without usage.
                 prompt_tokens: int | None
                 prompt_tokens, completion_tokens = token_counts(usage) if usage is not None else (None, 0)
                 answered_model = model_name(completion.get("model"), request)
-                finish_reason = choice.get("finish_reason")
-                reasoning = reasoning_of(message) if message is not None else ""
-                tool_calls = tool_calls_of(message, request) if message is not None else []
-                logprobs = (
-                    self._logprobs(replica, request, LOGPROB_READERS[route](choice.get("logprobs"), request.logprobs),
-                                   completion_tokens)
-                    if request.logprobs is not None
-                    else None
-                )
-                token_ids = returned_token_ids(choice.get("token_ids")) if request.return_token_ids else None
+                choices = sorted(completion["choices"], key=_choice_index)[: request.n]
+                if not choices:
+                    raise IndexError("no choices")
+                alone = completion_tokens if len(choices) == 1 else None  # usage counts one choice's tokens
+                results = [
+                    self._choice(replica, request, route, choice, answered_model, prompt_tokens, alone,
+                                 completion_tokens)
+                    for choice in choices
+                ]
             except (AttributeError, IndexError, KeyError, TypeError) as error:
                 raise replica.http.protocol_error(
                     operation_of(request), f"an answer that is not a {route} completion ({error!r})"
                 ) from error
-        return generation_result(
-            request, text, answered_model, finish_reason, prompt_tokens, completion_tokens, logprobs, reasoning,
-            tool_calls, token_ids,
+        if request.n == 1:
+            return results[0]
+        if len(results) < request.n:
+            more = await self._more_choices(
+                request, len(results), f"{replica.http.where} answered {len(results)} of the {request.n} choices"
+            )
+            results += more
+            completion_tokens += sum(result.completion_tokens for result in more)
+        return GenerationResult.from_choices(results, usage=(prompt_tokens, completion_tokens))
+
+    def _choice(
+        self,
+        replica: Replica,
+        request: GenerationRequest,
+        route: str,
+        choice: Any,
+        answered_model: str,
+        prompt_tokens: int | None,
+        tokens: int | None,
+        all_tokens: int,
+    ) -> GenerationResult:
+        """One choice of an answer as a result. Its completion tokens are ``tokens`` (the usage of an answer of one
+        choice), else as many as its ``token_ids`` (vLLM's, asked for with ``n``); else unknown: 0, and its
+        ``token_count`` ``None`` (the server counts only the whole answer: ``all_tokens``)."""
+        message = choice["message"] if route == CHAT else None
+        text = (message.get("content") if message is not None else choice.get("text")) or ""
+        if not isinstance(text, str):
+            raise TypeError(f"the answer's text is {type(text).__name__}, not text")
+        ids = choice.get("token_ids")
+        counted = tokens is None and ids is not None  # vLLM's, asked for with n
+        token_ids = returned_token_ids(ids) if request.return_token_ids or counted else None
+        if tokens is None and token_ids is not None:
+            tokens = len(token_ids)
+        logprobs = (
+            self._logprobs(replica, request, LOGPROB_READERS[route](choice.get("logprobs"), request.logprobs),
+                           all_tokens if tokens is None else tokens)
+            if request.logprobs is not None
+            else None
         )
+        result = generation_result(
+            request,
+            text,
+            answered_model,
+            choice.get("finish_reason"),
+            prompt_tokens,
+            tokens or 0,
+            logprobs,
+            reasoning_of(message) if message is not None else "",
+            tool_calls_of(message, request) if message is not None else [],
+            token_ids,
+        )
+        return result if tokens is not None else dataclasses.replace(result, token_count=None)
+
+    async def _more_choices(self, request: GenerationRequest, have: int, why: str) -> list[GenerationResult]:
+        """The choices ``have`` to ``n - 1`` of a request, one request of one completion each, at once (seeds
+        ``seed + have``..., as :class:`~inference.options.ByRequests` gives them): where the answer held only
+        ``have`` (a server that ignores ``n``: llama_cpp.server, Ollama's ``/v1``), or the server refuses its ``n``
+        (``why``)."""
+        from inference._core.batches import all_or_none
+
+        self._logger.debug("%s: asking for choices %d to %d one request each", why, have, request.n - 1)
+        seeds = [None if request.seed is None else request.seed + index for index in range(have, request.n)]
+        return await all_or_none([self._generate(dataclasses.replace(request, n=1, seed=seed)) for seed in seeds])
 
     def _logprobs(
         self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int
@@ -466,3 +529,13 @@ class OpenAICompatibleProvider(InferenceProvider):
             f"{answer.where} does not serve model {quoted_model(answer) or request.model!r} ({answer.message}): "
             f"{self.model_hint}",
         )
+
+
+_GREEDY = 1e-5
+"""A temperature below this is greedy sampling (vLLM's ``_SAMPLING_EPS``)."""
+
+
+def _choice_index(choice: Any) -> int:
+    """A choice's ``index`` (its place among the ``n``); a choice without one keeps its place (sorting is stable)."""
+    index = choice.get("index") if isinstance(choice, Mapping) else None
+    return index if isinstance(index, int) and not isinstance(index, bool) else 0

@@ -84,7 +84,12 @@ OPENAI_OPTIONS: OptionMap = {
     "tools": Sent("tools", "OpenAI's function tools, on the chat route; a server parses the model's calls with its "
                   "tool parser (vLLM: --enable-auto-tool-choice --tool-call-parser NAME for tool_choice auto)"),
     "tool_choice": Sent("tool_choice", "a named tool or required: the server constrains the arguments to the schema"),
-    "n": ByRequests(),
+    "n": Sent(
+        "n",
+        "the server makes the n choices of one prompt; the result's counts are its usage (the prompt once), a "
+        "choice's are unknown where it reports none (OpenAI); a server that answers fewer choices "
+        "(llama_cpp.server ignores n) is asked for the rest one request each, seeds seed + k",
+    ),
     "presence_penalty": Sent("presence_penalty"),
     "frequency_penalty": Sent("frequency_penalty"),
     "min_p": Sent("min_p", "an extension field (vLLM, SGLang, llama.cpp); OpenAI refuses it"),
@@ -214,8 +219,12 @@ def request_arguments(
         arguments["tools"] = [dict(tool) for tool in request.tools]
         if request.tool_choice is not None:
             arguments["tool_choice"] = request.tool_choice
-    if request.return_token_ids and isinstance(returned := fields["return_token_ids"], Sent):
-        arguments[returned.field] = True
+    several = False  # n choices in one answer: the server's own n
+    if request.n > 1 and isinstance(choices := fields["n"], Sent) and not isinstance(choices, ByRequests):
+        arguments[choices.field] = request.n
+        several = True
+    if (request.return_token_ids or several) and isinstance(returned := fields["return_token_ids"], Sent):
+        arguments[returned.field] = True  # with n: each choice's ids count its tokens (usage sums them all)
     if request.logit_bias and isinstance(fields["logit_bias"], Sent):
         arguments["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
     for name in _TEMPLATE_FIELDS:
