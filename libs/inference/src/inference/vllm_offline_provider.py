@@ -126,7 +126,7 @@ class VLLMOfflineProvider(InferenceProvider):
         "seed": Sent("SamplingParams.seed"),
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
-        "json_schema": Sent("SamplingParams.structured_outputs"),
+        "json_schema": Sent("SamplingParams.structured_outputs", "compact JSON (disable_any_whitespace), as in process"),
         "n": Sent(
             "SamplingParams.n",
             "vLLM's n: one engine request whose children share the prompt, seeds seed, seed + 1, ... (the choices of "
@@ -394,7 +394,11 @@ class VLLMOfflineProvider(InferenceProvider):
         if request.logit_bias:
             arguments["logit_bias"] = dict(request.logit_bias)
         if request.json_schema is not None:
-            arguments["structured_outputs"] = sampling.StructuredOutputsParams(json=dict(request.json_schema))
+            # compact JSON, as llguidance compiles it in process: free whitespace would let a model fill max_tokens
+            # with it (a random one does), and the same request would read other tokens than on Transformers
+            arguments["structured_outputs"] = sampling.StructuredOutputsParams(
+                json=dict(request.json_schema), disable_any_whitespace=True
+            )
         try:
             return sampling.SamplingParams(**arguments)
         except (ValueError, TypeError) as error:
