@@ -126,7 +126,7 @@ class VLLMOfflineProvider(InferenceProvider):
         "seed": Sent("SamplingParams.seed"),
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
-        "json_schema": Sent("SamplingParams.structured_outputs", "compact JSON (disable_any_whitespace), as in process"),
+        "json_schema": Sent("SamplingParams.structured_outputs", "compact JSON (disable_any_whitespace)"),
         "n": Sent(
             "SamplingParams.n",
             "vLLM's n: one engine request whose children share the prompt, seeds seed, seed + 1, ... (the choices of "
