@@ -126,7 +126,7 @@ class VLLMOfflineProvider(InferenceProvider):
         "seed": Sent("SamplingParams.seed"),
         "top_k": Sent("SamplingParams.top_k"),
         "logprobs": Sent("SamplingParams.logprobs"),
-        "json_schema": Sent("SamplingParams.structured_outputs", "compact JSON (disable_any_whitespace)"),
+        "json_schema": Sent("SamplingParams.structured_outputs", "llguidance, compact JSON (engine's backend)"),
         "n": Sent(
             "SamplingParams.n",
             "vLLM's n: one engine request whose children share the prompt, seeds seed, seed + 1, ... (the choices of "
@@ -394,11 +394,7 @@ class VLLMOfflineProvider(InferenceProvider):
         if request.logit_bias:
             arguments["logit_bias"] = dict(request.logit_bias)
         if request.json_schema is not None:
-            # compact JSON, as llguidance compiles it in process: free whitespace would let a model fill max_tokens
-            # with it (a random one does), and the same request would read other tokens than on Transformers
-            arguments["structured_outputs"] = sampling.StructuredOutputsParams(
-                json=dict(request.json_schema), disable_any_whitespace=True
-            )
+            arguments["structured_outputs"] = sampling.StructuredOutputsParams(json=dict(request.json_schema))
         try:
             return sampling.SamplingParams(**arguments)
         except (ValueError, TypeError) as error:
@@ -574,6 +570,11 @@ class VLLMOfflineProvider(InferenceProvider):
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "disable_log_stats": True,
             "max_logprobs": -1,  # next_token_logprobs asks for every token's (a request's logprobs stay its own)
+            # JSON as llguidance compiles it in process (the same library, compact): free whitespace would let a model
+            # fill max_tokens with it (a random one does), and a request would read other tokens than on Transformers
+            "structured_outputs_config": import_optional("vllm.config", provider=self.name).StructuredOutputsConfig(
+                backend="guidance", disable_any_whitespace=True
+            ),
             **({"max_model_len": self.max_model_len} if self.max_model_len is not None else {}),
             **self._engine_arguments,
         }
