@@ -215,7 +215,9 @@ def record_batch_steps(provider: Any, monkeypatch: pytest.MonkeyPatch, give_up: 
     steps: list[int] = []
     real = provider._generate_rows
     real_check = RowsCancelled.__call__
-    calls: dict[int, int] = {}
+    # Keyed by the criterion itself, not its id(): a finished batch's criterion can be freed and a later one
+    # given the same id, whose count would then start past GIVE_UP_AT and never give up.
+    calls: dict[RowsCancelled, int] = {}
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         outputs = real(*args, **kwargs)
@@ -224,8 +226,8 @@ def record_batch_steps(provider: Any, monkeypatch: pytest.MonkeyPatch, give_up: 
 
     def check(self: RowsCancelled, input_ids: Any, scores: Any, **kwargs: Any) -> Any:  # after every token
         if any(entry.request.max_tokens == TF_LONG for entry in self.entries):
-            calls[id(self)] = calls.get(id(self), 0) + 1
-            give_up.reached(calls[id(self)])
+            calls[self] = calls.get(self, 0) + 1
+            give_up.reached(calls[self])
         return real_check(self, input_ids, scores, **kwargs)
 
     monkeypatch.setattr(provider, "_generate_rows", recording)
