@@ -1,8 +1,9 @@
 """Transformers: the choices of a multiple-choice item read their shared context once, and score as if alone.
 
 An evaluation scores one context with N continuations per item (and per adapter). The provider computes the
-context once per adapter and branches the continuations from its keys and values; a user sees the same
-log-likelihoods as when each pair is scored alone (within 1e-5), in order, with a bad pair's error in its place.
+context once per adapter (one packed row: the context, then every choice, each seeing the context and itself); a
+user sees the same log-likelihoods as when each pair is scored alone (within 1e-5, or float32's resolution of a
+large sum), in order, with a bad pair's error in its place.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ async def test_shared_contexts_score_as_the_pairs_alone_in_order_with_errors_in_
                 assert isinstance(mine, InvalidRequestError) and isinstance(reference, InvalidRequestError)
                 continue
             assert isinstance(mine, ScoreResult) and isinstance(reference, ScoreResult), (adapter_id, index, mine)
-            assert mine.logprob == pytest.approx(reference.logprob, abs=1e-5), (adapter_id, pairs[index])
+            # 1e-5, or float32's own resolution of the sum where that is coarser (its spacing is 1.5e-5 between
+            # 128 and 256: a 30-token continuation's -146 cannot be told apart more finely).
+            assert mine.logprob == pytest.approx(reference.logprob, abs=1e-5, rel=2e-7), (adapter_id, pairs[index])
             assert (mine.num_tokens, mine.is_greedy, mine.adapter_id) == (
                 reference.num_tokens,
                 reference.is_greedy,

@@ -43,7 +43,7 @@ from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check
 from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache, load_model, loaded_model
 from inference._inprocess.hf_prefix_cache import PrefixCache
 from inference._inprocess.hf_prompt import model_chat_template
-from inference._inprocess.hf_scoring import HFScoring, ScoreCall
+from inference._inprocess.hf_scoring import PASSES_PER_BATCH, HFScoring, ScoreCall
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceSink, stream_from_worker
@@ -343,7 +343,8 @@ class TransformersProvider(InProcessProvider[str]):
         """Score batches of waiting score calls, oldest first, until ``entry`` has its answer."""
         loaded = self._ensure_loaded()
         while not entry.future.done():
-            batch = self._score_queue.next_batch(first=lambda call: call.adapter_id)
+            most = PASSES_PER_BATCH * self.max_batch_size
+            batch = self._score_queue.next_batch(first=lambda call: call.adapter_id, most=most)
             if batch:
                 self._scoring.run_batch(loaded, batch)
 

@@ -96,6 +96,7 @@ class BatchQueue(Generic[RequestT, ResultT]):
         self,
         key_of: Callable[[RequestT], Hashable] | None = None,
         first: Callable[[RequestT], Hashable] | None = None,
+        most: int | None = None,
     ) -> list[PendingRequest[RequestT, ResultT]]:
         """Wait for the oldest request's window, then return it and the compatible requests behind it.
 
@@ -105,9 +106,12 @@ class BatchQueue(Generic[RequestT, ResultT]):
             first: Orders a batch: the compatible requests whose ``first`` equals the oldest's go before the
                 others (each part oldest first), so a batch is as uniform as the waiting requests allow (a
                 forward pass of one adapter skips PEFT's mixed-adapter path). ``None``: oldest first.
+            most: Take up to this many requests (at least ``max_batch_size``) once ``max_batch_size`` are waiting
+                or the window has passed: a caller that cuts its own passes (scoring sorts rows by adapter and
+                length) gets more to sort from. ``None``: ``max_batch_size``.
 
         Returns:
-            Up to ``max_batch_size`` compatible requests, each future marked running (so callers can no
+            Up to ``most`` (``max_batch_size``) compatible requests, each future marked running (so callers can no
             longer cancel it); an empty list when nothing is waiting.
         """
         with self._condition:
@@ -126,7 +130,7 @@ class BatchQueue(Generic[RequestT, ResultT]):
                 if first is not None:
                     wanted = first(head.request)
                     group.sort(key=lambda entry: first(entry.request) != wanted)  # stable: oldest first in each
-                group = group[: self.max_batch_size]
+                group = group[: max(most or 0, self.max_batch_size)]
                 remaining = head.enqueued_at + self.window_s - time.monotonic()
                 if len(group) >= self.max_batch_size or remaining <= 0:
                     break

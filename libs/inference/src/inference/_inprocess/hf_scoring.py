@@ -26,12 +26,18 @@ from inference._core.validation import AdapterScales, ScoreRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.batching import PendingRequest
 from inference._inprocess.hf_model import LoadedModel, as_inference_error
-from inference._inprocess.hf_shared_context import SharedGroup, score_groups, shared_context_groups
+from inference._inprocess.hf_shared_context import (
+    SharedGroup,
+    packed_length,
+    packing_limit,
+    score_groups,
+    shared_context_groups,
+)
 from inference._inprocess.peft_slots import PeftSlots
 from inference.exceptions import ProviderError
 from inference.results import ScoreResult
 
-__all__ = ["HFScoring", "ScoreCall", "right_padded_pass"]
+__all__ = ["LOGITS_BUDGET", "PASSES_PER_BATCH", "HFScoring", "ScoreCall", "fits", "right_padded_pass"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,14 @@ class ScoreCall:
         """The adapter the call scores with (``None``: the base model)."""
         return self.request.adapter_id
 
+
+PASSES_PER_BATCH = 8
+"""A batch of score calls takes up to this many forward passes' worth of the calls waiting: sorted by adapter and
+length before they are cut into passes, they pad less, their passes mostly apply one adapter, and a
+multiple-choice item's choices meet in one batch."""
+
+LOGITS_BUDGET = 1 << 28
+"""The most logits (rows x kept positions x vocabulary) one shared-context pass computes: 1 GiB in float32."""
 
 QueuedScore = PendingRequest[ScoreCall, ScoreResult]
 """A score call on its way to the worker."""
@@ -81,7 +95,8 @@ class HFScoring:
         totals: dict[int, tuple[float, int, bool]] = {}
         failed: dict[int, BaseException] = {}
         rows = self._score_shared(loaded, batch, rows, totals, failed)
-        rows.sort(key=lambda item: len(item[1].tokens), reverse=True)  # similar lengths pad less
+        # One adapter per pass where the rows allow, and similar lengths (less padding) within it.
+        rows.sort(key=lambda item: (batch[item[0]].request.adapter_id or "", -len(item[1].tokens)))
         for begin in range(0, len(rows), self.max_batch_size):
             chunk = rows[begin : begin + self.max_batch_size]
             if any(batch[index].cancel.is_set() or index in failed for index, _ in chunk):
@@ -150,14 +165,15 @@ class HFScoring:
         torch = import_optional("torch", extra="transformers", provider=self.provider)
         alone = [row for row in rows if batch[row[0]].request.rolling]
         plain = [row for row in rows if not batch[row[0]].request.rolling]
-        groups, left = shared_context_groups([(batch[index].request.adapter_id, seq) for index, seq in plain])
+        groups, left = shared_context_groups(
+            [(batch[index].request.adapter_id, seq) for index, seq in plain], packing_limit(loaded)
+        )
         alone.extend(plain[position] for position in left)
         chunk: list[SharedGroup] = []
         for number, group in enumerate(groups):
             chunk.append(group)
             ahead = groups[number + 1] if number + 1 < len(groups) else None
-            members = sum(len(member.members) for member in chunk)
-            if ahead is not None and members + len(ahead.members) <= self.max_batch_size:
+            if ahead is not None and len(chunk) < self.max_batch_size and fits(loaded, [*chunk, ahead]):
                 continue
             try:
                 with torch.inference_mode():
@@ -221,6 +237,13 @@ class HFScoring:
                     usable = usable and bool((highest > lowest).all())
                 results.append((math.fsum(logprobs.double().tolist()) if usable else math.nan, len(targets), greedy))
         return results
+
+
+def fits(loaded: LoadedModel, groups: Sequence[SharedGroup]) -> bool:
+    """Whether one pass over ``groups`` keeps its logits under :data:`LOGITS_BUDGET` (a large vocabulary times
+    every position of a packed row adds up)."""
+    width = max(packed_length(group) for group in groups)
+    return len(groups) * width * max(len(loaded.tokenizer), 1) <= LOGITS_BUDGET
 
 
 def right_padded_pass(
