@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,20 +20,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from inference._core.paths import expand_path, path_identity
 from inference._core.validation import GenerationRequest, TokenRequest
 from inference._servers.http import ServerClient
+from inference._servers.llama_server_templates import LlamaServerTemplates, TemplateFromProps
 from inference._servers.llama_server_tokens import LlamaServerTokens, distribution_fields
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
-from inference._servers.routes import RouteChoice
 from inference.adapters.gguf import convert_peft_to_gguf_cached
 from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     AdapterNotFoundError,
     InvalidAdapterError,
-    InvalidRequestError,
     ProviderError,
     ProviderUnavailableError,
-    UnsupportedOperationError,
 )
 from inference.messages import has_tool_turns
 from inference.options import ByRequests, OptionMap, Refused, Sent
@@ -47,12 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["LlamaCppServerProvider", "ServedAdapter"]
 
 _LORA_HINT = "--lora-init-without-apply"
-
-FALLBACK_TEMPLATE = (
-    "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n'"
-    " -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' -}}\n{%- endif -%}"
-)
-"""The ChatML template llama-server reports (and uses) for a model whose GGUF has none."""
 
 RESTART_ATTEMPTS = 3
 """Times a request is sent, each time with the adapter list read again, while its answers come from another server
@@ -116,7 +108,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     ``"required"``. What llama-server would get wrong without a word is refused before anything is generated: a
     server started with ``--no-jinja`` (:class:`~inference.exceptions.InvalidRequestError`), a template that renders
     no tool calls (``GET /props``) and tools with a ``json_schema``
-    (:class:`~inference.exceptions.UnsupportedOperationError`; see :meth:`_tool_arguments`).
+    (:class:`~inference.exceptions.UnsupportedOperationError`; see ``LlamaServerTemplates.tool_arguments``).
 
     Args:
         base_url: The server's URL (``http://HOST:PORT``, with or without ``/v1``), or several (replicas started
@@ -186,11 +178,10 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         for replica in self._replicas:  # the OpenAI-compatible routes, whether base_url ends with /v1 or not
             replica.urls = {CHAT: f"{replica.root}/v1/chat/completions", COMPLETIONS: f"{replica.root}/v1/completions"}
         self.adapter_cache_dir = expand_path(self._settings["adapter_cache_dir"] or "~/.cache/inference-adapters")
-        self._props: dict[str, dict[str, Any]] = {}  # replica URL -> its GET /props
-        self._jinja: dict[str, bool] = {}  # replica URL -> whether it renders templates with Jinja
+        self._templates = LlamaServerTemplates()
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
-        self._route_choice = _TemplateFromProps(self._server_props)
-        self._tokens = LlamaServerTokens(self._replicas, self._server_props)
+        self._route_choice = TemplateFromProps(self._templates.props)
+        self._tokens = LlamaServerTokens(self._replicas, self._templates.props)
 
     async def served_adapters(self) -> list[ServedAdapter]:
         """The adapters the (first) server loaded at start, read again from ``GET /lora-adapters``."""
@@ -227,9 +218,10 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             ProviderUnavailableError: The server kept restarting between the adapter list and the answer.
         """
         if "chat_template_kwargs" in arguments:  # a server without Jinja would ignore them without a word
-            await self._require_jinja(replica, "it would ignore chat_template_kwargs and thinking without a word")
+            why = "it would ignore chat_template_kwargs and thinking without a word"
+            await self._templates.require_jinja(replica, why)
         if "tools" in arguments or (isinstance(request.prompt, tuple) and has_tool_turns(request.prompt)):
-            arguments = await self._tool_arguments(replica, request, arguments)
+            arguments = await self._templates.tool_arguments(replica, request, arguments)
         stream = bool(arguments.get("stream"))
         held = contextlib.AsyncExitStack()  # the connection, until the answer is read (a stream: until it is closed)
         pinned = await held.enter_async_context((http or replica.http).one_connection())
@@ -389,94 +381,6 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self._matched[adapter_id] = entry.path
         return entry.path
 
-    async def _server_props(self, replica: Replica) -> dict[str, Any]:
-        """``GET /props`` of the replica, read once (the chat template, the model's path)."""
-        props = self._props.get(replica.base_url)
-        if props is None:
-            operation = "read the server's properties"
-            response = await replica.http.request("GET", f"{replica.root}/props", operation=operation)
-            body = replica.http.parse_json(response, operation=operation)
-            props = self._props[replica.base_url] = body if isinstance(body, dict) else {}
-        return props
-
-    async def _tool_arguments(
-        self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]
-    ) -> dict[str, Any]:
-        """``arguments`` as llama-server takes the request's tools, checked against what the replica can do.
-
-        llama-server reads tools (and renders a conversation's tool calls) only with Jinja. Without a word, where
-        the model's template renders no tool calls (``GET /props`` says so in ``chat_template_caps``) it leaves the
-        tools out of the prompt and answers in text, and renders a conversation's calls as empty turns; it applies
-        a ``json_schema`` instead of the tools. It refuses logprobs with tools in a stream (a 400). A named
-        ``tool_choice`` it would take as ``"auto"`` (it reads only a string there, logging a warning), so that is
-        sent as ``tools=[that tool]``, ``tool_choice="required"`` and ``parallel_tool_calls=false``: one call of
-        that tool.
-
-        Raises:
-            InvalidRequestError: The replica renders without Jinja.
-            UnsupportedOperationError: Its template renders no tool calls, or the request asks for tools with a
-                ``json_schema`` or streams logprobs with them (another provider may: a fallback moves on).
-        """
-        await self._require_jinja(
-            replica, "it refuses tools, and would render an assistant turn's tool calls as an empty turn"
-        )
-        tools = arguments.get("tools") or []
-        choice = arguments.get("tool_choice")
-        calls_tools = bool(tools) and choice != "none"
-        if tools and arguments.get("stream") and arguments.get("logprobs"):
-            raise UnsupportedOperationError(
-                f"llama-server at {replica.root} does not stream logprobs with tools (it refuses the request): "
-                "ask without logprobs, or generate instead of stream",
-                provider=self.name,
-            )
-        if calls_tools and request.json_schema is not None:
-            raise UnsupportedOperationError(
-                f"llama-server at {replica.root} applies a json_schema instead of the tools (its answer is JSON "
-                "text, never a call, without a word): ask with tools or with json_schema, not both (or with "
-                "tool_choice 'none')",
-                provider=self.name,
-            )
-        turns = isinstance(request.prompt, tuple) and has_tool_turns(request.prompt)
-        caps = (await self._server_props(replica)).get("chat_template_caps")
-        if (calls_tools or turns) and isinstance(caps, dict) and caps.get("supports_tool_calls") is False:
-            what = "ignore the tools and answer in text" if calls_tools else "render the tool calls as empty turns"
-            raise UnsupportedOperationError(
-                f"llama-server at {replica.root} has a chat template that renders no tool calls (GET /props: "
-                f"chat_template_caps.supports_tool_calls is false), so it would {what} without a word: start it "
-                "with --chat-template-file FILE, a template that renders tools and tool calls (the model's "
-                "tool-use template), or send this request to another provider",
-                provider=self.name,
-            )
-        if calls_tools and isinstance(choice, Mapping):
-            name = choice["function"]["name"]
-            named = [tool for tool in tools if tool["function"]["name"] == name]
-            return {**arguments, "tools": named, "tool_choice": "required", "parallel_tool_calls": False}
-        return arguments
-
-    async def _require_jinja(self, replica: Replica, why: str) -> None:
-        """Refuse, saying ``why``, what needs Jinja on a replica that renders chat templates without it
-        (``--no-jinja``).
-
-        Asked once per replica: ``POST /apply-template`` with a tool only renders the prompt, and a server without
-        Jinja refuses any tool (``"tools param requires --jinja flag"``); ``/props`` does not say.
-        """
-        jinja = self._jinja.get(replica.base_url)
-        if jinja is None:
-            probe = {"messages": [{"role": "user", "content": "x"}], "tools": [
-                {"type": "function", "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}}}
-            ]}
-            response = await replica.http.request(
-                "POST", f"{replica.root}/apply-template", operation="ask whether the server renders with Jinja",
-                json_body=probe, ok_statuses=frozenset({400, 404, 500, 501}),
-            )
-            jinja = self._jinja[replica.base_url] = response.status_code == 200
-        if not jinja:
-            raise InvalidRequestError(
-                f"llama-server at {replica.root} renders chat templates without Jinja (started with --no-jinja, or "
-                f"too old for /apply-template), so {why}: start it with --jinja (its default), or leave them out",
-                provider=self.name,
-            )
-
     async def _read_served(
         self, replica: Replica, http: ServerClient | None = None, *, again: bool = True
     ) -> list[ServedAdapter]:
@@ -512,7 +416,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                 return entry
         local: Path | None = Path(identity)
         if local is not None and local.is_dir():
-            model_path = (await self._server_props(replica)).get("model_path")
+            model_path = (await self._templates.props(replica)).get("model_path")
             if not isinstance(model_path, str) or not Path(model_path).is_file():
                 return None  # the base model is not readable here: nothing to convert for
             cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)
@@ -531,23 +435,6 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         if path.is_dir():
             return f"<the GGUF of `inference convert-adapter {adapter_path} --base <the server's model>`>"
         return adapter_path
-
-
-class _TemplateFromProps(RouteChoice):
-    """Chat when the server's model has a chat template of its own (``GET /props``), else plain-text completions.
-
-    For a model without one, llama-server reports (and chats with) its ChatML fallback: that template counts as
-    none, so such a model reads the same text as in the in-process provider.
-    """
-
-    def __init__(self, props: Callable[[Replica], Awaitable[dict[str, Any]]]) -> None:
-        self._props = props
-
-    async def route(self, replica: Replica, request: GenerationRequest) -> str:
-        template = (await self._props(replica)).get("chat_template")
-        if not isinstance(template, str) or not template.strip() or template.strip() == FALLBACK_TEMPLATE:
-            return COMPLETIONS
-        return CHAT
 
 
 class _HeldEvents:

@@ -427,8 +427,8 @@ class InferenceProvider(ScoringProvider):
         asked = _asked_adapter(request)
 
         def checked(one: GenerationResult) -> GenerationResult:
-            one = self._reasoning_apart(request, self._finished(one))
-            one = self._called_as_forced(request, one if plan is None else plan.read(one))
+            one = self._reasoning_apart(request, _finished(one, self.name))
+            one = _called_as_forced(request, one if plan is None else plan.read(one), self.name)
             return _as_asked(self._kept_to_schema(request, one), asked)
 
         if result.choices is None:
@@ -437,21 +437,6 @@ class InferenceProvider(ScoringProvider):
         first = choices[0]  # the result reads as its first choice (reasoning apart there too)
         answer = _as_asked(result, asked)
         return dataclasses.replace(answer, text=first.text, reasoning=first.reasoning, choices=choices)
-
-    def _called_as_forced(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
-        """Refuse a result without a tool call for a request whose ``tool_choice`` forces one (``"required"`` or a
-        named tool): a backend that ignored the choice (llama_cpp.server ignores ``"required"``) never passes its
-        text off as an answer to it."""
-        forced = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
-        if not forced or not request.tools or result.tool_calls:
-            return result
-        raise ProviderError(
-            f"{type(self).__name__}'s backend answered without a tool call although tool_choice="
-            f"{request.tool_choice!r} forces one (finish_reason {result.finish_reason!r}), so its text is not "
-            "returned: the server ignores that tool_choice (llama_cpp.server ignores 'required': name the tool "
-            "instead), or max_tokens ended the answer first",
-            provider=self.name,
-        )
 
     async def _tool_plan(self, request: GenerationRequest) -> ToolPlan | None:
         """How a request with tools (or a conversation holding tool calls) runs on a backend that renders the chat
@@ -483,18 +468,6 @@ class InferenceProvider(ScoringProvider):
             return result
         text, reasoning = split_thinking(result.text)
         return result if reasoning is None else dataclasses.replace(result, text=text, reasoning=reasoning)
-
-    def _finished(self, result: GenerationResult) -> GenerationResult:
-        """Refuse a result whose ``finish_reason`` says the backend did not finish it (``"abort"``, ``"error"``,
-        anything not in :data:`~inference.results.FINISH_REASONS`)."""
-        if result.finish_reason not in FINISH_REASONS:
-            raise ProviderError(
-                f"{type(self).__name__}'s backend ended the generation with finish_reason {result.finish_reason!r} "
-                "(an engine error or an abort), not a finished text, so no result is returned: retry, and look at "
-                "the backend's log if it happens again",
-                provider=self.name,
-            )
-        return result
 
     async def _in_time(self, request: GenerationRequest, deadline: float | None, work: Awaitable[_ResultT]) -> _ResultT:
         """Await ``work``, cancelled at ``deadline`` (the event loop's time; ``None``: no limit) with a
@@ -576,3 +549,32 @@ def _deadline(request: GenerationRequest) -> float | None:
 def _asked_adapter(request: GenerationRequest) -> str | None:
     """The ``adapter_id`` a result reports: the id asked for, or the label of the adapters and their scales."""
     return adapters_label(request.adapter_scales) if request.adapter_scales else request.adapter_id
+
+
+def _finished(result: GenerationResult, provider: str) -> GenerationResult:
+    """Refuse a result whose ``finish_reason`` says the backend did not finish it (``"abort"``, ``"error"``,
+    anything not in :data:`~inference.results.FINISH_REASONS`)."""
+    if result.finish_reason not in FINISH_REASONS:
+        raise ProviderError(
+            f"the {provider} provider's backend ended the generation with finish_reason {result.finish_reason!r} "
+            "(an engine error or an abort), not a finished text, so no result is returned: retry, and look at "
+            "the backend's log if it happens again",
+            provider=provider,
+        )
+    return result
+
+
+def _called_as_forced(request: GenerationRequest, result: GenerationResult, provider: str) -> GenerationResult:
+    """Refuse a result without a tool call for a request whose ``tool_choice`` forces one (``"required"`` or a
+    named tool): a backend that ignored the choice (llama_cpp.server ignores ``"required"``) never passes its
+    text off as an answer to it."""
+    forced = request.tool_choice == "required" or isinstance(request.tool_choice, Mapping)
+    if not forced or not request.tools or result.tool_calls:
+        return result
+    raise ProviderError(
+        f"the {provider} provider's backend answered without a tool call although tool_choice="
+        f"{request.tool_choice!r} forces one (finish_reason {result.finish_reason!r}), so its text is not "
+        "returned: the server ignores that tool_choice (llama_cpp.server ignores 'required': name the tool "
+        "instead), or max_tokens ended the answer first",
+        provider=provider,
+    )

@@ -14,32 +14,32 @@ import dataclasses
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from inference._core.dependencies import import_optional
-from inference._core.hub import hub_model_problem
-from inference._core.paths import HUB_ID
-from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
+from inference._core.scoring import ScoreTokens, rolling_windows, score_tokens, too_long
 from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest
 from inference._inprocess.hf_prompt import model_chat_template, prompt_token_ids
 from inference._inprocess.options import IN_PROCESS_OPTIONS
-from inference._inprocess.unguarded_main import spawning_without_unguarded_main
+from inference._inprocess.vllm_engine import (
+    GREEDY,
+    Engine,
+    sampling_params,
+    shut_down,
+    start_engine,
+    token_logprobs,
+)
 from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     InferenceError,
     InvalidAdapterError,
     InvalidRequestError,
-    ModelLoadError,
     ProviderError,
 )
 from inference.options import (
-    GenerationOptions,
     OptionMap,
     Sent,
 )
@@ -54,23 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["VLLMOfflineProvider"]
 
 logger = logging.getLogger("inference.vllm_offline")
-
-DEFAULT_MAX_TOKENS: int = GenerationOptions().max_tokens
-"""``generate``'s default ``max_tokens``; left at it, the room left in the context decides."""
-
-
-@dataclass(frozen=True)
-class _Engine:
-    """The running engine and what requests need from it."""
-
-    llm: Any
-    sampling: Any  # the module vllm.sampling_params
-    lora_request: Any  # the class vllm.lora.request.LoRARequest
-    tokenizer: Any
-    vocabulary: Vocabulary
-    max_model_len: int
-    vocab_size: int
-
 
 class VLLMOfflineProvider(InferenceProvider):
     """Generates with vLLM's async engine in this process, adapters mixed in one batch.
@@ -174,7 +157,7 @@ class VLLMOfflineProvider(InferenceProvider):
         self.max_adapters = settings["max_adapters"]
         from_setting = json.loads(settings["engine_args"]) if settings["engine_args"] else {}
         self._engine_arguments: dict[str, Any] = {**from_setting, **engine_arguments}
-        self._starting: asyncio.Future[_Engine] | None = None
+        self._starting: asyncio.Future[Engine] | None = None
         self._loras: dict[str, Any] = {}  # adapter id -> its LoRARequest
         self._lora_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
@@ -201,7 +184,7 @@ class VLLMOfflineProvider(InferenceProvider):
             engine = await asyncio.shield(starting)
         except Exception:
             return  # it never started
-        await _shut_down(engine.llm)
+        await shut_down(engine.llm)
 
     # Generation ---------------------------------------------------------------------------------------------
 
@@ -280,7 +263,7 @@ class VLLMOfflineProvider(InferenceProvider):
         ids = prompt_token_ids(engine.tokenizer, request, provider=self.name)
         if not ids:
             raise InvalidRequestError("the prompt has no tokens: give some text", provider=self.name)
-        params = self._sampling(engine, request, len(ids), stream=stream)
+        params = sampling_params(engine, request, len(ids), stream=stream)
         pieces: list[str] = []
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
@@ -295,7 +278,7 @@ class VLLMOfflineProvider(InferenceProvider):
                         yield completion.text
                 tokens.extend(completion.token_ids)
                 if request.logprobs is not None:
-                    logprobs.extend(_token_logprobs(completion.token_ids, completion.logprobs, request.logprobs))
+                    logprobs.extend(token_logprobs(completion.token_ids, completion.logprobs, request.logprobs))
                 finish_reason = completion.finish_reason or finish_reason
         yield self._result(request, len(ids), "".join(pieces), tokens, logprobs, finish_reason)
 
@@ -303,7 +286,7 @@ class VLLMOfflineProvider(InferenceProvider):
         """A request for ``n`` completions: one engine request with vLLM's ``n`` (its children share the prompt's
         cached blocks, choice ``k`` seeded ``seed + k``: the choices of ``n`` requests with those seeds), answered
         once all are done. Greedy, which vLLM refuses with ``n > 1``: ``n`` requests of one completion."""
-        if request.temperature is not None and request.temperature < _GREEDY:
+        if request.temperature is not None and request.temperature < GREEDY:
             from inference._core.batches import all_or_none
 
             seeds = [None if request.seed is None else request.seed + index for index in range(request.n)]
@@ -313,7 +296,7 @@ class VLLMOfflineProvider(InferenceProvider):
         ids = prompt_token_ids(engine.tokenizer, request, provider=self.name)
         if not ids:
             raise InvalidRequestError("the prompt has no tokens: give some text", provider=self.name)
-        params = self._sampling(engine, request, len(ids), stream=False)
+        params = sampling_params(engine, request, len(ids), stream=False)
         final: Any = None
         outputs = self._outputs(engine, {"prompt_token_ids": ids}, params, request.adapter_id)
         async with contextlib.aclosing(outputs):
@@ -328,7 +311,7 @@ class VLLMOfflineProvider(InferenceProvider):
         return GenerationResult.from_choices([
             self._result(
                 request, len(ids), completion.text, list(completion.token_ids),
-                _token_logprobs(completion.token_ids, completion.logprobs, request.logprobs)
+                token_logprobs(completion.token_ids, completion.logprobs, request.logprobs)
                 if request.logprobs is not None else [],
                 completion.finish_reason,
             )
@@ -359,49 +342,8 @@ class VLLMOfflineProvider(InferenceProvider):
             token_ids=tuple(tokens) if request.return_token_ids else None,
         )
 
-    def _sampling(self, engine: _Engine, request: GenerationRequest, prompt_length: int, *, stream: bool) -> Any:
-        """vLLM's ``SamplingParams`` for the request, ``max_tokens`` within the context."""
-        room = engine.max_model_len - prompt_length
-        if room < 1:
-            raise InvalidRequestError(
-                f"the prompt has {prompt_length} tokens, which fills the engine's max_model_len of "
-                f"{engine.max_model_len}: shorten it, or raise max_model_len (VLLM_OFFLINE_MAX_MODEL_LEN)",
-                provider=self.name,
-            )
-        max_tokens = request.max_tokens
-        if max_tokens > room:
-            if max_tokens != DEFAULT_MAX_TOKENS:
-                raise InvalidRequestError(
-                    f"max_tokens={max_tokens} does not fit: the prompt has {prompt_length} tokens and the engine's "
-                    f"max_model_len is {engine.max_model_len}, which leaves {room}; ask for at most {room}",
-                    provider=self.name,
-                )
-            max_tokens = room
-        sampling = engine.sampling
-        arguments: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "output_kind": sampling.RequestOutputKind.DELTA if stream else sampling.RequestOutputKind.FINAL_ONLY,
-        }
-        if request.n > 1:
-            arguments["n"] = request.n
-        for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "logprobs", "presence_penalty",
-                     "frequency_penalty", "min_p"):
-            value = getattr(request, name)
-            if value is not None:
-                arguments[name] = value
-        if request.stop:
-            arguments["stop"] = list(request.stop)
-        if request.logit_bias:
-            arguments["logit_bias"] = dict(request.logit_bias)
-        if request.json_schema is not None:
-            arguments["structured_outputs"] = sampling.StructuredOutputsParams(json=dict(request.json_schema))
-        try:
-            return sampling.SamplingParams(**arguments)
-        except (ValueError, TypeError) as error:
-            raise InvalidRequestError(f"vLLM refused the sampling settings: {error}", provider=self.name) from error
-
     async def _outputs(
-        self, engine: _Engine, prompt: Any, params: Any, adapter_id: str | None
+        self, engine: Engine, prompt: Any, params: Any, adapter_id: str | None
     ) -> AsyncGenerator[Any, None]:
         """The engine's outputs for one request; a refused request is an :class:`InvalidRequestError`.
 
@@ -457,7 +399,7 @@ class VLLMOfflineProvider(InferenceProvider):
                            adapter_id=request.adapter_id)
 
     async def _prompt_logprobs(
-        self, engine: _Engine, sequence: ScoreTokens, adapter_id: str | None
+        self, engine: Engine, sequence: ScoreTokens, adapter_id: str | None
     ) -> tuple[float, bool]:
         """``(sum of logprobs, all greedy)`` of ``sequence.scored``, from the engine's ``prompt_logprobs``."""
         params = engine.sampling.SamplingParams(
@@ -510,7 +452,7 @@ class VLLMOfflineProvider(InferenceProvider):
 
     # The engine ---------------------------------------------------------------------------------------------
 
-    async def _engine(self) -> _Engine:
+    async def _engine(self) -> Engine:
         """The running engine, started once (in a thread) by the first caller; a failed start is tried again."""
         if self._closed:
             raise ProviderError(
@@ -520,7 +462,14 @@ class VLLMOfflineProvider(InferenceProvider):
             )
         starting = self._starting
         if starting is None:
-            starting = self._starting = asyncio.ensure_future(asyncio.to_thread(self._start_engine))
+            settings = {
+                "dtype": self.dtype, "enable_lora": True, "max_loras": self.max_loras,
+                "max_lora_rank": self.max_lora_rank, "gpu_memory_utilization": self.gpu_memory_utilization,
+                **({"max_model_len": self.max_model_len} if self.max_model_len is not None else {}),
+                **self._engine_arguments,
+            }
+            engine = asyncio.to_thread(start_engine, self.model_name, settings)
+            starting = self._starting = asyncio.ensure_future(engine)
         try:
             return await asyncio.shield(starting)
         except Exception:
@@ -532,141 +481,3 @@ class VLLMOfflineProvider(InferenceProvider):
         """The engine has started (it holds the model)."""
         starting = self._starting
         return starting is not None and starting.done() and not starting.cancelled() and starting.exception() is None
-
-    def _start_engine(self) -> _Engine:
-        """Import vLLM and start its engine (a worker thread: this takes seconds to minutes)."""
-        if not self.model_name:
-            raise ModelLoadError(
-                "no model to load: give model_name (or set VLLM_OFFLINE_MODEL_NAME) to a local model directory",
-                provider=self.name,
-            )
-        hub_id = not Path(self.model_name).exists() and HUB_ID.fullmatch(self.model_name) is not None
-        problem = hub_model_problem(self.model_name) if hub_id else None
-        if problem is None and not hub_id and not Path(self.model_name).is_dir():
-            problem = (
-                f"model_name {self.model_name!r} is not a directory, nor a Hugging Face Hub id (ORG/NAME): give a "
-                "local model directory or a Hub id"
-            )
-        if problem is not None:
-            raise ModelLoadError(problem, provider=self.name, path=self.model_name)
-        if getattr(multiprocessing.current_process(), "_inheriting", False):
-            raise ModelLoadError(
-                "vLLM's engine cannot start here: this code runs again while Python starts a process the main "
-                "script spawned (vLLM spawns its engine process, which runs the main script first). Put the code "
-                'that uses the provider under `if __name__ == "__main__":` in the script',
-                provider=self.name,
-                path=self.model_name,
-            )
-        arg_utils = import_optional("vllm.engine.arg_utils", provider=self.name)
-        async_llm = import_optional("vllm.v1.engine.async_llm", provider=self.name)
-        sampling = import_optional("vllm.sampling_params", provider=self.name)
-        lora_request = import_optional("vllm.lora.request", provider=self.name).LoRARequest
-        arguments: dict[str, Any] = {
-            "model": self.model_name,
-            "dtype": self.dtype,
-            "enable_lora": True,
-            "max_loras": self.max_loras,
-            "max_lora_rank": self.max_lora_rank,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "disable_log_stats": True,
-            "max_logprobs": -1,  # next_token_logprobs asks for every token's (a request's logprobs stay its own)
-            # JSON as llguidance compiles it in process (the same library, compact): free whitespace would let a model
-            # fill max_tokens with it (a random one does), and a request would read other tokens than on Transformers
-            "structured_outputs_config": import_optional("vllm.config", provider=self.name).StructuredOutputsConfig(
-                backend="guidance", disable_any_whitespace=True
-            ),
-            **({"max_model_len": self.max_model_len} if self.max_model_len is not None else {}),
-            **self._engine_arguments,
-        }
-        try:
-            with spawning_without_unguarded_main():  # an unguarded script must not run again there
-                llm = async_llm.AsyncLLM.from_engine_args(arg_utils.AsyncEngineArgs(**arguments))
-        except Exception as error:
-            raise ModelLoadError(
-                f"vLLM could not start on {self.model_name!r}: {type(error).__name__}: {_one_line(error)}",
-                provider=self.name,
-                path=self.model_name,
-            ) from error
-        tokenizer = llm.get_tokenizer()
-        return _Engine(
-            llm=llm,
-            sampling=sampling,
-            lora_request=lora_request,
-            tokenizer=tokenizer,
-            vocabulary=_vocabulary(tokenizer),
-            max_model_len=int(llm.model_config.max_model_len),
-            vocab_size=int(llm.model_config.get_vocab_size()),
-        )
-
-
-SHUTDOWN_SECONDS: float = 60.0
-"""How long the engine's processes may take to exit when closed before vLLM kills them (vLLM's default, 5 s, is
-too short on a busy machine: the kill leaves shared memory behind and warnings on stderr)."""
-
-
-async def _shut_down(llm: Any) -> None:
-    """Stop vLLM's engine so that nothing is printed, now or at exit.
-
-    Its output handler task is stopped first (else it sees the dead engine and logs ``EngineDeadError``); requests
-    still waiting get that error (our callers see a :class:`ProviderError`); the processes get
-    :data:`SHUTDOWN_SECONDS` to exit; and the ``AsyncLLM``'s destructor, which would shut down again at interpreter
-    exit, when vLLM's module globals are already gone (a ``TypeError``), is left nothing to do.
-    """
-    handler = getattr(llm, "output_handler", None)
-    if isinstance(handler, asyncio.Task) and not handler.done() and handler.get_loop() is asyncio.get_running_loop():
-        handler.cancel()
-        await asyncio.wait([handler])
-    _fail_waiting_requests(llm)
-    await asyncio.to_thread(llm.shutdown, SHUTDOWN_SECONDS)
-    _fail_waiting_requests(llm)  # any request that registered while the engine shut down
-    llm.shutdown = _already_shut_down
-
-
-def _fail_waiting_requests(llm: Any) -> None:
-    output_processor = getattr(llm, "output_processor", None)
-    if output_processor is not None:
-        output_processor.propagate_error(llm.dead_error)
-
-
-def _already_shut_down(timeout: float | None = None) -> None:
-    """What ``AsyncLLM.shutdown`` becomes once the provider shut the engine down."""
-
-
-_GREEDY = 1e-5
-"""A temperature below this is greedy sampling (vLLM's ``_SAMPLING_EPS``), where vLLM refuses ``n > 1``."""
-
-
-def _one_line(error: BaseException) -> str:
-    """An error's message on one line (Python's spawn error starts with a line break: it read as empty)."""
-    return " ".join(str(error).split())
-
-
-def _vocabulary(tokenizer: Any) -> Vocabulary:
-    """What the scoring rule needs of a Hugging Face tokenizer (as the Transformers provider reads it)."""
-    bos_id = tokenizer.bos_token_id
-    probe = tokenizer("probe")["input_ids"]
-    return Vocabulary(
-        encode=lambda text: [int(token) for token in tokenizer(text, add_special_tokens=False)["input_ids"]],
-        adds_bos=bos_id is not None and len(probe) > 0 and int(probe[0]) == int(bos_id),
-        bos_id=None if bos_id is None else int(bos_id),
-        eos_id=None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id),
-    )
-
-
-def _token_logprobs(token_ids: Any, logprobs: Any, k: int) -> list[TokenLogprob]:
-    """vLLM's per-token ``{token_id: Logprob(logprob, rank, decoded_token)}`` as :class:`TokenLogprob` entries: the
-    sampled token's, and the ``k`` best alternatives (ranks 1 to ``k``) best first."""
-    entries: list[TokenLogprob] = []
-    for token_id, candidates in zip(token_ids, logprobs or (), strict=False):
-        chosen = candidates[token_id]
-        best = sorted((entry for entry in candidates.values() if entry.rank is not None and entry.rank <= k),
-                      key=lambda entry: entry.rank)
-        entries.append(
-            TokenLogprob(
-                token=chosen.decoded_token or "",
-                logprob=float(chosen.logprob),
-                top_logprobs=tuple((entry.decoded_token or "", float(entry.logprob)) for entry in best),
-                token_id=int(token_id),
-            )
-        )
-    return entries

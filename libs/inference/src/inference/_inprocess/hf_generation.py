@@ -3,20 +3,20 @@
 :class:`HFGeneration` turns a batch of queued requests (see :mod:`inference._inprocess.batching`) into rows, runs
 them as ONE left-padded ``model.generate`` in which each row applies its own adapter (PEFT's per-row
 ``adapter_names``, from :class:`~inference._inprocess.peft_slots.PeftSlots`), and cuts each row's tokens back into
-its :class:`~inference.GenerationResult`. A streamed request runs alone, as a one-row ``generate`` whose
-:class:`StreamWatch` hands each new token's text to the caller.
+its :class:`~inference.GenerationResult`. A streamed request runs alone, as a one-row ``generate`` whose stream
+watch hands each new token's text to the caller.
 
 Inside one ``generate``, per row: :class:`~inference._inprocess.batching.RowLimits` and
 :class:`~inference._inprocess.batching.RowsCancelled` stop it at its own limit or once its caller gave up,
-:class:`LogprobRecorder` keeps its logprobs, :class:`~inference._inprocess.constrained.GrammarRows` masks what its
-JSON schema does not allow, and :class:`FiniteRows` ends it at once when its logits are not finite (the other rows
-go on). Requests share a batch only when their :class:`Sampling` is equal.
+:class:`~inference._inprocess.constrained.GrammarRows` masks what its JSON schema does not allow, and the processors
+of :mod:`inference._inprocess.hf_processors` keep its logprobs, end it at once when its logits are not finite (the
+other rows go on) and stream it. Requests share a batch only when their :class:`Sampling` is equal.
 
 A request for ``n`` completions runs as a batch of its own, ``n`` rows of one prompt: the prompt but its last token
 goes through the model once, its keys and values are repeated for the ``n`` rows, and ``generate`` goes on from them
 (only the last prompt token is computed per row). Seeded, each row samples with a generator of its own, seeded
-``seed + k`` for choice ``k`` (:class:`SeededRows`): the draws ``torch.manual_seed(seed + k)`` gives a request alone,
-so the choices are those of ``n`` requests with those seeds (up to the float rounding of the shared prompt).
+``seed + k`` for choice ``k`` (``SeededRows``): the draws ``torch.manual_seed(seed + k)`` gives a request alone, so
+the choices are those of ``n`` requests with those seeds (up to the float rounding of the shared prompt).
 
 Everything here runs on the provider's worker thread; torch, transformers and llguidance are imported on first use.
 """
@@ -35,30 +35,26 @@ from inference._core.validation import GenerationRequest
 from inference._inprocess.base import non_finite_logits, require_prompt
 from inference._inprocess.batching import BatchRow, PendingRequest, RowLimits, RowsCancelled, cut_row, left_pad
 from inference._inprocess.constrained import GrammarRows, JsonGrammars
-from inference._inprocess.hf_model import LoadedModel, OverflowWatch, as_inference_error
+from inference._inprocess.hf_model import LoadedModel, as_inference_error
 from inference._inprocess.hf_penalties import LogitBias, OpenAIPenalties
+from inference._inprocess.hf_processors import FiniteRows, LogprobRecorder, SeededRows, StreamWatch
 from inference._inprocess.hf_prompt import prompt_token_ids
 from inference._inprocess.memory import free_cached_memory, out_of_memory
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceAssembler, PieceSink
 from inference.exceptions import InvalidRequestError, ProviderError
 from inference.provider import GenerationResult
-from inference.results import TokenLogprob
 
 logger = logging.getLogger("inference.transformers")
 
 __all__ = [
     "MAX_SEED",
     "MIN_SEED",
-    "FiniteRows",
     "GenerateRows",
     "HFGeneration",
-    "LogprobRecorder",
     "Outputs",
     "Row",
     "Sampling",
-    "SeededRows",
-    "StreamWatch",
     "check_seed",
 ]
 
@@ -310,7 +306,7 @@ class HFGeneration:
 
         Rows that are the ``n`` choices of one request share their prompt: it is computed once, but its last token
         (:func:`shared_prompt`), and ``generate`` starts from its keys and values; seeded, each row samples with its
-        own generator (:class:`SeededRows`).
+        own generator (:class:`~inference._inprocess.hf_processors.SeededRows`).
         """
         torch = import_optional("torch", extra="transformers", provider=self.provider)
         transformers = import_optional("transformers", extra="transformers", provider=self.provider)
@@ -491,68 +487,6 @@ def shared_prompt(
     return {"past_key_values": past}
 
 
-class SeededRows:
-    """The last logits processor of a ``generate`` whose rows are one request's seeded choices: each row's token drawn
-    with a generator of its own (``seed + k`` for choice ``k``), its logits returned as that token alone (``generate``
-    runs greedy and takes it).
-
-    The warpers ``generate`` applies when it samples (temperature, top-k, top-p, min-p, in its order) come first,
-    then ``torch.multinomial`` over the softmax, as ``generate`` draws: a row draws what ``torch.manual_seed(seed +
-    k)`` and ``generate`` give a request alone.
-
-    Args:
-        torch: The torch module.
-        warpers: The sampling warpers, in ``generate``'s order.
-        seeds: One seed per row.
-        device: The logits' device.
-    """
-
-    def __init__(self, torch: Any, warpers: list[Any], seeds: list[int], device: Any) -> None:
-        self.torch = torch
-        self.warpers = warpers
-        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-
-    @classmethod
-    def of(
-        cls, torch: Any, transformers: Any, loaded: LoadedModel, sampling: Sampling, seeds: list[int]
-    ) -> SeededRows | None:
-        """The processor for ``sampling`` (resolved against the model's defaults, as ``generate`` resolves them);
-        ``None`` for a model whose generation config sets a warper this does not apply (typical-p, epsilon or eta
-        sampling): its rows then sample as one batch after ``torch.manual_seed(seed)``, reproducible, but not the
-        choices of single requests."""
-        defaults = loaded.model.generation_config
-        if (
-            (defaults.typical_p or 1.0) < 1.0
-            or (defaults.epsilon_cutoff or 0.0) > 0.0
-            or (defaults.eta_cutoff or 0.0) > 0.0
-            or getattr(defaults, "top_h", None) is not None
-        ):
-            return None
-        warpers: list[Any] = []
-        if sampling.temperature != 1.0:
-            warpers.append(transformers.TemperatureLogitsWarper(sampling.temperature))
-        if sampling.top_k != 0:
-            warpers.append(transformers.TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
-        if sampling.top_p < 1.0:
-            warpers.append(transformers.TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
-        min_p = sampling.min_p if sampling.min_p is not None else loaded.model.generation_config.min_p
-        if min_p is not None:
-            warpers.append(transformers.MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
-        return cls(torch, warpers, seeds, loaded.device)
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        torch = self.torch
-        for warper in self.warpers:
-            scores = warper(input_ids, scores)
-        probs = torch.nn.functional.softmax(scores, dim=-1)
-        chosen = torch.cat([
-            torch.multinomial(probs[row : row + 1], num_samples=1, generator=generator)
-            for row, generator in enumerate(self.generators)
-        ])
-        forced = torch.full_like(scores, float("-inf"))
-        return forced.scatter_(1, chosen, 0.0)
-
-
 def _steps(loaded: LoadedModel, row: Row, outputs: Outputs, index: int) -> int:
     """How many of ``generate``'s steps made the row's tokens (up to its end token, JSON end or limit); the
     steps after those only padded it while other rows went on."""
@@ -566,169 +500,3 @@ def _drop(entry: Queued, provider: str) -> None:
     """Settle the future of a request whose caller gave up (no result is computed for it)."""
     if not entry.future.done():
         entry.future.set_exception(ProviderError("the request was cancelled", provider=provider))
-
-
-def unusable_rows(torch: Any, logits: Any, overflow: OverflowWatch | None) -> Any:
-    """Which rows of ``logits`` (rows x vocabulary, one position) give no token to read: not finite, or overflowed
-    before the final norm (all equal logits, where the model has no watch)."""
-    lowest, highest = torch.aminmax(logits, dim=-1)
-    bad = ~torch.isfinite(highest)
-    flagged = overflow.take() if overflow is not None else None
-    if flagged is not None and flagged.shape[0] == bad.shape[0]:
-        return bad | flagged.to(bad.device)
-    return bad if overflow is not None else bad | (highest <= lowest)
-
-
-class FiniteRows:
-    """Two logits processors of a ``generate`` (the first and the last) and a stopping criterion: end the rows
-    whose logits are not finite.
-
-    A row whose raw logits have no finite maximum (a NaN, +infinity), or whose hidden state overflowed before the
-    final norm (:class:`~inference._inprocess.hf_model.OverflowWatch`: the norm's output is then 0 and every logit
-    equal; without a watch, all-equal logits count as that), has no next token to read from its logits: an adapter
-    or a scale too large for the model's numbers. :meth:`check` records the first such step; :meth:`force` makes the
-    row's logits a sure end token (so it ends there, streams nothing more, and sampling never sees a NaN:
-    ``torch.multinomial`` would fail the whole batch); its request fails with :class:`~inference.ProviderError`,
-    and the other rows go on.
-
-    Args:
-        torch: The torch module.
-        rows: The batch's rows.
-        end_token: The token a failed row is given (an end-of-sequence token where the model has one).
-        overflow: The model's overflow watch, or ``None``.
-    """
-
-    def __init__(self, torch: Any, rows: int, end_token: int, overflow: OverflowWatch | None = None) -> None:
-        self.torch = torch
-        self.end_token = end_token
-        self.overflow = overflow
-        self.first_bad: list[int | None] = [None] * rows
-        self._step = 0
-        self._bad: Any = None  # this step's failed rows (a bool tensor), or None
-
-    def check(self, input_ids: Any, scores: Any) -> Any:
-        """The first processor: record the rows whose raw logits are unusable at this step."""
-        bad = unusable_rows(self.torch, scores, self.overflow)
-        self._bad = None
-        if bool(bad.any()):
-            self._bad = bad
-            for row in bad.nonzero().flatten().tolist():
-                if self.first_bad[row] is None:
-                    self.first_bad[row] = self._step
-        self._step += 1
-        return scores
-
-    def force(self, input_ids: Any, scores: Any) -> Any:
-        """The last processor: the rows :meth:`check` found this step get a sure end token."""
-        if self._bad is None:
-            return scores
-        forced = self.torch.full_like(scores[:1], float("-inf"))
-        forced[0, self.end_token] = 0.0
-        return self.torch.where(self._bad[:, None], forced, scores)
-
-    def stops(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        """Stopping criterion: a row is done once its logits were not finite."""
-        flags = [step is not None for step in self.first_bad]
-        return self.torch.tensor(flags, dtype=self.torch.bool, device=input_ids.device)
-
-    def failed(self, row: int, steps: int) -> bool:
-        """Whether ``row``'s logits were not finite within its first ``steps`` steps (the ones that made its tokens)."""
-        step = self.first_bad[row]
-        return step is not None and step < steps
-
-
-class StreamWatch:
-    """A ``generate`` stopping criterion for one streamed row: hands out its text, stops at a stop string.
-
-    Called after every new token. Text is handed out only while it decodes cleanly: a trailing U+FFFD
-    (a character whose bytes are split over tokens) waits for the next token. (Cancellation is
-    :class:`~inference._inprocess.batching.RowsCancelled`'s job, as for every row.)
-    """
-
-    def __init__(
-        self,
-        torch: Any,
-        prompt_width: int,
-        eos_ids: frozenset[int],
-        decode: Callable[[list[int]], str],
-        pieces: PieceAssembler,
-    ) -> None:
-        self.torch = torch
-        self.prompt_width = prompt_width
-        self.eos_ids = eos_ids
-        self.decode = decode
-        self.pieces = pieces
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        done = False
-        tokens = [int(token) for token in input_ids[0, self.prompt_width :].tolist()]
-        end = next((index for index, token in enumerate(tokens) if token in self.eos_ids), None)
-        if end is None:  # after an end-of-sequence token generate stops by itself; finish() hands out the rest
-            text = self.decode(tokens).rstrip("\ufffd")
-            done = self.pieces.update(text) is not None
-        return self.torch.full((input_ids.shape[0],), done, dtype=self.torch.bool, device=input_ids.device)
-
-
-class LogprobRecorder:
-    """The first logits processor of a ``generate``: keeps each step's top tokens and the chosen token's logprob.
-
-    It sees the raw logits (after the adapter, before any penalty, mask or sampling setting). The chosen
-    token of a step is read from ``input_ids`` at the next step, and from the output after the last one,
-    so only one step's full distribution is kept at a time.
-
-    Args:
-        torch: The torch module.
-        top: The most alternatives any row asked for (0 to 20).
-    """
-
-    def __init__(self, torch: Any, top: int) -> None:
-        self.torch = torch
-        self.top = top
-        self.chosen: list[Any] = []
-        self.best: list[tuple[Any, Any]] = []
-        self._previous: Any = None
-        self._values: list[list[float]] | None = None
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        logprobs = self.torch.log_softmax(scores.float(), dim=-1)
-        if self._previous is not None:
-            self.chosen.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        if self.top > 0:
-            values, ids = logprobs.topk(self.top, dim=-1)
-            self.best.append((values, ids))
-        self._previous = logprobs
-        return scores
-
-    def finish(self, new_tokens: Any) -> None:
-        """Read the last step's chosen tokens from ``generate``'s output (``new_tokens``: rows x steps)."""
-        steps = new_tokens.shape[1]
-        if self._previous is not None and len(self.chosen) < steps:
-            last = new_tokens[:, len(self.chosen) : len(self.chosen) + 1].to(self._previous.device)
-            self.chosen.append(self._previous.gather(1, last).squeeze(1))
-        self._previous = None
-        self._chosen_rows = self.torch.stack(self.chosen, dim=1).tolist() if self.chosen else []
-        if self.best:
-            self._best_values = self.torch.stack([values for values, _ in self.best], dim=1).tolist()
-            self._best_ids = self.torch.stack([ids for _, ids in self.best], dim=1).tolist()
-        self.best = []
-        self.chosen = []
-
-    def row(self, loaded: LoadedModel, index: int, tokens: list[int], top: int) -> tuple[TokenLogprob, ...]:
-        """The logprobs of row ``index``'s first ``len(tokens)`` tokens, each with its ``top`` alternatives."""
-        entries = []
-        for step, token in enumerate(tokens):
-            alternatives: tuple[tuple[str, float], ...] = ()
-            if top > 0:
-                ids, values = self._best_ids[index][step][:top], self._best_values[index][step][:top]
-                alternatives = tuple(
-                    (loaded.token_text(int(other)), float(value)) for other, value in zip(ids, values, strict=True)
-                )
-            entries.append(
-                TokenLogprob(
-                    token=loaded.token_text(token),
-                    logprob=float(self._chosen_rows[index][step]),
-                    top_logprobs=alternatives,
-                    token_id=token,
-                )
-            )
-        return tuple(entries)

@@ -38,8 +38,8 @@ from inference._servers.openai_wire import (
     COMPLETIONS,
     LOGPROB_READERS,
     OPENAI_OPTIONS,
+    ChunkTally,
     ServerEvents,
-    ToolCallDeltas,
     about_schema,
     generation_result,
     model_name,
@@ -250,15 +250,7 @@ class OpenAICompatibleProvider(InferenceProvider):
         """
         operation = operation_of(request)
         async with self._chat(request, stream=True) as (replica, route, events):
-            pieces: list[str] = []
-            finish_reason: str | None = None
-            counts: tuple[int, int] | None = None
-            answered_model = request.adapter_id or request.model
-            token_chunks = 0
-            logprobs: list[TokenLogprob] = []
-            thoughts: list[str] = []
-            calls = ToolCallDeltas()
-            token_ids: list[int] = []
+            tally = ChunkTally(request, route)
             iterator = events.__aiter__()
             while True:
                 try:
@@ -270,58 +262,23 @@ class OpenAICompatibleProvider(InferenceProvider):
                 except Exception as error:
                     raise replica.http.error_from_exception(error, operation=operation) from error
                 try:
-                    answered_model = model_name(chunk.get("model"), request, answered_model)
-                    if chunk.get("usage") is not None:
-                        counts = token_counts(chunk["usage"])
-                    choices = chunk.get("choices") or []
-                    delta = choices[0].get("delta") if choices and route == CHAT else None
-                    content = delta.get("content") if delta is not None else choices[0].get("text") if choices else None
-                    if content is not None and not isinstance(content, str):
-                        raise TypeError(f"the chunk's text is {type(content).__name__}, not text")
-                    finished = choices[0].get("finish_reason") if choices else None
-                    if request.logprobs is not None and choices:
-                        logprobs.extend(LOGPROB_READERS[route](choices[0].get("logprobs"), request.logprobs))
-                    if request.return_token_ids and choices and choices[0].get("token_ids") is not None:
-                        token_ids.extend(returned_token_ids(choices[0]["token_ids"]))
-                    announces_role = delta is not None and bool(delta.get("role"))
-                    if delta is not None:
-                        thoughts.append(reasoning_of(delta))
-                        calls.add(delta)
+                    piece = tally.add(chunk)
                 except (AttributeError, IndexError, KeyError, TypeError) as error:
                     raise replica.http.protocol_error(
                         operation, f"a stream chunk that is not a {route} chunk ({error})"
                     ) from error
-                if finished:
-                    finish_reason = str(finished)
-                # One chunk per token, even an empty piece (part of a multi-byte character); not the chunk
-                # that only announces the role, nor an empty closing chunk.
-                if content is not None and not ((announces_role or finished) and content == ""):
-                    token_chunks += 1
-                if content:
-                    pieces.append(content)
-                    yield content
-            if finish_reason is None:
+                if piece:
+                    yield piece
+            if tally.finish_reason is None:
                 raise replica.http.protocol_error(
                     operation,
                     "a stream that ended without a finish_reason (it was cut short, or is not an OpenAI "
                     "chat completion stream)",
                 )
-        prompt_tokens: int | None
-        prompt_tokens, completion_tokens = counts if counts is not None else (None, token_chunks)
-        if request.logprobs is not None and not logprobs and completion_tokens > 0:
+        completion_tokens = tally.tokens()[1]
+        if request.logprobs is not None and not tally.logprobs and completion_tokens > 0:
             self._logprobs(replica, request, [], completion_tokens)  # raises: the server sent none
-        yield generation_result(
-            request,
-            "".join(pieces),
-            answered_model,
-            finish_reason,
-            prompt_tokens,
-            completion_tokens,
-            logprobs if request.logprobs is not None else None,
-            "".join(thoughts),
-            calls.calls(request),
-            token_ids,
-        )
+        yield tally.result()
 
     @asynccontextmanager
     async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, str, Any]]:

@@ -437,6 +437,78 @@ class ToolCallDeltas:
         ]
 
 
+class ChunkTally:
+    """What the chunks of a chat or completions stream add up to: the text, the finish reason, the usage (or one
+    count per token chunk, from a server that sends no usage), logprobs, reasoning, tool calls and token ids."""
+
+    def __init__(self, request: GenerationRequest, route: str) -> None:
+        self.request, self.route = request, route
+        self.pieces: list[str] = []
+        self.finish_reason: str | None = None
+        self.counts: tuple[int, int] | None = None
+        self.answered_model = request.adapter_id or request.model
+        self.token_chunks = 0
+        self.logprobs: list[TokenLogprob] = []
+        self.thoughts: list[str] = []
+        self.calls = ToolCallDeltas()
+        self.token_ids: list[int] = []
+
+    def add(self, chunk: Any) -> str:
+        """Read one chunk; returns its text piece (``""`` for none).
+
+        Raises:
+            AttributeError: The chunk is not one of this route (so are IndexError, KeyError and TypeError).
+        """
+        request, route = self.request, self.route
+        self.answered_model = model_name(chunk.get("model"), request, self.answered_model)
+        if chunk.get("usage") is not None:
+            self.counts = token_counts(chunk["usage"])
+        choices = chunk.get("choices") or []
+        delta = choices[0].get("delta") if choices and route == CHAT else None
+        content = delta.get("content") if delta is not None else choices[0].get("text") if choices else None
+        if content is not None and not isinstance(content, str):
+            raise TypeError(f"the chunk's text is {type(content).__name__}, not text")
+        finished = choices[0].get("finish_reason") if choices else None
+        if request.logprobs is not None and choices:
+            self.logprobs.extend(LOGPROB_READERS[route](choices[0].get("logprobs"), request.logprobs))
+        if request.return_token_ids and choices and choices[0].get("token_ids") is not None:
+            self.token_ids.extend(returned_token_ids(choices[0]["token_ids"]))
+        announces_role = delta is not None and bool(delta.get("role"))
+        if delta is not None:
+            self.thoughts.append(reasoning_of(delta))
+            self.calls.add(delta)
+        if finished:
+            self.finish_reason = str(finished)
+        # One chunk per token, even an empty piece (part of a multi-byte character); not the chunk that only
+        # announces the role, nor an empty closing chunk.
+        if content is not None and not ((announces_role or finished) and content == ""):
+            self.token_chunks += 1
+        if content:
+            self.pieces.append(content)
+        return content or ""
+
+    def tokens(self) -> tuple[int | None, int]:
+        """``(prompt_tokens, completion_tokens)``: the usage, else ``None`` and the token chunks."""
+        return self.counts if self.counts is not None else (None, self.token_chunks)
+
+    def result(self) -> GenerationResult:
+        """The stream's result."""
+        request = self.request
+        prompt_tokens, completion_tokens = self.tokens()
+        return generation_result(
+            request,
+            "".join(self.pieces),
+            self.answered_model,
+            self.finish_reason,
+            prompt_tokens,
+            completion_tokens,
+            self.logprobs if request.logprobs is not None else None,
+            "".join(self.thoughts),
+            self.calls.calls(request),
+            self.token_ids,
+        )
+
+
 def reasoning_of(message: Any) -> str:
     """A reasoning model's thinking in a chat message or stream delta: vLLM's ``reasoning`` field (older servers
     and some gateways say ``reasoning_content``); ``""`` when there is none."""
