@@ -1,4 +1,4 @@
-"""Benchmark: the adapter evaluation runner, N adapters x M prompts on the tiny model, per in-process provider.
+"""Benchmark: the adapter evaluation runner, N adapters x M prompts on a small model, per in-process provider.
 
 For each provider (llama.cpp and Transformers, in process) it evaluates N new random LoRA adapters (written with
 ``inference.testing.random_lora``, distinct seeds, so every load is a real load; llama.cpp converts each PEFT
@@ -26,6 +26,11 @@ Usage::
     python scripts/bench_eval.py --providers transformers --adapters-in-flight 1 8
     python scripts/bench_eval.py --providers transformers --score-only --adapters 20
     python scripts/bench_eval.py --providers transformers-peft transformers --adapters-in-flight 1 8  # PEFT vs stacks
+    python scripts/bench_eval.py --model medium --providers transformers-peft transformers --adapters-in-flight 1 8
+
+``--model tiny`` (the default) is the tiny Qwen2 (llama.cpp and Transformers); ``--model medium`` is the random
+Qwen2 of ``bench_batching.py`` (hidden size 512, 4 layers; Transformers only, it has no GGUF), with N random
+rank-8 adapters on q_proj and v_proj written with PEFT.
 """
 
 from __future__ import annotations
@@ -67,6 +72,27 @@ def make_adapters(base_gguf: Path, root: Path, count: int) -> list[Path]:
     ]
 
 
+def make_hf_adapters(model_dir: Path, root: Path, count: int) -> list[Path]:
+    """``count`` random rank-8 LoRA adapters on q_proj and v_proj of the Transformers model, written with PEFT."""
+    import peft
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    wrapped = peft.get_peft_model(model, config)
+    paths = []
+    for index in range(count):
+        torch.manual_seed(index)
+        with torch.no_grad():
+            for name, parameter in wrapped.named_parameters():
+                if "lora_" in name:
+                    parameter.normal_(0.0, 0.05)
+        wrapped.save_pretrained(str(root / f"random-{index:03d}"))
+        paths.append(root / f"random-{index:03d}")
+    return paths
+
+
 MAX_BATCH_SIZE = 32
 """Transformers' max_batch_size (its default); ``--max-batch-size`` changes it for every run."""
 
@@ -79,6 +105,8 @@ def make_provider(name: str, tiny: Any, workdir: Path) -> Any:
     if name == "llamacpp":
         from inference.llamacpp_provider import LlamaCppProvider
 
+        if tiny.gguf_path is None:
+            raise SystemExit("--model medium has no GGUF: run it with --providers transformers-peft transformers")
         return LlamaCppProvider(
             model_path=tiny.gguf_path, n_ctx=512, adapter_cache_dir=workdir / f"cache-{time.time_ns()}"
         )
@@ -255,6 +283,7 @@ async def bench_scoring(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "medium"], default="tiny", help="see above")
     parser.add_argument("--adapters", type=int, default=50)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -285,11 +314,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-eval-") as folder:
         workdir = Path(folder)
         start = time.perf_counter()
-        adapters = make_adapters(tiny.gguf_path, workdir / "adapters", args.adapters)
+        if args.model == "medium":
+            sys.path.insert(0, str(Path(__file__).parent))
+            from types import SimpleNamespace
+
+            from bench_batching import build_medium_model
+
+            model_dir, _ = build_medium_model(tiny, workdir)
+            tiny = SimpleNamespace(hf_dir=model_dir, gguf_path=None)
+            adapters = make_hf_adapters(model_dir, workdir / "adapters", args.adapters)
+        else:
+            adapters = make_adapters(tiny.gguf_path, workdir / "adapters", args.adapters)
         print(f"wrote {len(adapters)} random LoRA adapters (rank 8, q/v) in {time.perf_counter() - start:.1f} s")
         print(
-            f"tiny qwen2, {args.adapters} adapters x {args.prompts} prompts, max_tokens={args.max_tokens}, greedy, "
-            f"concurrency {args.concurrency}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
+            f"{args.model} qwen2, {args.adapters} adapters x {args.prompts} prompts, max_tokens={args.max_tokens}, "
+            f"greedy, concurrency {args.concurrency}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
         )
         for name in args.providers:
             if args.score_only:

@@ -23,7 +23,7 @@ hash-chain cache). A backend whose provider has no ``supports_next_token_logprob
 plugging one in is adding its entry to ``BACKENDS`` (how to build it with and without the cache).
 
 Run: ``.venv/bin/python scripts/bench_token_level.py [--backend fake] [--particles 32] [--prompt-tokens 64]
-[--steps 32] [--adapters 2] [--genlm-model DIR] [--skip-genlm] [--gguf tiny|gemma]``
+[--steps 32] [--adapters 2] [--genlm-model DIR] [--skip-genlm] [--gguf tiny|gemma] [--hf-model tiny|medium]``
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ BACKENDS: dict[str, Backend] = {
     ),
     # The in-process backends take the same setting when their next_token_logprobs is built (prefix_cache_tokens).
     "transformers": Backend(
-        build=lambda cache: _provider("transformers", model_name=str(_tiny().hf_dir), **_cache_setting(cache)),
-        adapters=lambda: {name: str(path) for name, path in _tiny().adapter_dirs.items()},
-        hf_model=lambda: _tiny().hf_dir,
+        build=lambda cache: _provider("transformers", model_name=str(_hf()[0]), **_cache_setting(cache)),
+        adapters=lambda: _hf()[1],
+        hf_model=lambda: _hf()[0],
     ),
     "llamacpp": Backend(
         build=lambda cache: _provider("llamacpp", model_path=str(_gguf()), **_cache_setting(cache)),
@@ -110,6 +110,25 @@ CACHE_TOKENS = 16384
 LLAMACPP_MODEL: dict[str, Any] = {"choice": "tiny"}
 """``--gguf``: the llama.cpp backend's model (``tiny``: the tiny Qwen2; ``gemma``: Gemma 3 270M Q4_K_M with random
 LoRA adapters)."""
+
+
+HF_MODEL: dict[str, Any] = {"choice": "tiny"}
+"""``--hf-model``: the Transformers backend's model (``tiny``: the tiny Qwen2 and its adapters; ``medium``: the random
+Qwen2 of ``bench_batching.py``, hidden size 512, 4 layers, with rank-8 adapters on every projection)."""
+
+
+def _hf() -> tuple[Path, dict[str, str]]:
+    if HF_MODEL["choice"] != "medium":
+        return Path(_tiny().hf_dir), {name: str(path) for name, path in _tiny().adapter_dirs.items()}
+    if "built" not in HF_MODEL:
+        import tempfile
+
+        from bench_batching import build_medium_model
+
+        model_dir, adapters = build_medium_model(_tiny(), Path(tempfile.mkdtemp(prefix="bench-token-level-")))
+        HF_MODEL["built"] = (model_dir, {name: str(path) for name, path in adapters.items()})
+    built: tuple[Path, dict[str, str]] = HF_MODEL["built"]
+    return built
 
 
 def _cache_setting(cache: bool) -> dict[str, Any]:
@@ -299,8 +318,10 @@ def main() -> int:
     parser.add_argument("--genlm-model", help="a Hugging Face model directory for genlm-backend's AsyncTransformer")
     parser.add_argument("--skip-genlm", action="store_true")
     parser.add_argument("--gguf", choices=["tiny", "gemma"], default="tiny", help="the llama.cpp backend's model")
+    parser.add_argument("--hf-model", choices=["tiny", "medium"], default="tiny", help="the Transformers model")
     args = parser.parse_args()
     LLAMACPP_MODEL["choice"] = args.gguf
+    HF_MODEL["choice"] = args.hf_model
     return asyncio.run(main_async(args))
 
 

@@ -37,7 +37,7 @@ import json
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
 from inference._core.option_maps import (
@@ -389,6 +389,13 @@ def _together(checked: dict[str, Any], fail: Fail) -> dict[str, Any]:
     return checked
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Each options class's field names, read once (a request is checked on every call)."""
+
+_CHECK_ORDER: dict[type, tuple[Field[Any], ...]] = {}
+"""Each options class's fields in the order ``from_arguments`` checks them, sorted once."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class GenerationOptions:
     """The options of one generation, checked; each field's metadata holds its :class:`OptionSpec`.
@@ -503,7 +510,10 @@ class GenerationOptions:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         """The field names, in order."""
-        return tuple(item.name for item in fields(cls))
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(item.name for item in fields(cls))
+        return names
 
     @classmethod
     def taken_from(cls, namespace: Mapping[str, Any]) -> dict[str, Any]:
@@ -527,7 +537,11 @@ class GenerationOptions:
         if unknown:
             raise TypeError(f"{cls.__name__}.from_arguments() got unexpected arguments: {', '.join(unknown)}")
         checked: dict[str, Any] = {}
-        for item in sorted(fields(cls), key=lambda item: item.name in GenerationOptions.names()):
+        ordered = _CHECK_ORDER.get(cls)
+        if ordered is None:  # the request's own fields first, then the options (some rules read both)
+            options = frozenset(GenerationOptions.names())
+            ordered = _CHECK_ORDER[cls] = tuple(sorted(fields(cls), key=lambda item: item.name in options))
+        for item in ordered:
             if item.name in values:
                 value = values[item.name]
             elif item.default is not MISSING:
