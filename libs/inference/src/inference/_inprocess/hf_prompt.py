@@ -6,6 +6,9 @@ engine), so the same request becomes the same tokens on both.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from typing import Any
 
 from inference._core.thinking import template_variables
@@ -32,7 +35,7 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
     if request.prompt_token_ids is not None:  # a TokenIds prompt: the model's whole input, as given
         return list(request.prompt_token_ids)
     if request.raw_prompt:  # the text as it is, with the special tokens the tokenizer adds (BOS)
-        ids = tokenizer(plain_prompt(request))["input_ids"]
+        return encode(tokenizer, plain_prompt(request), special=True)
     elif request.chat_template or getattr(tokenizer, "chat_template", None):
         try:
             text = tokenizer.apply_chat_template(
@@ -45,10 +48,37 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
                 + (", or fix the chat_template given" if request.chat_template else ""),
                 provider=provider,
             ) from error
-        ids = tokenizer(text + request.answer_prefix, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(plain_prompt(request) + request.answer_prefix)["input_ids"]
-    return [int(token) for token in ids]
+        return encode(tokenizer, text + request.answer_prefix, special=False)
+    return encode(tokenizer, plain_prompt(request) + request.answer_prefix, special=True)
+
+
+ENCODED_TEXTS = 4096
+"""How many prompt texts each tokenizer's ids are kept for (an evaluation sends the same prompts to every adapter)."""
+
+_encoded: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, bool], tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_encoded_lock = threading.Lock()
+
+
+def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
+    """``tokenizer(text, add_special_tokens=special)``'s ids, from the last :data:`ENCODED_TEXTS` texts when seen.
+
+    A Hugging Face tokenizer's call costs a fraction of a millisecond of Python for a short prompt, on the thread
+    that drives the model; an evaluation of N adapters on M prompts asks for the same M texts N times.
+    """
+    key = (text, special)
+    with _encoded_lock:
+        cache = _encoded.get(tokenizer)
+        ids = cache.get(key) if cache is not None else None
+        if ids is not None:
+            cache.move_to_end(key)  # type: ignore[union-attr]
+            return list(ids)
+    ids = tuple(int(token) for token in tokenizer(text, add_special_tokens=special)["input_ids"])
+    with _encoded_lock:
+        cache = _encoded.setdefault(tokenizer, OrderedDict())
+        cache[key] = ids
+        if len(cache) > ENCODED_TEXTS:
+            cache.popitem(last=False)
+    return list(ids)
 
 
 def model_chat_template(tokenizer: Any) -> str | None:
