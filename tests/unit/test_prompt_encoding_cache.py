@@ -1,0 +1,40 @@
+"""The in-process prompt rule keeps a tokenizer's ids per prompt text: the same ids, the tokenizer asked once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference._inprocess import hf_prompt
+
+
+class CountingTokenizer:
+    """Ids are the text's character codes (plus 1 in front with special tokens); counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, Any]:
+        self.calls += 1
+        return {"input_ids": ([1] if add_special_tokens else []) + [ord(c) for c in text]}
+
+
+def test_a_text_seen_before_gets_the_same_ids_without_asking_the_tokenizer() -> None:
+    tokenizer = CountingTokenizer()
+    first = hf_prompt.encode(tokenizer, "hi", special=True)
+    first.append(999)  # a caller's list is its own: the kept ids do not change
+    assert hf_prompt.encode(tokenizer, "hi", special=True) == [1, 104, 105]
+    assert hf_prompt.encode(tokenizer, "hi", special=False) == [104, 105]  # another key
+    assert tokenizer.calls == 2
+    assert hf_prompt.encode(CountingTokenizer(), "hi", special=True) == [1, 104, 105]  # per tokenizer
+
+
+def test_the_least_recently_used_text_is_dropped_past_the_bound(monkeypatch: Any) -> None:
+    monkeypatch.setattr(hf_prompt, "ENCODED_TEXTS", 2)
+    tokenizer = CountingTokenizer()
+    for text in ("a", "b", "a", "c"):  # "b" is the least recently used when "c" comes
+        hf_prompt.encode(tokenizer, text, special=False)
+    assert tokenizer.calls == 3
+    hf_prompt.encode(tokenizer, "a", special=False)
+    assert tokenizer.calls == 3
+    hf_prompt.encode(tokenizer, "b", special=False)
+    assert tokenizer.calls == 4
