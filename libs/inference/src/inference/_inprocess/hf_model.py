@@ -18,6 +18,7 @@ from inference._core.dependencies import import_optional
 from inference._core.paths import HUB_ID
 from inference._core.scoring import Vocabulary
 from inference._inprocess.constrained import JsonGrammars
+from inference._inprocess.hf_prompt import scoring_vocabulary
 from inference.exceptions import ConfigurationError, InferenceError, ModelLoadError, ProviderError
 
 __all__ = ["LoadedModel", "OverflowWatch", "as_inference_error", "empty_cuda_cache", "load_model"]
@@ -229,7 +230,7 @@ def loaded_model(name: str, model: Any, tokenizer: Any, device: Any, *, provider
         eos_ids=frozenset(eos),
         pad_id=next(int(token) for token in pad_candidates if token is not None),
         context=getattr(model.config, "max_position_embeddings", None),
-        vocabulary=_vocabulary(tokenizer),
+        vocabulary=scoring_vocabulary(tokenizer),
         overflow=OverflowWatch.on(import_optional("torch", extra="transformers", provider=provider), model),
     )
 
@@ -280,22 +281,6 @@ def _resolve_dtype(torch: Any, name: str, device: Any) -> Any:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
-
-
-def _vocabulary(tokenizer: Any) -> Vocabulary:
-    """How scoring tokenizes: plain text without special tokens, and whether the tokenizer adds a BOS."""
-    bos_id = tokenizer.bos_token_id
-
-    def encode(text: str) -> list[int]:
-        return [int(token) for token in tokenizer(text, add_special_tokens=False)["input_ids"]]
-
-    probe = tokenizer("probe")["input_ids"]
-    return Vocabulary(
-        encode=encode,
-        adds_bos=bos_id is not None and len(probe) > 0 and int(probe[0]) == int(bos_id),
-        bos_id=None if bos_id is None else int(bos_id),
-        eos_id=None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id),
-    )
 
 
 def _as_ids(value: Any) -> list[int]:

@@ -11,12 +11,13 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
+from inference._core.scoring import Vocabulary
 from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
 from inference._inprocess.base import chat_messages, plain_prompt
 from inference.exceptions import InvalidRequestError
 
-__all__ = ["model_chat_template", "prompt_token_ids"]
+__all__ = ["encode", "model_chat_template", "prompt_token_ids", "scoring_vocabulary"]
 
 
 def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: str) -> list[int]:
@@ -79,6 +80,19 @@ def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
         if len(cache) > ENCODED_TEXTS:
             cache.popitem(last=False)
     return list(ids)
+
+
+def scoring_vocabulary(tokenizer: Any) -> Vocabulary:
+    """How the scoring rule tokenizes with a Hugging Face tokenizer: plain text without special tokens (through
+    :func:`encode`'s kept ids: a multiple-choice item's context comes once per choice), and whether it adds a BOS."""
+    bos_id = tokenizer.bos_token_id
+    probe = tokenizer("probe")["input_ids"]
+    return Vocabulary(
+        encode=lambda text: encode(tokenizer, text, special=False),
+        adds_bos=bos_id is not None and len(probe) > 0 and int(probe[0]) == int(bos_id),
+        bos_id=None if bos_id is None else int(bos_id),
+        eos_id=None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id),
+    )
 
 
 def model_chat_template(tokenizer: Any) -> str | None:

@@ -15,6 +15,7 @@ from inference._core.hub import hub_model_problem
 from inference._core.paths import HUB_ID
 from inference._core.scoring import Vocabulary
 from inference._core.validation import GenerationRequest
+from inference._inprocess.hf_prompt import scoring_vocabulary
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
 from inference.exceptions import InvalidRequestError, ModelLoadError
 from inference.options import GenerationOptions
@@ -100,7 +101,7 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
         sampling=sampling,
         lora_request=lora_request,
         tokenizer=tokenizer,
-        vocabulary=_vocabulary(tokenizer),
+        vocabulary=scoring_vocabulary(tokenizer),
         max_model_len=int(llm.model_config.max_model_len),
         vocab_size=int(llm.model_config.get_vocab_size()),
     )
@@ -188,18 +189,6 @@ GREEDY = 1e-5
 def _one_line(error: BaseException) -> str:
     """An error's message on one line (Python's spawn error starts with a line break: it read as empty)."""
     return " ".join(str(error).split())
-
-
-def _vocabulary(tokenizer: Any) -> Vocabulary:
-    """What the scoring rule needs of a Hugging Face tokenizer (as the Transformers provider reads it)."""
-    bos_id = tokenizer.bos_token_id
-    probe = tokenizer("probe")["input_ids"]
-    return Vocabulary(
-        encode=lambda text: [int(token) for token in tokenizer(text, add_special_tokens=False)["input_ids"]],
-        adds_bos=bos_id is not None and len(probe) > 0 and int(probe[0]) == int(bos_id),
-        bos_id=None if bos_id is None else int(bos_id),
-        eos_id=None if tokenizer.eos_token_id is None else int(tokenizer.eos_token_id),
-    )
 
 
 def token_logprobs(token_ids: Any, logprobs: Any, k: int) -> list[TokenLogprob]:
