@@ -25,6 +25,7 @@ from inference._core.scoring import ScoreTokens, rolling_windows, score_tokens, 
 from inference._core.validation import AdapterScales, ScoreRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.batching import PendingRequest
+from inference._inprocess.hf_logprobs import read_scores
 from inference._inprocess.hf_model import LoadedModel, as_inference_error
 from inference._inprocess.hf_shared_context import (
     SharedGroup,
@@ -222,21 +223,11 @@ class HFScoring:
             logits, column, overflowed = right_padded_pass(
                 torch, loaded, self.slots, applied, reads, wanted, self.batch_sizes
             )
-            results = []
-            for row, sequence in enumerate(sequences):
-                targets = torch.tensor(sequence.scored, dtype=torch.long, device=logits.device)
-                columns = [column[position] for position in range(sequence.start - 1, len(sequence.tokens) - 1)]
-                row_logits = logits[row, columns, :].float()
-                logprobs = torch.log_softmax(row_logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
-                greedy = bool((row_logits.argmax(dim=-1) == targets).all())
-                lowest, highest = torch.aminmax(row_logits, dim=-1)
-                usable = bool(torch.isfinite(highest).all())  # else NaN: run_batch refuses it
-                if overflowed is not None:  # the hidden state overflowed before the final norm
-                    usable = usable and not bool(overflowed[row])
-                else:  # no watch: all-equal logits count as an overflow
-                    usable = usable and bool((highest > lowest).all())
-                results.append((math.fsum(logprobs.double().tolist()) if usable else math.nan, len(targets), greedy))
-        return results
+            picks = [
+                (row, [column[position] for position in range(s.start - 1, len(s.tokens) - 1)], s.scored)
+                for row, s in enumerate(sequences)
+            ]
+            return read_scores(torch, logits, picks, overflowed)
 
 
 def fits(loaded: LoadedModel, groups: Sequence[SharedGroup]) -> bool:

@@ -13,21 +13,17 @@ Everything here runs on the provider's worker thread, under ``torch.inference_mo
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from inference._core.scoring import ScoreTokens
+from inference._inprocess.hf_logprobs import Scored, read_scores
 from inference._inprocess.hf_model import LoadedModel
 from inference._inprocess.peft_slots import PeftSlots
 
 __all__ = ["SharedGroup", "score_groups", "shared_context_groups"]
-
-Scored = tuple[float, int, bool]
-"""A sequence's summed logprob (NaN when the logits were not usable), its scored tokens, whether all were greedy."""
-
 
 @dataclass(frozen=True)
 class SharedGroup:
@@ -150,20 +146,10 @@ def score_groups(
             **extra,
         ).logits
     overflowed = loaded.overflow.take() if loaded.overflow is not None else None
-    results: dict[int, Scored] = {}
     members = [member for group in groups for member in group.members]
     continuations = [continuation for group in groups for continuation in group.continuations]
-    for member, continuation, places in zip(members, continuations, wanted, strict=True):
-        row = places[0][0]
-        row_logits = logits[row, [column[position] for _, position in places], :].float()
-        targets = torch.tensor(continuation, dtype=torch.long, device=row_logits.device)
-        logprobs = torch.log_softmax(row_logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
-        greedy = bool((row_logits.argmax(dim=-1) == targets).all())
-        lowest, highest = torch.aminmax(row_logits, dim=-1)
-        usable = bool(torch.isfinite(highest).all())
-        if overflowed is not None:
-            usable = usable and not bool(overflowed[row])
-        else:
-            usable = usable and bool((highest > lowest).all())
-        results[member] = (math.fsum(logprobs.double().tolist()) if usable else math.nan, len(targets), greedy)
-    return results
+    picks = [
+        (places[0][0], [column[position] for _, position in places], continuation)
+        for continuation, places in zip(continuations, wanted, strict=True)
+    ]
+    return dict(zip(members, read_scores(torch, logits, picks, overflowed), strict=True))
