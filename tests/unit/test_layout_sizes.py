@@ -35,3 +35,17 @@ def test_no_provider_class_is_over_450_lines() -> None:
                 providers[node.name] = node.end_lineno - node.lineno + 1
     assert {"TransformersProvider", "VLLMProvider", "LlamaCppProvider", "VLLMOfflineProvider"} <= set(providers)
     assert {name: size for name, size in providers.items() if size > PROVIDER_CLASS_LINES} == {}
+
+
+def test_the_architecture_map_names_every_module_of_the_layers_it_draws() -> None:
+    """``docs/architecture.md`` draws the package file by file, but for the command line, the evaluation runner,
+    the integrations and the testing helpers, which it describes in a sentence each."""
+    text = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    described = {"cli", "evaluation", "integrations", "testing"}
+    missing = [
+        str(path.relative_to(PACKAGE))
+        for path in _modules()
+        if path.name != "__init__.py" and path.relative_to(PACKAGE).parts[0] not in described
+        and f"{path.name} " not in text
+    ]
+    assert missing == []
