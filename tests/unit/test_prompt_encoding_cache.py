@@ -12,6 +12,10 @@ class CountingTokenizer:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.size = 100
+
+    def __len__(self) -> int:
+        return self.size
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, Any]:
         self.calls += 1
@@ -26,6 +30,9 @@ def test_a_text_seen_before_gets_the_same_ids_without_asking_the_tokenizer() -> 
     assert hf_prompt.encode(tokenizer, "hi", special=False) == [104, 105]  # another key
     assert tokenizer.calls == 2
     assert hf_prompt.encode(CountingTokenizer(), "hi", special=True) == [1, 104, 105]  # per tokenizer
+    tokenizer.size += 1  # a token added: the text is tokenized again
+    hf_prompt.encode(tokenizer, "hi", special=True)
+    assert tokenizer.calls == 3
 
 
 def test_the_least_recently_used_text_is_dropped_past_the_bound(monkeypatch: Any) -> None:

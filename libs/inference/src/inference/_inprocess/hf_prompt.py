@@ -56,7 +56,9 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
 ENCODED_TEXTS = 4096
 """How many prompt texts each tokenizer's ids are kept for (an evaluation sends the same prompts to every adapter)."""
 
-_encoded: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, bool], tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_encoded: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, bool, int], tuple[int, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 _encoded_lock = threading.Lock()
 
 
@@ -66,7 +68,7 @@ def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
     A Hugging Face tokenizer's call costs a fraction of a millisecond of Python for a short prompt, on the thread
     that drives the model; an evaluation of N adapters on M prompts asks for the same M texts N times.
     """
-    key = (text, special)
+    key = (text, special, len(tokenizer))  # a token added to the tokenizer later makes other ids
     with _encoded_lock:
         cache = _encoded.get(tokenizer)
         ids = cache.get(key) if cache is not None else None
