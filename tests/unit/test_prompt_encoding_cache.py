@@ -45,3 +45,22 @@ def test_the_least_recently_used_text_is_dropped_past_the_bound(monkeypatch: Any
     assert tokenizer.calls == 3
     hf_prompt.encode(tokenizer, "b", special=False)
     assert tokenizer.calls == 4
+
+
+class BatchTokenizer(CountingTokenizer):
+    """Also takes a list of texts, as Hugging Face tokenizers do."""
+
+    def __call__(self, text: Any, add_special_tokens: bool = True) -> dict[str, Any]:
+        if isinstance(text, list):
+            self.calls += 1
+            return {"input_ids": [([1] if add_special_tokens else []) + [ord(c) for c in one] for one in text]}
+        return super().__call__(text, add_special_tokens)
+
+
+def test_texts_encoded_ahead_in_one_call_give_each_text_its_own_ids() -> None:
+    tokenizer = BatchTokenizer()
+    hf_prompt.encode(tokenizer, "a", special=False)
+    hf_prompt.encode_ahead(tokenizer, ["a", "bc", "bc", "d"], special=False)  # "a" is kept already
+    calls = tokenizer.calls
+    assert [hf_prompt.encode(tokenizer, text, special=False) for text in ("a", "bc", "d")] == [[97], [98, 99], [100]]
+    assert tokenizer.calls == calls == 2  # one call for "a", one for the rest

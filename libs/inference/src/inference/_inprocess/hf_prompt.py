@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from inference._core.scoring import Vocabulary
@@ -82,6 +83,24 @@ def encode(tokenizer: Any, text: str, *, special: bool) -> list[int]:
         if len(cache) > ENCODED_TEXTS:
             cache.popitem(last=False)
     return list(ids)
+
+
+def encode_ahead(tokenizer: Any, texts: Sequence[str], *, special: bool) -> None:
+    """Tokenize those of ``texts`` not kept yet in one call of the tokenizer, and keep them (a batch of score calls
+    then reads its ids from :func:`encode`): one call over many texts instead of one per text."""
+    size = len(tokenizer)
+    with _encoded_lock:
+        cache = _encoded.get(tokenizer)
+        new = list(dict.fromkeys(text for text in texts if cache is None or (text, special, size) not in cache))
+    if len(new) < 2:
+        return
+    rows = tokenizer(new, add_special_tokens=special)["input_ids"]
+    with _encoded_lock:
+        cache = _encoded.setdefault(tokenizer, OrderedDict())
+        for text, ids in zip(new, rows, strict=True):
+            cache[(text, special, size)] = tuple(int(token) for token in ids)
+        while len(cache) > ENCODED_TEXTS:
+            cache.popitem(last=False)
 
 
 def scoring_vocabulary(tokenizer: Any) -> Vocabulary:

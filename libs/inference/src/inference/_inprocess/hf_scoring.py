@@ -27,6 +27,7 @@ from inference._inprocess.base import non_finite_logits
 from inference._inprocess.batching import PendingRequest
 from inference._inprocess.hf_logprobs import read_scores
 from inference._inprocess.hf_model import LoadedModel, as_inference_error
+from inference._inprocess.hf_prompt import encode_ahead
 from inference._inprocess.hf_shared_context import (
     SharedGroup,
     packed_length,
@@ -86,6 +87,10 @@ class HFScoring:
         """Score every sequence of ``batch`` in forward passes of up to ``max_batch_size`` rows, mixed adapters;
         each call's future gets its result or its error (a call that fails fails alone)."""
         rows: list[tuple[int, ScoreTokens]] = []
+        # the texts the scoring rule tokenizes (each context, and context + continuation), in one tokenizer call
+        calls = [entry.request.request for entry in batch if not entry.request.rolling]
+        texts = [text for call in calls for text in (call.context, call.context + call.continuation) if text]
+        encode_ahead(loaded.tokenizer, texts, special=False)
         for index, entry in enumerate(batch):
             if entry.cancel.is_set():
                 continue
