@@ -14,6 +14,7 @@ Everything here runs on the provider's worker thread; torch is imported on first
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -90,7 +91,8 @@ class HFScoring:
         # the texts the scoring rule tokenizes (each context, and context + continuation), in one tokenizer call
         calls = [entry.request.request for entry in batch if not entry.request.rolling]
         texts = [text for call in calls for text in (call.context, call.context + call.continuation) if text]
-        encode_ahead(loaded.tokenizer, texts, special=False)
+        with contextlib.suppress(Exception):  # a text the tokenizer refuses fails its own call below, alone
+            encode_ahead(loaded.tokenizer, texts, special=False)
         for index, entry in enumerate(batch):
             if entry.cancel.is_set():
                 continue
