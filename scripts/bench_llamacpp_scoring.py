@@ -8,9 +8,11 @@ On Gemma 3 270M Q4_K_M (the demo model, when its package is installed; else the 
 3. ``score_batch(max_concurrency=8)`` on ``n_parallel=8``: 8 scores in flight, several per ``llama_decode``.
 
 It prints pairs per second, the speed-up of 3 over 1 (target: at least 2x) and the largest difference between the
-scores (they must agree to 1e-4 nats). Usage::
+scores (they must agree to 1e-4 nats). With ``--choices``, the pairs are multiple-choice items instead (one context,
+four continuations: ``bench_scoring.py``'s), and a fourth way runs 3 with contexts not shared, to show what
+sharing them in the decode loop saves. Usage::
 
-    python scripts/bench_llamacpp_scoring.py [--model gemma|tiny] [--pairs 96] [--threads N]
+    python scripts/bench_llamacpp_scoring.py [--model gemma|tiny] [--pairs 96] [--threads N] [--choices]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from inference.llamacpp_provider import LlamaCppProvider
 from inference.results import ScoreResult
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_scoring import pairs
+from bench_scoring import choice_pairs, pairs
 
 
 def base_model(choice: str) -> tuple[str, Path]:
@@ -58,24 +60,30 @@ async def main(args: argparse.Namespace) -> None:
     from inference.testing.random_lora import write_random_peft_lora
 
     label, model_path = base_model(args.model)
-    work = pairs(args.pairs)
+    work = choice_pairs(args.pairs // 4) if args.choices else pairs(args.pairs)
     options: dict[str, Any] = {"n_ctx": 1024}
     if args.threads:
         options["n_threads"] = args.threads
     with tempfile.TemporaryDirectory(prefix="bench-llamacpp-scoring-") as tmp:
         adapter = write_random_peft_lora(model_path, Path(tmp) / "lora", seed=0)
         timings: dict[str, tuple[float, list[float]]] = {}
-        for name, n_parallel, concurrent in (
-            ("one at a time, n_parallel=1", 1, False),
-            ("one at a time, n_parallel=8", 8, False),
-            ("8 in flight, n_parallel=8", 8, True),
-        ):
+        ways = [
+            ("one at a time, n_parallel=1", 1, False, True),
+            ("one at a time, n_parallel=8", 8, False, True),
+            ("8 in flight, n_parallel=8", 8, True, True),
+        ]
+        if args.choices:
+            ways.append(("8 in flight, contexts not shared", 8, True, False))
+        for name, n_parallel, concurrent, share in ways:
             async with LlamaCppProvider(
                 model_path=model_path, n_parallel=n_parallel, adapter_cache_dir=Path(tmp) / "cache", **options
             ) as provider:
+                if provider._batcher is not None:
+                    provider._batcher.share_contexts = share
                 await provider.load_adapter("a", adapter)
                 timings[name] = await run(provider, work, concurrent)
-    print(f"## llama.cpp scoring ({label}), {len(work)} pairs, one random LoRA adapter")
+    kind = f"{len(work) // 4} items x 4 choices" if args.choices else f"{len(work)} pairs"
+    print(f"## llama.cpp scoring ({label}), {kind}, one random LoRA adapter")
     reference = timings["one at a time, n_parallel=1"]
     for name, (seconds, scores) in timings.items():
         gap = max(abs(a - b) for a, b in zip(scores, reference[1], strict=True))
@@ -90,4 +98,5 @@ if __name__ == "__main__":
     parser.add_argument("--model", choices=["auto", "gemma", "tiny"], default="auto")
     parser.add_argument("--pairs", type=int, default=96)
     parser.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: llama-cpp-python's choice)")
+    parser.add_argument("--choices", action="store_true", help="multiple-choice items (--pairs // 4 of them)")
     asyncio.run(main(parser.parse_args()))

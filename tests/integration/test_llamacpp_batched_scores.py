@@ -138,3 +138,88 @@ async def test_a_cancelled_score_frees_its_sequence_and_the_others_finish(
         assert cells_in_use(provider) == [-1] * 4
         assert provider._adapter_registry.in_flight("a0") == 0
         same(await provider.score(*long_pair, model="m", adapter_id="a0"), expected)
+
+
+ITEMS = [  # multiple-choice items: one context, four continuations
+    ("Question: which animal says moo? Answer:", [" a cow", " a dog", " the cat in the hat", " x"]),
+    ("The weather today is", [" sunny", " cold and wet, with rain all day", " nice", " unknown"]),
+]
+
+
+async def queued_together(provider: LlamaCppProvider, calls: list[Any]) -> list[Any]:
+    """Run score calls that all join the decode loop at its first admission (the worker is held until every one
+    waits), so which scores follow which is the same in every run."""
+    assert provider._batcher is not None
+    batcher, gate = provider._batcher, threading.Event()
+    held = asyncio.ensure_future(provider._worker.run(gate.wait))
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    for _ in range(1000):
+        if len(batcher._waiting) == len(calls):
+            break
+        await asyncio.sleep(0.005)
+    gate.set()
+    await held
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+async def test_choices_of_one_context_read_it_once_and_score_as_alone(
+    tiny_models: Any, adapter_cache: Path, arch: str
+) -> None:
+    model = tiny_models[arch]
+    pairs = [(context, continuation) for context, continuations in ITEMS for continuation in continuations]
+    async with await make_provider(model, adapter_cache, 1) as alone:
+        expected = [await alone.score(*pair, model="m", adapter_id="a0") for pair in pairs]
+    async with await make_provider(model, adapter_cache, 8) as provider:
+        assert provider._batcher is not None
+        batcher = provider._batcher
+        fed: list[int] = []  # each score's prompt alone: what it costs without sharing
+        for pair, reference in zip(pairs, expected, strict=True):
+            before = batcher.prompt_tokens
+            same(await provider.score(*pair, model="m", adapter_id="a0"), reference)
+            fed.append(batcher.prompt_tokens - before)
+        before = batcher.prompt_tokens
+        results = await queued_together(provider, [provider.score(*pair, model="m", adapter_id="a0") for pair in pairs])
+        for result, reference in zip(results, expected, strict=True):
+            same(result, reference)
+        # each item's context (but its last token, which every choice feeds for its own first logits) is fed once
+        shared = [fed[index] + 1 - reference.num_tokens - 1 for index, reference in enumerate(expected)]
+        saved = sum(shared[index] for index in range(len(pairs)) if index % 4 != 0)
+        assert min(shared) >= 1
+        assert batcher.prompt_tokens - before == sum(fed) - saved
+        assert batcher.running == 0
+        assert cells_in_use(provider) == [-1] * 8
+
+
+async def test_a_follower_whose_leader_is_cancelled_reads_the_context_itself(
+    tiny_models: Any, adapter_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny_models["llama"]
+    context = LONG_TEXT[:300]
+    pairs = [(context, " the end"), (context, " and so on")]
+    async with await make_provider(model, adapter_cache, 1) as alone:
+        expected = await alone.score(*pairs[1], model="m", adapter_id="a0")
+    async with await make_provider(model, adapter_cache, 4, n_batch=16) as provider:
+        assert provider._batcher is not None
+        batcher, loop, real = provider._batcher, asyncio.get_running_loop(), llama_cpp.llama_decode
+        gone = threading.Event()
+
+        def decode(ctx: Any, batch: Any) -> int:  # at the 3rd step, mid-context, the leader's caller gives up
+            if batcher.steps == 3 and not gone.is_set():
+                loop.call_soon_threadsafe(leader.cancel)
+                assert gone.wait(120)
+            return int(real(ctx, batch))
+
+        copies: list[Any] = []
+        real_copy = llama_cpp.llama_memory_seq_cp
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+        monkeypatch.setattr(llama_cpp, "llama_memory_seq_cp", lambda *args: copies.append(args) or real_copy(*args))
+        leader = asyncio.ensure_future(provider.score(*pairs[0], model="m", adapter_id="a0"))
+        leader.add_done_callback(lambda _: gone.set())
+        outcomes = await queued_together(provider, [leader, provider.score(*pairs[1], model="m", adapter_id="a0")])
+        assert isinstance(outcomes[0], asyncio.CancelledError)
+        same(outcomes[1], expected)
+        assert copies == []  # the leader left mid-context: the follower read all of it itself
+        await provider._worker.run(lambda: None)
+        assert batcher.running == 0
+        assert cells_in_use(provider) == [-1] * 4

@@ -26,6 +26,12 @@ Scheduling, in one place:
   with logits asked at the positions it scores, read after each step
   (:class:`~inference._inprocess.llamacpp_scoring.ScoreWork`); a rolling score's windows go one after another
   in its sequence. Concurrent scores, and scores beside generations, share each ``llama_decode``.
+- **Shared contexts.** A score that joins while another score with the same context (the tokens before the first
+  scored token, at least two) runs follows that one: once the leader's cells hold the context but its last token,
+  they are shared with the follower (``llama_memory_seq_cp``: the same cells, tagged with both sequences), which
+  feeds only the context's last token (for the logits that score its first token) and its own continuation. A
+  multiple-choice item's context is decoded once. A leader that finishes first shares its cells as it leaves; one
+  that is cancelled or fails leaves its followers to read the context themselves.
 - **Choices.** A request for ``n`` completions (:class:`Branches`) joins as ``n`` sequences at once, when ``n``
   sequence ids and its cells are free: the first decodes the prompt; at the step that ends it, its cells are shared
   with the others (``llama_memory_seq_cp``: the same cells, tagged with every sequence), and each samples its first
@@ -108,6 +114,11 @@ class Started:
         """The KV cells it needs: its prompt plus its token limit."""
         return len(self.prompt) + self.completion.limit
 
+    @property
+    def shared_context(self) -> None:
+        """A generation shares no context with the loop's scores (:attr:`ScoreWork.shared_context`)."""
+        return None
+
     def logits_at(self, position: int) -> bool:
         """Whether the logits after ``prompt[position]`` are wanted: at its last prompt token only."""
         return position == len(self.prompt) - 1
@@ -177,6 +188,8 @@ class _Sequence:
     row: int = -1  # its logits row in the batch being decoded; -1 when it has none
     choices: _Choices | None = None  # the request's choices, when it asked for n > 1
     choice: int = 0  # which of them this sequence is (0 decodes the prompt)
+    leader: _Sequence | None = None  # a score waiting for another's context cells (see "Shared contexts")
+    followers: list[_Sequence] = field(default_factory=list)  # the scores waiting for this one's context cells
 
 
 @dataclass(eq=False)
@@ -222,6 +235,8 @@ class ContinuousBatcher:
         """Prompt tokens sent to ``llama_decode`` so far (a request for ``n`` completions: its prompt once)."""
         self.aborted_steps = 0
         """Steps aborted inside ``llama_decode`` because every sequence in them was cancelled."""
+        self.share_contexts = True
+        """Whether scores with one context share its cells (benchmarks switch it off to compare)."""
 
     # Any thread -------------------------------------------------------------------------------------------
 
@@ -310,7 +325,7 @@ class ContinuousBatcher:
             if isinstance(started, Branches):
                 self._running.extend(self._branches(entry, started, [free_ids.pop(0) for _ in range(wanted)]))
             else:
-                self._running.append(_Sequence(entry, free_ids.pop(0), started, cells))
+                self._running.append(self._follow(_Sequence(entry, free_ids.pop(0), started, cells)))
             free_cells -= cells
         return llama
 
@@ -328,6 +343,30 @@ class ContinuousBatcher:
         for member in members:
             member.choices = choices
         return members
+
+    def _follow(self, sequence: _Sequence) -> _Sequence:
+        """Make a joining score a follower of a running score with its context (see "Shared contexts" in the
+        module's docstring)."""
+        context = sequence.started.shared_context
+        if context is None or not self.share_contexts:
+            return sequence
+        for leader in self._running:
+            if leader.leader is None and leader.started.shared_context == context:
+                sequence.leader = leader
+                leader.followers.append(sequence)
+                break
+        return sequence
+
+    @staticmethod
+    def _copy_context(llama_cpp: Any, llama: Any, follower: _Sequence) -> None:
+        """Give ``follower`` its leader's cells of the context but its last token, and feed it from there."""
+        leader, shared = follower.leader, len(follower.started.shared_context or ()) - 1
+        assert leader is not None and leader.fed >= shared
+        memory = llama_cpp.llama_get_memory(llama.ctx)
+        llama_cpp.llama_memory_seq_cp(memory, leader.seq_id, follower.seq_id, 0, shared)
+        follower.fed = follower.position = shared
+        follower.leader = None
+        leader.followers.remove(follower)
 
     def _take(self, entry: BatchEntry) -> None:
         with self._lock:
@@ -360,7 +399,12 @@ class ContinuousBatcher:
                 add(sequence.next_token, sequence, True)
                 sequence.next_token = None
         decoding = count
+        for sequence in self._running:  # before this step feeds anything: fed tokens are decoded ones here
+            if sequence.leader is not None and sequence.leader.fed >= len(sequence.started.shared_context or ()) - 1:
+                self._copy_context(llama_cpp, llama, sequence)
         for sequence in self._running:
+            if sequence.leader is not None:
+                continue  # it waits for its leader's context
             started = sequence.started
             prompt = started.prompt
             while sequence.fed < len(prompt) and count < self.n_batch:
@@ -479,6 +523,11 @@ class ContinuousBatcher:
         if sequence not in self._running:
             return  # it left with the other choices of its request
         self._running.remove(sequence)
+        for follower in list(sequence.followers):  # done: its cells go to them now; else they read the context
+            if result is not None and follower in self._running:
+                self._copy_context(llama_cpp, llama, follower)
+            follower.leader = None
+        sequence.followers = []
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llama.ctx), sequence.seq_id, -1, -1)
         sequence.started.close()
         self._stale = self._stale or error is not None

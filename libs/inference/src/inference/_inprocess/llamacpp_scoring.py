@@ -9,6 +9,7 @@ log-softmax (:func:`~inference._inprocess.llamacpp_logits.log_softmax`) of the s
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,11 +18,11 @@ from inference._core.dependencies import import_optional
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
 from inference._core.validation import AdapterScales, ScoreRequest
 from inference._inprocess.base import non_finite_logits
-from inference._inprocess.llamacpp_logits import finite_logits, log_softmax, score_sequence
+from inference._inprocess.llamacpp_logits import finite_logits, logprob_of, score_sequence
 from inference._inprocess.llamacpp_prompt import LlamaPrompts
 from inference.results import ScoreResult
 
-__all__ = ["ScoreJob", "ScoreWork", "score", "score_windows", "start_score", "vocabulary"]
+__all__ = ["SHARED_CONTEXT_MIN", "ScoreJob", "ScoreWork", "score", "score_windows", "start_score", "vocabulary"]
 
 
 def vocabulary(prompts: LlamaPrompts, llama: Any) -> Vocabulary:
@@ -91,6 +92,10 @@ class ScoreJob:
         return ((adapter_id, 1.0),) if adapter_id is not None else ()
 
 
+SHARED_CONTEXT_MIN = 2
+"""The fewest context tokens a score shares with others of the decode loop (one token is not worth a step)."""
+
+
 @dataclass(eq=False)
 class ScoreWork:
     """A score request in the decode loop: its windows fed one after another to one sequence of the loop.
@@ -135,6 +140,15 @@ class ScoreWork:
         """The KV cells it needs: its longest window's."""
         return max(len(window.tokens) - 1 for window in self.windows)
 
+    @functools.cached_property
+    def shared_context(self) -> tuple[int, ...] | None:
+        """The tokens before its first scored token, which another score of the loop may read for it (the decode
+        loop shares them: :class:`~inference._inprocess.llamacpp_batch.ContinuousBatcher`); ``None`` for a score
+        of several windows, or a context too short to be worth sharing (a lone BOS)."""
+        if len(self.windows) != 1 or self.windows[0].start < SHARED_CONTEXT_MIN:
+            return None
+        return self.windows[0].tokens[: self.windows[0].start]
+
     def logits_at(self, position: int) -> bool:
         """Whether the logits after ``prompt[position]`` score a token."""
         return position + 1 >= self.windows[self.window].start
@@ -156,7 +170,7 @@ class ScoreWork:
             if not finite_logits(numpy, logits):
                 raise non_finite_logits(self.provider, self.adapters)
             target = tokens[position + 1]
-            self.logprob += float(log_softmax(numpy, logits)[target])
+            self.logprob += logprob_of(numpy, logits, target)
             self.greedy = self.greedy and int(numpy.argmax(logits)) == target
             self.count += 1
 
