@@ -210,3 +210,28 @@ async def test_after_replace_unload_and_evict_no_row_uses_a_stale_slot(
             await provider.load_adapter("c", adapter_dirs[10])
             await provider.load_adapter("d", adapter_dirs[11])  # max_adapters=4: two are evicted
         await _agree(stacked, reference, ["a0", "c", "d", "b"])  # evicted ones come back, fresh
+
+
+def test_an_adapter_served_by_the_stacks_loads_without_importing_peft(tiny_models: Any) -> None:
+    """Importing peft costs seconds (with bitsandbytes installed, about 4 s here): an evaluation's first adapter load
+    would take that much longer than the others, and its summary would say so. A stackable adapter never needs it."""
+    import subprocess
+    import sys
+
+    model = tiny_models["qwen2"]
+    script = f"""
+import asyncio, sys
+from inference.transformers_provider import TransformersProvider
+
+async def main():
+    async with TransformersProvider(model_name={str(model.hf_dir)!r}) as provider:
+        await provider.load_adapter("a0", {str(model.adapter_dirs["a0"])!r})
+        result = await provider.generate("hello", model="m", adapter_id="a0", max_tokens=3, temperature=0)
+        assert result.completion_tokens > 0, result
+    print("peft" in sys.modules)
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
