@@ -98,7 +98,9 @@ BACKENDS: dict[str, Backend] = {
         hf_model=lambda: _hf()[0],
     ),
     "llamacpp": Backend(
-        build=lambda cache: _provider("llamacpp", model_path=str(_gguf()), **_cache_setting(cache)),
+        build=lambda cache: _provider(
+            "llamacpp", model_path=str(_gguf()), n_parallel=LLAMACPP_MODEL["n_parallel"], **_cache_setting(cache)
+        ),
         adapters=lambda: _gguf_adapters(),
         hf_model=lambda: None if LLAMACPP_MODEL["choice"] == "gemma" else _tiny().hf_dir,
     ),
@@ -107,9 +109,9 @@ BACKENDS: dict[str, Backend] = {
 CACHE_TOKENS = 16384
 """The prefix cache's budget of the contender with the cache on (the in-process providers' default is off)."""
 
-LLAMACPP_MODEL: dict[str, Any] = {"choice": "tiny"}
+LLAMACPP_MODEL: dict[str, Any] = {"choice": "tiny", "n_parallel": 4}
 """``--gguf``: the llama.cpp backend's model (``tiny``: the tiny Qwen2; ``gemma``: Gemma 3 270M Q4_K_M with random
-LoRA adapters)."""
+LoRA adapters); ``--n-parallel``: its sequences per decode (the provider's default, 4)."""
 
 
 HF_MODEL: dict[str, Any] = {"choice": "tiny"}
@@ -318,9 +320,11 @@ def main() -> int:
     parser.add_argument("--genlm-model", help="a Hugging Face model directory for genlm-backend's AsyncTransformer")
     parser.add_argument("--skip-genlm", action="store_true")
     parser.add_argument("--gguf", choices=["tiny", "gemma"], default="tiny", help="the llama.cpp backend's model")
+    parser.add_argument("--n-parallel", type=int, default=4, help="the llama.cpp backend's sequences per decode")
     parser.add_argument("--hf-model", choices=["tiny", "medium"], default="tiny", help="the Transformers model")
     args = parser.parse_args()
     LLAMACPP_MODEL["choice"] = args.gguf
+    LLAMACPP_MODEL["n_parallel"] = args.n_parallel
     HF_MODEL["choice"] = args.hf_model
     return asyncio.run(main_async(args))
 

@@ -76,3 +76,42 @@ async def test_the_llamacpp_prefix_cache_gives_the_rows_computed_whole_and_never
         misses = cached.cache_stats().misses
         assert gap(await cached.next_token_logprobs(ids, "m"), await whole.next_token_logprobs(ids, "m")) < TOLERANCE
         assert cached.cache_stats().misses == misses + 1
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+async def test_a_batch_of_particles_is_decoded_together_and_gives_the_rows_computed_alone(
+    tiny_models: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str
+) -> None:
+    import llama_cpp
+
+    model = tiny_models[arch]
+    options: dict[str, Any] = {"n_ctx": 256, "kv_cache_type": "f32", "adapter_cache_dir": tmp_path}
+    together = LlamaCppProvider(model.gguf_path, n_parallel=4, prefix_cache_tokens=512, **options)
+    alone = LlamaCppProvider(model.gguf_path, n_parallel=1, **options)
+    async with together, alone:
+        for provider in (together, alone):
+            await provider.load_adapter("a", model.adapter_dirs["a0"])
+        ids = await alone.tokenize(TEXT, "m")
+        prompt = ids[:8]
+        particles = [[*prompt, token] for token in ids[8:14]]  # six particles, each the prompt and one token
+        calls = [
+            [prompt, prompt, prompt[:-1]],  # the first step: a repeat and a prefix
+            [*particles, particles[0]],  # the next: each one new token (and a repeat)
+            [[*particle, ids[0]] for particle in particles],  # and again
+        ]
+        decodes: list[int] = []
+        real = llama_cpp.llama_decode
+        monkeypatch.setattr(
+            llama_cpp, "llama_decode", lambda ctx, batch: decodes.append(batch.n_tokens) or real(ctx, batch)
+        )
+        for adapter in (None, "a"):
+            for sequences in calls:
+                decodes.clear()
+                rows = await together.batch_next_token_logprobs(sequences, "m", adapter)
+                for row, sequence in zip(rows, sequences, strict=True):
+                    assert gap(row, await alone.next_token_logprobs(sequence, "m", adapter)) < TOLERANCE
+                if sequences is calls[1] or sequences is calls[2]:  # six distinct sequences, four per decode
+                    assert decodes == [4, 2], decodes
+        stats = together.cache_stats()
+        # per adapter: the prompt once and its prefix (decoded beside it: neither was cached yet), then a token each
+        assert stats.computed_tokens == 2 * (len(prompt) + len(prompt) - 1 + 6 + 6)

@@ -101,6 +101,19 @@ async def test_score_fails_instead_of_returning_nan(provider: InferenceProvider)
     assert again.logprob == pytest.approx(reference.logprob, abs=1e-9)
 
 
+async def test_next_token_distributions_fail_instead_of_returning_nan_and_leave_none_behind(
+    provider: InferenceProvider,
+) -> None:
+    ids = await provider.tokenize(PROMPT, "tiny")
+    sequences = [ids, [*ids, ids[0]], [*ids, ids[-1]]]  # decoded together on llama.cpp's batched provider
+    before = await provider.batch_next_token_logprobs(sequences, "tiny", "a0")
+    with pytest.raises(ProviderError, match=NOT_FINITE):
+        await provider.batch_next_token_logprobs([[*ids, token] for token in ids[:3]], "tiny", "huge")
+    after = await provider.batch_next_token_logprobs(sequences, "tiny", "a0")
+    for old, new in zip(before, after, strict=True):
+        assert float(abs(old - new).max()) < 1e-6
+
+
 async def test_a_failed_request_leaves_no_nan_behind_for_the_next_ones(provider: InferenceProvider) -> None:
     """llama.cpp frees a failed sequence's KV cells but keeps their values: NaN there poisoned every later score
     (0 x NaN in attention over masked cells) until the cache is wiped."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import itertools
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -62,7 +63,7 @@ from inference._inprocess.llamacpp_model import (
     convert_peft,
 )
 from inference._inprocess.llamacpp_native import set_thread_log_mode
-from inference._inprocess.llamacpp_prefix_cache import cached_row
+from inference._inprocess.llamacpp_prefix_cache import cached_rows
 from inference._inprocess.llamacpp_prompt import LlamaPrompts
 from inference._inprocess.llamacpp_scoring import ScoreJob, score
 from inference._inprocess.options import IN_PROCESS_OPTIONS
@@ -494,18 +495,27 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         return text.decode("utf-8", errors="replace")
 
     def _next_token_rows_blocking(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
-        """Each request's distribution with its adapters active, requests of one adapter choice one after another,
-        each from its longest cached prefix (:mod:`~inference._inprocess.llamacpp_prefix_cache`)."""
+        """Each request's distribution with its adapters active, the requests of one adapter choice together (up to
+        ``n_parallel`` per decode), each from its longest cached prefix
+        (:mod:`~inference._inprocess.llamacpp_prefix_cache`)."""
         numpy = import_optional("numpy", provider=self.name, extra="llamacpp")
         rows = numpy.empty((len(requests), self._loaded_llama().n_vocab()), dtype=numpy.float32)
         order = sorted(range(len(requests)), key=lambda index: requests[index].adapters)
-        for index in order:
-            request = requests[index]
-            llama = self._activate(request.adapters)
-            row = cached_row(self._model.llama_cpp(), numpy, llama, request, self._prefix_cache)
-            if row is None:
-                raise non_finite_logits(self.name, request.adapters)
-            rows[index] = row
+        for adapters, group in itertools.groupby(order, key=lambda index: requests[index].adapters):
+            indices = list(group)
+            llama = self._activate(adapters)
+            found = cached_rows(
+                self._model.llama_cpp(),
+                numpy,
+                llama,
+                [requests[index] for index in indices],
+                self._prefix_cache,
+                sequences=self.n_parallel,
+            )
+            for index, row in zip(indices, found, strict=True):
+                if row is None:
+                    raise non_finite_logits(self.name, adapters)
+                rows[index] = row
         result: NDArray[np.float32] = rows
         return result
 
