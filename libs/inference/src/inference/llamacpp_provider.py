@@ -126,7 +126,8 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         n_parallel: Requests generated together (continuous batching), else ``LLAMACPP_N_PARALLEL``, else 4.
             Concurrent requests for the same adapter share each ``llama_decode`` step; they share the context's
             ``n_ctx`` cells too (a request joins when its prompt plus ``max_tokens`` fits what the others left).
-            ``1`` runs requests one at a time. See :mod:`inference._inprocess.llamacpp_batch`.
+            ``1`` runs requests one at a time. See :mod:`inference._inprocess.llamacpp_batch`. The sequences of a
+            ``next_token_logprobs`` batch are decoded up to ``n_parallel`` at a time too.
         kv_cache_type: KV cache precision, one of :data:`KV_CACHE_TYPES` (``"f32"`` makes results match
             other backends to 1e-5 on unquantized weights); else ``LLAMACPP_KV_CACHE_TYPE``; else llama.cpp's
             default (f16).
