@@ -192,7 +192,6 @@ class TransformersProvider(InProcessProvider[str]):
         self._slots = PeftSlots(self._resident, spare_limit=self.spare_adapter_slots, provider=self.name)
         self._generation = HFGeneration(self._slots, self._batch_sizes, provider=self.name)
         self._scoring = HFScoring(self._slots, size, self._batch_sizes, provider=self.name)
-        self._token_counts = [0, 0]  # next-token sequences computed, their tokens (the prefix cache off)
         self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]), bound_memory=True)
 
     def __repr__(self) -> str:
@@ -271,10 +270,7 @@ class TransformersProvider(InProcessProvider[str]):
         return await self._worker.run(self._next_token_rows_now, requests)
 
     def _cache_stats(self) -> TokenCacheStats:
-        if self._prefix_cache.enabled:
-            return self._prefix_cache.stats()
-        sequences, tokens = self._token_counts
-        return TokenCacheStats(enabled=False, misses=sequences, computed_tokens=tokens)
+        return self._prefix_cache.stats()  # off, it still counts the sequences and tokens computed
 
     def _clear_cache(self) -> None:
         self._prefix_cache.clear()
@@ -355,17 +351,10 @@ class TransformersProvider(InProcessProvider[str]):
         return str(self._ensure_loaded().tokenizer.decode(list(token_ids), skip_special_tokens=False))
 
     def _next_token_rows_now(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
-        if self._prefix_cache.enabled:
-            return hf_tokens.cached_rows(self._ensure_loaded(), self._slots, requests, self._prefix_cache,
-                                         max_batch_size=self.max_batch_size, batch_sizes=self._batch_sizes,
-                                         provider=self.name)
-        rows, tokens = hf_tokens.next_token_rows(
-            self._ensure_loaded(), self._slots, requests, max_batch_size=self.max_batch_size,
+        return hf_tokens.next_token_rows(
+            self._ensure_loaded(), self._slots, requests, self._prefix_cache, max_batch_size=self.max_batch_size,
             batch_sizes=self._batch_sizes, provider=self.name,
         )
-        self._token_counts[0] += len(requests)
-        self._token_counts[1] += tokens
-        return rows
 
     def _load_adapter_now(self, adapter_id: str, source: AdapterSource) -> None:
         loaded = self._ensure_loaded()

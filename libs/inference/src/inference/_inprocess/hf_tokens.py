@@ -19,7 +19,6 @@ from inference._core.validation import AdapterScales, TokenRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.hf_model import LoadedModel
 from inference._inprocess.hf_prefix_cache import PrefixCache, kept_states, padded_past
-from inference._inprocess.hf_scoring import right_padded_pass
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.token_bytes import token_bytes
 from inference.tokens import TokenVocabulary
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["cached_rows", "next_token_rows", "vocabulary"]
+__all__ = ["next_token_rows", "vocabulary"]
 
 
 def vocabulary(loaded: LoadedModel) -> TokenVocabulary:
@@ -52,64 +51,22 @@ def next_token_rows(
     loaded: LoadedModel,
     slots: PeftSlots,
     requests: list[TokenRequest],
-    *,
-    max_batch_size: int,
-    batch_sizes: deque[int],
-    provider: str,
-) -> tuple[NDArray[np.float32], int]:
-    """The log-softmax after each request's last token, one float32 row per request, in order; and the number of
-    tokens computed. Longest first in right-padded forward passes of up to ``max_batch_size`` rows (a causal model
-    never looks at the padding after a sequence, so no attention mask), logits only at the rows' last positions.
-
-    Raises:
-        ProviderError: A row's logits are not finite (an adapter too strong for the model's dtype).
-    """
-    torch = import_optional("torch", extra="transformers", provider=provider)
-    numpy = import_optional("numpy", extra="transformers", provider=provider)
-    size = vocabulary_size(loaded)
-    out = numpy.empty((len(requests), size), dtype=numpy.float32)
-    order = sorted(range(len(requests)), key=lambda index: len(requests[index].token_ids), reverse=True)
-    for begin in range(0, len(order), max_batch_size):
-        chunk = order[begin : begin + max_batch_size]
-        reads = [requests[index].token_ids for index in chunk]
-        applied = [(requests[index].adapter_id, requests[index].adapter_scales) for index in chunk]
-        with torch.inference_mode():
-            logits, column, overflowed = right_padded_pass(
-                torch, loaded, slots, applied, reads, [len(ids) - 1 for ids in reads], batch_sizes
-            )
-            rows = torch.stack([logits[row, column[len(ids) - 1], :size] for row, ids in enumerate(reads)]).float()
-            finite = torch.isfinite(rows).all(dim=-1)
-            if overflowed is not None:
-                finite &= ~overflowed.to(finite.device)
-            for row, index in enumerate(chunk):
-                if not bool(finite[row]):
-                    raise non_finite_logits(provider, requests[index].adapters)
-            out[chunk] = torch.log_softmax(rows, dim=-1).cpu().numpy()
-    return out, sum(len(request.token_ids) for request in requests)
-
-
-def vocabulary_size(loaded: LoadedModel) -> int:
-    """How many logits the model gives per position (its output layer's rows)."""
-    output = loaded.base_model.get_output_embeddings()
-    return int(output.weight.shape[0]) if output is not None else len(loaded.tokenizer)
-
-
-def cached_rows(
-    loaded: LoadedModel,
-    slots: PeftSlots,
-    requests: list[TokenRequest],
     cache: PrefixCache,
     *,
     max_batch_size: int,
     batch_sizes: deque[int],
     provider: str,
 ) -> NDArray[np.float32]:
-    """:func:`next_token_rows` through the prefix cache (:mod:`inference._inprocess.hf_prefix_cache`).
+    """The log-softmax after each request's last token, one float32 row per request, in order, each computed
+    sequence counted in ``cache``'s statistics.
 
-    A request whose whole sequence is cached gets its row from the cache, and requests repeated in the call are
-    computed once. The others run from their longest cached prefix (or from nothing), together: in passes of up to
-    ``max_batch_size`` rows over only their new tokens, each row with its own adapter, rows with similar numbers of
-    new tokens in one pass; each computed sequence is then kept.
+    Requests repeated in the call are computed once. With the cache on
+    (:mod:`inference._inprocess.hf_prefix_cache`), a request whose whole sequence is cached gets its row from the
+    cache, and the others run from their longest cached prefix (off: from nothing). They run together: longest
+    first in right-padded forward passes of up to ``max_batch_size`` rows over only their new tokens (a causal model
+    never looks at the padding after a sequence, so no attention mask unless cached prefixes differ in length),
+    each row with its own adapter, rows with similar numbers of new tokens in one pass, logits only at the rows'
+    last positions; with the cache on, each computed sequence is then kept.
 
     Raises:
         ProviderError: A row's logits are not finite (an adapter too strong for the model's dtype).
@@ -124,9 +81,10 @@ def cached_rows(
         repeated = pending.get((adapters, ids))
         if repeated is not None:
             repeated.indices.append(index)
-            cache.counted(len(ids), 0)
+            if cache.enabled:
+                cache.counted(len(ids), 0)
             continue
-        found = cache.longest(adapters, ids)
+        found = cache.longest(adapters, ids) if cache.enabled else None
         if found is not None and found[0] == len(ids):
             out[index] = found[2]
             cache.counted(len(ids), 0)
@@ -135,17 +93,23 @@ def cached_rows(
         pending[adapters, ids] = _Extension(request, start, states, [index])
     for chunk in _passes(sorted(pending.values(), key=lambda item: item.new, reverse=True), max_batch_size):
         with torch.inference_mode():
-            rows, kept = _extend(torch, loaded, slots, chunk, batch_sizes, size, provider)
+            rows, kept = _extend(torch, loaded, slots, chunk, batch_sizes, size, provider, keep=cache.enabled)
         if isinstance(kept, str):
             cache.refuse_states(kept)
         for row, item in enumerate(chunk):
             request = item.request
             out[item.indices] = rows[row]
             cache.counted(item.start, item.new)
-            if not isinstance(kept, str):
+            if kept is not None and not isinstance(kept, str):
                 cache.put(request.adapters, request.token_ids, kept[row], rows[row].copy())
     result: NDArray[np.float32] = out
     return result
+
+
+def vocabulary_size(loaded: LoadedModel) -> int:
+    """How many logits the model gives per position (its output layer's rows)."""
+    output = loaded.base_model.get_output_embeddings()
+    return int(output.weight.shape[0]) if output is not None else len(loaded.tokenizer)
 
 
 @dataclass
@@ -185,10 +149,13 @@ def _extend(
     batch_sizes: deque[int],
     size: int,
     provider: str,
-) -> tuple[NDArray[np.float32], list[Any] | str]:
+    *,
+    keep: bool,
+) -> tuple[NDArray[np.float32], list[Any] | str | None]:
     """One forward pass over the new tokens of ``chunk``'s rows after their cached prefixes (see
-    :mod:`inference._inprocess.hf_prefix_cache`): their log-softmax rows, and each row's whole sequence's keys and
-    values (or why they cannot be kept). Call it under ``torch.inference_mode()``."""
+    :mod:`inference._inprocess.hf_prefix_cache`): their log-softmax rows, and with ``keep`` each row's whole
+    sequence's keys and values (or why they cannot be kept; ``None`` without ``keep``). Call it under
+    ``torch.inference_mode()``."""
     transformers = import_optional("transformers", extra="transformers", provider=provider)
     starts = [item.start for item in chunk]
     news = [item.request.token_ids[item.start :] for item in chunk]
@@ -204,7 +171,7 @@ def _extend(
         for row, start in enumerate(starts):
             attention_mask[row, : width - start] = 0
         attention_mask = attention_mask.to(device)
-    past = padded_past(torch, transformers, [item.states for item in chunk], starts)
+    past = padded_past(torch, transformers, [item.states for item in chunk], starts) if keep or width else None
     kept = sorted({len(tokens) - 1 for tokens in news})
     column = {position: index for index, position in enumerate(kept)}
     applied = [(item.request.adapter_id, item.request.adapter_scales) for item in chunk]
@@ -215,7 +182,7 @@ def _extend(
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past,
-            use_cache=True,
+            use_cache=keep,
             logits_to_keep=torch.tensor(kept, dtype=torch.long, device=device),
             **extra,
         )
@@ -229,4 +196,6 @@ def _extend(
         if not bool(finite[row]):
             raise non_finite_logits(provider, item.request.adapters)
     rows: NDArray[np.float32] = torch.log_softmax(logits, dim=-1).cpu().numpy()
+    if not keep:
+        return rows, None
     return rows, kept_states(torch, answer.past_key_values, starts, [len(tokens) for tokens in news], width)
