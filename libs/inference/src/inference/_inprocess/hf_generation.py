@@ -37,7 +37,7 @@ from inference._inprocess.batching import BatchRow, PendingRequest, RowLimits, R
 from inference._inprocess.constrained import GrammarRows, JsonGrammars
 from inference._inprocess.hf_model import LoadedModel, as_inference_error
 from inference._inprocess.hf_penalties import LogitBias, OpenAIPenalties
-from inference._inprocess.hf_processors import FiniteRows, LogprobRecorder, SeededRows, StreamWatch
+from inference._inprocess.hf_processors import FiniteRows, LogprobRecorder, MethodProcessor, SeededRows, StreamWatch
 from inference._inprocess.hf_prompt import prompt_token_ids
 from inference._inprocess.memory import free_cached_memory, out_of_memory
 from inference._inprocess.peft_slots import PeftSlots
@@ -337,8 +337,8 @@ class HFGeneration:
             grammar = GrammarRows(torch, [row.matcher for row in rows], width, limits)
             processors.append(grammar)
         finite = FiniteRows(torch, len(rows), min(loaded.eos_ids, default=loaded.pad_id), loaded.overflow)
-        processors.insert(0, finite.check)  # the raw logits, before any penalty or mask
-        processors.append(finite.force)  # last: sampling never sees the logits of a failed row
+        processors.insert(0, MethodProcessor(finite.check))  # the raw logits, before any penalty or mask
+        processors.append(MethodProcessor(finite.force))  # last: sampling never sees the logits of a failed row
         config = transformers.GenerationConfig(
             max_new_tokens=max(limits),
             do_sample=sampling.do_sample,

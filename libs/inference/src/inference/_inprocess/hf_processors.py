@@ -17,7 +17,7 @@ from inference.results import TokenLogprob
 if TYPE_CHECKING:
     from inference._inprocess.hf_generation import Sampling
 
-__all__ = ["FiniteRows", "LogprobRecorder", "SeededRows", "StreamWatch", "unusable_rows"]
+__all__ = ["FiniteRows", "LogprobRecorder", "MethodProcessor", "SeededRows", "StreamWatch", "unusable_rows"]
 
 
 class SeededRows:
@@ -91,6 +91,20 @@ def unusable_rows(torch: Any, logits: Any, overflow: OverflowWatch | None) -> An
     if flagged is not None and flagged.shape[0] == bad.shape[0]:
         return bad | flagged.to(bad.device)
     return bad if overflow is not None else bad | (highest <= lowest)
+
+
+class MethodProcessor:
+    """A bound method as a logits processor.
+
+    transformers reads every processor's ``__call__`` signature at every step; a bound method's ``__call__`` is a
+    builtin whose signature is parsed from text each time (about 80 us, against 10 us for this class's).
+    """
+
+    def __init__(self, method: Callable[[Any, Any], Any]) -> None:
+        self.method = method
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        return self.method(input_ids, scores)
 
 
 class FiniteRows:
