@@ -1,10 +1,10 @@
 """The token level on a Transformers model: the vocabulary as token bytes, and full next-token distributions of
 many sequences in right-padded forward passes, each row with its own adapter (or weighted combination).
 
-Everything here runs on the provider's worker thread; torch and numpy are imported on first use. With the prefix
-cache off, sequences run whole, batched (:func:`next_token_rows`); on (:func:`cached_rows`,
-:mod:`inference._inprocess.hf_prefix_cache`), the sequences of one call run together too, each from its longest
-cached prefix, in forward passes over only their new tokens.
+Everything here runs on the provider's worker thread; torch and numpy are imported on first use. One path,
+:func:`next_token_rows`, serves the prefix cache on and off: the sequences of one call run together, each from its
+longest cached prefix (:mod:`inference._inprocess.hf_prefix_cache`), in forward passes over only their new tokens;
+with the cache off nothing is kept between calls, and a sequence repeated within a call is computed once.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Two ways, both on the worker thread: :func:`score` evaluates a request's sequenc
 (:func:`~inference._inprocess.llamacpp_logits.score_sequence`, ``n_parallel=1``); :class:`ScoreWork` is a request
 as a sequence of the decode loop (:mod:`inference._inprocess.llamacpp_batch`, ``n_parallel > 1``), fed in chunks
 beside other requests' tokens, its logits read at the scored positions after each step. Both sum the same
-log-softmax (:func:`~inference._inprocess.llamacpp_logits.log_softmax`) of the same logits.
+log-probabilities (:func:`~inference._inprocess.llamacpp_logits.logprob_of`) of the same logits.
 """
 
 from __future__ import annotations
