@@ -1,4 +1,5 @@
-"""The pinned contract: light import, public import paths, GenerationResult and the generate signature."""
+"""The pinned contract: light import, public import paths, GenerationResult, the generate signature, and capability
+flags that agree with the hooks each provider implements."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import sys
 import pytest
 
 import inference
+from inference._core.validation import GenerationRequest
 from inference.fake_provider import FakeProvider
 from inference.provider import GenerationResult, InferenceProvider
+from inference.registry import PROVIDER_REGISTRY, load_provider_class
 
 HEAVY_MODULES = ("torch", "transformers", "llama_cpp", "openai", "peft", "vllm", "httpx", "jsonschema", "numpy")
 """Not imported by ``import inference`` nor by the fake provider: httpx comes with an HTTP provider (or a
@@ -102,3 +105,56 @@ def test_generate_signature_is_pinned() -> None:
     assert parameters["max_tokens"].default == 4096
     for method in ("generate", "load_adapter", "unload_adapter", "list_adapters", "aclose"):
         assert inspect.iscoroutinefunction(getattr(InferenceProvider, method))
+
+
+CAPABILITY_HOOKS = {
+    "supports_adapters": ("_load_adapter", "_unload_adapter"),
+    "supports_scoring": ("_score",),
+    "supports_tokenize": ("_tokenize_text", "_detokenize_ids", "_token_vocabulary"),
+    "supports_next_token_logprobs": ("_next_token_logprobs", "_token_vocabulary"),
+    "supports_token_prompts": ("_token_vocabulary",),
+}
+"""The hooks a provider implements for each capability flag (the base class's hooks refuse)."""
+
+FLAG_FOLLOWS_ITS_FIRST_HOOK = ("supports_adapters", "supports_scoring", "supports_tokenize",
+                               "supports_next_token_logprobs")
+"""Flags that are true exactly where their first hook is implemented (an implemented hook behind a false flag is
+never reached: the base class refuses first)."""
+
+
+def _flag_disagreements(cls: type[InferenceProvider]) -> list[str]:
+    """What a provider class's capability flags say that its hooks do not, or the other way round."""
+    found = []
+    for flag, hooks in CAPABILITY_HOOKS.items():
+        missing = [hook for hook in hooks if getattr(cls, hook) is getattr(InferenceProvider, hook)]
+        if getattr(cls, flag) and missing:
+            found.append(f"{flag} is true but {', '.join(missing)} not implemented")
+        elif not getattr(cls, flag) and flag in FLAG_FOLLOWS_ITS_FIRST_HOOK and hooks[0] not in missing:
+            found.append(f"{hooks[0]} is implemented but {flag} is false")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(PROVIDER_REGISTRY))
+def test_every_providers_capability_flags_agree_with_the_hooks_it_implements(name: str) -> None:
+    assert _flag_disagreements(load_provider_class(name)) == []
+
+
+def test_a_flag_without_its_hooks_or_a_hook_without_its_flag_is_found() -> None:
+    class Claims(FakeProvider):  # a tokenizing provider whose vocabulary hook went missing
+        _token_vocabulary = InferenceProvider._token_vocabulary
+
+    class Forgets(InferenceProvider):
+        name = "forgets"
+
+        async def _generate(self, request: GenerationRequest) -> GenerationResult:
+            raise AssertionError("never called")
+
+        async def _tokenize_text(self, text: str, model: str) -> list[int]:
+            return []
+
+    assert _flag_disagreements(Claims) == [
+        "supports_tokenize is true but _token_vocabulary not implemented",
+        "supports_next_token_logprobs is true but _token_vocabulary not implemented",
+        "supports_token_prompts is true but _token_vocabulary not implemented",
+    ]
+    assert _flag_disagreements(Forgets) == ["_tokenize_text is implemented but supports_tokenize is false"]
