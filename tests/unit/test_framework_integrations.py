@@ -16,7 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, NativeOutput
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 
 from inference._core.validation import GenerationRequest
@@ -92,6 +92,23 @@ async def test_a_pydantic_ai_agent_calls_its_tool_then_returns_structured_output
     call = second.messages[-2]["tool_calls"][0]
     assert second.messages[-1] == {"role": "tool", "tool_call_id": call["id"], "content": f"sunny in {looked_up[0]}"}
 
+
+
+async def test_a_pydantic_ai_agent_with_native_output_calls_its_tool_then_answers_in_json() -> None:
+    provider, looked_up = Recording(), []
+    agent = Agent(InferenceModel(provider, "fake-model"), output_type=NativeOutput(Forecast))
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        looked_up.append(city)
+        return "sunny"
+
+    result = await agent.run("Weather in Paris?")
+    assert isinstance(result.output, Forecast) and len(looked_up) == 1
+    first, second = provider.requests
+    assert first.json_schema is not None and first.tools is not None  # both sent; the call answered first
+    assert second.messages[-1]["role"] == "tool"
 
 async def test_a_pydantic_ai_agent_streams_on_the_provider() -> None:
     provider, looked_up = Recording(), []

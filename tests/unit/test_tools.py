@@ -245,6 +245,22 @@ async def test_a_stream_ends_with_a_result_carrying_the_calls() -> None:
     assert all(isinstance(item, GenerationResult) and item.tool_calls for item in batch)
 
 
+
+async def test_a_json_schema_beside_tools_checks_the_answer_never_the_calls() -> None:
+    """A backend that takes both (the fake, vLLM, OpenAI) may answer with calls first: they come back, and the
+    answer after the tool results is the one held to the schema."""
+    provider = FakeProvider()
+    schema = {"type": "object", "properties": {"forecast": {"type": "string"}}, "required": ["forecast"]}
+    messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    first = await provider.generate(messages, "m", tools=[WEATHER], json_schema=schema)
+    assert first.finish_reason == "tool_calls" and first.tool_calls is not None
+    events = [event async for event in provider.stream(messages, "m", tools=[WEATHER], json_schema=schema)]
+    assert isinstance(events[-1], GenerationResult) and events[-1].tool_calls == first.tool_calls
+    messages += [first.as_message(), first.tool_calls[0].answer("sunny")]
+    second = await provider.generate(messages, "m", tools=[WEATHER], json_schema=schema)
+    assert second.tool_calls is None and isinstance(json.loads(second.text)["forecast"], str)
+
+
 # Calls the backends read -------------------------------------------------------------------------------------
 
 

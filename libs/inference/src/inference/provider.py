@@ -489,8 +489,9 @@ class InferenceProvider(ScoringProvider):
     def _kept_to_schema(self, request: GenerationRequest, result: GenerationResult) -> GenerationResult:
         """``result``, once its text is checked against the request's ``json_schema`` (when it has one): a finished
         text that does not parse or validate, or a cut one that is not the beginning of JSON, is a
-        :class:`ProviderError`."""
-        if request.json_schema is not None:
+        :class:`ProviderError`. An answer that calls tools is not the schema's answer yet (a server that takes
+        ``json_schema`` beside ``tools``): its calls are returned, its text left as it is."""
+        if request.json_schema is not None and not result.tool_calls:
             from inference._core.json_schemas import check_answer
 
             check_answer(result.text, request.json_schema, result.finish_reason, provider=self.name)
