@@ -50,6 +50,8 @@ def test_each_shape_splits_into_an_id_or_scales(choice: Any, expected: Any) -> N
         (("math", -1e300), "float32 can hold"),
         ([("math", 1.0), ("math", 0.5)], "appears twice"),
         ([("../etc", 1.0)], "is not valid"),
+        ([("math\n", 1.0)], "is not valid"),  # the whole id is checked: not "math" and a line break
+        ("math\n", "is not valid"),
         ([("math", 1.0, 2.0)], "is not an \\(id, scale\\) pair"),
         (42, "adapter_id must be an adapter id"),
         (b"math", "adapter_id must be an adapter id"),

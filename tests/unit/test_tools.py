@@ -103,6 +103,7 @@ def test_tools_are_checked_and_normalised_into_the_request() -> None:
         ([{"type": "function", "function": {"parameters": {}}}], None, "tools[0] has no name"),
         ([TIME, {"type": "function", "function": {"name": ""}}], None, "tools[1] has no name"),
         ([{"type": "function", "function": {"name": "a b"}}], None, "tools[0] is named 'a b'"),
+        ([{"type": "function", "function": {"name": "f\n"}}], None, "tools[0] is named 'f\\n'"),
         (
             [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
             None,

@@ -107,7 +107,7 @@ def tool_definition(tool: object, *, name: str = "tools", fail: Fail | None = No
         )
     if not isinstance(tool_name, str) or not tool_name:
         raise fail(f"{name} has no name: give 'function': {{'name': ...}} (1-64 letters, digits, '_', '.' or '-')")
-    if not _NAME.match(tool_name):
+    if not _NAME.fullmatch(tool_name):
         raise fail(f"{name} is named {tool_name!r}: a tool's name is 1-64 letters, digits, '_', '.' or '-'")
     if description is None:
         description = ""

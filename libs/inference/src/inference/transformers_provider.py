@@ -28,7 +28,6 @@ torch, transformers and peft are imported on first use only.
 from __future__ import annotations
 
 import gc
-import re
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -59,9 +58,6 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = ["TransformersProvider"]
-
-_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
-_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")

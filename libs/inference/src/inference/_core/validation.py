@@ -52,7 +52,7 @@ def validate_adapter_id(adapter_id: object, *, provider: str) -> str:
 
 
 def _adapter_id(value: object, name: str, fail: Fail) -> str:
-    if not isinstance(value, str) or not ADAPTER_ID_PATTERN.match(value):
+    if not isinstance(value, str) or not ADAPTER_ID_PATTERN.fullmatch(value):
         raise fail(
             f"adapter id {value!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (no path separators, spaces or shell characters)"

@@ -120,7 +120,7 @@ def lora_module_weights(
     """
     halves: dict[str, dict[str, Any]] = {}
     for key, tensor in tensors.items():
-        match = _LORA_KEY.match(key)
+        match = _LORA_KEY.fullmatch(key)
         if match is None:
             if ".lora_" in key:  # lora_embedding_A, a DoRA magnitude...: more than a linear layer's A and B
                 raise ValueError(f"{key} is not a linear layer's lora_A or lora_B")

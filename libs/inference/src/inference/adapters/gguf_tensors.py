@@ -97,7 +97,7 @@ def gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider
 
     pairs: dict[str, dict[str, Any]] = {}
     for key, array in weights.items():
-        match = _PEFT_KEY.match(key)
+        match = _PEFT_KEY.fullmatch(key)
         if match is None:
             if "lora_embedding" in key:
                 raise refuse(f"it adapts an embedding ({key}); only linear layers are supported")

@@ -238,7 +238,7 @@ def check_ranks(
     """
     pairs: dict[str, dict[str, tuple[int, ...]]] = {}
     for name, shape in shapes.items():
-        match = _LORA_MATRIX.match(name)
+        match = _LORA_MATRIX.fullmatch(name)
         if match is not None and len(shape) == 2:
             pairs.setdefault(match["module"], {})[match["side"]] = tuple(shape)
     rank_pattern = config.get("rank_pattern") or {}
@@ -310,7 +310,7 @@ def check_layer_shapes(
         refuse: Builds the error from a reason (its message starts with what the adapter is).
     """
     for key, shape in sorted(shapes.items()):
-        match = _LORA_MATRIX.match(key)
+        match = _LORA_MATRIX.fullmatch(key)
         if match is None:
             continue
         module, side = match["module"], match["side"]

@@ -94,7 +94,7 @@ class AdapterWeights:
         shapes: dict[str, tuple[int, ...]] = {}
         sides: dict[str, set[str]] = {}
         for name, tensor in self.tensors.items():
-            match = _LORA_KEY.match(name) if isinstance(name, str) else None
+            match = _LORA_KEY.fullmatch(name) if isinstance(name, str) else None
             if match is None:
                 raise refuse(
                     f"hold a tensor {repr(name)[:100]} that is not a LoRA matrix (<module>.lora_A.weight or "

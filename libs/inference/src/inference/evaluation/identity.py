@@ -214,7 +214,7 @@ def _shorten(candidate: str) -> str:
     if len(candidate) <= 128:
         return candidate
     cut = candidate[-128:].lstrip("._-")
-    return cut if ADAPTER_ID_PATTERN.match(cut) else adapter_id_for(cut)
+    return cut if ADAPTER_ID_PATTERN.fullmatch(cut) else adapter_id_for(cut)
 
 
 def first_row_per_pair(rows: Iterable[_RowT]) -> list[_RowT]:

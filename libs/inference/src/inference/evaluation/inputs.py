@@ -203,7 +203,7 @@ def adapter_id_for(path: str | os.PathLike[str]) -> str:
     path = Path(path)
     name = path.stem if path.suffix.lower() == ".gguf" else path.name
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("._-")[:128].rstrip("-") or "adapter"
-    if not ADAPTER_ID_PATTERN.match(cleaned):  # pragma: no cover - the substitutions above make it valid
+    if not ADAPTER_ID_PATTERN.fullmatch(cleaned):  # pragma: no cover - the substitutions above make it valid
         cleaned = "adapter"
     return cleaned
 
