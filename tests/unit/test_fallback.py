@@ -33,6 +33,7 @@ from inference.fallback import falls_through
 from inference.openai_provider import OpenAIProvider
 from inference.options import OptionMap, Refused
 from inference.results import ScoreResult, StreamEvent
+from inference.tokens import TokenIds
 
 BASE = "http://gateway.test:4000/v1"
 CHAT = f"{BASE}/chat/completions"
@@ -183,6 +184,23 @@ async def test_tools_go_to_the_provider_that_takes_them() -> None:
     assert route.call_count == 0 and result.provider == "fake" and result.tool_calls is not None
     assert fallback.supports_tools and not openai.supports_tools
 
+
+
+async def test_token_ids_go_to_the_providers_that_take_them() -> None:
+    openai = OpenAIProvider(base_url=BASE, api_key="sk-x", max_retries=0)  # takes no TokenIds prompt
+    local = FakeProvider()
+    fallback = FallbackProvider([openai, local])
+    assert fallback.supports_token_prompts and not openai.supports_token_prompts
+    ids = TokenIds(await local.tokenize("Hello there", model="m"))
+    with respx.mock(assert_all_called=False) as router:
+        route = router.post(CHAT)
+        result = await fallback.generate(ids, model="m", max_tokens=3)
+        events = [event async for event in fallback.stream(ids, model="m", max_tokens=3)]
+    assert route.call_count == 0 and result.provider == "fake"
+    assert result.text == (await local.generate(ids, model="m", max_tokens=3)).text
+    assert isinstance(events[-1], GenerationResult) and events[-1].text == result.text
+    with pytest.raises(UnsupportedOperationError, match="supports_token_prompts"):
+        await FallbackProvider([openai]).generate(ids, model="m")
 
 async def test_adapters_load_into_the_providers_that_take_them_and_requests_go_where_the_adapter_is() -> None:
     openai, local = OpenAIProvider(base_url=BASE, max_retries=0), FakeProvider()

@@ -23,6 +23,9 @@ retried elsewhere). When every provider failed, the last error is raised (on Pyt
 each provider's error).
 
 A stream falls back only before its first piece: once text has reached the caller, an error is raised as it is.
+The ``timeout`` option bounds each provider's attempt, so that a provider too slow for it falls through to the next;
+bound the whole call with ``asyncio.timeout``. A :class:`~inference.tokens.TokenIds` prompt goes only to the
+providers that take token ids: give such a prompt only to providers of one model (ids are a model's own).
 
 Example:
     >>> import asyncio
@@ -57,6 +60,7 @@ from inference.messages import Prompt
 from inference.options import GenerationOptions, OptionMap, Sent
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult, ScoreResult, StreamEvent
+from inference.tokens import TokenIds
 
 if TYPE_CHECKING:
     import os
@@ -171,6 +175,7 @@ class FallbackProvider(InferenceProvider):
             "supports_json_schema",
             "supports_tools",
             "supports_adapter_scales",
+            "supports_token_prompts",
         ):  # per instance: what this list of providers can do
             setattr(self, capability, any(getattr(provider, capability) for provider in self.providers))
 
@@ -208,7 +213,7 @@ class FallbackProvider(InferenceProvider):
             model_name = self._models[index] or model
             return await provider.generate(prompt, model_name, adapter_id, *positional, **options)
 
-        index, result = await self._first(self._candidates(adapter_id), attempt, "generate")
+        index, result = await self._first(self._candidates(adapter_id, prompt=prompt), attempt, "generate")
         return dataclasses.replace(result, provider=self.labels[index])
 
     async def stream(
@@ -227,7 +232,7 @@ class FallbackProvider(InferenceProvider):
         self._check(locals())
         positional = (max_tokens, system_prompt, temperature, top_p, repetition_penalty)
         errors: list[tuple[int, BaseException]] = []
-        for index in self._candidates(adapter_id):
+        for index in self._candidates(adapter_id, prompt=prompt):
             provider, label = self.providers[index], self.labels[index]
             events = provider.stream(prompt, self._models[index] or model, adapter_id, *positional, **options)
             try:
@@ -365,11 +370,14 @@ class FallbackProvider(InferenceProvider):
         """Check the arguments once, for every provider (an invalid request is never tried anywhere)."""
         self._request("generate", arguments)
 
-    def _candidates(self, adapter_id: object, capability: str | None = None) -> list[int]:
-        """The providers a request may go to: those with ``capability``, and with adapters when it names one."""
+    def _candidates(self, adapter_id: object, capability: str | None = None, *, prompt: object = None) -> list[int]:
+        """The providers a request may go to: those with ``capability``, with adapters when it names one, and
+        taking token ids when ``prompt`` is a :class:`~inference.tokens.TokenIds`."""
         needed = [capability] if capability else []
         if adapter_id is not None:
             needed.append("supports_adapters")
+        if isinstance(prompt, TokenIds):
+            needed.append("supports_token_prompts")
         return self._with(*needed)
 
     def _with(self, *wanted: str, operation: str | None = None) -> list[int]:

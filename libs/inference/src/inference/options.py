@@ -626,7 +626,7 @@ class RequestOptions(TypedDict, total=False):
         timeout: Seconds the call may take (the whole call: waiting for the adapter, generating, and for a stream
             every piece); then it is cancelled (an in-process generation stops within a token) and raises
             :class:`~inference.exceptions.ProviderTimeoutError`. ``None``: no limit besides a server provider's
-            own ``timeout`` setting per answer.
+            own ``timeout`` setting per answer. On a :class:`~inference.FallbackProvider`, each provider's attempt.
     """
 
     stop: str | Sequence[str] | None
