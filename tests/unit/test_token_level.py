@@ -266,6 +266,34 @@ async def test_a_cancelled_caller_keeps_its_adapter_loaded_until_the_backend_is_
     assert fake.resident_adapters == []
 
 
+
+async def test_a_caller_cancelled_in_a_batch_the_backend_refuses_is_cancelled_and_frees_its_adapter() -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class Picky(FakeProvider):  # refuses a batch holding token 42, once the batch has run a while
+        async def _next_token_logprobs(self, requests: list[TokenRequest]) -> Any:
+            started.set()
+            await release.wait()
+            if any(42 in request.token_ids for request in requests):
+                raise InvalidRequestError("the backend refuses token 42", provider=self.name)
+            return await super()._next_token_logprobs(requests)
+
+    fake = Picky()
+    await fake.load_adapter("a", "/adapters/a")
+    cancelled = asyncio.ensure_future(fake.next_token_logprobs([BOS, 5], "m", adapter_id="a"))
+    refused = asyncio.ensure_future(fake.next_token_logprobs([BOS, 42], "m"))
+    kept = asyncio.ensure_future(fake.next_token_logprobs([BOS, 6], "m"))
+    await started.wait()
+    cancelled.cancel()
+    release.set()
+    await asyncio.wait([cancelled], timeout=60)  # a guard: it used to wait for ever (the retries skipped it)
+    assert cancelled.cancelled()
+    with pytest.raises(InvalidRequestError, match="token 42"):
+        await refused
+    assert (await kept).shape == (259,)
+    await fake.unload_adapter("a")  # nothing holds the adapter any more
+    assert fake.resident_adapters == []
+
 async def test_a_caller_cancelled_before_its_batch_starts_is_left_out() -> None:
     fake = Recording()
     kept = asyncio.ensure_future(fake.next_token_logprobs([BOS, 5], "m"))

@@ -121,9 +121,16 @@ class TokenBatcher:
             if len(calls) == 1:
                 _fail(calls, error)
                 return
-            for call in calls:  # one caller's bad input must not fail the others: each on its own
-                if not call.abandoned:
-                    await self._run_batch([call])
+            try:
+                for call in calls:  # one caller's bad input must not fail the others: each on its own
+                    if call.abandoned:
+                        call.future.cancel()  # its caller was cancelled while the batch ran: it stops waiting
+                    else:
+                        await self._run_batch([call])
+            finally:
+                for call in calls:  # a retry that was itself cancelled leaves no caller waiting for ever
+                    if not call.future.done():
+                        call.future.cancel()
             return
         except Exception as error:
             _fail(calls, error)
