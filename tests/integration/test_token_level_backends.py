@@ -201,6 +201,42 @@ async def test_a_token_ids_prompt_and_the_generated_ids_agree_with_text_on_both_
     assert answers[0] == answers[1]
 
 
+
+async def test_the_generated_ids_and_logprobs_are_the_tokens_that_make_the_text_on_both_backends(
+    pair: tuple[InferenceProvider, InferenceProvider, Any],
+) -> None:
+    """With a stop string cut from the text, or an end token, the ids and logprobs are the fewest tokens whose text
+    starts with ``text`` (a token wholly in the stop string is left out, one partly in the text kept), the same on
+    both backends; ``completion_tokens`` still counts every token generated."""
+    from inference import TokenIds
+
+    llamacpp, transformers, _ = pair
+    ids = await transformers.tokenize(TEXT, "m")
+    greedy: dict[str, Any] = {"model": "m", "adapter_id": "a0", "max_tokens": 10, "temperature": 0,
+                              "return_token_ids": True, "logprobs": 0}
+    full = await transformers.generate(TokenIds(ids), **greedy)
+    assert full.token_ids is not None and len(full.text) > 8
+    pieces = [await transformers.detokenize([token], "m") for token in full.token_ids]
+    whole_token = next(piece for piece in pieces[2:] if piece.strip() and full.text.count(piece) == 1)
+    stops = [whole_token, full.text[5:7], full.text[3:8]]
+    eos = (await transformers.token_vocabulary("m")).eos_ids[0]
+    answers = []
+    for provider in (llamacpp, transformers):
+        mine = []
+        for stop in stops:
+            result = await provider.generate(TokenIds(ids), stop=[stop], **greedy)
+            kept = result.token_ids
+            assert kept is not None and result.logprobs is not None and result.finish_reason == "stop"
+            assert kept == full.token_ids[: len(kept)] and len(kept) < result.completion_tokens
+            assert [entry.token_id for entry in result.logprobs] == list(kept)
+            assert (await provider.detokenize(kept, "m")).startswith(result.text)
+            assert not kept or not (await provider.detokenize(kept[:-1], "m")).startswith(result.text)
+            mine.append(kept)
+        ended = await provider.generate(TokenIds(ids), logit_bias={eos: 100.0}, **greedy)
+        assert (ended.text, ended.token_ids, ended.logprobs, ended.finish_reason) == ("", (), (), "stop")
+        answers.append(mine)
+    assert answers[0] == answers[1]
+
 async def test_rows_with_an_adapter_are_plain_peft_and_genlm_backend_s_own_async_transformer(
     pair: tuple[InferenceProvider, InferenceProvider, Any],
 ) -> None:

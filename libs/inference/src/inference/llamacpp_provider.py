@@ -184,7 +184,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         "raw_prompt": Sent("prompt text", "tokenized as it is, with the BOS the vocabulary adds, no chat template"),
         "chat_template": Sent("Jinja2ChatFormatter", "the request's template instead of the GGUF's"),
         "chat_template_kwargs": Sent("template variables", "passed to the chat template's rendering"),
-        "return_token_ids": Sent("token_ids", "the generated ids, the end token included"),
+        "return_token_ids": Sent("token_ids", "the ids that make the text: no end token, no cut stop string"),
     }
     batches_mixed_adapters = False
     supports_scoring = True

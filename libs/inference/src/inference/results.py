@@ -124,7 +124,8 @@ class GenerationResult:
         token_ids: The generated token ids when the request asked for them (``return_token_ids=True``), else
             ``None``: the tokens that make ``text``, as the model produced them. The end-of-sequence token is not
             included, nor the tokens of a stop string cut from ``text`` (a token only partly in ``text`` is), so
-            ``detokenize(token_ids)`` starts with ``text`` (and is ``text`` when no stop string cut a token).
+            ``detokenize(token_ids)`` starts with ``text`` (and is ``text`` when no stop string cut a token). The
+            vLLM server's are vLLM's own, which go on to those tokens.
         choices: The ``n`` completions when the request asked for ``n > 1``, in order, each a result of its own
             (its text, finish reason, logprobs, tool calls, reasoning and token counts); ``None`` for ``n = 1``.
             This result is then the first choice (``text == choices[0].text``...) except for its token counts,

@@ -139,7 +139,7 @@ class TransformersProvider(InProcessProvider[str]):
         "raw_prompt": Sent("prompt text", "tokenized as it is, with the special tokens the tokenizer adds"),
         "chat_template": Sent("apply_chat_template(chat_template=...)", "instead of the model's template"),
         "chat_template_kwargs": Sent("apply_chat_template(**kwargs)", "the chat template's variables"),
-        "return_token_ids": Sent("token_ids", "the generated ids, the end token included"),
+        "return_token_ids": Sent("token_ids", "the ids that make the text: no end token, no cut stop string"),
     }
     batches_mixed_adapters = True
     supports_scoring = True

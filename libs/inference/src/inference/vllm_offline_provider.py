@@ -23,6 +23,7 @@ from inference._core.scoring import ScoreTokens, rolling_windows, score_tokens, 
 from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest
 from inference._inprocess.hf_prompt import model_chat_template, prompt_token_ids
 from inference._inprocess.options import IN_PROCESS_OPTIONS
+from inference._inprocess.streaming import tokens_of_text
 from inference._inprocess.vllm_engine import (
     GREEDY,
     Engine,
@@ -122,7 +123,7 @@ class VLLMOfflineProvider(InferenceProvider):
         "raw_prompt": Sent("prompt_token_ids", "the text tokenized as it is (the in-process prompt rule)"),
         "chat_template": Sent("apply_chat_template(chat_template=...)", "instead of the model's template"),
         "chat_template_kwargs": Sent("apply_chat_template(**kwargs)", "the chat template's variables"),
-        "return_token_ids": Sent("token_ids", "the generated ids"),
+        "return_token_ids": Sent("token_ids", "the ids that make the text: no end token, no cut stop string"),
     }
     supports_adapters = True
     hot_swaps_adapters = True
@@ -280,7 +281,7 @@ class VLLMOfflineProvider(InferenceProvider):
                 if request.logprobs is not None:
                     logprobs.extend(token_logprobs(completion.token_ids, completion.logprobs, request.logprobs))
                 finish_reason = completion.finish_reason or finish_reason
-        yield self._result(request, len(ids), "".join(pieces), tokens, logprobs, finish_reason)
+        yield self._result(engine, request, len(ids), "".join(pieces), tokens, logprobs, finish_reason)
 
     async def _choices(self, request: GenerationRequest) -> GenerationResult:
         """A request for ``n`` completions: one engine request with vLLM's ``n`` (its children share the prompt's
@@ -310,7 +311,7 @@ class VLLMOfflineProvider(InferenceProvider):
             )
         return GenerationResult.from_choices([
             self._result(
-                request, len(ids), completion.text, list(completion.token_ids),
+                engine, request, len(ids), completion.text, list(completion.token_ids),
                 token_logprobs(completion.token_ids, completion.logprobs, request.logprobs)
                 if request.logprobs is not None else [],
                 completion.finish_reason,
@@ -320,6 +321,7 @@ class VLLMOfflineProvider(InferenceProvider):
 
     def _result(
         self,
+        engine: Engine,
         request: GenerationRequest,
         prompt_tokens: int,
         text: str,
@@ -327,9 +329,23 @@ class VLLMOfflineProvider(InferenceProvider):
         logprobs: list[TokenLogprob],
         finish_reason: str | None,
     ) -> GenerationResult:
-        """One completion's result; an aborted one (never a complete answer) is a :class:`ProviderError`."""
+        """One completion's result; an aborted one (never a complete answer) is a :class:`ProviderError`.
+
+        vLLM's token ids (and logprobs) go on to the end-of-sequence token and the token that completed a stop
+        string; the result's are the tokens that make ``text``, as on the other in-process backends
+        (:func:`~inference._inprocess.streaming.tokens_of_text`), while ``completion_tokens`` counts them all.
+        """
         if finish_reason == "abort":
             raise ProviderError("vLLM's engine aborted the request before it finished", provider=self.name)
+        made = tokens
+        if finish_reason == "stop" and tokens and tokens[-1] == engine.tokenizer.eos_token_id:
+            made = tokens[:-1]
+        if finish_reason == "stop" and request.stop:
+
+            def decode(ids: list[int]) -> str:
+                return str(engine.tokenizer.decode(ids, skip_special_tokens=True))  # vLLM's text of its tokens
+
+            made = made[: tokens_of_text(text, made, decode)]
         return GenerationResult(
             text=text,
             model=self.model_name,
@@ -338,8 +354,8 @@ class VLLMOfflineProvider(InferenceProvider):
             finish_reason=finish_reason or "stop",  # kept as vLLM says it: the base class refuses "abort" and the like
             prompt_tokens=prompt_tokens,
             completion_tokens=len(tokens),
-            logprobs=tuple(logprobs) if request.logprobs is not None else None,
-            token_ids=tuple(tokens) if request.return_token_ids else None,
+            logprobs=tuple(logprobs[: len(made)]) if request.logprobs is not None else None,
+            token_ids=tuple(made) if request.return_token_ids else None,
         )
 
     async def _outputs(

@@ -230,7 +230,8 @@ class VLLMProvider(OpenAICompatibleProvider):
             "chat_template_kwargs.enable_thinking",
             "the template's switch; the reasoning comes back apart where vLLM runs a --reasoning-parser",
         ),
-        "return_token_ids": Sent("return_token_ids", "vLLM's request field: the answer's token_ids"),
+        "return_token_ids": Sent("return_token_ids", "vLLM's request field: the answer's token_ids, as vLLM gives them "
+                                 "(a final end token and a cut stop string's tokens included)"),
         "n": Sent(
             "n",
             "vLLM's n: the prompt computed once, seeds seed, seed + 1, ... (the choices of n requests with those "

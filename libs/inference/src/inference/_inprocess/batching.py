@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from inference._core.validation import GenerationRequest
+from inference._inprocess.streaming import tokens_of_text
 from inference.provider import GenerationResult
 
 __all__ = ["BatchQueue", "BatchRow", "PendingRequest", "RowLimits", "RowsCancelled", "cut_row", "left_pad"]
@@ -209,12 +210,14 @@ def cut_row(
     eos_ids: frozenset[int],
     stops: tuple[str, ...],
     decode: Callable[[list[int]], str],
-) -> tuple[str, int, str]:
+) -> tuple[str, int, int, str]:
     """Cut one row's new tokens at its limit, its first end-of-sequence token or its first stop string.
 
     Returns:
-        ``(text, completion_tokens, finish_reason)``; the stop string and end-of-sequence token are not
-        part of the text. ``finish_reason`` is ``"stop"`` or ``"length"``.
+        ``(text, completion_tokens, kept, finish_reason)``: the stop string and end-of-sequence token are not
+        part of the text; ``completion_tokens`` counts the tokens generated up to the one that completed the stop
+        string, ``kept`` the first of them that make the text (:func:`~inference._inprocess.streaming.tokens_of_text`:
+        the result's token ids and logprobs). ``finish_reason`` is ``"stop"`` or ``"length"``.
     """
     tokens, finish_reason = tokens[:limit], "length"
     end = next((index for index, token in enumerate(tokens) if token in eos_ids), None)
@@ -223,8 +226,9 @@ def cut_row(
     text = decode(tokens)
     cuts = [text.index(stop) for stop in stops if stop in text]
     if not cuts:
-        return text, len(tokens), finish_reason
+        return text, len(tokens), len(tokens), finish_reason
     count = next(
         (n for n in range(1, len(tokens) + 1) if any(stop in decode(tokens[:n]) for stop in stops)), len(tokens)
     )
-    return text[: min(cuts)], count, "stop"
+    text = text[: min(cuts)]
+    return text, count, tokens_of_text(text, tokens[:count], decode), "stop"

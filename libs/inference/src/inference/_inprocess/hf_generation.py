@@ -443,12 +443,14 @@ class HFGeneration:
             ended = grammar.ended[index]
             if ended is not None:
                 tokens = tokens[:ended]  # the JSON is complete (and, maybe, the end-of-sequence token after it)
-        text, completion_tokens, finish_reason = cut_row(tokens, row.limit, loaded.eos_ids, request.stop, loaded.decode)
+        text, completion_tokens, kept, finish_reason = cut_row(
+            tokens, row.limit, loaded.eos_ids, request.stop, loaded.decode
+        )
         if ended is not None and ended <= row.limit:
             finish_reason = "stop"
         logprobs = None
         if outputs.logprobs is not None and request.logprobs is not None:
-            logprobs = outputs.logprobs.row(loaded, index, tokens[:completion_tokens], request.logprobs)
+            logprobs = outputs.logprobs.row(loaded, index, tokens[:kept], request.logprobs)
         prompt_tokens = len(row.prompt_ids)
         return GenerationResult(
             text=text,
@@ -459,7 +461,7 @@ class HFGeneration:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             logprobs=logprobs,
-            token_ids=tuple(tokens[:completion_tokens]) if request.return_token_ids else None,
+            token_ids=tuple(tokens[:kept]) if request.return_token_ids else None,
         )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from inference._core.validation import GenerationRequest
 from inference._inprocess.base import non_finite_logits
 from inference._inprocess.llamacpp_logits import JsonMask, finite_logits, token_logprob
-from inference._inprocess.streaming import PieceAssembler, PieceSink
+from inference._inprocess.streaming import PieceAssembler, PieceSink, tokens_of_text
 from inference.provider import GenerationResult
 from inference.results import TokenLogprob
 
@@ -97,6 +97,7 @@ class Completion:
         self._pieces = PieceAssembler(request.stop, sink)
         self._text = ""
         self._stopped = False
+        self._cut = False  # a stop string cut the text
 
     def add(self, token: int, logits: Callable[[], Any] | None = None) -> bool:
         """Take the next sampled token; return ``True`` when the request is complete.
@@ -122,14 +123,16 @@ class Completion:
         self._text += self._decoder.decode(self.tokens.raw_bytes(token))  # byte pieces concatenate to the text
         cut = self._pieces.update(self._text)
         if cut is not None:
-            self._text, self.finish_reason, self._stopped = self._text[:cut], "stop", True
-            if self.logprobs:
-                self.logprobs.pop()  # the token that completed the stop string is not part of the text
+            self._text, self.finish_reason, self._stopped, self._cut = self._text[:cut], "stop", True, True
             return True
         if self.mask is not None and self.mask.consume(token):
             self.finish_reason = "stop"  # the JSON is complete
             return True
         return len(self.generated) >= self.limit
+
+    def _decode(self, tokens: list[int]) -> str:
+        """The text of ``tokens`` (as the pieces decoded one by one make it)."""
+        return b"".join(self.tokens.raw_bytes(token) for token in tokens).decode("utf-8", errors="replace")
 
     def result(self, *, model: str, prompt_tokens: int) -> GenerationResult:
         """The request's result (the last pieces go to the sink first)."""
@@ -137,6 +140,8 @@ class Completion:
             self._text += self._decoder.decode(b"", final=True)
             self._pieces.finish(self._text)
             self._stopped = True
+        made = self.generated[:-1] if self.generated and self.tokens.is_end(self.generated[-1]) else self.generated
+        kept = tokens_of_text(self._text, made, self._decode) if self._cut else len(made)
         return GenerationResult(
             text=self._text,
             model=model,
@@ -145,6 +150,6 @@ class Completion:
             finish_reason=self.finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=len(self.generated),
-            logprobs=None if self.logprobs is None else tuple(self.logprobs),
-            token_ids=tuple(self.generated) if self.request.return_token_ids else None,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs[:kept]),
+            token_ids=tuple(made[:kept]) if self.request.return_token_ids else None,
         )

@@ -33,6 +33,7 @@ __all__ = [
     "run_on_worker",
     "stream_from_worker",
     "stream_job",
+    "tokens_of_text",
 ]
 
 PieceSink = Callable[[str], None]
@@ -44,6 +45,19 @@ WorkerJob = Callable[[GenerationRequest, PieceSink | None, threading.Event], Gen
 JobStarter = Callable[[GenerationRequest, PieceSink | None, threading.Event], "asyncio.Future[GenerationResult]"]
 """Starts a generation now and returns its future: a :data:`WorkerJob` queued on the worker, or a request
 joining a decode loop. The same contract: pieces to the sink, stop within a token of the event."""
+
+
+def tokens_of_text(text: str, tokens: list[int], decode: Callable[[list[int]], str]) -> int:
+    """How many of the generated ``tokens`` make ``text`` (a stop string cut from its end): the fewest whose
+    decoded text starts with it. A token wholly in the cut stop string is not counted; one partly in ``text`` is.
+    ``GenerationResult.token_ids`` and ``logprobs`` hold these tokens (so ``detokenize(token_ids)`` starts with
+    ``text``). ``decode`` is the backend's text of a token list; the search starts from the end (a stop string is a
+    few tokens).
+    """
+    count = len(tokens)
+    while count > 0 and decode(tokens[: count - 1]).startswith(text):
+        count -= 1
+    return count
 
 
 class PieceAssembler:
