@@ -69,7 +69,11 @@ async def test_tokenize_and_detokenize_refuse_bad_input_with_sentences() -> None
         await fake.tokenize("\ud800", "m")
     with pytest.raises(TokenLimitError, match=r"token_ids\[1\] is 300, outside the model's vocabulary of 259"):
         await fake.detokenize([5, 300], "m")
+    with pytest.raises(InvalidRequestError, match="token_ids must be a list of token ids"):
+        await fake.detokenize(np.array(5), "m")  # type: ignore[arg-type]  # one id, not a list (was a raw TypeError)
     assert await fake.tokenize("ok", "m") == [3 + ord("o"), 3 + ord("k")]  # still serving
+    for empty in ([], (), np.array([], dtype=np.int64), iter([])):  # no ids are no text, however they come
+        assert await fake.detokenize(empty, "m") == ""  # type: ignore[arg-type]
 
 
 # next_token_logprobs ------------------------------------------------------------------------------------
@@ -195,6 +199,7 @@ async def test_clear_cache_forgets_every_prefix_and_the_capacity_evicts_the_leas
     [
         ([], InvalidRequestError, r"token_ids is empty: give at least one token.*BOS token"),
         ("hello", InvalidRequestError, r"token_ids must be a list of token ids \(integers\), got str"),
+        (np.array(5), InvalidRequestError, r"token_ids must be a list of token ids \(integers\), got ndarray"),
         ([BOS, True], InvalidRequestError, r"token_ids\[1\] is True: token ids are integers"),
         ([BOS, 2.0], InvalidRequestError, r"token_ids\[1\] is float 2.0, not an integer token id"),
         ([BOS, -1], InvalidRequestError, r"token_ids\[1\] is -1: token ids are 0 or more"),

@@ -66,9 +66,9 @@ class TokenLevelProvider(ProviderBase):
             TokenLimitError: An id is outside the vocabulary.
         """
         self._require_token_level("detokenize token ids", "supports_tokenize")
-        if isinstance(token_ids, (list, tuple)) and not token_ids:
-            return ""
-        request = TokenRequest.checked(provider=self.name, token_ids=token_ids, model=model)
+        request = TokenRequest.checked(provider=self.name, token_ids=token_ids, model=model, allow_empty=True)
+        if not request.token_ids:
+            return ""  # no ids, whatever iterable held them
         self._check_open()
         vocabulary = await self._vocabulary_of(request.model)
         check_token_limits(request.token_ids, vocabulary, provider=self.name, max_length=len(request.token_ids))

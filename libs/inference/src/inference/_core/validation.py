@@ -161,17 +161,22 @@ def _prompt(value: object, name: str, fail: Fail) -> str | tuple[Message, ...] |
                f"token ids as TokenIds, got {type(value).__name__}")
 
 
-def token_id_list(value: object, name: str, fail: Fail) -> tuple[int, ...]:
+def token_id_list(value: object, name: str, fail: Fail, *, allow_empty: bool = False) -> tuple[int, ...]:
     """Token ids as a tuple of ``int``: from a list, a tuple, a ``numpy`` array, anything iterable of integers.
 
     Raises:
-        InvalidRequestError: (from ``fail``) ``value`` is text or not iterable, an entry is no integer (a bool, a
-            float) or is negative, or there are no ids.
+        InvalidRequestError: (from ``fail``) ``value`` is text or not iterable (a 0-d ``numpy`` array is one id, not
+            a list of them), an entry is no integer (a bool, a float) or is negative, or there are no ids (unless
+            ``allow_empty``).
     """
+    not_a_list = fail(f"{name} must be a list of token ids (integers), got {type(value).__name__}: "
+                      "turn text into ids with provider.tokenize(text, model)")
     if isinstance(value, (str, bytes, bytearray, Mapping)) or not hasattr(value, "__iter__"):
-        raise fail(f"{name} must be a list of token ids (integers), got {type(value).__name__}: "
-                   "turn text into ids with provider.tokenize(text, model)")
-    items = list(value)
+        raise not_a_list
+    try:
+        items = list(value)
+    except TypeError:
+        raise not_a_list from None  # iter() refused it after all (a 0-d numpy array)
     if all(type(item) is int for item in items):  # the common case, fast
         ids = tuple(items)
     else:
@@ -184,12 +189,12 @@ def token_id_list(value: object, name: str, fail: Fail) -> tuple[int, ...]:
             except TypeError:
                 raise fail(f"{name}[{index}] is {type(item).__name__} {item!r}, not an integer token id") from None
         ids = tuple(checked)
-    if not ids:
+    if not ids and not allow_empty:
         raise fail(
             f"{name} is empty: give at least one token. To condition on nothing, start with the model's BOS token "
             "(provider.token_vocabulary(model).bos_id), as genlm-backend also requires"
         )
-    if min(ids) < 0:
+    if ids and min(ids) < 0:
         index = next(index for index, token in enumerate(ids) if token < 0)
         raise fail(f"{name}[{index}] is {ids[index]}: token ids are 0 or more")
     return ids
@@ -416,10 +421,10 @@ class TokenRequest:
     @classmethod
     def checked(
         cls, *, provider: str, token_ids: object, model: object, adapter_id: str | None = None,
-        adapter_scales: AdapterScales = (), name: str = "token_ids",
+        adapter_scales: AdapterScales = (), name: str = "token_ids", allow_empty: bool = False,
     ) -> TokenRequest:
-        """Check ``token_ids`` (:func:`token_id_list`) and ``model``; the adapters come split and checked
-        (:func:`split_adapter_choice`).
+        """Check ``token_ids`` (:func:`token_id_list`; empty where ``allow_empty``) and ``model``; the adapters come
+        split and checked (:func:`split_adapter_choice`).
 
         Raises:
             InvalidRequestError: The ids or the model are not valid.
@@ -429,7 +434,7 @@ class TokenRequest:
             return InvalidRequestError(message, provider=provider)
 
         return cls(
-            token_ids=token_id_list(token_ids, name, fail),
+            token_ids=token_id_list(token_ids, name, fail, allow_empty=allow_empty),
             model=_model_name(model, "model", fail),
             adapter_id=adapter_id,
             adapter_scales=adapter_scales,
