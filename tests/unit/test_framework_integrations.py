@@ -26,6 +26,7 @@ from inference.integrations.langchain import ChatInference
 from inference.integrations.pydantic_ai import InferenceModel
 from inference.options import OptionMap, Refused
 from inference.results import GenerationResult
+from inference.tools import parse_tool_call
 
 
 class Recording(FakeProvider):
@@ -230,6 +231,30 @@ async def test_langchain_streams_text_then_the_calls() -> None:
     sync_pieces = [chunk.content for chunk in chat.stream("Hi")]
     assert "".join(str(piece) for piece in sync_pieces) == "".join(str(piece) for piece in pieces)
 
+
+
+class BadCall(FakeProvider):
+    """A fake whose model calls get_weather with arguments that parse but do not validate (as "auto" allows)."""
+
+    def _answer(self, request: GenerationRequest) -> GenerationResult:
+        if not request.tools:
+            return super()._answer(request)
+        call = parse_tool_call("call_bad", "get_weather", '{"city": 42}', request.tools)
+        return GenerationResult(text="", model="m", adapter_id=None, token_count=3, finish_reason="tool_calls",
+                                prompt_tokens=1, completion_tokens=2, tool_calls=(call,))
+
+
+async def test_langchain_reports_a_call_that_does_not_validate_whole_and_streamed() -> None:
+    chat = ChatInference(provider=BadCall(), model="m").bind_tools([get_weather])
+    whole = await chat.ainvoke("Weather?")
+    assert isinstance(whole, AIMessage) and whole.tool_calls == []
+    (invalid,) = whole.invalid_tool_calls
+    assert invalid["id"] == "call_bad" and "city" in (invalid["error"] or "")
+    merged: AIMessageChunk | None = None
+    async for chunk in chat.astream("Weather?"):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None
+    assert merged.response_metadata["tool_call_errors"] == {"call_bad": invalid["error"]}
 
 def test_importing_inference_imports_no_framework() -> None:
     code = "import inference, sys; print(any(m.startswith(('pydantic_ai', 'langchain')) for m in sys.modules))"

@@ -15,7 +15,10 @@ Needs ``pip install 'inference-adapters[langchain]'`` (langchain-core); ``import
 
 Messages map onto the SDK's (:mod:`inference.messages`): system, human, AI (with its ``tool_calls``) and tool
 messages; content given as a list of blocks is sent as its text blocks (an image block is refused). A call whose
-arguments did not parse comes back in ``AIMessage.invalid_tool_calls`` with its error, not dropped.
+arguments did not parse or validate comes back in ``AIMessage.invalid_tool_calls`` with its error, not dropped. In a
+stream, LangChain rebuilds the calls from their argument text (arguments that do not parse go to
+``invalid_tool_calls``, without the error): every call's error is in the last chunk's
+``response_metadata["tool_call_errors"]`` (call id -> error).
 ``tool_choice`` takes LangChain's values too: ``"any"`` and ``True`` are ``"required"``, a tool's name forces that
 tool. The synchronous methods (``invoke``, ``stream``) run the provider on the sync facade's background event loop
 (:func:`inference.sync.run_sync`): drive one provider either synchronously or from your own event loop, not both
@@ -200,7 +203,7 @@ class ChatInference(BaseChatModel):
                             for index, call in enumerate(event.tool_calls or ())
                         ],
                         usage_metadata=_usage(event),
-                        response_metadata=_metadata(event),
+                        response_metadata=_metadata(event, with_call_errors=True),
                         chunk_position="last",
                     )
                 )
@@ -288,6 +291,13 @@ def _usage(result: GenerationResult) -> Any:
             "total_tokens": prompt + result.completion_tokens}
 
 
-def _metadata(result: GenerationResult) -> dict[str, Any]:
-    return {"finish_reason": result.finish_reason, "model_name": result.model, "adapter_id": result.adapter_id,
-            "provider": result.provider}
+def _metadata(result: GenerationResult, *, with_call_errors: bool = False) -> dict[str, Any]:
+    """The result's facts for ``response_metadata``; for a stream's last chunk, also ``tool_call_errors`` (call id
+    -> error) where a call has one: LangChain rebuilds a chunk's calls from their argument text, so a call whose
+    arguments parse but do not validate would otherwise pass as valid."""
+    metadata = {"finish_reason": result.finish_reason, "model_name": result.model, "adapter_id": result.adapter_id,
+                "provider": result.provider}
+    errors = {call.id: call.error for call in result.tool_calls or () if call.error is not None}
+    if with_call_errors and errors:
+        metadata["tool_call_errors"] = errors
+    return metadata
