@@ -295,8 +295,10 @@ def _metadata(result: GenerationResult, *, with_call_errors: bool = False) -> di
     """The result's facts for ``response_metadata``; for a stream's last chunk, also ``tool_call_errors`` (call id
     -> error) where a call has one: LangChain rebuilds a chunk's calls from their argument text, so a call whose
     arguments parse but do not validate would otherwise pass as valid."""
-    metadata = {"finish_reason": result.finish_reason, "model_name": result.model, "adapter_id": result.adapter_id,
-                "provider": result.provider}
+    metadata: dict[str, Any] = {
+        "finish_reason": result.finish_reason, "model_name": result.model, "adapter_id": result.adapter_id,
+        "provider": result.provider,
+    }
     errors = {call.id: call.error for call in result.tool_calls or () if call.error is not None}
     if with_call_errors and errors:
         metadata["tool_call_errors"] = errors
