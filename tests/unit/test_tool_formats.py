@@ -3,6 +3,7 @@ call's constraint, calls read from text (and stream pieces), and the refusals (i
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from inference import GenerationResult
 from inference._core.tool_formats import HERMES, MISTRAL, NO_TOOLS, ToolCallStream, ToolPlan, tool_format
 from inference._core.validation import GenerationRequest
-from inference.exceptions import UnsupportedOperationError
+from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 
 WEATHER = {
     "type": "function",
@@ -89,6 +90,30 @@ def test_a_call_cut_by_max_tokens_says_so_and_keeps_the_length_reason() -> None:
     assert "raise max_tokens" in (call.error or "")
     assert read.finish_reason == "length"
 
+
+
+def test_a_call_without_a_readable_name_is_named_after_the_one_tool_it_could_call_and_goes_back_to_the_model() -> None:
+    forced = {"type": "function", "function": {"name": "get_time"}}
+    cases = [  # (the request's tools and choice, the answer, the name read)
+        ({"tools": [WEATHER, TIME], "tool_choice": forced}, '{"', "get_time"),  # forced, cut after two tokens
+        ({"tools": [WEATHER]}, '<tool_call>get_weather(city="Paris")</tool_call>', "get_weather"),  # the only tool
+        ({"tools": [WEATHER, TIME]}, "<tool_call>get_weather(city=Paris)</tool_call>", ""),  # nothing says which
+    ]
+    for options, text, name in cases:
+        plan = ToolPlan.for_request(request(**options), HERMES_TEMPLATE, model="m", provider="p")
+        (call,) = plan.read(result(text, "length")).tool_calls or ()
+        assert (call.name, call.arguments) == (name, {}) and "not a JSON object" in (call.error or "")
+        turn = result("", "tool_calls")
+        messages = [{"role": "user", "content": "hi"}, dataclasses.replace(turn, tool_calls=(call,)).as_message(),
+                    call.answer(f"error: {call.error}")]
+        def next_turn(messages: list[Any] = messages, options: dict[str, Any] = options) -> GenerationRequest:
+            return GenerationRequest.from_arguments(provider="p", prompt=messages, model="m", tools=options["tools"])
+
+        if name:  # the loop of docs/tools.md carries on
+            assert next_turn().messages[1]["tool_calls"][0]["function"]["name"] == name
+        else:
+            with pytest.raises(InvalidRequestError, match="answer its error in a user message instead"):
+                next_turn()
 
 def test_arguments_that_do_not_validate_are_kept_with_the_error() -> None:
     plan = ToolPlan.for_request(request(tools=[WEATHER]), HERMES_TEMPLATE, model="m", provider="p")

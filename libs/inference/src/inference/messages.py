@@ -165,7 +165,8 @@ def _tool_calls(value: object, where: str, fail: Fail) -> list[ToolCallDict]:
         if not isinstance(call_id, str) or not call_id:
             raise fail(f"{item} has no 'id': every tool call needs the id its tool message answers")
         if not isinstance(call_name, str) or not call_name:
-            raise fail(f"{item} has no function name")
+            raise fail(f"{item} has no function name (a call the model wrote without one, whose ToolCall.error says "
+                       "so, cannot go back as a call: answer its error in a user message instead)")
         if not isinstance(arguments, str):
             raise fail(f"{item}'s arguments must be JSON text or a dict, got {type(arguments).__name__}")
         require_utf8(arguments, f"{item}.function.arguments", fail)

@@ -241,14 +241,18 @@ class ToolPlan:
         return calls
 
     def _unreadable(self, body: str, error: ValueError | None, closed: bool) -> ToolCall:
-        """A call whose JSON cannot be read: reported with what the model wrote, its name guessed from the text."""
+        """A call whose JSON cannot be read: reported with what the model wrote, its name read from the text, else
+        the one tool it could call (a call forced to one tool, or the only tool given), so that the call and its
+        error can go back to the model as the loop in docs/tools.md does; ``""`` only where nothing says which."""
         from inference.results import ToolCall
 
-        named = re.search(r'"name"\s*:\s*"([^"]*)"', body)
+        named = re.search(r'"name"\s*:\s*"([^"]+)"', body)
+        names = self.forced or tuple(tool["function"]["name"] for tool in self.tools)
+        name = named.group(1) if named else names[0] if len(names) == 1 else ""
         cut = "" if closed else " (the answer ended inside the call: raise max_tokens)"
         detail = f" ({error})" if error is not None else ""
         return ToolCall(
-            _call_id(), named.group(1) if named else "", {}, body.strip(),
+            _call_id(), name, {}, body.strip(),
             f"the model's tool call is not a JSON object with a name and arguments{detail}{cut}: "
             "ToolCall.raw_arguments holds what the model wrote",
         )
