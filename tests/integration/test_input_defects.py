@@ -112,6 +112,30 @@ async def test_llamacpp_refuses_a_peft_adapter_for_another_architecture(
         assert await provider.list_adapters() == []
 
 
+
+async def test_transformers_refuses_a_peft_adapter_for_another_architecture_from_a_directory_or_memory(
+    tiny_models: dict[str, TinyModel],
+) -> None:
+    """The same refusal as llama.cpp's: the tiny llama's adapter has the tiny qwen2's shapes and would load."""
+    pytest.importorskip("peft")
+    from safetensors.numpy import load_file
+
+    from inference.adapters.weights import AdapterWeights
+    from inference.transformers_provider import TransformersProvider
+
+    qwen2, llama = tiny_models["qwen2"], tiny_models["llama"]
+    other = llama.adapter_dirs["a0"]
+    weights = AdapterWeights(
+        load_file(str(other / "adapter_model.safetensors")), json.loads((other / "adapter_config.json").read_text())
+    )
+    async with TransformersProvider(model_name=str(qwen2.hf_dir), device="cpu") as provider:
+        for source in (other, weights):
+            with pytest.raises(InvalidAdapterError, match="a llama model, but the loaded model tiny-qwen2 is a qwen2"):
+                await provider.load_adapter("other", source)
+        assert await provider.list_adapters() == []
+        await provider.load_adapter("mine", qwen2.adapter_dirs["a0"])  # its own still loads
+        assert await provider.list_adapters() == ["mine"]
+
 def test_the_transformers_model_type_is_what_check_base_model_compares(tiny_models: dict[str, TinyModel]) -> None:
     transformers = pytest.importorskip("transformers")
     qwen2, llama = tiny_models["qwen2"], tiny_models["llama"]

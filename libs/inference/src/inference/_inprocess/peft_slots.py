@@ -43,7 +43,13 @@ from inference._core.validation import AdapterScales
 from inference._inprocess.base import adapter_not_loaded
 from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache
 from inference._inprocess.stacked_adapters import StackedAdapters
-from inference.adapters.peft import PeftAdapter, check_layer_shapes, check_target_modules, read_peft_adapter
+from inference.adapters.peft import (
+    PeftAdapter,
+    check_base_model,
+    check_layer_shapes,
+    check_target_modules,
+    read_peft_adapter,
+)
 from inference.exceptions import InvalidAdapterError
 
 if TYPE_CHECKING:
@@ -217,6 +223,7 @@ class PeftSlots:
         if adapter_id in self.resident:  # never expected: the registry unloads before it loads again
             self.unload(loaded, adapter_id)
         adapter = read_peft_adapter(path, provider=self.provider)
+        self._check_base_model(loaded, adapter)
         check_target_modules(adapter, loaded.module_names, loaded.name, self._refusal(adapter))
         self._check_file_shapes(loaded, adapter)
         if self.stacking:
@@ -286,6 +293,7 @@ class PeftSlots:
             base_model_name_or_path=str(config.get("base_model_name_or_path") or ""),
             config=config,
         )
+        self._check_base_model(loaded, adapter)
         check_target_modules(adapter, loaded.module_names, loaded.name, self._refusal(adapter))
         shapes = {name: tuple(tensor.shape) for name, tensor in weights.tensors.items()}
         check_layer_shapes(adapter, shapes, loaded.layer_features(), loaded.name, self._refusal(adapter))
@@ -451,6 +459,12 @@ class PeftSlots:
                 f"has a corrupt or unreadable {adapter.weights_path.name} ({error}): save it again"
             ) from error
         check_layer_shapes(adapter, shapes, loaded.layer_features(), loaded.name, self._refusal(adapter))
+
+    def _check_base_model(self, loaded: LoadedModel, adapter: PeftAdapter) -> None:
+        """Refuse an adapter trained on another architecture (its matrices may have this model's shapes and load,
+        then answer with wrong text), as llama.cpp does: :func:`~inference.adapters.peft.check_base_model`."""
+        model_type = getattr(getattr(loaded.base_model, "config", None), "model_type", None)
+        check_base_model(adapter, model_name=loaded.name, model_type=model_type, provider=self.provider)
 
     def _refusal(self, adapter: PeftAdapter) -> Callable[[str], InvalidAdapterError]:
         """Builds the error that refuses ``adapter`` for a reason (``"adapter at PATH <reason>"``)."""
