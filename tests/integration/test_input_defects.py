@@ -12,7 +12,7 @@ import pytest
 from inference.adapters.gguf import convert_peft_to_gguf, convert_peft_to_gguf_cached
 from inference.adapters.peft import base_model_type, check_base_model, read_peft_adapter
 from inference.cli import main
-from inference.exceptions import ConfigurationError, InvalidAdapterError
+from inference.exceptions import AdapterConversionError, ConfigurationError, InvalidAdapterError
 from inference.testing.tiny_models import TinyModel
 
 pytestmark = pytest.mark.integration
@@ -74,6 +74,24 @@ def test_a_tilde_in_conversion_paths_is_expanded(
     assert single == home / "out" / "a0.gguf" and single.is_file()
     assert not (work / "~").exists()
 
+
+
+def test_a_conversion_never_writes_over_its_inputs(
+    tiny_models: dict[str, TinyModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_models["qwen2"]
+    base, adapter = tmp_path / "base.gguf", tmp_path / "a0"
+    shutil.copy(model.gguf_path, base)
+    shutil.copytree(model.adapter_dirs["a0"], adapter)
+    before = {path: path.read_bytes() for path in (base, *adapter.iterdir())}
+    with pytest.raises(AdapterConversionError, match="is the base model"):
+        convert_peft_to_gguf(adapter, base, tmp_path / "." / "base.gguf")
+    with pytest.raises(AdapterConversionError, match="is a file of the adapter directory"):
+        convert_peft_to_gguf(adapter, base, adapter / "adapter_model.safetensors")
+    assert main(["convert-adapter", str(adapter), "--base", str(base), "-o", str(base)]) != 0
+    assert "is the base model" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in before} == before  # nothing was replaced
+    assert convert_peft_to_gguf(adapter, base, adapter / "a0.gguf").is_file()  # a new file beside them is fine
 
 # An adapter trained for another base -----------------------------------------------------------------------
 

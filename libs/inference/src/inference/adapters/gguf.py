@@ -93,6 +93,14 @@ def convert_peft_to_gguf(
         ConfigurationError: The output's directory is not a directory, or cannot be created or written
             into; the message names it.
     """
+    destination, base = expand_path(output), expand_path(base_gguf)
+    if _same_file(destination, base):
+        raise AdapterConversionError(
+            f"output {destination} is the base model {base}: writing the adapter there would replace the model; "
+            "give another output path",
+            provider="llamacpp",
+            path=str(destination),
+        )
     return convert_peft_to_gguf_for_layout(peft_dir, read_base_layout(base_gguf), output)
 
 
@@ -218,6 +226,14 @@ def _read_adapter(peft_dir: str | os.PathLike[str], layout: BaseModelLayout, *, 
     return adapter
 
 
+def _same_file(path: Path, other: Path) -> bool:
+    """Whether ``path`` exists and is ``other`` (however either is written: links, ``..``)."""
+    try:
+        return path.exists() and other.exists() and os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
 def _convert(adapter: PeftAdapter, layout: BaseModelLayout, destination: Path, *, provider: str) -> None:
     """Write the adapter's GGUF LoRA tensors for ``layout`` into ``destination``, atomically."""
     tensors = gguf_lora_tensors(adapter, layout, provider=provider)
@@ -228,6 +244,12 @@ def _convert(adapter: PeftAdapter, layout: BaseModelLayout, destination: Path, *
 
     if destination.is_dir():
         raise refuse(f"output {destination} is a directory: give the path of the .gguf file to write")
+    inputs = [adapter.weights_path, *(path for path in adapter.path.iterdir() if path.is_file())]
+    if any(_same_file(destination, path) for path in inputs):
+        raise refuse(
+            f"output {destination} is a file of the adapter directory {adapter.path}: writing the GGUF there would "
+            "replace the adapter; give another output path"
+        )
     if destination.exists() and not destination.is_file():  # the rename below would replace /dev/null itself
         raise refuse(
             f"output {destination} is not a regular file (a pipe or a device such as /dev/stdout): the converted "
