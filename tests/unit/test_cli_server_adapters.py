@@ -75,6 +75,16 @@ def vllm() -> Iterator[FakeVLLM]:
         yield FakeVLLM(router)
 
 
+
+def test_the_replicas_listed_show_their_urls_without_credentials(
+    vllm: FakeVLLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret_url = VLLM.replace("http://", "http://bob:SECRETPW@") + "?api_key=SECRETQ"
+    status, out, err = run(["adapters", "list", "--provider", "vllm", "--base-url", secret_url, "--json"], capsys)
+    assert status == 0, err
+    assert "SECRET" not in out + err
+    assert list(json.loads(out)["replicas"].values()) == [[]]
+
 def test_list_in_a_new_process_shows_what_an_earlier_load_left_on_vllm(
     vllm: FakeVLLM, capsys: pytest.CaptureFixture[str]
 ) -> None:

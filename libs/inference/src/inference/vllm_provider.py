@@ -354,8 +354,9 @@ class VLLMProvider(OpenAICompatibleProvider):
         return await self._lora.reconcile()
 
     async def replica_adapters(self) -> dict[str, list[str] | str]:
-        """What each replica holds now, by its own ``GET /v1/models``: base URL -> sorted adapter ids, or the error
-        that replica gave (one that cannot be reached is reported, not raised)."""
+        """What each replica holds now, by its own ``GET /v1/models``: base URL (as shown: credentials written into
+        it are ``***``) -> sorted adapter ids, or the error that replica gave (one that cannot be reached is
+        reported, not raised)."""
         return await self._lora.listings()
 
     # Scoring: /tokenize, then prompt logprobs from /v1/completions (inference._servers.prompt_scoring) ----------

@@ -250,7 +250,7 @@ class ServedAdapters:
                 self._logger.error(
                     "could not unload adapter %r from %s after a failed load elsewhere (%s): unload it by hand",
                     adapter_id,
-                    replica.base_url,
+                    replica.http.shown_url,
                     outcome,
                 )
 
@@ -343,8 +343,9 @@ class ServedAdapters:
         )
 
     async def listings(self) -> dict[str, list[str] | str]:
-        """What each replica holds now, by its own model list: base URL -> sorted adapter ids, or the error that
-        replica gave (one that cannot be reached is reported, not raised)."""
+        """What each replica holds now, by its own model list: base URL (as shown: credentials written into it are
+        ``***``) -> sorted adapter ids, or the error that replica gave (one that cannot be reached is reported, not
+        raised)."""
 
         async def one(replica: Replica) -> list[str] | str:
             try:
@@ -353,7 +354,7 @@ class ServedAdapters:
                 return f"{type(error).__name__}: {error}"
 
         listings = await asyncio.gather(*(one(replica) for replica in self._replicas))
-        return {replica.base_url: listing for replica, listing in zip(self._replicas, listings, strict=True)}
+        return {replica.http.shown_url: listing for replica, listing in zip(self._replicas, listings, strict=True)}
 
     async def _served_by_replicas(self) -> list[dict[str, str]]:
         """What each replica that answers lists (see :meth:`RuntimeLoRA.served`), in configuration order.
