@@ -342,15 +342,20 @@ async def test_a_user_function_by_import_path_gets_output_expected_and_row(
     (tmp_path / "my_scoring.py").write_text(
         "def words(output, expected, row):\n"
         "    assert row['adapter_id'] in ('a0', '(base)') and row['error'] is None\n"
+        "    if expected == 'inf':\n"
+        "        return float('inf')\n"
         "    return len(output.split()) / 10 if expected != 'boom' else 1 / 0\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    prompts = [EvalPrompt("p", "hello", None, "x"), EvalPrompt("q", "hello again", None, "boom")]
+    prompts = [EvalPrompt("p", "hello", None, "x"), EvalPrompt("q", "hello again", None, "boom"),
+               EvalPrompt("r", "hi", None, "inf")]
     output = tmp_path / "r.jsonl"
     summary = await evaluate_adapters(make_adapters(tmp_path, ["a0"]), prompts, FAKE, output, scorer="my_scoring:words")
     rows = {row["prompt_id"]: row for row in read_rows(output) if row["adapter_id"] == "a0"}
     assert rows["p"]["score"] == pytest.approx(len(rows["p"]["output"].split()) / 10)
     assert rows["q"]["score"] is None and rows["q"]["score_error"].startswith("ZeroDivisionError")
+    assert rows["r"]["score"] is None and "finite number" in rows["r"]["score_error"]  # JSON has no Infinity
+    assert "Infinity" not in output.read_text()
     assert summary.adapters[0].score == rows["p"]["score"]
 
 

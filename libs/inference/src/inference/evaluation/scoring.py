@@ -80,15 +80,16 @@ def score_value(value: object) -> float | None:
     """A scorer's answer as a float (``True`` -> 1.0), or ``None``.
 
     Raises:
-        TypeError: The value is not a number, a bool or ``None``.
+        TypeError: The value is not a finite number, a bool or ``None`` (NaN and infinities cannot be averaged, and
+            JSON has no way to write them).
     """
     if value is None:
         return None
     if isinstance(value, bool):
         return 1.0 if value else 0.0
-    if isinstance(value, (int, float)) and not math.isnan(value):
+    if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
-    raise TypeError(f"a scorer must return a number, a bool or None, got {value!r}")
+    raise TypeError(f"a scorer must return a finite number, a bool or None, got {value!r}")
 
 
 def _check_patterns(prompts: Sequence[EvalPrompt]) -> None:
