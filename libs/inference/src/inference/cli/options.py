@@ -51,7 +51,7 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
     for key, text in args.settings:
         if key in settings:
             try:
-                config[key] = settings[key].parse(text)
+                config[key] = settings[key].check(text)  # an argument: its message names --set, not a variable
             except ValueError as error:  # a key is never shown, nor the credentials of a URL
                 shown = "(not shown)" if settings[key].kind == "secret" else redact_url(repr(text))
                 raise _UsageError(f"--set {key}={shown}: {error}") from None
