@@ -152,6 +152,17 @@ async def test_stream_yields_pieces_then_the_result(mock: respx.MockRouter, prov
     }
 
 
+
+async def test_a_stream_whose_chunks_carry_an_empty_error_field_is_no_failure(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """Some serializers write every optional field: ``"error": null`` is no error (as the openai client reads it)."""
+    body = stream_body(["Hel", "lo"]).replace('"usage": ', '"error": null, "usage": ')
+    assert body.count('"error": null') == 5
+    mock.post(CHAT).mock(return_value=httpx.Response(200, text=body, headers={"content-type": "text/event-stream"}))
+    events = [event async for event in provider.stream("Hi", model="gpt-4o-mini", max_tokens=8)]
+    assert events[:2] == ["Hel", "lo"] and isinstance(events[2], GenerationResult) and events[2].text == "Hello"
+
 async def test_the_key_comes_from_openai_api_key_and_base_url_from_openai_base_url(
     clean_env: pytest.MonkeyPatch, mock: respx.MockRouter
 ) -> None:

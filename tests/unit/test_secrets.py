@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import socket
 from typing import Any
 
@@ -71,7 +72,9 @@ async def test_api_key_never_leaks_into_repr_errors_or_logs(
         await down.generate("hello", model="x")
     errors.append(caught.value)
     for error in errors:
-        texts += [str(error), repr(error), repr(error.__dict__)]
+        texts += [str(error), repr(error), repr(error.__dict__), pickle.dumps(error).decode("latin-1")]
+        request = getattr(error, "request", None)  # a ServerResponseError is an httpx error: err.request works
+        texts.append(repr(dict(request.headers)) if isinstance(request, httpx.Request) else "")
         cause = error.__cause__
         while cause is not None:
             texts.append(str(cause))

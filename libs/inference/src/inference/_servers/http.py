@@ -571,10 +571,11 @@ class ServerClient:
                 item = json.loads(line)
             except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
                 raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
-            if isinstance(item, dict) and "error" in item:
+            if isinstance(item, dict) and item.get("error"):  # "error": null is a serializer's empty field
                 message = _server_message(item)
                 if error_line is not None:
                     raise error_line(message, response)
+                response.request = _shown_request(response.request)
                 raise ServerResponseError(
                     f"{self.where} failed during {operation}: {message}. The server failed; its log says why",
                     request=response.request,
@@ -629,7 +630,18 @@ class ServerClient:
         return f"{head}. {hint[0].upper()}{hint[1:]}"
 
 
+_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})
+
+
+def _shown_request(request: httpx.Request) -> httpx.Request:
+    """What an error keeps of the request it answers: the method, the URL with its credentials ``***`` and the
+    headers with the key ``***`` (an error is shown, logged and pickled: ``err.request`` must not carry the key)."""
+    headers = [(name, "***" if name.lower() in _SECRET_HEADERS else value) for name, value in request.headers.items()]
+    return httpx.Request(request.method, redact_url(str(request.url)), headers=headers)
+
+
 def _answer(response: httpx.Response, *, operation: str, where: str, provider: str, url: str) -> ServerAnswer:
+    response.request = _shown_request(response.request)  # the error built from this answer carries no key
     body = _json_or_none(response.content)
     message = _server_message(body) if body is not None else response.text.strip()
     return ServerAnswer(
