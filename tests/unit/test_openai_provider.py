@@ -5,6 +5,7 @@ Answers are shaped as OpenAI's API sends them (``{"error": {"message", "type", "
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ from inference import OpenAIProvider, get_provider, get_provider_for_step
 from inference.config import SETTINGS
 from inference.exceptions import (
     InferenceError,
+    ProviderTimeoutError,
     ProviderUnavailableError,
     ServerModelNotFoundError,
     ServerResponseError,
@@ -162,6 +164,42 @@ async def test_a_stream_whose_chunks_carry_an_empty_error_field_is_no_failure(
     mock.post(CHAT).mock(return_value=httpx.Response(200, text=body, headers={"content-type": "text/event-stream"}))
     events = [event async for event in provider.stream("Hi", model="gpt-4o-mini", max_tokens=8)]
     assert events[:2] == ["Hel", "lo"] and isinstance(events[2], GenerationResult) and events[2].text == "Hello"
+
+
+class Dripping(httpx.AsyncByteStream):
+    """A body that never ends: ``piece`` again and again, a little apart (a server dripping bytes, or pinging)."""
+
+    def __init__(self, first: bytes, piece: bytes) -> None:
+        self.first, self.piece = first, piece
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        while True:
+            await asyncio.sleep(0.01)
+            yield self.piece
+
+
+@pytest.mark.parametrize(
+    ("first", "piece", "streamed"),
+    [
+        (b'{"id": "x", "choices": [', b" ", False),  # a whole answer dripped byte by byte
+        (b'data: {"id": "x", "choices": [', b" ", True),  # a streamed line that never ends
+        (b": ping\n\n", b": ping\n\n", True),  # comments for ever, never an event
+    ],
+)
+async def test_a_server_that_keeps_sending_without_answering_times_out(
+    mock: respx.MockRouter, first: bytes, piece: bytes, streamed: bool
+) -> None:
+    """httpx's timeout is per read; the provider's ``timeout`` bounds the wait for an answer (or the next event)."""
+    mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                                     stream=Dripping(first, piece)))
+    async with OpenAIProvider(base_url=BASE, api_key=SECRET, max_retries=0, timeout=0.3) as provider:
+        with pytest.raises(ProviderTimeoutError, match=r"did not answer within 0\.3 s"):
+            if streamed:
+                async for _ in provider.stream("Hi", model="m", max_tokens=4):
+                    pass
+            else:
+                await provider.generate("Hi", model="m", max_tokens=4)
 
 async def test_the_key_comes_from_openai_api_key_and_base_url_from_openai_base_url(
     clean_env: pytest.MonkeyPatch, mock: respx.MockRouter

@@ -33,7 +33,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
@@ -78,6 +78,7 @@ __all__ = [
 
 
 _ErrorT = TypeVar("_ErrorT", bound=InferenceError)
+_T = TypeVar("_T")
 
 
 def _json_or_none(content: bytes) -> Any:
@@ -394,10 +395,20 @@ class ServerClient:
             ServerResponseError: The server answered with an error status (a subclass chosen by status and
                 by ``handlers``).
         """
+        client = self.client()
         try:
-            response = await self.client().request(method, url, json=json_body, content=content, headers=headers)
+            request = client.build_request(method, url, json=json_body, content=content, headers=headers)
+            response = await client.send(request, stream=True)
         except httpx.HTTPError as error:
             raise self.error_from_exception(error, operation=operation) from error
+        try:  # httpx's timeout is per read: a server dripping its answer byte by byte would never time out
+            await _within(self.timeout, response.aread())
+        except asyncio.TimeoutError:
+            raise self._timeout_error(operation, None) from None
+        except httpx.HTTPError as error:
+            raise self.error_from_exception(error, operation=operation) from error
+        finally:
+            await response.aclose()
         if response.is_error and (response.status_code not in ok_statuses or is_route_missing(response)):
             raise self.error_from_response(response, operation=operation, handlers=handlers)
         return response
@@ -558,7 +569,17 @@ class ServerClient:
         error_line: Callable[[str, httpx.Response], InferenceError] | None,
         sse: bool = False,
     ) -> AsyncGenerator[Any, None]:
-        async for line in response.aiter_lines():
+        lines = response.aiter_lines()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            try:  # the next item within the timeout: httpx's is per read, and a line dripped byte by byte, or
+                # comments (": ping") sent for ever, would never end
+                line = await _within(max(deadline - loop.time(), 0.0), lines.__anext__())
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise self._timeout_error(operation, None) from None
             if sse:
                 if not line.startswith("data:"):
                     continue
@@ -584,6 +605,7 @@ class ServerClient:
                     url=self.shown_url,
                 )
             yield item
+            deadline = loop.time() + self.timeout  # the caller's time between items is not the server's
 
     def error_from_response(
         self, response: httpx.Response, *, operation: str, handlers: ErrorHandlers | None = None
@@ -628,6 +650,15 @@ class ServerClient:
         else:
             hint = "the server rejected the request; fix what its message names"
         return f"{head}. {hint[0].upper()}{hint[1:]}"
+
+
+async def _within(seconds: float, work: Awaitable[_T]) -> _T:
+    """Await ``work``, or raise ``asyncio.TimeoutError`` after ``seconds``; a cancelled caller is cancelled (Python
+    3.11's ``asyncio.timeout``; before it, ``wait_for``)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await work
+    return await asyncio.wait_for(work, seconds)
 
 
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})
