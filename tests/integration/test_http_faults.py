@@ -275,3 +275,55 @@ async def test_cancelling_generate_batch_or_stream_closes_the_connection(
             with pytest.raises(asyncio.CancelledError):
                 await task
             await wait_for(lambda: not connection_open_to(server.port), f"{name}'s connection to close")
+
+
+async def _closing_llama_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One exchange of a llama-server behind a proxy with keep-alive off: no adapters, and every answer closes its
+    connection (``Connection: close``)."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length")), 0)
+        asked = json.loads(await reader.readexactly(length) or b"{}")
+        path = head.split(b" ", 2)[1].decode()
+        kind, body = "application/json", b"[]"  # GET /lora-adapters: none
+        if path.startswith("/props"):
+            body = json.dumps({"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}).encode()
+        elif path.endswith("/completions") and asked.get("stream"):
+            kind = "text/event-stream"
+            chunks = [{"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
+                      for piece in ("at ", "last")]
+            chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+            body = b"".join(f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks) + b"data: [DONE]\n\n"
+        elif path.endswith("/completions"):
+            body = json.dumps({
+                "id": "chatcmpl-stub", "object": "chat.completion", "created": 1700000000, "model": MODEL,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "at last"},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }).encode()
+        writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\nconnection: close\r\n"
+                     f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def test_llama_server_behind_a_proxy_that_closes_every_connection_answers_when_it_has_no_adapters() -> None:
+    """No adapter position to mistake: the adapter list read after the answer is the check (it failed every request,
+    "restarted between reading its adapter list and answering, 3 times in a row")."""
+    from inference.llamacpp_server_provider import LlamaCppServerProvider
+
+    server = await asyncio.start_server(_closing_llama_server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with LlamaCppServerProvider(base_url=f"http://127.0.0.1:{port}", max_retries=0) as provider:
+            assert (await provider.generate("Hello", model=MODEL, max_tokens=4)).text == "at last"
+            events = [event async for event in provider.stream("Hello", model=MODEL, max_tokens=4)]
+            assert events[:2] == ["at ", "last"] and isinstance(events[-1], GenerationResult)
+    finally:
+        server.close()
+        await server.wait_closed()

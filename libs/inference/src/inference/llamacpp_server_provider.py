@@ -208,7 +208,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         on that connection came from the process whose list gave the ids. The list is read again after the answer
         (after a stream's last event), for what the connection cannot tell (a proxy between this process and the
         server keeps its own connections to it). An answer is used when the list is the same both times and the
-        answer came on the first list's connection (or the second list came on the answer's); otherwise it is
+        answer came on the first list's connection (or the second list came on the answer's, or the server lists no
+        adapters: behind a proxy that closes every connection, the second list is the only check); otherwise it is
         dropped (a stream on another connection is closed at once) and the request sent again with the new list,
         up to :data:`RESTART_ATTEMPTS` times. A stream whose list changed by its end has given its pieces already:
         its end is a :class:`~inference.exceptions.ProviderUnavailableError` instead of a result.
@@ -233,7 +234,11 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                 answer = await super()._call(replica, request, body, reloaded_from=reloaded_from, http=pinned)
                 answered_on = pinned.connection
                 same_process = answered_on is listed_on  # (both None: an HTTP stack that does not say, a mock)
-                if stream and same_process:
+                # A server that lists no adapters has no positions to mistake: its answer is wrong only if it
+                # restarted with some, which the list read after the answer shows (behind a proxy that closes every
+                # connection, the only check there is).
+                trusted = same_process or not served
+                if stream and trusted:
 
                     async def check(served: list[ServedAdapter] = served) -> None:
                         if await self._read_served(replica, pinned, again=False) != served:
@@ -246,7 +251,7 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                     await answer.aclose()  # the server stops generating
                 else:
                     again = await self._read_served(replica, pinned, again=False)
-                    if again == served and (same_process or pinned.connection is answered_on):
+                    if again == served and (trusted or pinned.connection is answered_on):
                         return answer  # the process that answered lists the same adapters in the same order
                 self._logger.warning(
                     "%s answered on another connection than the one its adapter list was read on (it restarted?): "
