@@ -18,6 +18,7 @@ from inference import OpenAIProvider, get_provider, get_provider_for_step
 from inference.config import SETTINGS
 from inference.exceptions import (
     InferenceError,
+    ProtocolError,
     ProviderTimeoutError,
     ProviderUnavailableError,
     ServerModelNotFoundError,
@@ -200,6 +201,41 @@ async def test_a_server_that_keeps_sending_without_answering_times_out(
                     pass
             else:
                 await provider.generate("Hi", model="m", max_tokens=4)
+
+
+class Pieces(httpx.AsyncByteStream):
+    """A body sent in the given pieces (cut anywhere: inside a character, between a CR and its LF)."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+
+async def test_a_stream_is_utf8_cut_anywhere_whatever_charset_it_names_and_never_bytes_replaced(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    text = "h\u00e9llo w\u00f6rld \U0001f600"
+    chunks = [{"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]} for piece in text.split()]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    events_text = "".join(f"data: {json.dumps(chunk, ensure_ascii=False)}\r\n\r\n" for chunk in chunks)
+    data = (events_text + "data: [DONE]\r\n\r\n").encode()  # raw UTF-8, lines ended by \r\n
+    cuts = [data[index : index + 3] for index in range(0, len(data), 3)]  # inside characters, between \r and \n
+    for pieces, charset in ((cuts, "iso-8859-1"), ([data], "utf-8")):
+        mock.post(CHAT).mock(return_value=httpx.Response(
+            200, headers={"content-type": f"text/event-stream; charset={charset}"}, stream=Pieces(pieces)
+        ))
+        events = [event async for event in provider.stream("Hi", model="m", max_tokens=8)]
+        assert isinstance(events[-1], GenerationResult) and events[-1].text == "".join(text.split())
+    broken = data.replace("\u00e9".encode(), b"\xff")
+    mock.post(CHAT).mock(return_value=httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=Pieces([broken])
+    ))
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        async for _ in provider.stream("Hi", model="m", max_tokens=8):
+            pass
 
 async def test_the_key_comes_from_openai_api_key_and_base_url_from_openai_base_url(
     clean_env: pytest.MonkeyPatch, mock: respx.MockRouter

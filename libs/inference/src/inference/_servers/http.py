@@ -26,6 +26,7 @@ request (:func:`api_base` is the URL routes are built on).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import copy
 import dataclasses
@@ -569,7 +570,7 @@ class ServerClient:
         error_line: Callable[[str, httpx.Response], InferenceError] | None,
         sse: bool = False,
     ) -> AsyncGenerator[Any, None]:
-        lines = response.aiter_lines()
+        lines = _utf8_lines(response)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
@@ -580,6 +581,8 @@ class ServerClient:
                 return
             except asyncio.TimeoutError:
                 raise self._timeout_error(operation, None) from None
+            except UnicodeDecodeError as error:  # as a whole answer's body: never text with bytes replaced
+                raise self.protocol_error(operation, f"text that is not UTF-8 ({error.reason})") from error
             if sse:
                 if not line.startswith("data:"):
                     continue
@@ -650,6 +653,25 @@ class ServerClient:
         else:
             hint = "the server rejected the request; fix what its message names"
         return f"{head}. {hint[0].upper()}{hint[1:]}"
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+async def _utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of a streamed answer, decoded as UTF-8 whatever charset its headers name (JSON lines and
+    server-sent events are UTF-8), strictly: bytes that are not UTF-8 raise ``UnicodeDecodeError`` rather than
+    becoming U+FFFD in the text. A ``\r\n`` split between two reads gives an extra blank line (blank lines are
+    skipped)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    pending = ""
+    async for chunk in response.aiter_bytes():
+        *lines, pending = _LINE_END.split(pending + decoder.decode(chunk))
+        for line in lines:
+            yield line
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending
 
 
 async def _within(seconds: float, work: Awaitable[_T]) -> _T:
