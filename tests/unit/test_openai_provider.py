@@ -19,6 +19,7 @@ from inference.config import SETTINGS
 from inference.exceptions import (
     InferenceError,
     ProtocolError,
+    ProviderError,
     ProviderTimeoutError,
     ProviderUnavailableError,
     ServerModelNotFoundError,
@@ -166,6 +167,18 @@ async def test_a_stream_whose_chunks_carry_an_empty_error_field_is_no_failure(
     events = [event async for event in provider.stream("Hi", model="gpt-4o-mini", max_tokens=8)]
     assert events[:2] == ["Hel", "lo"] and isinstance(events[2], GenerationResult) and events[2].text == "Hello"
 
+
+
+async def test_an_error_in_a_200_answer_is_the_servers_error_in_its_words(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """Some gateways answer 200 with ``{"error": {...}}``: the server's message, not a guess about the base URL."""
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json={"error": {
+        "message": "upstream model is overloaded", "type": "server_error", "param": None, "code": None}}))
+    with pytest.raises(ProviderError, match="answered generate with model 'm' with an error: upstream model is "
+                                            "overloaded") as caught:
+        await provider.generate("Hi", model="m", max_tokens=4)
+    assert not isinstance(caught.value, ProtocolError)
 
 class Dripping(httpx.AsyncByteStream):
     """A body that never ends: ``piece`` again and again, a little apart (a server dripping bytes, or pinging)."""

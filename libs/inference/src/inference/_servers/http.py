@@ -74,6 +74,7 @@ __all__ = [
     "check_base_url",
     "is_connect_failure",
     "is_route_missing",
+    "server_message",
     "server_root",
 ]
 
@@ -596,7 +597,7 @@ class ServerClient:
             except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
                 raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
             if isinstance(item, dict) and item.get("error"):  # "error": null is a serializer's empty field
-                message = _server_message(item)
+                message = server_message(item)
                 if error_line is not None:
                     raise error_line(message, response)
                 response.request = _shown_request(response.request)
@@ -696,7 +697,7 @@ def _shown_request(request: httpx.Request) -> httpx.Request:
 def _answer(response: httpx.Response, *, operation: str, where: str, provider: str, url: str) -> ServerAnswer:
     response.request = _shown_request(response.request)  # the error built from this answer carries no key
     body = _json_or_none(response.content)
-    message = _server_message(body) if body is not None else response.text.strip()
+    message = server_message(body) if body is not None else response.text.strip()
     return ServerAnswer(
         response=response,
         status=response.status_code,
@@ -709,12 +710,13 @@ def _answer(response: httpx.Response, *, operation: str, where: str, provider: s
     )
 
 
-def _server_message(body: Any) -> str:
+def server_message(body: Any) -> str:
+    """The message of a server's error body (``error``, ``message``, ``detail``...), else the body as JSON."""
     if isinstance(body, dict):
         for key in ("error", "message", "detail", "error_message"):  # error_message: SGLang's LoRA routes
             value = body.get(key)
             if isinstance(value, dict):
-                return _server_message(value)
+                return server_message(value)
             if isinstance(value, str) and value:
                 return value
             if value:

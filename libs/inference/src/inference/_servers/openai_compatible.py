@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from inference._core.dependencies import import_optional
 from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
-from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure, server_message
 from inference._servers.limits import ServerLimits
 from inference._servers.openai_wire import (
     CHAT,
@@ -59,6 +59,7 @@ from inference._servers.served_adapters import ServedAdapters
 from inference.exceptions import (
     InferenceError,
     InvalidRequestError,
+    ProviderError,
     ServerAdapterNotFoundError,
     ServerModelNotFoundError,
     ServerResponseError,
@@ -144,6 +145,13 @@ class OpenAICompatibleProvider(InferenceProvider):
                 await self._more_choices(request, 0, f"{self.server_label} refuses n > 1 with greedy sampling")
             )
         async with self._chat(request, stream=False) as (replica, route, completion):
+            if isinstance(completion, dict) and completion.get("error") and not completion.get("choices"):
+                raise ProviderError(  # an error in a 200 answer (some gateways): the server's words, not a guess
+                    f"{replica.http.where} answered {operation_of(request)} with an error: "
+                    f"{server_message(completion)}. The server failed; its log says why",
+                    provider=self.name,
+                    url=replica.http.shown_url,
+                )
             try:
                 usage = completion.get("usage")
                 # A server that reports no usage: the completion tokens are unknown too, so 0 as before, and
