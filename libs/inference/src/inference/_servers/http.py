@@ -26,7 +26,6 @@ request (:func:`api_base` is the URL routes are built on).
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import copy
 import dataclasses
@@ -34,7 +33,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
@@ -43,6 +42,7 @@ import httpx
 
 from inference._core.redaction import redact_url
 from inference._core.settings import validate_base_url
+from inference._servers.answer_reading import shown_request, utf8_lines, within
 from inference._servers.transport import (
     CONNECT_TIMEOUT_MAX,
     ONE_CONNECTION,
@@ -80,7 +80,6 @@ __all__ = [
 
 
 _ErrorT = TypeVar("_ErrorT", bound=InferenceError)
-_T = TypeVar("_T")
 
 
 def _json_or_none(content: bytes) -> Any:
@@ -404,7 +403,7 @@ class ServerClient:
         except httpx.HTTPError as error:
             raise self.error_from_exception(error, operation=operation) from error
         try:  # httpx's timeout is per read: a server dripping its answer byte by byte would never time out
-            await _within(self.timeout, response.aread())
+            await within(self.timeout, response.aread())
         except asyncio.TimeoutError:
             raise self._timeout_error(operation, None) from None
         except httpx.HTTPError as error:
@@ -571,13 +570,13 @@ class ServerClient:
         error_line: Callable[[str, httpx.Response], InferenceError] | None,
         sse: bool = False,
     ) -> AsyncGenerator[Any, None]:
-        lines = _utf8_lines(response)
+        lines = utf8_lines(response)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
             try:  # the next item within the timeout: httpx's is per read, and a line dripped byte by byte, or
                 # comments (": ping") sent for ever, would never end
-                line = await _within(max(deadline - loop.time(), 0.0), lines.__anext__())
+                line = await within(max(deadline - loop.time(), 0.0), lines.__anext__())
             except StopAsyncIteration:
                 return
             except asyncio.TimeoutError:
@@ -600,7 +599,7 @@ class ServerClient:
                 message = server_message(item)
                 if error_line is not None:
                     raise error_line(message, response)
-                response.request = _shown_request(response.request)
+                response.request = shown_request(response.request)
                 raise ServerResponseError(
                     f"{self.where} failed during {operation}: {message}. The server failed; its log says why",
                     request=response.request,
@@ -656,46 +655,8 @@ class ServerClient:
         return f"{head}. {hint[0].upper()}{hint[1:]}"
 
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
-async def _utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
-    """The lines of a streamed answer, decoded as UTF-8 whatever charset its headers name (JSON lines and
-    server-sent events are UTF-8), strictly: bytes that are not UTF-8 raise ``UnicodeDecodeError`` rather than
-    becoming U+FFFD in the text. A ``\r\n`` split between two reads gives an extra blank line (blank lines are
-    skipped)."""
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    pending = ""
-    async for chunk in response.aiter_bytes():
-        *lines, pending = _LINE_END.split(pending + decoder.decode(chunk))
-        for line in lines:
-            yield line
-    pending += decoder.decode(b"", final=True)
-    if pending:
-        yield pending
-
-
-async def _within(seconds: float, work: Awaitable[_T]) -> _T:
-    """Await ``work``, or raise ``asyncio.TimeoutError`` after ``seconds``; a cancelled caller is cancelled (Python
-    3.11's ``asyncio.timeout``; before it, ``wait_for``)."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(seconds):
-            return await work
-    return await asyncio.wait_for(work, seconds)
-
-
-_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})
-
-
-def _shown_request(request: httpx.Request) -> httpx.Request:
-    """What an error keeps of the request it answers: the method, the URL with its credentials ``***`` and the
-    headers with the key ``***`` (an error is shown, logged and pickled: ``err.request`` must not carry the key)."""
-    headers = [(name, "***" if name.lower() in _SECRET_HEADERS else value) for name, value in request.headers.items()]
-    return httpx.Request(request.method, redact_url(str(request.url)), headers=headers)
-
-
 def _answer(response: httpx.Response, *, operation: str, where: str, provider: str, url: str) -> ServerAnswer:
-    response.request = _shown_request(response.request)  # the error built from this answer carries no key
+    response.request = shown_request(response.request)  # the error built from this answer carries no key
     body = _json_or_none(response.content)
     message = server_message(body) if body is not None else response.text.strip()
     return ServerAnswer(
