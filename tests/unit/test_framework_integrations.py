@@ -25,7 +25,7 @@ from inference.fake_provider import FakeProvider
 from inference.integrations.langchain import ChatInference
 from inference.integrations.pydantic_ai import InferenceModel
 from inference.options import OptionMap, Refused
-from inference.results import GenerationResult
+from inference.results import GenerationResult, ToolCall
 from inference.tools import parse_tool_call
 
 
@@ -110,6 +110,35 @@ async def test_a_pydantic_ai_agent_with_native_output_calls_its_tool_then_answer
     first, second = provider.requests
     assert first.json_schema is not None and first.tools is not None  # both sent; the call answered first
     assert second.messages[-1]["role"] == "tool"
+
+
+class NamelessFirst(Recording):
+    """A fake whose model first writes a call that names no tool (as ``"auto"`` with several tools allows)."""
+
+    def _answer(self, request: GenerationRequest) -> GenerationResult:
+        if not request.tools or any(message["role"] == "assistant" for message in request.messages):
+            return super()._answer(request)
+        call = ToolCall("call_nameless", "", {}, 'get_weather(city="Paris")', "the model's tool call is not JSON")
+        return GenerationResult(text="", model="m", adapter_id=None, token_count=3, finish_reason="tool_calls",
+                                prompt_tokens=1, completion_tokens=2, tool_calls=(call,))
+
+
+async def test_a_pydantic_ai_agent_gets_past_a_call_without_a_tool_name() -> None:
+    """pydantic-ai answers the nameless call with a retry; it goes back as the model's text and a user message (a
+    call needs a name), and the run goes on instead of failing on the next request."""
+    provider = NamelessFirst()
+    agent = Agent(InferenceModel(provider, "fake-model"))
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    result = await agent.run("Weather in Paris?")
+    assert isinstance(result.output, str) and result.output.endswith("get_weather returned sunny")
+    second = provider.requests[1]  # then the model called the tool by its name, and answered
+    assert second.messages[1] == {"role": "assistant", "content": 'get_weather(city="Paris")'}
+    assert second.messages[2]["role"] == "user" and "Unknown tool name" in second.messages[2]["content"]
 
 async def test_a_pydantic_ai_agent_streams_on_the_provider() -> None:
     provider, looked_up = Recording(), []

@@ -251,18 +251,27 @@ class InferenceStreamedResponse(StreamedResponse):
 
 
 def _chat_messages(messages: Sequence[ModelMessage]) -> list[dict[str, Any]]:
+    """The conversation as chat messages. A call the model wrote without a tool's name (its ``ToolCall.error`` says
+    so) cannot go back as a call: it goes back as the text the model wrote, and the answer to it as a user message."""
     chat: list[dict[str, Any]] = []
+    nameless: set[str] = set()  # ids of the calls sent back as text
     for message in messages:
         if isinstance(message, ModelRequest):
-            for part in message.parts:
-                chat.extend(_request_part(part))
+            for asked in message.parts:
+                answers = isinstance(asked, (ToolReturnPart, RetryPromptPart)) and asked.tool_call_id in nameless
+                chat.extend(_request_part(asked, as_user=answers))
         elif isinstance(message, ModelResponse):
-            text = "\n\n".join(part.content for part in message.parts if isinstance(part, TextPart))
+            texts = [part.content for part in message.parts if isinstance(part, TextPart)]
+            for part in message.parts:
+                if isinstance(part, ToolCallPart) and not part.tool_name:
+                    nameless.add(part.tool_call_id)
+                    texts.append(part.args if isinstance(part.args, str) else part.args_as_json_str())  # as written
+            text = "\n\n".join(texts)
             calls = [
                 {"id": part.tool_call_id, "type": "function",
                  "function": {"name": part.tool_name, "arguments": part.args_as_json_str()}}
                 for part in message.parts
-                if isinstance(part, ToolCallPart)
+                if isinstance(part, ToolCallPart) and part.tool_name
             ]
             if calls:
                 chat.append({"role": "assistant", "content": text, "tool_calls": calls})
@@ -271,7 +280,7 @@ def _chat_messages(messages: Sequence[ModelMessage]) -> list[dict[str, Any]]:
     return chat
 
 
-def _request_part(part: Any) -> list[dict[str, Any]]:
+def _request_part(part: Any, *, as_user: bool = False) -> list[dict[str, Any]]:
     if isinstance(part, SystemPromptPart):
         return [{"role": "system", "content": part.content}]
     if isinstance(part, UserPromptPart):
@@ -283,9 +292,11 @@ def _request_part(part: Any) -> list[dict[str, Any]]:
             raise UserError(f"InferenceModel sends text only; this user prompt holds {', '.join(kinds)}")
         return [{"role": "user", "content": "\n".join(str(text) for text in texts)}]
     if isinstance(part, ToolReturnPart):
+        if as_user:
+            return [{"role": "user", "content": part.model_response_str()}]
         return [{"role": "tool", "tool_call_id": part.tool_call_id, "content": part.model_response_str()}]
     if isinstance(part, RetryPromptPart):  # legacy history; prepare_messages translates new ones
-        if part.tool_name is not None:
+        if part.tool_name is not None and not as_user:
             return [{"role": "tool", "tool_call_id": part.tool_call_id, "content": part.model_response()}]
         return [{"role": "user", "content": part.model_response()}]
     if type(part).__name__.endswith("DeltaPart") and "Instruction" not in type(part).__name__:
