@@ -163,6 +163,9 @@ def test_set_values_are_parsed_with_the_settings_table(capsys: pytest.CaptureFix
     status, _, err = run(["generate", "Hi", "--provider", "vllm", "--set", "timeout=soon"], capsys)
     assert status == 2
     assert "--set timeout='soon'" in err
+    status, _, err = run(["generate", "Hi", "--provider", "fake", "--set", "max_adapters=0"], capsys)
+    assert status == 2 and "--set max_adapters='0'" in err and "positive integer" in err
+    assert "environment variable" not in err  # the value came from --set, not from FAKE_MAX_ADAPTERS
 
 
 def test_a_server_that_is_down_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
