@@ -207,7 +207,7 @@ async def test_the_generated_ids_and_logprobs_are_the_tokens_that_make_the_text_
 ) -> None:
     """With a stop string cut from the text, or an end token, the ids and logprobs are the fewest tokens whose text
     starts with ``text`` (a token wholly in the stop string is left out, one partly in the text kept), the same on
-    both backends; ``completion_tokens`` still counts every token generated."""
+    both backends; ``completion_tokens`` still counts every token generated, the end token included."""
     from inference import TokenIds
 
     llamacpp, transformers, _ = pair
@@ -234,6 +234,7 @@ async def test_the_generated_ids_and_logprobs_are_the_tokens_that_make_the_text_
             mine.append(kept)
         ended = await provider.generate(TokenIds(ids), logit_bias={eos: 100.0}, **greedy)
         assert (ended.text, ended.token_ids, ended.logprobs, ended.finish_reason) == ("", (), (), "stop")
+        assert ended.completion_tokens == 1, provider.name  # the end token was generated, so it is counted
         answers.append(mine)
     assert answers[0] == answers[1]
 

@@ -111,7 +111,8 @@ class GenerationResult:
             ``"stop"`` means it is complete and valid against the schema (a backend text that is not is a
             ``ProviderError``, never a result).
         prompt_tokens: Tokens in the prompt as the backend counted them; ``None`` when it did not say.
-        completion_tokens: Tokens generated.
+        completion_tokens: Tokens generated: the end-of-sequence token that ended the text counts, and so do the
+            tokens of a stop string cut from it (as llama.cpp and vLLM count).
         logprobs: One :class:`TokenLogprob` per generated token when the request asked for ``logprobs``,
             else ``None``. Tokens cut off by a stop string are not included.
         reasoning: What a thinking model wrote before its answer, where the backend returns it separately

@@ -216,17 +216,19 @@ def cut_row(
     Returns:
         ``(text, completion_tokens, kept, finish_reason)``: the stop string and end-of-sequence token are not
         part of the text; ``completion_tokens`` counts the tokens generated up to the one that completed the stop
-        string, ``kept`` the first of them that make the text (:func:`~inference._inprocess.streaming.tokens_of_text`:
-        the result's token ids and logprobs). ``finish_reason`` is ``"stop"`` or ``"length"``.
+        string, or up to the end-of-sequence token included (as llama.cpp and vLLM count), ``kept`` the first of them
+        that make the text (:func:`~inference._inprocess.streaming.tokens_of_text`: the result's token ids and
+        logprobs). ``finish_reason`` is ``"stop"`` or ``"length"``.
     """
     tokens, finish_reason = tokens[:limit], "length"
+    generated = len(tokens)
     end = next((index for index, token in enumerate(tokens) if token in eos_ids), None)
     if end is not None:
-        tokens, finish_reason = tokens[:end], "stop"
+        tokens, finish_reason, generated = tokens[:end], "stop", end + 1
     text = decode(tokens)
     cuts = [text.index(stop) for stop in stops if stop in text]
     if not cuts:
-        return text, len(tokens), len(tokens), finish_reason
+        return text, generated, len(tokens), finish_reason
     count = next(
         (n for n in range(1, len(tokens) + 1) if any(stop in decode(tokens[:n]) for stop in stops)), len(tokens)
     )
