@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -214,6 +215,64 @@ async def test_a_server_that_keeps_sending_without_answering_times_out(
                     pass
             else:
                 await provider.generate("Hi", model="m", max_tokens=4)
+
+
+class Endless(httpx.AsyncByteStream):
+    """A body without end, sent as fast as it is read."""
+
+    def __init__(self, first: bytes, piece: bytes) -> None:
+        self.first, self.piece = first, piece
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        while True:
+            yield self.piece
+            await asyncio.sleep(0)
+
+
+def _gzip_bomb(size: int) -> httpx.Response:
+    """A few KiB of gzip that expand to ``size`` bytes of JSON white space."""
+    import gzip
+
+    body = gzip.compress(b"{" + b" " * size + b"}", compresslevel=9)
+    assert len(body) < size // 100
+    return httpx.Response(200, headers={"content-type": "application/json", "content-encoding": "gzip"},
+                          content=body)
+
+
+@pytest.mark.parametrize(
+    ("answer", "streamed", "what"),
+    [
+        (lambda: httpx.Response(200, headers={"content-type": "application/json"},
+                                stream=Endless(b'{"id": "x", "choices": [', b" " * 65536)), False, "an answer"),
+        (lambda: httpx.Response(500, stream=Endless(b'{"error": "', b"x" * 65536)), False, "an answer"),
+        (lambda: httpx.Response(500, stream=Endless(b'{"error": "', b"x" * 65536)), True, "an answer"),
+        (lambda: httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                stream=Endless(b'data: {"id": "x", "choices": [', b" " * 65536)), True, "a line"),
+        (lambda: _gzip_bomb(3 * 2**20), False, "an answer"),
+    ],
+    ids=["endless answer", "endless error", "endless error to a stream", "endless line", "gzip bomb"],
+)
+async def test_an_answer_over_the_size_limit_is_refused_and_the_provider_serves_the_next(
+    mock: respx.MockRouter, monkeypatch: pytest.MonkeyPatch, answer: Any, streamed: bool, what: str
+) -> None:
+    """A server cannot make the client hold an answer without end (or a small gzip body that expands without end):
+    past ``MAX_ANSWER_BYTES`` (256 MiB, here 1 MiB) it is a ``ProtocolError``, long before the timeout."""
+    from inference._servers import answer_reading
+
+    monkeypatch.setattr(answer_reading, "MAX_ANSWER_BYTES", 2**20)
+    route = mock.post(CHAT)
+    route.side_effect = [answer(), completion("fine")]
+    async with OpenAIProvider(base_url=BASE, api_key=SECRET, max_retries=0, timeout=20) as provider:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ProtocolError, match=f"answered generate with model 'm' with {what} of more than 1 MiB"):
+            if streamed:
+                async for _ in provider.stream("Hi", model="m", max_tokens=4):
+                    pass
+            else:
+                await provider.generate("Hi", model="m", max_tokens=4)
+        assert asyncio.get_running_loop().time() - started < 10  # refused at the limit, not at the timeout
+        assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
 
 
 class Pieces(httpx.AsyncByteStream):

@@ -1,9 +1,11 @@
-"""Reading a server's answer safely: its lines as UTF-8, within a time, and what an error keeps of the request.
+"""Reading a server's answer safely: its lines as UTF-8, within a time and a size, and what an error keeps of the
+request.
 
 :class:`~inference._servers.http.ServerClient` reads every answer through these: :func:`within` bounds a read
-(httpx's own timeout is per read, so a server dripping bytes would never time out), :func:`utf8_lines` splits a
-streamed answer into lines decoded as UTF-8 whatever charset it names, and :func:`shown_request` is the copy of a
-request an error carries (no key, no credentials in the URL: errors are shown, logged and pickled).
+(httpx's own timeout is per read, so a server dripping bytes would never time out), :func:`read_whole` reads a whole
+answer of at most :data:`MAX_ANSWER_BYTES`, :func:`utf8_lines` splits a streamed answer into lines decoded as UTF-8
+whatever charset it names (each line at most that size too), and :func:`shown_request` is the copy of a request an
+error carries (no key, no credentials in the URL: errors are shown, logged and pickled).
 """
 
 from __future__ import annotations
@@ -19,22 +21,58 @@ import httpx
 
 from inference._core.redaction import redact_url
 
-__all__ = ["shown_request", "utf8_lines", "within"]
+__all__ = ["MAX_ANSWER_BYTES", "AnswerTooLarge", "read_whole", "shown_request", "utf8_lines", "within"]
 
 _T = TypeVar("_T")
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
+
+MAX_ANSWER_BYTES = 256 * 2**20
+"""The most bytes of a whole answer, or of one line of a streamed one, counted after decompression (256 MiB: a
+full next-token distribution over a large vocabulary is tens of MiB). A server cannot make this process hold more:
+an answer without end, or a small gzip body that expands without end, is refused."""
+
+_UNSENT_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+
+class AnswerTooLarge(Exception):
+    """An answer (or a streamed line) went over :data:`MAX_ANSWER_BYTES`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit / 2**20:g} MiB")
+
+
+async def read_whole(response: httpx.Response) -> httpx.Response:
+    """``response`` read whole, decompressed, as a new response with the same status, headers and request.
+
+    Raises:
+        AnswerTooLarge: The answer went over :data:`MAX_ANSWER_BYTES` (reading stopped there).
+    """
+    limit, size, parts = MAX_ANSWER_BYTES, 0, []
+    async for part in response.aiter_bytes():
+        size += len(part)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        parts.append(part)
+    headers = [(name, value) for name, value in response.headers.multi_items() if name not in _UNSENT_HEADERS]
+    return httpx.Response(response.status_code, headers=headers, content=b"".join(parts), request=response.request)
 
 
 async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
     """The lines of a streamed answer, decoded as UTF-8 whatever charset its headers name (JSON lines and
     server-sent events are UTF-8), strictly: bytes that are not UTF-8 raise ``UnicodeDecodeError`` rather than
     becoming U+FFFD in the text. A CR LF split between two reads gives an extra blank line (blank lines are
-    skipped)."""
+    skipped).
+
+    Raises:
+        AnswerTooLarge: A line went over :data:`MAX_ANSWER_BYTES` (counted in characters, at least as strict).
+    """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    pending = ""
+    pending, limit = "", MAX_ANSWER_BYTES
     async for chunk in response.aiter_bytes():
         *lines, pending = _LINE_END.split(pending + decoder.decode(chunk))
+        if len(pending) > limit:
+            raise AnswerTooLarge(limit)
         for line in lines:
             yield line
     pending += decoder.decode(b"", final=True)

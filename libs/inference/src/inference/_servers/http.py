@@ -42,7 +42,7 @@ import httpx
 
 from inference._core.redaction import redact_url
 from inference._core.settings import validate_base_url
-from inference._servers.answer_reading import shown_request, utf8_lines, within
+from inference._servers.answer_reading import AnswerTooLarge, read_whole, shown_request, utf8_lines, within
 from inference._servers.transport import (
     CONNECT_TIMEOUT_MAX,
     ONE_CONNECTION,
@@ -393,6 +393,7 @@ class ServerClient:
         Raises:
             ProviderUnavailableError: Nothing answers at the URL.
             ProviderTimeoutError: No answer within the timeout.
+            ProtocolError: The answer is over ``MAX_ANSWER_BYTES`` (256 MiB, decompressed).
             ServerResponseError: The server answered with an error status (a subclass chosen by status and
                 by ``handlers``).
         """
@@ -402,17 +403,25 @@ class ServerClient:
             response = await client.send(request, stream=True)
         except httpx.HTTPError as error:
             raise self.error_from_exception(error, operation=operation) from error
-        try:  # httpx's timeout is per read: a server dripping its answer byte by byte would never time out
-            await within(self.timeout, response.aread())
-        except asyncio.TimeoutError:
-            raise self._timeout_error(operation, None) from None
-        except httpx.HTTPError as error:
-            raise self.error_from_exception(error, operation=operation) from error
+        try:
+            answer = await self._read_whole(response, operation)
         finally:
             await response.aclose()
-        if response.is_error and (response.status_code not in ok_statuses or is_route_missing(response)):
-            raise self.error_from_response(response, operation=operation, handlers=handlers)
-        return response
+        if answer.is_error and (answer.status_code not in ok_statuses or is_route_missing(answer)):
+            raise self.error_from_response(answer, operation=operation, handlers=handlers)
+        return answer
+
+    async def _read_whole(self, response: httpx.Response, operation: str) -> httpx.Response:
+        """``response`` read whole (:func:`read_whole`) within the timeout: httpx's timeout is per read, and a server
+        dripping its answer byte by byte would never time out."""
+        try:
+            return await within(self.timeout, read_whole(response))
+        except asyncio.TimeoutError:
+            raise self._timeout_error(operation, None) from None
+        except AnswerTooLarge as error:
+            raise self.protocol_error(operation, f"an answer of {error}") from None
+        except httpx.HTTPError as error:
+            raise self.error_from_exception(error, operation=operation) from error
 
     def parse_json(self, response: httpx.Response, *, operation: str) -> Any:
         """Return the JSON body of ``response``.
@@ -545,14 +554,14 @@ class ServerClient:
         Raises:
             ProviderUnavailableError: Nothing answers at the URL, or the connection broke mid-answer.
             ProviderTimeoutError: No answer (or no next line) within the timeout.
-            ProtocolError: A line is not JSON.
+            ProtocolError: A line is not JSON, or over ``MAX_ANSWER_BYTES`` (256 MiB).
             ServerResponseError: The server answered with an error status, or sent an error line.
         """
         try:
             async with self.client().stream(method, url, json=json_body) as response:
                 if response.is_error:
-                    await response.aread()
-                    raise self.error_from_response(response, operation=operation, handlers=handlers)
+                    answer = await self._read_whole(response, operation)
+                    raise self.error_from_response(answer, operation=operation, handlers=handlers)
                 lines = self._json_lines(response, operation, error_line, sse)
                 try:
                     yield lines
@@ -583,6 +592,8 @@ class ServerClient:
                 raise self._timeout_error(operation, None) from None
             except UnicodeDecodeError as error:  # as a whole answer's body: never text with bytes replaced
                 raise self.protocol_error(operation, f"text that is not UTF-8 ({error.reason})") from error
+            except AnswerTooLarge as error:
+                raise self.protocol_error(operation, f"a line of {error}") from None
             if sse:
                 if not line.startswith("data:"):
                     continue
