@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -127,3 +130,22 @@ def test_providers_calls_a_fleet_with_one_replica_down_degraded_not_unreachable(
     vllm = next(report for report in json.loads(out)["providers"] if report["name"] == "vllm")
     assert status == 0 and vllm["reachable"] is True
     assert vllm["detail"] == f"degraded: 1 of 2 replicas answer; {B}: ConnectError"
+
+
+class Dripping(httpx.AsyncByteStream):
+    """A ``/models`` answer sent a byte every 0.2 s: each read comes in time, the answer never does."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for byte in json.dumps(MODELS).encode():
+            await asyncio.sleep(0.2)
+            yield bytes([byte])
+
+
+@respx.mock
+async def test_a_server_dripping_its_answer_is_down_within_the_timeout() -> None:
+    """httpx's timeout is per read; the probe's bounds the whole answer (a container probe must not hang)."""
+    respx.get(f"{A}/models").mock(return_value=httpx.Response(200, stream=Dripping()))
+    started = time.perf_counter()
+    health = await VLLMProvider(base_url=A, api="chat").health(timeout=0.5)
+    assert time.perf_counter() - started < 3
+    assert health.status == "down" and health.backends[0].error == "no answer within 0.5 s"

@@ -113,6 +113,7 @@ async def probe_servers(
     try:
         import httpx
 
+        from inference._servers.answer_reading import within
         from inference._servers.http import api_base, base_url_query
     except ImportError as error:  # a server provider's extra brings httpx
         from inference._core.dependencies import missing_dependency
@@ -128,12 +129,17 @@ async def probe_servers(
         if not api_base(base_url).endswith("/v1"):  # llama-server and Ollama also answer under /v1
             routes.append(f"{api_base(base_url)}/v1/models")
         start = time.perf_counter()
-        try:
+
+        async def answer() -> httpx.Response:
             for route in routes:
                 response = await client.get(route, params=base_url_query(base_url), headers=headers)
                 if response.status_code != 404:
                     break
-        except httpx.TimeoutException:
+            return response
+
+        try:  # httpx's timeout is per read: a server dripping its answer would hold the probe as long as it drips
+            response = await within(timeout, answer())
+        except (httpx.TimeoutException, asyncio.TimeoutError):
             return BackendHealth(shown, False, error=f"no answer within {timeout:g} s")
         except httpx.HTTPError as error:
             return BackendHealth(shown, False, error=f"{type(error).__name__}: {_first_line(error)}")
