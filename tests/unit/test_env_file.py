@@ -51,6 +51,24 @@ def test_the_process_environment_beats_the_file_and_arguments_beat_both(
     assert resolve_settings("fake", {})["max_adapters"] == 3
 
 
+def test_the_process_environment_wins_inside_an_expansion_too(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``${OTHER}`` reads OTHER by the same precedence as a setting: the process environment over the file (an
+    empty variable counts as not set), and a file's variable above the line."""
+    (workdir / ".env").write_text(
+        "OLLAMA_HOST_NAME=dev-box\nOLLAMA_BASE_URL=http://${OLLAMA_HOST_NAME}:11434/v1\n"
+        "OLLAMA_BASE_MODEL=${MODEL_FAMILY:-llama3.2}\n"
+    )
+    assert resolve_settings("ollama", {})["base_url"] == "http://dev-box:11434/v1"
+    monkeypatch.setenv("OLLAMA_HOST_NAME", "prod-box")
+    monkeypatch.setenv("MODEL_FAMILY", "qwen2.5")
+    assert resolve_settings("ollama", {})["base_url"] == "http://prod-box:11434/v1"  # without the file changing
+    assert resolve_settings("ollama", {})["base_model"] == "qwen2.5"
+    monkeypatch.setenv("OLLAMA_HOST_NAME", "")
+    monkeypatch.setenv("MODEL_FAMILY", "")
+    assert resolve_settings("ollama", {})["base_url"] == "http://dev-box:11434/v1"
+    assert resolve_settings("ollama", {})["base_model"] == "llama3.2"
+
+
 def test_inference_env_file_names_the_file_and_a_missing_one_is_an_error(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -76,7 +77,20 @@ def settings_environment(process: Mapping[str, str] | None = None) -> SettingsEn
     """
     process = os.environ if process is None else process
     path = env_file_path(process)
-    return SettingsEnvironment(process, {} if path is None else _values(path), path)
+    return SettingsEnvironment(process, {} if path is None else _expanded(_values(path), process), path)
+
+
+def _expanded(raw: Mapping[str, str], process: Mapping[str, str]) -> dict[str, str]:
+    """The file's values with ``${OTHER}`` (and ``${OTHER:-default}``) expanded as the settings are read: a variable
+    of the process environment wins over the file's (an empty one counts as not set), and a file's variable is seen
+    by the lines below it."""
+    from dotenv.variables import parse_variables
+
+    values: dict[str, str] = {}
+    for key, value in raw.items():
+        seen = ChainMap({name: text for name, text in process.items() if text != ""}, values)
+        values[key] = "".join(atom.resolve(seen) for atom in parse_variables(value))
+    return values
 
 
 def env_file_path(process: Mapping[str, str] | None = None) -> Path | None:
@@ -105,7 +119,8 @@ def env_file_path(process: Mapping[str, str] | None = None) -> Path | None:
 
 
 def _values(path: Path) -> dict[str, str]:
-    """The file's variables (those with a value), parsed once per version of the file."""
+    """The file's variables (those with a value) as written, ``${OTHER}`` not expanded yet, parsed once per version
+    of the file."""
     try:
         info = path.stat()
     except OSError as error:
@@ -145,7 +160,7 @@ def _parse(path: Path) -> dict[str, str]:
                 "is not shown: it may hold a key): correct it, or start it with '#'",
                 path=str(path),
             )
-    values = dotenv_values(stream=io.StringIO(text), interpolate=True)
+    values = dotenv_values(stream=io.StringIO(text), interpolate=False)  # expanded when read: _expanded
     return {key: value for key, value in values.items() if value is not None}
 
 
