@@ -1317,3 +1317,59 @@ async def test_thinking_can_be_turned_off(mock: respx.MockRouter, think: str, se
         assert (await ollama.generate("Hi", model="qwen3:0.6b")).reasoning is None
     assert sent(route).get("think") == sent_value
     assert ("think" in sent(route)) == (think != "auto")
+
+
+async def test_credentials_in_the_base_url_never_reach_an_error_message(mock: respx.MockRouter) -> None:
+    """Configuration promises ``***`` wherever the URL appears, the native API's messages included."""
+    secret_base = "http://alice:s3cr3tPW@ollama.test:11434/v1"
+    chat = mock.post(CHAT)
+    async with OllamaProvider(base_url=secret_base, max_retries=0) as provider:
+        chat.mock(return_value=GIN_404)
+        with pytest.raises(ServerResponseError, match="has no Ollama native API") as missing:
+            await provider.generate("Hi", model="llama3.2")
+        with pytest.raises(ServerResponseError, match="has no Ollama native API") as streamed:
+            async for _ in provider.stream("Hi", model="llama3.2"):
+                pass
+        chat.mock(return_value=httpx.Response(400, json={"error": "invalid JSON schema in format"}))
+        with pytest.raises(InvalidRequestError, match="could not use the json_schema") as schema:
+            await provider.generate("Hi", model="llama3.2", json_schema={"type": "object"})
+    for error in (missing.value, streamed.value, schema.value):
+        assert "s3cr3tPW" not in str(error) and "http://***@ollama.test:11434" in str(error), str(error)
+
+
+@pytest.mark.parametrize("several", [f"{BASE},http://ollama-2.test:11434/v1", [BASE, "http://ollama-2.test:11434/v1"]])
+async def test_several_base_urls_are_refused_as_ollama_has_no_replicas(
+    several: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request would go to one wrong path (``/v1,http://...``): refused when the provider is built."""
+    with pytest.raises(ConfigurationError, match="holds several URLs, but this provider talks to one server"):
+        OllamaProvider(base_url=several)
+    monkeypatch.setenv("OLLAMA_BASE_URL", f"{BASE},http://ollama-2.test:11434/v1")
+    with pytest.raises(ConfigurationError, match=r"environment variable OLLAMA_BASE_URL .* holds several URLs"):
+        OllamaProvider()
+
+
+@pytest.mark.parametrize(
+    "spelling", ["TINY-QWEN2", "library/tiny-qwen2", "registry.ollama.ai/library/tiny-qwen2:latest"]
+)
+async def test_the_same_base_spelled_another_way_is_the_same_base(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, spelling: str
+) -> None:
+    """They make the same derived model: loading again on it is a no-op, not a clash (nor, with replace, a
+    re-creation)."""
+    await adapters.load_adapter("a0", qwen_lora, base_model=BASE_MODEL)
+    await adapters.load_adapter("a0", qwen_lora, base_model=spelling)
+    assert len(server.creates) == 1 and adapters.derived_model("a0") == derived_model_name("a0", BASE_MODEL)
+
+
+async def test_health_asks_the_native_api_this_provider_talks_to(mock: respx.MockRouter) -> None:
+    """An OpenAI-compatible server at Ollama's URL answers ``/v1/models`` but cannot serve: it is down."""
+    mock.get(f"{BASE}/models").respond(200, json={"object": "list", "data": [{"id": "llama3.2:latest"}]})
+    tags = mock.get(f"{ROOT}/api/tags")
+    async with OllamaProvider(base_url=BASE, max_retries=0) as provider:
+        tags.mock(return_value=ollama_tags("llama3.2:latest"))
+        health = await provider.health(timeout=2)
+        assert (health.status, health.backends[0].models) == ("up", ("llama3.2:latest",))
+        tags.mock(return_value=GIN_404)
+        health = await provider.health(timeout=2)
+        assert health.status == "down" and "no Ollama native API" in (health.backends[0].error or "")

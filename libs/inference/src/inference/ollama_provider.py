@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from inference._core.paths import directory_problem, expand_path
 from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest, validate_adapter_id
+from inference._servers.answer_reading import within
 from inference._servers.http import ServerClient, server_root
 from inference._servers.ollama_chat import OllamaChat
 from inference._servers.ollama_models import (
@@ -27,6 +29,7 @@ from inference.exceptions import (
     AdapterAlreadyLoadedError,
     AdapterNotFoundError,
     ConfigurationError,
+    InferenceError,
     InvalidRequestError,
     ServerModelNotFoundError,
     ServerResponseError,
@@ -44,6 +47,7 @@ from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 if TYPE_CHECKING:
     from inference.adapters.source import AdapterSource
+    from inference.health import BackendHealth
 from inference.adapters.weights import AdapterWeights
 
 __all__ = ["OllamaProvider"]
@@ -301,7 +305,7 @@ class OllamaProvider(InferenceProvider):
             ):
                 registry.forget(adapter_id)  # found on the server: create it again from the files the caller names
             current_base = record.base if record is not None else None
-            if known is not None and current_base is not None and _untagged(current_base) != _untagged(base):
+            if known is not None and current_base is not None and not _same_model(current_base, base):
                 # The registry compares paths only; another base model is another derived model.
                 if not replace:
                     raise AdapterAlreadyLoadedError(
@@ -468,11 +472,28 @@ class OllamaProvider(InferenceProvider):
             async for event in chat.events(lines, request, model):
                 yield event
 
+    async def _health(self, timeout: float) -> Sequence[BackendHealth]:
+        """``GET /v1/models`` as for any server, then the native API this provider talks to (``GET /api/tags``): a
+        server without it (an OpenAI-compatible one at Ollama's URL) is down, as it cannot serve."""
+        backends = await super()._health(timeout)
+        if not backends[0].up:
+            return backends
+        try:
+            await within(timeout, self._models.tags())
+        except asyncio.TimeoutError:
+            problem = f"no answer to GET /api/tags within {timeout:g} s"
+        except InferenceError as error:
+            problem = f"no Ollama native API: {error}"
+        else:
+            return backends
+        return [dataclasses.replace(backends[0], up=False, error=problem)]
+
     async def aclose(self) -> None:
         """Close the pooled connections (derived models stay on the server). The provider reconnects if used."""
         await self._http.aclose()
 
 
-def _untagged(model: str) -> str:
-    """``llama3.2`` and ``llama3.2:latest`` name the same Ollama model."""
-    return model.removesuffix(":latest")
+def _same_model(first: str, second: str) -> bool:
+    """Whether two names are the same Ollama model (``llama3.2``, ``LLAMA3.2``, ``library/llama3.2`` and
+    ``registry.ollama.ai/library/llama3.2:latest`` are): they make the same derived model name."""
+    return base_model_digest(first) == base_model_digest(second)

@@ -82,7 +82,7 @@ def _server_settings(
                 none_means="no key"),
     )
     return (
-        Setting("base_url", f"{prefix}_BASE_URL", base_url, "url", what),
+        Setting("base_url", f"{prefix}_BASE_URL", base_url, "urls" if replicas else "url", what),
         *key,
         Setting("timeout", f"{prefix}_TIMEOUT", 120.0, "float", "Seconds to wait for one answer",
                 minimum=0, exclusive_minimum=True),

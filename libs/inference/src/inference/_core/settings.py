@@ -24,15 +24,22 @@ from inference.exceptions import ConfigurationError
 __all__ = ["Setting", "SettingKind", "validate_base_url"]
 
 
-def validate_base_url(url: str, *, source: str) -> str:
+def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
     """Return ``url`` without surrounding blanks and trailing slash if it is an http(s) URL with a host, else raise.
 
-    A comma-separated list of URLs (replicas) is checked item by item and returned joined by commas.
+    A comma-separated list of URLs (replicas) is checked item by item and returned joined by commas, where
+    ``several`` (a provider that spreads requests over replicas).
 
     Raises:
         ConfigurationError: A URL has no ``http://``/``https://`` scheme or no host, a port that is not a
-            number, whitespace, or text that cannot be encoded as UTF-8.
+            number, whitespace, or text that cannot be encoded as UTF-8; or there are several and not ``several``.
     """
+    if not several and (("," in url) if isinstance(url, str) else isinstance(url, (list, tuple))):
+        raise ConfigurationError(
+            f"{source} {redact_url(repr(url))} holds several URLs, but this provider talks to one server "
+            "(it has no replicas): give one base URL",
+            url=redact_url(str(url)),
+        )
     if not isinstance(url, str):
         if isinstance(url, (list, tuple)) and url:
             return ",".join(validate_base_url(item, source=source) for item in url)
@@ -108,11 +115,12 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-SettingKind = Literal["str", "secret", "int", "float", "bool", "url", "path", "directory", "json"]
+SettingKind = Literal["str", "secret", "int", "float", "bool", "url", "urls", "path", "directory", "json"]
 """What a setting's values are: text, a secret (an API key: checked to be sendable in a header, never shown), an
-integer, a finite number, a switch (``true``/``false``), base URL(s), a file path, a directory that files are
-written into (checked to be creatable and writable, nothing created), or a JSON object (a mapping, or its JSON text;
-kept as canonical JSON text, sorted keys, so that equal settings make one cached provider)."""
+integer, a finite number, a switch (``true``/``false``), a base URL, base URLs (one, or several: replicas), a file
+path, a directory that files are written into (checked to be creatable and writable, nothing created), or a JSON
+object (a mapping, or its JSON text; kept as canonical JSON text, sorted keys, so that equal settings make one
+cached provider)."""
 
 _ENV_FILE = "env-file:"
 """How an origin names a ``.env`` file: ``env-file:/srv/app/.env`` (see :mod:`inference._core.env_file`)."""
@@ -122,7 +130,8 @@ _BOOLEANS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "
 
 _KIND_RULES: dict[SettingKind, str] = {
     "bool": "true or false",
-    "url": "an http(s) base URL, or several separated by commas",
+    "url": "an http(s) base URL",
+    "urls": "an http(s) base URL, or several separated by commas",
     "path": "a file path",
     "directory": "a directory this process can create or write into",
     "secret": "printable ASCII without whitespace at its ends",
@@ -222,8 +231,8 @@ class Setting:
         """
         if self.none_means is not None and (value is None or (isinstance(value, str) and not value.strip())):
             return None
-        if self.kind == "url":
-            return validate_base_url(value, source=self._source(origin))
+        if self.kind in ("url", "urls"):
+            return validate_base_url(value, source=self._source(origin), several=self.kind == "urls")
         if self.kind == "secret":
             return self._secret(value, origin, provider)
         if self.kind in ("int", "float"):

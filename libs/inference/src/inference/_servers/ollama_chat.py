@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference._servers.ollama_models import parse_derived_model_name
@@ -42,7 +43,7 @@ class OllamaChat:
         self._http = http
         self._url = f"{native_url}/api/chat"
         self._raw_url = f"{native_url}/api/generate"
-        self._native_url = native_url
+        self._shown_url = redact_url(native_url)  # as messages show it: credentials hidden
         self._think = think
         self._provider = provider
 
@@ -147,7 +148,7 @@ class OllamaChat:
             else:
                 raise
             raise InvalidRequestError(
-                f"Ollama at {self._native_url} could not use {what} ({error}): simplify the schema to what "
+                f"Ollama at {self._shown_url} could not use {what} ({error}): simplify the schema to what "
                 "Ollama's grammar supports",
                 provider=self._provider,
             ) from error
@@ -203,7 +204,7 @@ class OllamaChat:
         if answer.route_missing:
             return answer.error(
                 ServerResponseError,
-                f"the server at {self._native_url} has no Ollama native API ({answer.response.request.url.path} "
+                f"the server at {self._shown_url} has no Ollama native API ({answer.response.request.url.path} "
                 "answered 404 Not Found): it is another kind of server (an OpenAI-only server such as "
                 "llama_cpp.server?); point OLLAMA_BASE_URL (or base_url) at Ollama, or use the vllm provider for "
                 "OpenAI-compatible servers",
