@@ -305,6 +305,29 @@ async def test_a_timed_out_unload_still_leaves_record_and_backend_in_step() -> N
     assert (await provider.generate("p", model="m", adapter_id="a")).adapter_id == "a"
 
 
+@pytest.mark.parametrize("operation", ["load", "unload"])
+async def test_an_operation_cancelled_twice_still_leaves_record_and_backend_in_step(operation: str) -> None:
+    """Cancelling an evaluation cancels its adapters' unloads a second time (and Ctrl-C twice does the same): the
+    second cancel used to leave the adapter listed and resident while the backend had dropped it, and loading it
+    again did nothing."""
+    provider = SlowBackend()
+    if operation == "unload":
+        await provider.load_adapter("a", "/adapters/a")
+    work = provider.unload_adapter("a") if operation == "unload" else provider.load_adapter("a", "/adapters/a")
+    task = asyncio.create_task(work)
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    held = sorted(provider._resident)
+    assert await provider.list_adapters() == held == (["a"] if operation == "load" else [])
+    await provider.load_adapter("a", "/adapters/a")
+    assert (await provider.generate("p", model="m", adapter_id="a")).adapter_id == "a"
+    assert sorted(provider._resident) == ["a"]
+
+
 async def test_a_request_cancelled_while_evicting_leaves_capacity_consistent() -> None:
     provider = SlowBackend(max_adapters=1)
     await provider.load_adapter("a", "/adapters/a")

@@ -457,17 +457,21 @@ class AdapterRegistry:
 
         A backend call stopped half-way would leave the backend and this record disagreeing (an adapter
         listed but gone, or a handle nobody frees). The caller's cancellation is re-raised once the backend
-        is done, with the record matching what the backend did.
+        is done, with the record matching what the backend did, however many times it is cancelled meanwhile
+        (an evaluation cancels its adapters' unloads twice; so does Ctrl-C pressed twice).
         """
         task = asyncio.ensure_future(work)
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await asyncio.wait([task])
-            if not task.cancelled() and task.exception() is None:
-                entry.resident = resident_after
-            raise
-        entry.resident = resident_after
+        cancelled: asyncio.CancelledError | None = None
+        while not task.done():
+            try:
+                await asyncio.wait([task])  # waiting never cancels the work
+            except asyncio.CancelledError as error:
+                cancelled = error
+        if not task.cancelled() and task.exception() is None:
+            entry.resident = resident_after
+        if cancelled is not None:
+            raise cancelled
+        task.result()  # the backend's own error, if it failed
 
     @asynccontextmanager
     async def _transition(self, entry: _Entry) -> AsyncIterator[None]:
