@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -88,6 +89,40 @@ def test_same_settings_give_the_same_sync_provider_and_not_the_async_one() -> No
     assert first.provider is not inference.get_provider("fake")
     first.close()
     assert get_sync_provider("fake") is not first  # a closed one is replaced, as get_provider does
+
+
+def test_a_provider_closed_by_its_own_aclose_is_replaced(
+    tiny_models: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aclose()`` through the facade closes an in-process provider: the next ``get_sync_provider`` makes a new one,
+    as ``get_provider`` does, rather than hand back one whose every call fails."""
+    monkeypatch.setenv("LLAMACPP_MODEL_PATH", str(tiny_models["qwen2"].gguf_path))
+    closed = get_sync_provider("llamacpp")
+    closed.aclose()
+    assert closed.provider.closed
+    fresh = get_sync_provider("llamacpp")
+    assert fresh is not closed and fresh.generate("Hi", model="m", max_tokens=2).completion_tokens > 0
+
+
+def test_a_close_that_failed_leaves_the_provider_open_for_a_later_close(
+    tiny_models: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close()`` from a callback on the facade's loop is refused: the provider is not closed then, and the next
+    ``close()`` (or ``close_all_sync_providers``, or the one at exit) frees it."""
+    monkeypatch.setenv("LLAMACPP_MODEL_PATH", str(tiny_models["qwen2"].gguf_path))
+    provider = get_sync_provider("llamacpp")
+    refused: list[BaseException] = []
+
+    def on_result(index: int, item: GenerationResult | Exception) -> None:
+        try:
+            provider.close()
+        except RuntimeError as error:
+            refused.append(error)
+
+    provider.generate_batch(["a"], model="m", max_tokens=1, on_result=on_result)
+    assert len(refused) == 1 and not provider.provider.closed
+    close_all_sync_providers()
+    assert provider.provider.closed
 
 
 def test_errors_are_the_provider_s_own_and_it_keeps_serving() -> None:

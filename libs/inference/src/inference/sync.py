@@ -192,12 +192,13 @@ class SyncProvider:
         return f"SyncProvider({self._provider!r})"
 
     def close(self) -> None:
-        """Free what the provider holds (its ``aclose``). Safe to call twice."""
+        """Free what the provider holds (its ``aclose``). Safe to call twice; a close that failed (refused from a
+        callback on the facade's loop, interrupted) leaves the provider open, for a later close to free."""
         if self._closed or self._pid != os.getpid():
             return
+        run_sync(self._provider.aclose())
         self._closed = True
         _open.discard(self)
-        run_sync(self._provider.aclose())
 
     def __enter__(self) -> SyncProvider:
         return self
@@ -309,7 +310,7 @@ _sync_cache_lock = threading.Lock()
 def _cached(recipe: ProviderRecipe) -> SyncProvider:
     with _sync_cache_lock:
         cached = _sync_cache.get(recipe.key)
-        if cached is not None and not cached._closed and cached._pid == os.getpid():
+        if cached is not None and not cached._closed and not cached._provider.closed and cached._pid == os.getpid():
             return cached
         _sync_cache[recipe.key] = made = SyncProvider(recipe.build(), rebuild=recipe.build)
         return made
