@@ -1020,6 +1020,24 @@ async def test_reconcile_reloads_what_each_replica_lost_and_lists_strangers(mock
     ]
 
 
+async def test_reconcile_reports_a_replaced_adapter_by_its_id(mock: respx.MockRouter) -> None:
+    """A replaced adapter is served as ``id@n``; the report says the id the user knows (``"a1" in reloaded``)."""
+    loads = {
+        url: mock.post(f"{url}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+        for url in (REPLICA_A, REPLICA_B)
+    }
+    for url in (REPLICA_A, REPLICA_B):
+        mock.post(f"{url}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1@2"))
+    mock.get(f"{REPLICA_B}/models").mock(return_value=model_list())  # restarted: lost everything
+    async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B]) as vllm:
+        await vllm.load_adapter("a1", "/adapters/a1")
+        await vllm.load_adapter("a1", "/adapters/a1-v2", replace=True)
+        report = await vllm.reconcile_adapters()
+    assert report.reloaded == ["a1"] and report.replicas[1].reloaded == ("a1",) and report.ok
+    assert sent_body(loads[REPLICA_B].calls[-1]) == {"lora_name": "a1@2", "lora_path": "/adapters/a1-v2"}
+
+
 async def test_reconcile_reports_a_replica_that_is_down(mock: respx.MockRouter) -> None:
     mock.post(f"{REPLICA_A}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
     mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1"))

@@ -48,8 +48,9 @@ class ReplicaReconciliation:
 
     Attributes:
         base_url: The replica's base URL (credentials in it hidden).
-        reloaded: Adapters the provider had loaded that the server had lost, loaded again.
-        failed: Adapters the server had lost that could not be loaded again (the log says why).
+        reloaded: Adapters the provider had loaded that the server had lost, loaded again (by id: a replaced
+            adapter served as ``id@n`` is reported as ``id``).
+        failed: Adapters the server had lost that could not be loaded again (the log says why), by id.
         unexpected: LoRA adapters the server serves that this provider did not load (``--lora-modules``,
             a resolver plugin, another client); left alone.
         error: Why the replica could not be reconciled (e.g. it is down), else ``None``.
@@ -304,37 +305,44 @@ class ServedAdapters:
     async def reconcile(self) -> ReconcileReport:
         """Make every replica hold the adapters loaded here (each one those placement gave it); report what
         differed. A replica that cannot be reached is reported, not raised."""
-        expected = {name: self._registry.path_of(name) for name in self._registry.backend_names().values()}
+        ids = {backend: adapter_id for adapter_id, backend in self._registry.backend_names().items()}
+        expected = {name: self._registry.path_of(name) for name in ids}
         placement = self.placement
 
         def held(replica: Replica) -> dict[str, str | None]:  # with on-demand placement, what it was given
             return expected if placement is None else {name: expected.get(name) for name in placement.held_by(replica)}
 
-        results = await asyncio.gather(*(self._reconcile_one(replica, held(replica)) for replica in self._replicas))
+        results = await asyncio.gather(
+            *(self._reconcile_one(replica, held(replica), ids) for replica in self._replicas)
+        )
         return ReconcileReport(replicas=tuple(results))
 
-    async def _reconcile_one(self, replica: Replica, expected: dict[str, str | None]) -> ReplicaReconciliation:
+    async def _reconcile_one(
+        self, replica: Replica, expected: dict[str, str | None], ids: dict[str, str]
+    ) -> ReplicaReconciliation:
+        """Load on ``replica`` what it lacks of ``expected`` (backend name -> path); report by adapter id (``ids``:
+        backend name -> id; a replaced adapter is served as ``id@n``, but the user knows it as ``id``)."""
         try:
             served = set(await self.lora.served(replica))
         except InferenceError as error:
             return ReplicaReconciliation(base_url=replica.http.shown_url, error=str(error))
         reloaded: list[str] = []
         failed: list[str] = []
-        for adapter_id in sorted(set(expected) - served):
-            path = expected[adapter_id]
+        for name in sorted(set(expected) - served):
+            path = expected[name]
             if path is None:
                 continue
             try:
                 started = time.perf_counter()
-                await self._load_on(replica, adapter_id, path)
-                self._registry.note_reload(adapter_id, (time.perf_counter() - started) * 1000)
+                await self._load_on(replica, name, path)
+                self._registry.note_reload(name, (time.perf_counter() - started) * 1000)
             except ServerAdapterAlreadyLoadedError:
                 continue  # the server has it but does not list it (some vLLM versions)
             except InferenceError as error:
-                self._logger.error("%s: could not load adapter %r again: %s", replica.http.where, adapter_id, error)
-                failed.append(adapter_id)
+                self._logger.error("%s: could not load adapter %r again: %s", replica.http.where, name, error)
+                failed.append(ids.get(name, name))
             else:
-                reloaded.append(adapter_id)
+                reloaded.append(ids.get(name, name))
         return ReplicaReconciliation(
             base_url=replica.http.shown_url,
             reloaded=tuple(reloaded),
