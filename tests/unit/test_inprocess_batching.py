@@ -154,7 +154,7 @@ def test_cut_row_stops_at_the_limit_the_end_token_or_the_first_stop_string() -> 
 
     # (text, tokens generated, tokens that make the text, finish reason)
     assert cut_row([0, 1, 2, 3], 3, frozenset(), (), decode) == ("abc", 3, 3, "length")
-    assert cut_row([0, 1, 9, 3], 4, frozenset({9}), (), decode) == ("ab", 2, 2, "stop")
+    assert cut_row([0, 1, 9, 3], 4, frozenset({9}), (), decode) == ("ab", 3, 2, "stop")  # the end token counts
     assert cut_row([0, 1, 2, 3], 4, frozenset(), ("cd", "bc"), decode) == ("a", 3, 1, "stop")
     # a token partly in the text is kept, one wholly in the stop string is not
     assert cut_row([0, 1, 2, 3], 4, frozenset(), ("de",), decode_pairs) == ("abc", 3, 2, "stop")
