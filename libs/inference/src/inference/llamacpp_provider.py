@@ -57,6 +57,7 @@ from inference._inprocess.llamacpp_generation import (
 )
 from inference._inprocess.llamacpp_model import (
     KV_CACHE_TYPES,
+    QUANTIZED_KV_CACHE_TYPES,
     LlamaCppModel,
     LlamaSettings,
     ResidentAdapter,
@@ -230,6 +231,12 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
             )
         if seed is not None and not seed_fits(seed):
             raise ConfigurationError(f"seed {seed_rule(seed)}", provider=_PROVIDER)
+        if settings["kv_cache_type"] in QUANTIZED_KV_CACHE_TYPES and not settings["flash_attn"]:
+            raise ConfigurationError(
+                f"kv_cache_type={settings['kv_cache_type']!r} (a quantized KV cache) needs flash_attn=True "
+                "(LLAMACPP_FLASH_ATTN): llama.cpp refuses a quantized V cache without flash attention",
+                provider=_PROVIDER,
+            )
         if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: the first call imports it
             raise missing_dependency("llama_cpp", provider=_PROVIDER, extra="llamacpp")
         self.model_path = Path(settings["model_path"])

@@ -42,6 +42,7 @@ from inference.exceptions import InferenceError, InvalidAdapterError, ModelLoadE
 
 __all__ = [
     "KV_CACHE_TYPES",
+    "QUANTIZED_KV_CACHE_TYPES",
     "LlamaCppModel",
     "LlamaSettings",
     "ModelInfo",
@@ -53,6 +54,8 @@ __all__ = [
 ]
 
 KV_CACHE_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
+QUANTIZED_KV_CACHE_TYPES = frozenset({"q4_0", "q8_0"})
+"""The KV cache types llama.cpp takes only with flash attention on (for the V cache)."""
 """``kv_cache_type`` names and the GGML type ids llama.cpp takes as ``type_k``/``type_v``."""
 
 
@@ -192,6 +195,8 @@ class LlamaCppModel:
             kwargs["n_threads"] = kwargs["n_threads_batch"] = settings.n_threads
         if settings.kv_cache_type is not None:
             kwargs["type_k"] = kwargs["type_v"] = KV_CACHE_TYPES[settings.kv_cache_type]
+        if settings.flash_attn:  # from the first context on: llama.cpp builds a quantized V cache only with it
+            kwargs["flash_attn"] = True
         if lora_path is not None:
             kwargs["lora_path"] = str(lora_path)
         try:
