@@ -328,6 +328,28 @@ async def test_an_operation_cancelled_twice_still_leaves_record_and_backend_in_s
     assert sorted(provider._resident) == ["a"]
 
 
+async def test_a_burst_over_max_adapters_warns_and_comes_back_down_when_its_requests_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request each for 8 adapters not resident at once, with ``max_adapters=2``: loads in progress hold a
+    place (they were not counted, so every load saw room: 8 resident, no warning, for good). Those that cannot
+    wait for room load over the limit with a warning, and are evicted again once their requests end."""
+    provider = SlowBackend(max_adapters=2)
+    ids = [f"r{n}" for n in range(8)]
+    for adapter_id in ids:
+        await provider.load_adapter(adapter_id, f"/adapters/{adapter_id}")
+    assert sorted(provider._resident) == ["r6", "r7"]
+    results = await asyncio.gather(*(provider.generate("p", model="m", adapter_id=a) for a in ids))
+    assert [result.adapter_id for result in results] == ids
+    assert "loading one more than max_adapters=2" in caplog.text
+    trimming = provider._adapter_registry._trimming
+    assert trimming is not None
+    await trimming
+    assert len(provider._resident) == 2 and sorted(await provider.list_adapters()) == ids
+    assert (await provider.generate("p", model="m", adapter_id="r0")).adapter_id == "r0"
+    assert len(provider._resident) == 2
+
+
 async def test_a_request_cancelled_while_evicting_leaves_capacity_consistent() -> None:
     provider = SlowBackend(max_adapters=1)
     await provider.load_adapter("a", "/adapters/a")

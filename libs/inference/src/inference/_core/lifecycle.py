@@ -159,6 +159,7 @@ class AdapterRegistry:
         self._by_backend: dict[str, _Entry] = {}  # backend name -> entry, for replaced ids and draining versions
         self._replacing: dict[str, asyncio.Lock] = {}
         self._retiring: set[asyncio.Future[None]] = set()  # retirements left to run by a cancelled replace
+        self._trimming: asyncio.Future[None] | None = None  # evictions back down to capacity after a burst
         self._clock = itertools.count(1)
         self._events = LifecycleEvents(provider)
 
@@ -360,6 +361,8 @@ class AdapterRegistry:
             entry.in_flight -= 1
             if entry.in_flight == 0 and entry.drained is not None:
                 entry.drained.set()
+            if entry.in_flight == 0 and self._over_capacity() and (self._trimming is None or self._trimming.done()):
+                self._trimming = asyncio.ensure_future(self._trim())
 
     def clear(self) -> None:
         """Forget every record (the provider is closing and frees its backend itself)."""
@@ -496,32 +499,60 @@ class AdapterRegistry:
         finally:
             entry.transition = None
 
+    def _holding(self, exclude: str | None = None) -> list[tuple[int, str]]:
+        """``(last used, id)`` of the adapters that hold a place in the backend or are loading into one (not those
+        being evicted: their place is being freed)."""
+        return [
+            (entry.last_used, adapter_id)
+            for adapter_id, entry in self._entries.items()
+            if adapter_id != exclude and (entry.state is AdapterState.RESIDENT or entry.state is AdapterState.LOADING)
+        ]
+
+    def _over_capacity(self) -> bool:
+        capacity = self._capacity()
+        return capacity is not None and len(self._holding()) > capacity
+
     async def _evict_for_one_more(self, *, exclude: str) -> None:
+        """Leave room for ``exclude`` to load: evict the least recently used idle adapters while the others that
+        hold a place (loads in progress count) fill ``max_adapters``. When every one is pinned, in use or loading,
+        it loads over the limit with a warning; the extra ones are evicted once their requests end (:meth:`_trim`)."""
+        await self._evict_while(exclude=exclude, room=1)
+
+    async def _trim(self) -> None:
+        """Evict idle adapters while more than ``max_adapters`` hold a place (a burst of requests for adapters not
+        resident went over it); never raises (it runs on its own, after a request)."""
+        try:
+            await self._evict_while(exclude=None, room=0)
+        except Exception:
+            logger.warning("%s: evicting adapters back down to max_adapters failed", self._provider, exc_info=True)
+
+    async def _evict_while(self, *, exclude: str | None, room: int) -> None:
+        """Evict least recently used idle adapters until the others holding a place leave ``room`` under
+        ``max_adapters``."""
         capacity = self._capacity()
         if capacity is None:
             return
         while True:
-            resident = [
-                (entry.last_used, adapter_id)
-                for adapter_id, entry in self._entries.items()
-                if entry.resident and adapter_id != exclude and not entry.evicting
-            ]
-            if len(resident) < capacity:
+            holding = self._holding(exclude)
+            if len(holding) <= capacity - room:
                 return
             candidates = [
                 (last_used, adapter_id)
-                for last_used, adapter_id in resident
-                if not self._entries[adapter_id].pinned
+                for last_used, adapter_id in holding
+                if self._entries[adapter_id].resident
+                and not self._entries[adapter_id].pinned
                 and self._entries[adapter_id].in_flight == 0
                 and self._entries[adapter_id].transition is None
             ]
             if not candidates:
-                logger.warning(
-                    "%s: %d adapters are resident, pinned or in use; loading one more than max_adapters=%d",
-                    self._provider,
-                    len(resident),
-                    capacity,
-                )
+                if exclude is not None:
+                    logger.warning(
+                        "%s: %d adapters are resident or loading, pinned or in use; loading one more than "
+                        "max_adapters=%d (evicted again when their requests end)",
+                        self._provider,
+                        len(holding),
+                        capacity,
+                    )
                 return
             _, victim = min(candidates)
             entry = self._entries[victim]
