@@ -103,6 +103,29 @@ async def test_a_full_replica_makes_room_and_no_adapter_is_lost(servers: Any, mo
     assert not set(names) & (served(first) | served(second))
 
 
+async def test_a_score_goes_to_a_replica_that_holds_its_adapter_and_loads_a_lost_one_again(
+    servers: Any, model: Any
+) -> None:
+    """Scores go the way generations go: to a replica that holds the adapter (it was held by one of the two, and
+    half the scores failed), and an adapter the server lost (as after a restart) is loaded again and the score sent
+    again once."""
+    second, first = servers
+    pair = ("the quick brown fox", " jumps over the dog")
+    async with on_demand(servers) as provider:
+        await provider.load_adapter("od-s0", model.adapter_dirs["a0"])
+        holder = second if "od-s0" in served(second) else first
+        assert "od-s0" not in served(first if holder is second else second)
+        scores = [await provider.score(*pair, model="tiny", adapter_id="od-s0") for _ in range(4)]
+        assert max(score.logprob for score in scores) - min(score.logprob for score in scores) < 1e-5
+        lost = httpx.post(f"{holder.base_url}/unload_lora_adapter", json={"lora_name": "od-s0"}, timeout=60)
+        assert lost.status_code == 200 and "od-s0" not in served(holder)
+        again = await provider.score(*pair, model="tiny", adapter_id="od-s0")
+        assert again.logprob == pytest.approx(scores[0].logprob, abs=1e-5) and "od-s0" in served(holder)
+        rolled = await provider.score_rolling(pair[0] + pair[1], model="tiny", adapter_id="od-s0")
+        assert rolled.num_tokens > 0
+        await provider.unload_adapter("od-s0")
+
+
 async def test_when_the_holder_dies_the_adapter_is_served_by_another_replica(servers: Any, model: Any) -> None:
     """The last test of the module: it kills the second server."""
     second, first = servers

@@ -123,4 +123,26 @@ async def test_bad_token_input_is_refused_and_the_server_keeps_serving(
         await server.next_token_logprobs([5, 512], "tiny")
     with pytest.raises(TokenLimitError, match="context"):
         await server.generate(TokenIds([5] * 512), "tiny", max_tokens=1)
+    # a distribution is read by generating one token: the whole context (512) leaves it no room
+    with pytest.raises(TokenLimitError, match="token_ids is 512 tokens, more than the model's context of 511"):
+        await server.next_token_logprobs([5] * 512, "tiny")
+    assert (await server.next_token_logprobs([5] * 511, "tiny")).shape == (512,)
     assert (await server.next_token_logprobs([5], "tiny")).shape == (512,)
+
+
+async def test_a_replica_that_refuses_connections_is_skipped_by_the_token_level_and_scores(
+    both: tuple[VLLMProvider, TransformersProvider],
+) -> None:
+    """As for generations: tokenize, detokenize, the vocabulary and scores go to the next replica (each call starts
+    at either one, so a few calls meet the dead one first)."""
+    server, _ = both
+    ids = await server.tokenize(TEXT, "tiny")
+    expected = await server.score("the quick brown fox", " jumps over", model="tiny")
+    dead = "http://127.0.0.1:9/v1"  # the discard port: nothing accepts the connection
+    async with VLLMProvider(base_url=[dead, server.replicas[0]], max_retries=0, replica_down_s=0) as fleet:
+        assert (await fleet.token_vocabulary("tiny")).size == 512
+        for _ in range(4):
+            assert await fleet.tokenize(TEXT, "tiny") == ids
+            assert await fleet.detokenize(ids, "tiny") == TEXT
+            scored = await fleet.score("the quick brown fox", " jumps over", model="tiny")
+            assert scored.logprob == pytest.approx(expected.logprob, abs=1e-5)

@@ -327,6 +327,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     async def _token_vocabulary(self, model: str) -> TokenVocabulary:
         return await self._tokens.vocabulary()
 
+    _distribution_generates_a_token = True  # a one-token completion: the sequence needs room for that token
+
     async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
         """Each sequence as a one-token ``/v1/completions`` request of its ids with every token's probability
         (``n_probs`` = the vocabulary's size), its adapters in the ``lora`` field, all sent at once (the server's

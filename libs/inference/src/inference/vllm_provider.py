@@ -285,7 +285,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         self._limits = ServerLimits(provider=self.name, server=self.server_label, max_temperature=MAX_TEMPERATURE)
         lora = RuntimeLoRA(_LORA_ROUTES)
         self._lora = ServedAdapters(self._replicas, lora, self._adapter_registry, self.placement)
-        self._scoring = PromptLogprobScoring(self._replicas, self.model_hint, _resolver_could_not_load)
+        self._scoring = PromptLogprobScoring(self._replicas, self.model_hint, self._chat)
         self._tokens = ServerTokens(self._replicas, self._scoring)
 
     # Adapters: vLLM's runtime LoRA routes on every replica (inference._servers.served_adapters) ----------------
@@ -386,6 +386,8 @@ class VLLMProvider(OpenAICompatibleProvider):
         """The served model's vocabulary, from its tokenizer files at the path the server reports (see
         :mod:`inference._servers.vllm_tokens`): refused when that directory is not readable from this machine."""
         return await self._tokens.vocabulary(model)
+
+    _distribution_generates_a_token = True  # a one-token completion: the sequence needs room for that token
 
     async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
         """Each sequence as a one-token ``/v1/completions`` request of its ids with every token's logprob (the server

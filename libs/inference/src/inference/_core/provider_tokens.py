@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from inference._core.provider_base import ProviderBase
 from inference._core.validation import (
@@ -37,6 +37,10 @@ __all__ = ["TokenLevelProvider"]
 
 class TokenLevelProvider(ProviderBase):
     """Token ids and next-token distributions (documented on :class:`~inference.provider.InferenceProvider`)."""
+
+    _distribution_generates_a_token: ClassVar[bool] = False
+    """The backend reads a next-token distribution by generating one token (a server's one-token completion), so a
+    sequence needs room for it: at most ``context_length - 1`` ids."""
 
     async def tokenize(self, text: str, model: str) -> list[int]:
         """The model's token ids for ``text``, with no special token added (no BOS).
@@ -182,8 +186,9 @@ class TokenLevelProvider(ProviderBase):
         ]
         self._check_open()
         vocabulary = await self._vocabulary_of(requests[0].model)
+        room = vocabulary.context_length - (1 if self._distribution_generates_a_token else 0)
         for index, request in enumerate(requests):
-            check_token_limits(request.token_ids, vocabulary, provider=self.name, name=name(index))
+            check_token_limits(request.token_ids, vocabulary, provider=self.name, name=name(index), max_length=room)
         async with self._request_in_use(requests[0]) as sent:
             held = [dataclasses.replace(request, adapter_id=sent.adapter_id, adapter_scales=sent.adapter_scales)
                     for request in requests]
@@ -249,10 +254,10 @@ class TokenLevelProvider(ProviderBase):
           gathers ``next_token_logprobs`` and ``batch_next_token_logprobs`` calls until a pass of the loop adds
           none): run them in as few forward passes as the backend allows, splitting by its own batch limit.
         - Each request is checked: at least one id, every id below the vocabulary's ``size``, at most
-          ``context_length`` ids. Its adapters are held loaded until this returns, and are named as the backend
-          knows them: ``request.adapter_id`` (a replaced adapter's new weights are ``id@n``, see
-          ``_versioned_adapter_name``), or ``request.adapter_scales`` with a scale each. Requests of different
-          adapters may share a batch.
+          ``context_length`` ids (``context_length - 1`` where :attr:`_distribution_generates_a_token`). Its
+          adapters are held loaded until this returns, and are named as the backend knows them:
+          ``request.adapter_id`` (a replaced adapter's new weights are ``id@n``, see ``_versioned_adapter_name``),
+          or ``request.adapter_scales`` with a scale each. Requests of different adapters may share a batch.
         - Return a 2-D ``numpy`` array of ``float32``, one row per request in order, each row the log-softmax of
           the logits after the request's last token (``size`` entries, normalized: ``logsumexp`` 0 within 1e-4).
           Never a truncated distribution.

@@ -49,7 +49,7 @@ class LlamaServerTokens:
     """Token ids, vocabularies and distributions from a llama-server (see the module docstring).
 
     Args:
-        replicas: The provider's replicas (started with the same model; the least busy one that is up answers).
+        replicas: The provider's replicas (started with the same model; the first that accepts connections answers).
         props: The provider's reader of a replica's ``GET /props`` (read once per replica).
     """
 
@@ -61,7 +61,9 @@ class LlamaServerTokens:
     async def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         """``POST /tokenize``: the ids of ``text``, special-token text read as those tokens; BOS added with
         ``special``."""
-        replica = self._replicas.in_order()[0]
+        return await self._replicas.first_reachable(lambda replica: self._tokenize(replica, text, special))
+
+    async def _tokenize(self, replica: Replica, text: str, special: bool) -> list[int]:
         body = await self._post(replica, "/tokenize", {"content": text, "add_special": special, "parse_special": True},
                                 "tokenize text")
         tokens = body.get("tokens") if isinstance(body, dict) else None
@@ -71,7 +73,9 @@ class LlamaServerTokens:
 
     async def detokenize(self, token_ids: tuple[int, ...]) -> str:
         """``POST /detokenize``: the text of the ids, special tokens written out."""
-        replica = self._replicas.in_order()[0]
+        return await self._replicas.first_reachable(lambda replica: self._detokenize(replica, token_ids))
+
+    async def _detokenize(self, replica: Replica, token_ids: tuple[int, ...]) -> str:
         body = await self._post(replica, "/detokenize", {"tokens": list(token_ids)}, "detokenize token ids")
         text = body.get("content") if isinstance(body, dict) else None
         if not isinstance(text, str):
@@ -79,8 +83,11 @@ class LlamaServerTokens:
         return text
 
     async def vocabulary(self) -> TokenVocabulary:
-        """The served model's vocabulary (see the module docstring)."""
-        replica = self._replicas.in_order()[0]
+        """The served model's vocabulary (see the module docstring), from the first replica that accepts
+        connections."""
+        return await self._replicas.first_reachable(self._vocabulary)
+
+    async def _vocabulary(self, replica: Replica) -> TokenVocabulary:
         operation = "read the served model's vocabulary"
         response = await replica.http.request("GET", f"{replica.root}/v1/models", operation=operation)
         body = replica.http.parse_json(response, operation=operation)
@@ -91,7 +98,7 @@ class LlamaServerTokens:
             raise replica.http.protocol_error(
                 operation, f"a model list without llama-server's meta.n_vocab and meta.n_ctx ({error!r})"
             ) from error
-        first = await self.tokenize("x")
+        first = await self._tokenize(replica, "x", False)
         response = await replica.http.request(
             "POST", replica.urls[COMPLETIONS], operation=operation,
             json_body={"prompt": first, "max_tokens": 1, "temperature": 0.0,

@@ -1,26 +1,35 @@
 """Scoring on a server: tokens from its ``POST /tokenize``, log-probabilities from its ``prompt_logprobs``.
 
 :class:`PromptLogprobScoring` is the part a server provider that scores is assembled from (vLLM's routes). The
-tokens follow :mod:`inference._core.scoring`'s rule with the server's own tokenizer; the whole sequence is sent as
-token ids to ``/v1/completions`` with ``prompt_logprobs``, and the scored positions' logprobs and ranks are read
-back. The EOS token that starts an empty context on a model without BOS comes from ``GET /tokenizer_info``, which
-vLLM serves only with ``--enable-tokenizer-info-endpoint``. Each ``/tokenize`` answer also teaches the replica its
-context size (``max_model_len``), which :class:`~inference._servers.limits.ServerLimits` then applies to generations.
+tokens follow :mod:`inference._core.scoring`'s rule with the server's own tokenizer (on the first replica that
+accepts connections); the whole sequence is sent as token ids to ``/v1/completions`` with ``prompt_logprobs``, the
+way the provider sends a generation (its replica choice, adapter placement and reloading of a lost adapter), and the
+scored positions' logprobs and ranks are read back. The EOS token that starts an empty context on a model without
+BOS comes from ``GET /tokenizer_info``, which vLLM serves only with ``--enable-tokenizer-info-endpoint``. Each
+``/tokenize`` answer also teaches the replica its context size (``max_model_len``), which
+:class:`~inference._servers.limits.ServerLimits` then applies to generations.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens, too_long
-from inference._core.validation import ScoreRequest
-from inference._servers.http import ErrorHandler, ErrorHandlers, ServerAnswer
+from inference._core.validation import GenerationRequest, ScoreRequest
+from inference._servers.http import ErrorHandlers, ServerAnswer
 from inference._servers.replicas import Replica, ReplicaSet
-from inference.exceptions import ServerAdapterNotFoundError, ServerModelNotFoundError, ServerResponseError
+from inference.exceptions import ServerModelNotFoundError, ServerResponseError
 from inference.results import ScoreResult
+from inference.tokens import TokenIds
 
-__all__ = ["PromptLogprobScoring", "TokenizerInfo"]
+__all__ = ["PromptLogprobScoring", "Send", "TokenizerInfo"]
+
+Send = Callable[..., AbstractAsyncContextManager[tuple[Replica, str, Any]]]
+"""How a server provider sends a generation request (its ``_chat``): ``send(request, stream=False)``, an async
+context manager of ``(replica, route, parsed answer)``."""
 
 
 @dataclass(frozen=True)
@@ -37,24 +46,27 @@ class PromptLogprobScoring:
     """Scores continuations and whole texts with a server's ``/tokenize`` and ``prompt_logprobs``.
 
     Args:
-        replicas: The provider's replicas (the least busy one that is up scores: all serve the same model).
+        replicas: The provider's replicas (the first that accepts connections tokenizes: all serve the same model).
         model_hint: What to do when the server does not serve the model asked for.
-        adapter_refusal: A 400 about the request's adapter (vLLM's LoRA resolver), else ``None``.
+        send: How the provider sends a generation (:data:`Send`): the scored sequence goes that way.
     """
 
-    def __init__(self, replicas: ReplicaSet, model_hint: str, adapter_refusal: ErrorHandler) -> None:
+    def __init__(self, replicas: ReplicaSet, model_hint: str, send: Send) -> None:
         self._replicas = replicas
         self._model_hint = model_hint
-        self._adapter_refusal = adapter_refusal
+        self._send = send
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         """Score the continuation with the prompt logprobs of one ``/v1/completions`` request."""
-        replica = self._replicas.in_order()[0]
-        info = await self.tokenizer_info(replica, request.model)
         context = request.context
         stripped = context.rstrip()
         texts = {stripped, context + request.continuation} if stripped else {context + request.continuation}
-        encoded = {text: await self.tokenize(replica, request.model, text, special=False) for text in texts}
+
+        async def tokens_on(replica: Replica) -> tuple[TokenizerInfo, dict[str, list[int]]]:
+            info = await self.tokenizer_info(replica, request.model)
+            return info, {text: await self.tokenize(replica, request.model, text, special=False) for text in texts}
+
+        info, encoded = await self._replicas.first_reachable(tokens_on)
         vocabulary = Vocabulary(
             encode=lambda text: encoded[text], adds_bos=info.adds_bos, bos_id=info.bos_id, eos_id=info.eos_id
         )
@@ -67,7 +79,7 @@ class PromptLogprobScoring:
                 provider=self._replicas.provider,
                 setting=f"{self._replicas.server}'s --max-model-len",
             )
-        logprob, greedy, model = await self._prompt_logprobs(replica, request, sequence)
+        logprob, greedy, model = await self._prompt_logprobs(request, sequence)
         return ScoreResult(
             logprob=logprob,
             num_tokens=len(sequence.scored),
@@ -80,9 +92,12 @@ class PromptLogprobScoring:
         """Score the whole text in windows that fit the server's context: each window is sent with one token
         before its scored tokens, and vLLM generates one token more, so ``max_model_len - 2`` tokens are scored
         per window."""
-        replica = self._replicas.in_order()[0]
-        info = await self.tokenizer_info(replica, request.model)
-        tokens = await self.tokenize(replica, request.model, request.continuation, special=False)
+
+        async def tokens_on(replica: Replica) -> tuple[TokenizerInfo, list[int]]:
+            info = await self.tokenizer_info(replica, request.model)
+            return info, await self.tokenize(replica, request.model, request.continuation, special=False)
+
+        info, tokens = await self._replicas.first_reachable(tokens_on)
         vocabulary = Vocabulary(
             encode=lambda text: tokens, adds_bos=info.adds_bos, bos_id=info.bos_id, eos_id=info.eos_id
         )
@@ -90,7 +105,7 @@ class PromptLogprobScoring:
         windows = rolling_windows(vocabulary, request.continuation, info.max_length - 2, provider=provider)
         total, greedy, model = 0.0, True, request.adapter_id or request.model
         for window in windows:
-            logprob, window_greedy, model = await self._prompt_logprobs(replica, request, window)
+            logprob, window_greedy, model = await self._prompt_logprobs(request, window)
             total += logprob
             greedy = greedy and window_greedy
         count = sum(len(window.scored) for window in windows)  # a start token written in the text is not scored
@@ -106,7 +121,7 @@ class PromptLogprobScoring:
             f"{replica.root}/tokenize",
             operation=operation,
             json_body={"model": model, "prompt": text, "add_special_tokens": special},
-            handlers=self._handlers(model),
+            handlers=self.handlers(model),
         )
         body = replica.http.parse_json(response, operation=operation)
         tokens = body.get("tokens") if isinstance(body, dict) else None
@@ -160,31 +175,24 @@ class PromptLogprobScoring:
         body = replica.http.parse_json(response, operation=operation)
         return body if isinstance(body, dict) else {}
 
-    async def _prompt_logprobs(
-        self, replica: Replica, request: ScoreRequest, sequence: ScoreTokens
-    ) -> tuple[float, bool, str]:
+    async def _prompt_logprobs(self, request: ScoreRequest, sequence: ScoreTokens) -> tuple[float, bool, str]:
         """``(sum of logprobs, all greedy, model)`` of ``sequence.scored``, from vLLM's ``prompt_logprobs``.
 
-        ``prompt_logprobs[i]`` (``None`` for the first token) maps token ids (as strings) to ``{"logprob",
-        "rank", "decoded_token"}`` for the prompt's token ``i`` given the tokens before it; rank 1 is greedy.
+        The sequence goes as a one-token generation of its ids (``send``: the provider's way, so the request goes
+        to a replica that holds the adapter, places it there, or loads it again where the server lost it, as a
+        generation's). ``prompt_logprobs[i]`` (``None`` for the first token) maps token ids (as strings) to
+        ``{"logprob", "rank", "decoded_token"}`` for the prompt's token ``i`` given the tokens before it; rank 1 is
+        greedy.
         """
         model = request.adapter_id or request.model
         operation = f"score with {'adapter' if request.adapter_id else 'model'} {model!r}"
-        response = await replica.http.request(
-            "POST",
-            f"{replica.root}/v1/completions",
-            operation=operation,
-            json_body={
-                "model": model,
-                "prompt": list(sequence.tokens),
-                "max_tokens": 1,
-                "temperature": 0.0,
-                "prompt_logprobs": 1,
-                "add_special_tokens": False,
-            },
-            handlers=self._handlers(model, request.adapter_id),
+        asked = GenerationRequest.from_arguments(
+            provider=self._replicas.provider, prompt=TokenIds(sequence.tokens), model=request.model,
+            adapter_id=request.adapter_id, max_tokens=1, temperature=0.0,
+            extra_body={"prompt_logprobs": 1, "add_special_tokens": False},
         )
-        body = replica.http.parse_json(response, operation=operation)
+        async with self._send(asked, stream=False) as (replica, _, body):
+            pass
         try:
             positions = body["choices"][0]["prompt_logprobs"]
             total, greedy = 0.0, True
@@ -202,7 +210,10 @@ class PromptLogprobScoring:
             ) from error
         return total, greedy, str(answered)
 
-    def _handlers(self, model: str, adapter_id: str | None = None) -> ErrorHandlers:
+    def handlers(self, model: str) -> ErrorHandlers:
+        """What a 404 to ``/tokenize`` or ``/detokenize`` means: the route is missing (not a vLLM server), or the
+        server does not serve ``model``."""
+
         def not_found(answer: ServerAnswer) -> ServerResponseError:
             if answer.route_missing:
                 return answer.error(
@@ -211,15 +222,9 @@ class PromptLogprobScoring:
                     f"need a {self._replicas.server} server (its /tokenize and /v1/completions routes); set "
                     f"{self._replicas.env_prefix}_BASE_URL (or base_url) to it",
                 )
-            if adapter_id is not None:
-                return answer.error(
-                    ServerAdapterNotFoundError,
-                    f"{answer.where} has no adapter {adapter_id!r} ({answer.message}): load it with "
-                    f"load_adapter({adapter_id!r}, path) first",
-                )
             return answer.error(
                 ServerModelNotFoundError,
                 f"{answer.where} does not serve model {model!r} ({answer.message}): {self._model_hint}",
             )
 
-        return {404: not_found, 400: self._adapter_refusal}
+        return {404: not_found}

@@ -3,8 +3,9 @@
 A server provider holds a :class:`ReplicaSet`: one :class:`Replica` per base URL, each with its pooled
 :class:`~inference._servers.http.ServerClient` and what is known about it (requests in flight, whether it refused a
 connection lately, its context size). The set decides the order requests try them in (least busy first,
-round-robin among equals, a replica that refused a connection last), asks every replica at once
-(:meth:`ReplicaSet.gather`), and says when none accepts connections (:meth:`ReplicaSet.all_down`).
+round-robin among equals, a replica that refused a connection last), finds the first that answers
+(:meth:`ReplicaSet.first_reachable`), asks every replica at once (:meth:`ReplicaSet.gather`), and says when none
+accepts connections (:meth:`ReplicaSet.all_down`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from inference._servers.http import ServerClient, api_base, server_root
+from inference._servers.http import ServerClient, api_base, is_connect_failure, server_root
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference.exceptions import InferenceError, ProviderUnavailableError
 
@@ -154,6 +155,30 @@ class ReplicaSet(Sequence[Replica]):
         now = time.monotonic()
         up = sorted((replica for replica in rotated if replica.down_until <= now), key=lambda r: r.in_flight)
         return up + [replica for replica in rotated if replica.down_until > now]
+
+    async def first_reachable(self, work: Callable[[Replica], Awaitable[_T]]) -> _T:
+        """Run ``work`` on the first replica, in :meth:`in_order`, that accepts its connections: one that refuses
+        them is marked down and the next one tried (work any replica can do: tokenizing, the vocabulary).
+
+        Raises:
+            ProviderUnavailableError: No replica accepts connections (:meth:`all_down`).
+        """
+        failures: list[tuple[Replica, InferenceError]] = []
+        for replica in self.in_order():
+            replica.in_flight += 1
+            try:
+                result = await work(replica)
+            except InferenceError as error:
+                if not is_connect_failure(error):
+                    raise
+                replica.mark_down(error)
+                failures.append((replica, error))
+                continue
+            finally:
+                replica.in_flight -= 1
+            replica.mark_up()
+            return result
+        raise self.all_down(failures)
 
     async def gather(
         self, work: Callable[[Replica], Awaitable[_T]], replicas: Iterable[Replica] | None = None

@@ -47,7 +47,7 @@ class ServerTokens:
     """Token ids and vocabularies from a vLLM server (see the module docstring).
 
     Args:
-        replicas: The provider's replicas (all serve the same model; the least busy one that is up answers).
+        replicas: The provider's replicas (all serve the same model; the first that accepts connections answers).
         scoring: The scoring part, whose ``/tokenize`` call and tokenizer facts are shared.
     """
 
@@ -61,15 +61,19 @@ class ServerTokens:
 
     async def tokenize(self, model: str, text: str) -> list[int]:
         """``POST /tokenize`` without special tokens added."""
-        return await self._scoring.tokenize(self._replicas.in_order()[0], model, text, special=False)
+        return await self._replicas.first_reachable(
+            lambda replica: self._scoring.tokenize(replica, model, text, special=False)
+        )
 
     async def detokenize(self, model: str, token_ids: tuple[int, ...]) -> str:
         """``POST /detokenize``: the text of the ids, special tokens written out."""
-        replica = self._replicas.in_order()[0]
+        return await self._replicas.first_reachable(lambda replica: self._detokenize(replica, model, token_ids))
+
+    async def _detokenize(self, replica: Replica, model: str, token_ids: tuple[int, ...]) -> str:
         operation = "detokenize token ids"
         response = await replica.http.request(
             "POST", f"{replica.root}/detokenize", operation=operation,
-            json_body={"model": model, "tokens": list(token_ids)}, handlers=self._scoring._handlers(model),
+            json_body={"model": model, "tokens": list(token_ids)}, handlers=self._scoring.handlers(model),
         )
         body = replica.http.parse_json(response, operation=operation)
         text = body.get("prompt") if isinstance(body, dict) else None
@@ -85,10 +89,13 @@ class ServerTokens:
             ModelNotFoundError: The server does not serve ``model``.
             UnsupportedOperationError: The model's directory is not readable from this machine.
         """
-        replica = self._replicas.in_order()[0]
-        directory = await self._model_directory(replica, model)
-        info = await self._scoring.tokenizer_info(replica, model)
-        return await asyncio.to_thread(_read_vocabulary, directory, info.max_length, self._provider)
+
+        async def facts_on(replica: Replica) -> tuple[Path, int]:
+            directory = await self._model_directory(replica, model)
+            return directory, (await self._scoring.tokenizer_info(replica, model)).max_length
+
+        directory, max_length = await self._replicas.first_reachable(facts_on)
+        return await asyncio.to_thread(_read_vocabulary, directory, max_length, self._provider)
 
     def row(self, replica: Replica, completion: Any, size: int) -> NDArray[np.float32]:
         """The full distribution of a one-token completion asked with :data:`DISTRIBUTION_FIELDS`.
