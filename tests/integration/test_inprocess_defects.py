@@ -376,3 +376,24 @@ async def test_a_failure_inside_llama_cpp_is_a_provider_error_and_the_provider_k
         with pytest.raises(ProviderError, match=r"llama.cpp failed to generate \(RuntimeError: llama_decode"):
             await text(provider, None)
         assert await text(provider, None) == expected
+
+
+async def test_a_prompt_too_long_for_the_local_context_falls_back_to_the_next_provider(
+    tiny_models: dict[str, Any],
+) -> None:
+    """A local model beside a hosted one (here a fake) with a longer context: the prompt that does not fit the local
+    context (a ``TokenLimitError`` of kind ``"context"``) goes to the next provider; one that fits stays local."""
+    from inference import FallbackProvider, LlamaCppProvider, TokenLimitError
+
+    local = LlamaCppProvider(str(tiny_models["qwen2"].gguf_path), n_ctx=64)
+    async with FallbackProvider([local, FakeProvider()], labels=["local", "hosted"]) as fallback:
+        long_prompt = "word " * 200
+        with pytest.raises(TokenLimitError, match="does not fit the context of 64 tokens") as refused:
+            await local.generate(long_prompt, model="m", max_tokens=2)
+        assert refused.value.kind == "context" and refused.value.value > 64
+        assert (await fallback.generate(long_prompt, model="m", max_tokens=2)).provider == "hosted"
+        assert (await fallback.generate("Hi", model="m", max_tokens=2)).provider == "local"
+        streamed = [event async for event in fallback.stream(long_prompt, model="m", max_tokens=2)]
+        assert isinstance(streamed[-1], GenerationResult) and streamed[-1].provider == "hosted"
+        batch = await fallback.generate_batch([long_prompt, "Hi"], model="m", max_tokens=2)
+        assert [result.provider for result in batch if isinstance(result, GenerationResult)] == ["hosted", "local"]

@@ -26,6 +26,7 @@ from inference.exceptions import (
     ProtocolError,
     ProviderTimeoutError,
     ProviderUnavailableError,
+    TokenLimitError,
     UnsupportedOperationError,
 )
 from inference.fake_provider import FakeProvider
@@ -96,6 +97,8 @@ FALLING_THROUGH = [
     ModelLoadError("the GGUF file is truncated"),
     UnsupportedOperationError("cannot honour the option tools"),
     TimeoutError(),
+    TokenLimitError("the prompt is 818 tokens, which does not fit the context of 256", limit=255, value=818,
+                    kind="context"),
 ]
 
 
@@ -117,7 +120,12 @@ async def test_the_next_provider_answers_when_one_fails_that_way(
 
 @pytest.mark.parametrize(
     "error",
-    [InvalidRequestError("the prompt is too long"), InvalidAdapterError("bad adapter"), ValueError("a bug")],
+    [
+        InvalidRequestError("the json_schema is not a schema"),
+        TokenLimitError("token_ids[3] is 70000, outside the vocabulary", limit=65536, value=70000, kind="vocabulary"),
+        InvalidAdapterError("bad adapter"),
+        ValueError("a bug"),
+    ],
     ids=lambda error: type(error).__name__,
 )
 async def test_errors_of_the_request_itself_never_move_on(error: Exception) -> None:

@@ -132,7 +132,9 @@ class InvalidRequestError(InferenceError, ValueError):
 
 
 class TokenLimitError(InvalidRequestError):
-    """Token ids the model cannot read: an id outside its vocabulary, or a sequence longer than its context.
+    """Token ids the model cannot read: an id outside its vocabulary, or a sequence longer than its context (a
+    prompt that does not fit an in-process model's context, too: :class:`~inference.fallback.FallbackProvider`
+    moves such a prompt on to the next provider).
 
     Args:
         message: The sentence (it names the limit).

@@ -15,10 +15,12 @@ What falls through (the default of ``fallback_on``, :func:`falls_through`):
 - the provider cannot serve this request, where another may: an
   :class:`~inference.exceptions.UnsupportedOperationError` (an option or a tool conversation it refuses, scoring,
   adapter scales), an :class:`~inference.exceptions.AdapterNotFoundError` (it does not hold the adapter), a
-  :class:`~inference.exceptions.ModelNotFoundError` (it does not serve the model).
+  :class:`~inference.exceptions.ModelNotFoundError` (it does not serve the model), a
+  :class:`~inference.exceptions.TokenLimitError` of ``kind`` ``"context"`` (the prompt does not fit its context:
+  a hosted model beside a local one often has a longer one).
 
-What never falls through: :class:`~inference.exceptions.InvalidRequestError` (the request is wrong for every
-provider), any other 4xx answer, the other adapter errors, and anything that is not an SDK error (a bug is not
+What never falls through: any other :class:`~inference.exceptions.InvalidRequestError` (the request is wrong for
+every provider), any other 4xx answer, the other adapter errors, and anything that is not an SDK error (a bug is not
 retried elsewhere). When every provider failed, the last error is raised (on Python 3.11+ with a note listing
 each provider's error).
 
@@ -54,6 +56,7 @@ from inference.exceptions import (
     ModelLoadError,
     ModelNotFoundError,
     ProviderError,
+    TokenLimitError,
     UnsupportedOperationError,
 )
 from inference.messages import Prompt
@@ -88,6 +91,8 @@ def falls_through(error: BaseException) -> bool:
         >>> falls_through(ProviderUnavailableError("down")), falls_through(InvalidRequestError("bad"))
         (True, False)
     """
+    if isinstance(error, TokenLimitError) and error.kind == "context":
+        return True  # a prompt too long for this provider's context: another may have a longer one
     if isinstance(error, InvalidRequestError):
         return False
     if isinstance(error, (UnsupportedOperationError, AdapterNotFoundError, ModelNotFoundError, ModelLoadError)):

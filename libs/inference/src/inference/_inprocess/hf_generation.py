@@ -42,7 +42,7 @@ from inference._inprocess.hf_prompt import prompt_token_ids
 from inference._inprocess.memory import free_cached_memory, out_of_memory
 from inference._inprocess.peft_slots import PeftSlots
 from inference._inprocess.streaming import PieceAssembler, PieceSink
-from inference.exceptions import InvalidRequestError, ProviderError
+from inference.exceptions import InvalidRequestError, ProviderError, TokenLimitError
 from inference.provider import GenerationResult
 
 logger = logging.getLogger("inference.transformers")
@@ -401,10 +401,10 @@ class HFGeneration:
         require_prompt(ids, provider=self.provider)
         room = request.max_tokens if loaded.context is None else loaded.context - len(ids)
         if room < 1:
-            raise InvalidRequestError(
+            raise TokenLimitError(
                 f"the prompt has {len(ids)} tokens, which fills the model's context of {loaded.context} "
                 "tokens: shorten it",
-                provider=self.provider,
+                limit=(loaded.context or 1) - 1, value=len(ids), kind="context", provider=self.provider,
             )
         matcher = None if request.json_schema is None else self._grammars(loaded).matcher(request.json_schema)
         return Row(entry, ids, min(request.max_tokens, room), matcher)

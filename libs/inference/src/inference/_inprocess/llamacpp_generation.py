@@ -32,7 +32,7 @@ from inference._inprocess.llamacpp_prompt import LlamaPrompts
 from inference._inprocess.llamacpp_scoring import ScoreJob, ScoreWork, start_score
 from inference._inprocess.schema_matchers import SchemaMatchers
 from inference._inprocess.streaming import PieceSink
-from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
+from inference.exceptions import InferenceError, ProviderError, TokenLimitError
 from inference.provider import GenerationResult
 
 __all__ = [
@@ -118,10 +118,10 @@ class Generation:
         self._require_prompt(prompt)
         room = n_ctx - len(prompt)
         if room < 1:
-            raise InvalidRequestError(
+            raise TokenLimitError(
                 f"the prompt is {len(prompt)} tokens, which does not fit the context of {n_ctx} tokens: "
                 "shorten it or raise n_ctx (LLAMACPP_N_CTX)",
-                provider=provider,
+                limit=n_ctx - 1, value=len(prompt), kind="context", provider=provider,
             )
         return prompt, self.completion(llama, request, sink, room)
 
