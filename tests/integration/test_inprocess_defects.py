@@ -397,3 +397,41 @@ async def test_a_prompt_too_long_for_the_local_context_falls_back_to_the_next_pr
         assert isinstance(streamed[-1], GenerationResult) and streamed[-1].provider == "hosted"
         batch = await fallback.generate_batch([long_prompt, "Hi"], model="m", max_tokens=2)
         assert [result.provider for result in batch if isinstance(result, GenerationResult)] == ["hosted", "local"]
+
+
+def _peft_adapter(model: Any, directory: Path, **config: Any) -> Path:
+    """A PEFT LoRA of ``model`` made with ``config`` (on q_proj and v_proj), saved as PEFT saves it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), torch_dtype=torch.float32)
+    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], **config))
+    lora.save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"init_lora_weights": "pissa"}, "rewrites the base model's weights"),
+        ({"init_lora_weights": "olora"}, "rewrites the base model's weights"),
+        ({"alora_invocation_tokens": [5, 6], "task_type": "CAUSAL_LM"}, "aLoRA"),
+    ],
+    ids=["pissa", "olora", "alora"],
+)
+async def test_a_lora_variant_no_backend_serves_is_refused_and_the_base_model_answers_as_before(
+    tiny_models: dict[str, Any], tmp_path: Path, config: dict[str, Any], said: str
+) -> None:
+    """PEFT loads PiSSA and OLoRA adapters by rewriting the base layers' weights: on Transformers that changed the
+    base model's answers (and every other adapter's) for good, unload or not; llama.cpp and Transformers applied
+    aLoRA to every token. Both refuse them now, and the base answers as before."""
+    adapter = _peft_adapter(tiny_models["qwen2"], tmp_path / "variant", **config)
+    greedy: dict[str, Any] = {"model": "m", "max_tokens": 8, "temperature": 0}
+    for backend in BACKENDS:
+        async with make_provider(backend, tiny_models, tmp_path / "cache") as provider:
+            before = (await provider.generate("the quick brown fox", **greedy)).text
+            with pytest.raises(InvalidAdapterError, match=said):
+                await provider.load_adapter("variant", adapter)
+            assert (await provider.generate("the quick brown fox", **greedy)).text == before
+            assert await provider.list_adapters() == []

@@ -126,6 +126,37 @@ def test_dora_is_refused(tmp_path: Path) -> None:
     assert "train a plain LoRA" in str(error)
 
 
+@pytest.mark.parametrize("init", ["pissa", "pissa_niter_4", "corda", "olora", "OLoRA", "loftq"])
+def test_an_init_that_rewrites_the_base_weights_is_refused(tmp_path: Path, init: str) -> None:
+    """PEFT loads such an adapter by rewriting the base layers (the base minus the adapter's start): on a shared
+    model that changed every other request's answer, and llama.cpp applied it to the unchanged base."""
+    error = refusal(make_adapter(tmp_path, init_lora_weights=init))
+    assert f"init_lora_weights={init!r}" in str(error) and "rewrites the base model's weights" in str(error)
+
+
+@pytest.mark.parametrize("init", [True, False, "gaussian", "orthogonal", "eva", "mica", "lora_ga"])
+def test_an_init_that_leaves_the_base_alone_is_accepted(tmp_path: Path, init: Any) -> None:
+    assert read_peft_adapter(make_adapter(tmp_path, init_lora_weights=init)).rank == 8
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "what"),
+    [
+        ("alora_invocation_tokens", [151644, 77091], "aLoRA"),
+        ("arrow_config", {"top_k": 2}, "Arrow"),
+        ("use_bdlora", {"nblocks": 2}, "BD-LoRA"),
+        ("velora_config", {"rank": 4}, "VeLoRA"),
+        ("monteclora_config", {"n_samples": 2}, "MonteCLoRA"),
+        ("kasa_config", {"r": 4}, "KaSA"),
+    ],
+)
+def test_a_variant_whose_forward_pass_is_not_plain_lora_is_refused(
+    tmp_path: Path, key: str, value: Any, what: str
+) -> None:
+    error = refusal(make_adapter(tmp_path, **{key: value}))
+    assert f"uses {key} ({what}" in str(error) and "train a plain LoRA" in str(error)
+
+
 @pytest.mark.parametrize("bias", ["all", "lora_only"])
 def test_trained_biases_are_refused(tmp_path: Path, bias: str) -> None:
     error = refusal(make_adapter(tmp_path, bias=bias))

@@ -140,17 +140,28 @@ def check_lora_config(
 ) -> tuple[int, float, list[str]]:
     """Refuse a LoRA config no backend here can serve; return its rank, alpha and target modules.
 
-    Checks: ``peft_type`` is ``LORA``; no DoRA; ``bias`` is ``"none"``; no ``modules_to_save``; ``r`` is a
-    positive integer; ``lora_alpha`` is a finite number float32 can hold; ``target_modules`` is a list of
-    names or one regular expression (as PEFT takes it); ``rank_pattern`` maps regular expressions to positive
-    integers and ``alpha_pattern`` to numbers float32 can hold. ``refuse(reason)`` builds the error (its message
-    starts with what the adapter is).
+    Checks: ``peft_type`` is ``LORA``; no DoRA, no variant whose forward pass is not plain LoRA (aLoRA...), no
+    ``init_lora_weights`` that rewrites the base weights (PiSSA, CorDA, OLoRA, LoftQ); ``bias`` is ``"none"``; no
+    ``modules_to_save``; ``r`` is a positive integer; ``lora_alpha`` is a finite number float32 can hold;
+    ``target_modules`` is a list of names or one regular expression (as PEFT takes it); ``rank_pattern`` maps
+    regular expressions to positive integers and ``alpha_pattern`` to numbers float32 can hold.
+    ``refuse(reason)`` builds the error (its message starts with what the adapter is).
     """
     peft_type = str(config.get("peft_type", "")).upper()
     if peft_type != "LORA":
         raise refuse(f"is a {peft_type[:40] or 'untyped'} adapter: only LoRA adapters (peft_type LORA) are supported")
     if config.get("use_dora"):
         raise refuse("uses DoRA (use_dora=true), which these backends cannot serve: train a plain LoRA")
+    init = config.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
+        raise refuse(
+            f"was started with init_lora_weights={init!r}, which rewrites the base model's weights when the adapter "
+            "is loaded (PEFT keeps the base minus the adapter's start): save it as a plain LoRA (PEFT's "
+            "save_pretrained(..., path_initial_model_for_weight_conversion=...)) and load that"
+        )
+    for key, what in _FORWARD_CHANGING.items():
+        if config.get(key):
+            raise refuse(f"uses {key} ({what}), which these backends cannot serve: train a plain LoRA")
     if config.get("bias", "none") != "none":
         raise refuse(f"trains biases (bias={config.get('bias')!r}): only bias='none' is supported")
     if config.get("modules_to_save"):
@@ -187,6 +198,19 @@ def check_lora_config(
 
 
 _FLOAT32_RULE = f"that float32 can hold (at most {FLOAT32_MAX:.4g} in size)"
+
+_BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq")
+"""``init_lora_weights`` values with which PEFT rewrites the base layer's weights when it loads the adapter."""
+
+_FORWARD_CHANGING = {
+    "alora_invocation_tokens": "aLoRA: the adapter applies only from its invocation tokens on",
+    "arrow_config": "Arrow routes each token among several adapters",
+    "use_bdlora": "BD-LoRA shares block-diagonal factors",
+    "velora_config": "VeLoRA compresses the activations",
+    "monteclora_config": "MonteCLoRA samples the adapter's weights",
+    "kasa_config": "KaSA adapts with singular values",
+}
+"""LoRA variants whose forward pass is not ``scaling * B @ A @ x``, and what they do instead."""
 
 
 def _fits_float32(value: object) -> bool:
