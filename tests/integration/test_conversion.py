@@ -424,8 +424,31 @@ def test_an_alpha_that_float32_rounds_to_zero_is_refused(
 ) -> None:
     """llama.cpp reads alpha 0 as "no alpha / rank at all": the adapter would apply at full strength, not ~0."""
     _edit_config(adapter_copy, lora_alpha=1e-50)
-    with pytest.raises(AdapterConversionError, match="would change nothing"):
+    with pytest.raises(AdapterConversionError, match="PEFT would apply nothing"):
         convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"lora_alpha": -16}, {"target_modules": ["q_proj"]}],
+    ids=["negative alpha", "weights of modules target_modules does not name"],
+)
+def test_what_peft_applies_of_an_unusual_config_llama_cpp_applies_too(
+    config: dict[str, Any], tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """A negative alpha PEFT applies (it was refused as "would change nothing"); weights for modules the config does
+    not target PEFT ignores (llama.cpp applied them: 7.4 nats off)."""
+    import numpy as np
+
+    model = tiny_models["qwen2"]
+    adapter = tmp_path / "unusual"
+    shutil.copytree(model.adapter_dirs["a0"], adapter)
+    _edit_config(adapter, **config)
+    converted = convert_peft_to_gguf(adapter, model.gguf_path, tmp_path / "unusual.gguf")
+    ids = _ids(model)
+    expected = _peft_logits(model, ids, adapter)
+    np.testing.assert_allclose(_llama_logits(model, ids, converted), expected, atol=1e-3, rtol=0)
+    assert np.abs(_peft_logits(model, ids, model.adapter_dirs["a0"]) - expected).max() > 1e-2  # the config matters
 
 
 def test_a_folded_scale_beyond_float32_is_refused(

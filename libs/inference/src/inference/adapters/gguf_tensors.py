@@ -16,7 +16,7 @@ import struct
 from typing import Any
 
 from inference.adapters.gguf_layout import BaseModelLayout
-from inference.adapters.peft import PeftAdapter, check_ranks, pattern_key
+from inference.adapters.peft import PeftAdapter, check_ranks, pattern_key, targets_module
 from inference.adapters.peft_arrays import read_lora_arrays
 from inference.exceptions import AdapterConversionError, InvalidAdapterError
 
@@ -78,9 +78,13 @@ def gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider
     if config.get("lora_bias"):
         raise refuse("it trains LoRA biases (lora_bias=true), which llama.cpp cannot apply")
     # alpha_pattern and the range of lora_alpha were checked by read_peft_adapter. The file holds alpha as float32:
-    # one that rounds to 0 there would make llama.cpp apply no alpha / rank at all.
-    if file_alpha(adapter) <= 0:
-        raise refuse(f"its lora_alpha is {adapter.alpha:g}, so it would change nothing")
+    # llama.cpp reads 0 there as "no alpha" (scale 1), where PEFT's scale is 0. A negative alpha is applied as PEFT
+    # applies it (the sign is in llama.cpp's alpha / rank, and lora_B's factor stays positive).
+    if file_alpha(adapter) == 0:
+        raise refuse(
+            f"its lora_alpha is {adapter.alpha:g} (0 as float32), so PEFT would apply nothing, where llama.cpp reads "
+            "an alpha of 0 as none (scale 1)"
+        )
 
     arch_enum = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == layout.architecture), None)
     if arch_enum is None:
@@ -107,6 +111,8 @@ def gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider
     out: dict[str, Any] = {}
     missing: list[str] = []
     for module in sorted(pairs):
+        if not targets_module(config, module):
+            continue  # PEFT builds no LoRA layer for a module its target_modules do not name: it ignores these
         pair = pairs[module]
         if set(pair) != {"A", "B"}:
             raise refuse(f"module {module} has lora_{next(iter(pair))} without its partner matrix")
