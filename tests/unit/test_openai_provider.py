@@ -182,15 +182,16 @@ async def test_an_error_in_a_200_answer_is_the_servers_error_in_its_words(
     assert not isinstance(caught.value, ProtocolError)
 
 class Dripping(httpx.AsyncByteStream):
-    """A body that never ends: ``piece`` again and again, a little apart (a server dripping bytes, or pinging)."""
+    """A body that never ends: ``piece`` again and again, ``pause`` seconds apart (a server dripping bytes, or
+    pinging; with no pause, a server sending an answer without end as fast as it is read)."""
 
-    def __init__(self, first: bytes, piece: bytes) -> None:
-        self.first, self.piece = first, piece
+    def __init__(self, first: bytes, piece: bytes, pause: float = 0.01) -> None:
+        self.first, self.piece, self.pause = first, piece, pause
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         yield self.first
         while True:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(self.pause)
             yield self.piece
 
 
@@ -217,19 +218,6 @@ async def test_a_server_that_keeps_sending_without_answering_times_out(
                 await provider.generate("Hi", model="m", max_tokens=4)
 
 
-class Endless(httpx.AsyncByteStream):
-    """A body without end, sent as fast as it is read."""
-
-    def __init__(self, first: bytes, piece: bytes) -> None:
-        self.first, self.piece = first, piece
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self.first
-        while True:
-            yield self.piece
-            await asyncio.sleep(0)
-
-
 def _gzip_bomb(size: int) -> httpx.Response:
     """A few KiB of gzip that expand to ``size`` bytes of JSON white space."""
     import gzip
@@ -244,11 +232,11 @@ def _gzip_bomb(size: int) -> httpx.Response:
     ("answer", "streamed", "what"),
     [
         (lambda: httpx.Response(200, headers={"content-type": "application/json"},
-                                stream=Endless(b'{"id": "x", "choices": [', b" " * 65536)), False, "an answer"),
-        (lambda: httpx.Response(500, stream=Endless(b'{"error": "', b"x" * 65536)), False, "an answer"),
-        (lambda: httpx.Response(500, stream=Endless(b'{"error": "', b"x" * 65536)), True, "an answer"),
+                                stream=Dripping(b'{"id": "x", "choices": [', b" " * 65536, 0)), False, "an answer"),
+        (lambda: httpx.Response(500, stream=Dripping(b'{"error": "', b"x" * 65536, 0)), False, "an answer"),
+        (lambda: httpx.Response(500, stream=Dripping(b'{"error": "', b"x" * 65536, 0)), True, "an answer"),
         (lambda: httpx.Response(200, headers={"content-type": "text/event-stream"},
-                                stream=Endless(b'data: {"id": "x", "choices": [', b" " * 65536)), True, "a line"),
+                                stream=Dripping(b'data: {"id": "x", "choices": [', b" " * 65536, 0)), True, "a line"),
         (lambda: _gzip_bomb(3 * 2**20), False, "an answer"),
     ],
     ids=["endless answer", "endless error", "endless error to a stream", "endless line", "gzip bomb"],
