@@ -177,3 +177,53 @@ async def test_providers_without_scales_say_which_can(tmp_path: Path) -> None:
         with pytest.raises(UnsupportedOperationError, match=able):
             await fake.generate(PROMPT, model="m", adapter_id=[("a0", 0.5)], max_tokens=2)
         assert (await fake.generate(PROMPT, model="m", adapter_id=("a0", 1.0), max_tokens=2)).adapter_id == "a0"
+
+
+def _random_peft_lora(model: Any, directory: Path, seed: int, **config: Any) -> Path:
+    """A PEFT LoRA of ``model`` with ``config`` and random (nonzero) matrices, saved as PEFT saves it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(model.hf_dir), torch_dtype=torch.float32)
+    settings: dict[str, Any] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "up_proj"], **config}
+    lora = get_peft_model(base, LoraConfig(**settings))
+    with torch.no_grad():
+        for name, parameter in lora.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(torch.randn_like(parameter) * 0.3)
+    lora.save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.filterwarnings("ignore::peft.utils.warning.PeftWarning")  # about lora_bias on layers without bias
+async def test_combinations_of_adapters_peft_serves_are_their_weighted_sum_as_on_llamacpp(
+    pair: tuple[InferenceProvider, InferenceProvider], arch: str, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """Adapters the stacks do not take (``layers_to_transform``) are combined by PEFT, which gave the combination
+    the first adapter's config: its rsLoRA scale (4 times too strong here) and its layers (the second adapter's
+    left out). Each combination's distribution equals llama.cpp's, which applies every adapter with its scale."""
+    import numpy as np
+
+    llamacpp, transformers = pair
+    model = tiny_models[arch]
+    made = {
+        "rs_l0": {"seed": 3, "r": 8, "use_rslora": True, "layers_to_transform": [0]},
+        "l0": {"seed": 4, "layers_to_transform": [0]},
+        "l1": {"seed": 5, "layers_to_transform": [1]},
+    }
+    for name, config in made.items():
+        path = _random_peft_lora(model, tmp_path / name, **config)
+        for provider in pair:
+            await provider.load_adapter(name, path)
+    ids = await transformers.tokenize(PROMPT, "m")
+    for choice in ([("rs_l0", 0.5)], [("l0", 1.0), ("l1", 1.0)], [("l1", 1.0), ("a0", -0.5)]):
+        ours = await transformers.next_token_logprobs(ids, "m", adapter_id=choice)
+        theirs = await llamacpp.next_token_logprobs(ids, "m", adapter_id=choice)
+        assert float(np.abs(ours - theirs).max()) < 1e-4, choice
+    biased = _random_peft_lora(model, tmp_path / "biased", seed=6, lora_bias=True)
+    await transformers.load_adapter("biased", biased)
+    with pytest.raises(UnsupportedOperationError, match="lora_bias cannot take a scale"):
+        await transformers.next_token_logprobs(ids, "m", adapter_id=[("biased", 0.5)])
+    assert (await transformers.generate(PROMPT, model="m", adapter_id="biased", max_tokens=2)).completion_tokens > 0

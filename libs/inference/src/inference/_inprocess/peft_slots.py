@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -50,7 +51,7 @@ from inference.adapters.peft import (
     check_target_modules,
     read_peft_adapter,
 )
-from inference.exceptions import InvalidAdapterError
+from inference.exceptions import InvalidAdapterError, UnsupportedOperationError
 
 if TYPE_CHECKING:
     from inference.adapters.weights import AdapterWeights
@@ -164,7 +165,15 @@ class PeftSlots:
             names, weights = names * 2, [weights[0], 0.0]
         combined = next(self._combined_names)
         if names:
-            loaded.model.add_weighted_adapter(names, weights, combined, combination_type="cat")
+            try:
+                with _combinable(loaded.model, names, provider=self.provider):
+                    loaded.model.add_weighted_adapter(names, weights, combined, combination_type="cat")
+            except ValueError as error:  # PEFT's "No matching LoRAs found": a module of no adapter, after all
+                self._drop_combination(loaded, combined)
+                raise UnsupportedOperationError(
+                    f"PEFT could not combine adapters {', '.join(part for part, _ in scales)} ({error})",
+                    provider=self.provider,
+                ) from error
         if stacked:
             try:
                 self.stacked.add_combination(combined, stacked)
@@ -478,3 +487,38 @@ class PeftSlots:
 
     def _not_loaded(self, adapter_id: str) -> Exception:
         return adapter_not_loaded(adapter_id, self.resident, provider=self.provider)
+
+
+@contextlib.contextmanager
+def _combinable(model: Any, names: list[str], *, provider: str) -> Iterator[None]:
+    """Let PEFT's ``add_weighted_adapter`` build a combination of ``names`` that is their weighted sum.
+
+    PEFT gives the combination the first adapter's config but for its rank, alpha and targets. The ``"cat"``
+    weights already carry each adapter's own scale, so the combination's must be 1: the first adapter's rsLoRA
+    would make it ``sqrt(rank)``, its ``layers_to_transform`` would leave out the other adapters' layers, and its
+    ``init_lora_weights`` would run again. A neutral copy of that config stands in while PEFT builds (the
+    combination covers the layers of every adapter). PEFT's combination drops ``lora_bias``: refused.
+
+    Raises:
+        UnsupportedOperationError: An adapter has ``lora_bias``.
+    """
+    configs = [model.peft_config[name] for name in names]
+    if any(getattr(config, "lora_bias", False) for config in configs):
+        raise UnsupportedOperationError(
+            "an adapter trained with lora_bias cannot take a scale, or be combined, on Transformers (PEFT's "
+            "weighted combination leaves its bias out): use it alone, without a scale",
+            provider=provider,
+        )
+    chosen = [config.layers_to_transform for config in configs]
+    layers = None if any(layer is None for layer in chosen) else sorted(
+        {number for layer in chosen for number in ([layer] if isinstance(layer, int) else layer)}
+    )
+    first = configs[0]
+    model.peft_config[names[0]] = dataclasses.replace(
+        first, use_rslora=False, init_lora_weights=True, layers_to_transform=layers,
+        layers_pattern=first.layers_pattern if layers is not None else None, exclude_modules=None,
+    )
+    try:
+        yield
+    finally:
+        model.peft_config[names[0]] = first
