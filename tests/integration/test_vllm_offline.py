@@ -258,10 +258,15 @@ async def test_bad_input_is_a_typed_error_and_the_provider_goes_on(seen: dict[st
     assert errors["missing_adapter"]["type"] == "InvalidAdapterError"
     assert errors["rank_too_large"]["type"] == "InvalidAdapterError"
     assert "VLLM_OFFLINE_MAX_LORA_RANK" in errors["rank_too_large"]["message"]
-    assert errors["prompt_too_long"]["type"] == "InvalidRequestError"
+    assert errors["prompt_too_long"]["type"] == "TokenLimitError"  # an InvalidRequestError of kind "context"
     assert "max_model_len of 512" in errors["prompt_too_long"]["message"]
     assert errors["max_tokens_too_large"]["type"] == "InvalidRequestError"
     assert "ask for at most" in errors["max_tokens_too_large"]["message"]
+    for refused in ("temperature_refused", "temperature_refused_streamed"):  # vLLM's own VLLMValidationError
+        assert errors[refused]["type"] == "InvalidRequestError", errors[refused]
+    assert errors["seed_too_large"]["type"] == "InvalidRequestError"  # was "the engine failed", with no reason
+    assert "signed 64-bit" in errors["seed_too_large"]["message"]
+    assert errors["whole_context_distribution"]["type"] == "TokenLimitError"  # no room for the one token it generates
     assert errors["listed"] == ["a0", "a1"]  # failed loads left nothing behind
     assert errors["after"]["tokens"] == seen["greedy"][f"a0|{PROMPTS[0]}"]["tokens"]
 

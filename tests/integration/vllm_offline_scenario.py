@@ -77,7 +77,14 @@ async def error_of(work: Any) -> dict[str, str]:
         await work
     except InferenceError as error:
         return {"type": type(error).__name__, "message": str(error)}
+    except Exception as error:  # not the SDK's: the test says so
+        return {"type": f"untyped {type(error).__module__}.{type(error).__name__}", "message": str(error)}
     return {"type": "none", "message": ""}
+
+
+async def drained(stream: Any) -> None:
+    async for _ in stream:
+        pass
 
 
 async def scenario(out: dict[str, Any], scratch: Path) -> None:
@@ -247,6 +254,12 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
         "rank_too_large": await error_of(provider.load_adapter("big", rank16)),
         "prompt_too_long": await error_of(provider.generate("word " * 600, model="tiny", max_tokens=4)),
         "max_tokens_too_large": await error_of(provider.generate("Hi", model="tiny", max_tokens=1000)),
+        "temperature_refused": await error_of(provider.generate("Hi", model="tiny", max_tokens=2, temperature=50.0)),
+        "temperature_refused_streamed": await error_of(
+            drained(provider.stream("Hi", model="tiny", max_tokens=2, temperature=50.0))
+        ),
+        "seed_too_large": await error_of(provider.generate("Hi", model="tiny", max_tokens=2, seed=2**64)),
+        "whole_context_distribution": await error_of(provider.next_token_logprobs([42] * 512, "tiny")),
         "listed": await provider.list_adapters(),
         "after": generation(await provider.generate(PROMPTS[0], adapter_id="a0", max_tokens=8, **greedy)),
     }

@@ -214,6 +214,8 @@ class VLLMOfflineProvider(InferenceProvider):
         engine = await self._engine()
         return str(engine.tokenizer.decode(list(request.token_ids), skip_special_tokens=False))
 
+    _distribution_generates_a_token = True  # a one-token request: the sequence needs room for that token
+
     async def _next_token_logprobs(self, requests: list[TokenRequest]) -> NDArray[np.float32]:
         """Each sequence as a one-token request with every token's logprob (vLLM's raw log-softmax: the engine runs
         with ``max_logprobs=-1``), all sent at once so the engine batches them, each with its adapter."""
@@ -375,7 +377,7 @@ class VLLMOfflineProvider(InferenceProvider):
                     output = await outputs.__anext__()
                 except StopAsyncIteration:
                     return
-                except (ValueError, TypeError) as error:
+                except engine.refusals as error:
                     raise InvalidRequestError(f"vLLM refused the request: {error}", provider=self.name) from error
                 except InferenceError:
                     raise

@@ -17,7 +17,7 @@ from inference._core.scoring import Vocabulary
 from inference._core.validation import GenerationRequest
 from inference._inprocess.hf_prompt import scoring_vocabulary
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
-from inference.exceptions import InvalidRequestError, ModelLoadError
+from inference.exceptions import InvalidRequestError, ModelLoadError, TokenLimitError
 from inference.options import GenerationOptions
 from inference.results import TokenLogprob
 
@@ -39,6 +39,9 @@ class Engine:
     vocabulary: Vocabulary
     max_model_len: int
     vocab_size: int
+    refusals: tuple[type[Exception], ...] = (ValueError, TypeError)
+    """What vLLM raises for a request it refuses (its ``VLLMClientError``, the errors of a 4xx on its server):
+    an :class:`~inference.exceptions.InvalidRequestError`, never an engine failure."""
 
 
 def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
@@ -96,6 +99,7 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
             path=model_name,
         ) from error
     tokenizer = llm.get_tokenizer()
+    client_error = getattr(import_optional("vllm.exceptions", provider=PROVIDER), "VLLMClientError", ValueError)
     return Engine(
         llm=llm,
         sampling=sampling,
@@ -104,6 +108,7 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
         vocabulary=scoring_vocabulary(tokenizer),
         max_model_len=int(llm.model_config.max_model_len),
         vocab_size=int(llm.model_config.get_vocab_size()),
+        refusals=(ValueError, TypeError, client_error),
     )
 
 
@@ -111,10 +116,10 @@ def sampling_params(engine: Engine, request: GenerationRequest, prompt_length: i
     """vLLM's ``SamplingParams`` for the request, ``max_tokens`` within the context."""
     room = engine.max_model_len - prompt_length
     if room < 1:
-        raise InvalidRequestError(
+        raise TokenLimitError(
             f"the prompt has {prompt_length} tokens, which fills the engine's max_model_len of "
             f"{engine.max_model_len}: shorten it, or raise max_model_len (VLLM_OFFLINE_MAX_MODEL_LEN)",
-            provider=PROVIDER,
+            limit=engine.max_model_len - 1, value=prompt_length, kind="context", provider=PROVIDER,
         )
     max_tokens = request.max_tokens
     if max_tokens > room:
@@ -125,6 +130,8 @@ def sampling_params(engine: Engine, request: GenerationRequest, prompt_length: i
                 provider=PROVIDER,
             )
         max_tokens = room
+    if request.seed is not None and not -(2**63) <= request.seed < 2**63:  # the engine fails on it, unsaid
+        raise InvalidRequestError(f"seed must fit in a signed 64-bit integer, got {request.seed}", provider=PROVIDER)
     sampling = engine.sampling
     arguments: dict[str, Any] = {
         "max_tokens": max_tokens,
@@ -145,7 +152,7 @@ def sampling_params(engine: Engine, request: GenerationRequest, prompt_length: i
         arguments["structured_outputs"] = sampling.StructuredOutputsParams(json=dict(request.json_schema))
     try:
         return sampling.SamplingParams(**arguments)
-    except (ValueError, TypeError) as error:
+    except engine.refusals as error:
         raise InvalidRequestError(f"vLLM refused the sampling settings: {error}", provider=PROVIDER) from error
 
 
