@@ -195,6 +195,15 @@ class Dripping(httpx.AsyncByteStream):
             yield self.piece
 
 
+async def _ask(provider: OpenAIProvider, *, streamed: bool) -> None:
+    """One generation, streamed to its end or whole."""
+    if streamed:
+        async for _ in provider.stream("Hi", model="m", max_tokens=4):
+            pass
+    else:
+        await provider.generate("Hi", model="m", max_tokens=4)
+
+
 @pytest.mark.parametrize(
     ("first", "piece", "streamed"),
     [
@@ -211,11 +220,7 @@ async def test_a_server_that_keeps_sending_without_answering_times_out(
                                                      stream=Dripping(first, piece)))
     async with OpenAIProvider(base_url=BASE, api_key=SECRET, max_retries=0, timeout=0.3) as provider:
         with pytest.raises(ProviderTimeoutError, match=r"did not answer within 0\.3 s"):
-            if streamed:
-                async for _ in provider.stream("Hi", model="m", max_tokens=4):
-                    pass
-            else:
-                await provider.generate("Hi", model="m", max_tokens=4)
+            await _ask(provider, streamed=streamed)
 
 
 def _gzip_bomb(size: int) -> httpx.Response:
@@ -254,11 +259,7 @@ async def test_an_answer_over_the_size_limit_is_refused_and_the_provider_serves_
     async with OpenAIProvider(base_url=BASE, api_key=SECRET, max_retries=0, timeout=20) as provider:
         started = asyncio.get_running_loop().time()
         with pytest.raises(ProtocolError, match=f"answered generate with model 'm' with {what} of more than 1 MiB"):
-            if streamed:
-                async for _ in provider.stream("Hi", model="m", max_tokens=4):
-                    pass
-            else:
-                await provider.generate("Hi", model="m", max_tokens=4)
+            await _ask(provider, streamed=streamed)
         assert asyncio.get_running_loop().time() - started < 10  # refused at the limit, not at the timeout
         assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
 
