@@ -340,3 +340,32 @@ def test_lm_eval_s_own_arguments_from_python_are_the_caller_s() -> None:
         assert lm.max_concurrency == 5
     finally:
         lm.close()
+
+
+@pytest.mark.parametrize(("batch_size", "expected"), [("4", 4), ("1", 1), (2, 2), ("auto", 16), ("auto:4", 16)])
+def test_lm_eval_s_batch_size_from_its_command_line_is_the_concurrency(batch_size: Any, expected: int) -> None:
+    """lm-eval's command line passes ``--batch_size 4`` as the text "4": it was ignored (16 requests at once)."""
+    lm = InferenceLM.create_from_arg_obj({"provider": "fake"}, {"batch_size": batch_size, "device": None})
+    try:
+        assert lm.max_concurrency == expected
+    finally:
+        lm.close()
+
+
+@pytest.mark.parametrize("concurrency", [0, -1, "many"])
+def test_a_max_concurrency_below_1_or_not_a_number_is_refused(concurrency: Any) -> None:
+    with pytest.raises(ConfigurationError, match="max_concurrency must be a whole number of at least 1"):
+        InferenceLM(provider="fake", max_concurrency=concurrency)
+
+
+def test_registering_the_model_keeps_lm_eval_s_own_models() -> None:
+    """Imported first, as the docs show it, the integration left lm-eval's registry holding "inference" alone: lm-eval
+    fills it only while it is empty, so ``--model hf`` (to compare with PEFT in one process) was not found."""
+    code = (
+        "import inference.integrations.lm_eval\n"
+        "from lm_eval.api.registry import get_model\n"
+        "print(get_model('hf').__name__, get_model('dummy').__name__, get_model('inference').__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["HFLM", "DummyLM", "InferenceLM"]

@@ -53,6 +53,8 @@ from inference.registry import PROVIDERS, load_provider_class
 from inference.results import GenerationResult, ScoreResult
 
 _LM: Any = import_optional("lm_eval.api.model", provider="lm-eval", extra="lm-eval").LM
+# lm-eval registers its own models (hf, vllm, dummy...) only while its registry is empty: ours first would hide them.
+import_optional("lm_eval.models", provider="lm-eval", extra="lm-eval")
 _register_model: Any = import_optional("lm_eval.api.registry", provider="lm-eval", extra="lm-eval").register_model
 
 __all__ = ["InferenceLM", "main"]
@@ -154,11 +156,19 @@ class InferenceLM(_LM):  # type: ignore[misc]
         model_setting = PROVIDERS[provider_type].model_setting or "base_model"  # Ollama's base_model
         default_model = settings.get(model_setting)
         self.model_name = str(arguments.get("model") or default_model or "")
-        batch_size = arguments.get("batch_size")
+        batch_size = arguments.get("batch_size")  # lm-eval's command line passes it as text ("4", "auto:4")
+        if isinstance(batch_size, str) and batch_size.strip().isdigit():
+            batch_size = int(batch_size)
         default = batch_size if isinstance(batch_size, int) and batch_size > 0 else 16
-        self.max_concurrency = int(arguments.get("max_concurrency") or default)
-        if self.max_concurrency < 1:
-            raise ConfigurationError("max_concurrency must be at least 1", provider=provider_type)
+        concurrency = arguments.get("max_concurrency", default)
+        try:
+            self.max_concurrency = int(concurrency)
+        except (TypeError, ValueError):
+            self.max_concurrency = 0
+        if self.max_concurrency < 1 or isinstance(concurrency, bool):
+            raise ConfigurationError(
+                f"max_concurrency must be a whole number of at least 1, got {concurrency!r}", provider=provider_type
+            )
         self.adapter_id: str | None = None
         self._loop = _Loop()
         self._closer = weakref.finalize(self, _shutdown, self._loop, None)
