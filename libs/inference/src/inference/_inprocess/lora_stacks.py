@@ -246,7 +246,7 @@ class _RowPlan:
                 position = {slot: number for number, slot in enumerate(used)}
                 blocks = torch.tensor([position.get(slot, -1) for slot in rows], device=stack.a.device)  # -1: none
                 columns = torch.arange(len(used) * rank, device=stack.a.device) // rank
-                mask = masks[key] = (columns[None, :] == blocks[:, None]).to(stack.a.dtype)  # each row's own block
+                mask = masks[key] = columns[None, :] == blocks[:, None]  # each row's own block
             self.masked = (a, b, mask)
         else:
             self.gathered = (stack.a.index_select(0, slots), stack.b.index_select(0, slots))
@@ -262,7 +262,8 @@ class _RowPlan:
             a, b, mask = self.masked
             hidden = x @ a  # [rows, ..., U*R]
             shape = (mask.shape[0],) + (1,) * (hidden.dim() - 2) + (mask.shape[1],)
-            return ((hidden * mask.view(shape)) @ b) * per_row
+            # selected, not multiplied by the mask: another row's overflow (inf) times 0 would be NaN in this row
+            return (torch.where(mask.view(shape), hidden, 0.0) @ b) * per_row
         assert self.gathered is not None
         a, b = self.gathered  # [rows, R, in], [rows, out, R]
         flat = x.reshape(x.shape[0], -1, x.shape[-1])
