@@ -158,6 +158,28 @@ async def test_scales_and_combinations_equal_peft_s(
         await _agree(stacked, reference, choices)
 
 
+async def test_a_batch_with_more_distinct_combinations_than_are_kept_gives_each_row_its_own(
+    arch: str, tiny_models: dict[str, Any], adapter_dirs: list[Path]
+) -> None:
+    """Beyond the 8 combinations kept, building one row's combination evicted another row's of the same batch:
+    that row ran on the base model, silently. Each of 12 rows equals its request alone, and none is the base's."""
+    model = tiny_models[arch]
+    async with _provider(model, stacking=True, batch_window_ms=300) as provider:
+        await provider.load_adapter("a0", adapter_dirs[0])
+        choices: list[Any] = [[("a0", 1.25 + 0.25 * number)] for number in range(12)]
+
+        async def tokens(choice: Any) -> tuple[int, ...] | None:
+            result = await provider.generate(PROMPTS[0], model="tiny", adapter_id=choice, max_tokens=6, temperature=0,
+                                             return_token_ids=True)
+            return result.token_ids
+
+        alone = [await tokens(choice) for choice in choices]
+        base = await tokens(None)
+        together = await asyncio.gather(*(tokens(choice) for choice in choices))
+        assert max(provider.recent_batch_sizes) >= 12  # the rows really ran together
+        assert together == alone and base not in together
+
+
 async def test_an_adapter_the_stacks_cannot_hold_runs_with_peft_in_the_same_batch(
     arch: str,
     tiny_models: dict[str, Any],

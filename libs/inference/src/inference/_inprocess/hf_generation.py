@@ -173,15 +173,16 @@ class HFGeneration:
             self._run_choices(loaded, batch[0], generate)
             return
         rows: list[Row] = []
-        for entry in batch:
-            if entry.cancel.is_set():  # its caller gave up after the batch was formed
-                _drop(entry, self.provider)
-                continue
-            try:
-                self.slots.applied(loaded, entry.request.adapter_id, entry.request.adapter_scales)  # builds a mix
-                rows.append(self._row(loaded, entry))
-            except BaseException as error:
-                entry.future.set_exception(as_inference_error(error, provider=self.provider))
+        with self.slots.holding(entry.request.adapter_scales for entry in batch):
+            for entry in batch:
+                if entry.cancel.is_set():  # its caller gave up after the batch was formed
+                    _drop(entry, self.provider)
+                    continue
+                try:
+                    self.slots.applied(loaded, entry.request.adapter_id, entry.request.adapter_scales)  # builds a mix
+                    rows.append(self._row(loaded, entry))
+                except BaseException as error:
+                    entry.future.set_exception(as_inference_error(error, provider=self.provider))
         if not rows:
             return
         outputs: Outputs | None = None

@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +126,7 @@ class PeftSlots:
         self._spare: dict[str, list[str]] = {}  # emptied slots by shape, spare_limit at most in all
         # Weighted combinations built for requests with adapter scales: (adapter ids, scales) -> PEFT name, LRU.
         self._combined: collections.OrderedDict[AdapterScales, str] = collections.OrderedDict()
+        self._in_use: frozenset[AdapterScales] = frozenset()  # the combinations of the model call under way
         self._combined_names = (f"inference_{number}_combined" for number in itertools.count())
 
     @property
@@ -181,8 +182,11 @@ class PeftSlots:
                 self._drop_combination(loaded, combined)
                 raise
         self._combined[scales] = combined
-        while len(self._combined) > COMBINED_KEPT:
-            self._drop_combination(loaded, self._combined.popitem(last=False)[1])
+        while len(self._combined) > COMBINED_KEPT:  # never one the model call under way applies (:meth:`rows`)
+            victim = next((kept for kept in self._combined if kept not in self._in_use and kept != scales), None)
+            if victim is None:
+                break
+            self._drop_combination(loaded, self._combined.pop(victim))
         return combined
 
     @contextlib.contextmanager
@@ -199,7 +203,26 @@ class PeftSlots:
             The keyword arguments the model call takes: PEFT's ``adapter_names`` (the slots' names, never the ids,
             ``"__base__"`` for rows the stacks serve) while PEFT holds adapters some row applies; else nothing.
         """
-        names = [self.applied(loaded, adapter_id, scales) for adapter_id, scales in applied]
+        with self.holding(scales for _, scales in applied):
+            names = [self.applied(loaded, adapter_id, scales) for adapter_id, scales in applied]
+            with self._applying(loaded, names) as extra:
+                yield extra
+
+    @contextlib.contextmanager
+    def holding(self, combinations: Iterable[AdapterScales]) -> Iterator[None]:
+        """Keep the weighted ``combinations`` built while the block runs (one batch's rows), however many there are:
+        beyond :data:`COMBINED_KEPT`, building one evicted another the same batch applies, whose rows then ran on
+        the base model."""
+        previous = self._in_use
+        self._in_use = previous | frozenset(combination for combination in combinations if combination)
+        try:
+            yield
+        finally:
+            self._in_use = previous
+
+    @contextlib.contextmanager
+    def _applying(self, loaded: LoadedModel, names: Sequence[str]) -> Iterator[dict[str, Any]]:
+        """PEFT's ``adapter_names`` (or its adapters disabled) and the stacks' rows for one model call."""
         with contextlib.ExitStack() as context:
             extra: dict[str, Any] = {}
             if loaded.model is not loaded.base_model:
