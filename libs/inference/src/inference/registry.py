@@ -25,7 +25,7 @@ __all__ = [
     "providers_with",
 ]
 
-_RETRIES = "Retries of transient failures (connect errors, 429, 502, 503, 504)"
+_RETRIES = "Retries of transient failures (connect errors, 429, 502, 503, 504; a GET whose connection dropped)"
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,13 @@ def _parse_retry_after(value: str | None) -> float | None:
     return when.timestamp() - time.time()
 
 
+_IDEMPOTENT = frozenset({"GET", "HEAD"})
+"""Methods a dropped connection may be resent with: asking again changes nothing on the server."""
+
+
 class PooledTransport(httpx.AsyncBaseTransport):
-    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504.
+    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504, and a GET whose
+    connection dropped before the answer.
 
     Attributes:
         last_connection: The connection (httpcore's network stream) the last answer came on, ``None`` when the
@@ -133,6 +138,11 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 if retry_number >= self._policy.max_retries:
                     raise
                 delay, reason = self._policy.delay(retry_number), f"connect error ({error})"
+            except httpx.RemoteProtocolError as error:  # e.g. a kept-alive connection the server closed as it was
+                # reused: resent only when asking again changes nothing on the server (a GET), never a POST
+                if request.method not in _IDEMPOTENT or retry_number >= self._policy.max_retries:
+                    raise
+                delay, reason = self._policy.delay(retry_number), f"a dropped connection ({error})"
             else:
                 self.last_connection = response.extensions.get("network_stream")
                 if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
