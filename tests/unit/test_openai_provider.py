@@ -195,6 +195,15 @@ class Dripping(httpx.AsyncByteStream):
             yield self.piece
 
 
+async def test_an_answer_with_a_header_that_is_not_ascii_is_read(mock: respx.MockRouter) -> None:
+    """A proxy's ``x-served-by: nœud-1`` (UTF-8 bytes): the answer read whole keeps the headers as sent (rebuilt from
+    their text, it raised a bare UnicodeEncodeError on every call)."""
+    answer = httpx.Response(200, headers=[(b"x-served-by", "nœud-1".encode())], json=completion("fine").json())
+    mock.post(CHAT).mock(return_value=answer)
+    async with OpenAIProvider(base_url=BASE, api_key=SECRET, max_retries=0) as provider:
+        assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
+
+
 async def _ask(provider: OpenAIProvider, *, streamed: bool) -> None:
     """One generation, streamed to its end or whole."""
     if streamed:

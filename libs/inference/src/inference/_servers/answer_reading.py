@@ -32,7 +32,8 @@ MAX_ANSWER_BYTES = 256 * 2**20
 full next-token distribution over a large vocabulary is tens of MiB). A server cannot make this process hold more:
 an answer without end, or a small gzip body that expands without end, is refused."""
 
-_UNSENT_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+_UNSENT_HEADERS = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})
+"""Headers about the body as it was sent (compressed, chunked), not as it is read."""
 
 
 class AnswerTooLarge(Exception):
@@ -43,7 +44,8 @@ class AnswerTooLarge(Exception):
 
 
 async def read_whole(response: httpx.Response) -> httpx.Response:
-    """``response`` read whole, decompressed, as a new response with the same status, headers and request.
+    """``response`` read whole, decompressed, and closed: a new response with the same status, headers (as the
+    server sent their bytes), request, extensions (its reason phrase) and ``elapsed``.
 
     Raises:
         AnswerTooLarge: The answer went over :data:`MAX_ANSWER_BYTES` (reading stopped there).
@@ -54,8 +56,14 @@ async def read_whole(response: httpx.Response) -> httpx.Response:
         if size > limit:
             raise AnswerTooLarge(limit)
         parts.append(part)
-    headers = [(name, value) for name, value in response.headers.multi_items() if name not in _UNSENT_HEADERS]
-    return httpx.Response(response.status_code, headers=headers, content=b"".join(parts), request=response.request)
+    await response.aclose()
+    headers = [(name, value) for name, value in response.headers.raw if name.lower() not in _UNSENT_HEADERS]
+    answer = httpx.Response(
+        response.status_code, headers=headers, content=b"".join(parts), request=response.request,
+        extensions=response.extensions,
+    )
+    answer.elapsed = response.elapsed
+    return answer
 
 
 async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
@@ -65,19 +73,28 @@ async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
     skipped).
 
     Raises:
-        AnswerTooLarge: A line went over :data:`MAX_ANSWER_BYTES` (counted in characters, at least as strict).
+        AnswerTooLarge: A line went over :data:`MAX_ANSWER_BYTES` (its bytes as received).
     """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    pending, limit = "", MAX_ANSWER_BYTES
+    pending: list[str] = []  # the line so far, in pieces: joined only once it ends (never again per piece)
+    pending_bytes, limit = 0, MAX_ANSWER_BYTES
     async for chunk in response.aiter_bytes():
-        *lines, pending = _LINE_END.split(pending + decoder.decode(chunk))
-        if len(pending) > limit:
+        text = decoder.decode(chunk)
+        if _LINE_END.search(text) is None:
+            pending.append(text)
+            pending_bytes += len(chunk)
+            if pending_bytes > limit:
+                raise AnswerTooLarge(limit)
+            continue
+        *lines, rest = _LINE_END.split("".join(pending) + text)
+        pending, pending_bytes = [rest], len(rest.encode("utf-8", "surrogatepass"))
+        if pending_bytes > limit:
             raise AnswerTooLarge(limit)
         for line in lines:
             yield line
-    pending += decoder.decode(b"", final=True)
-    if pending:
-        yield pending
+    last = "".join(pending) + decoder.decode(b"", final=True)
+    if last:
+        yield last
 
 
 async def within(seconds: float, work: Awaitable[_T]) -> _T:
