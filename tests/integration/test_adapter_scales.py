@@ -201,9 +201,10 @@ def _random_peft_lora(model: Any, directory: Path, seed: int, **config: Any) -> 
 async def test_combinations_of_adapters_peft_serves_are_their_weighted_sum_as_on_llamacpp(
     pair: tuple[InferenceProvider, InferenceProvider], arch: str, tiny_models: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Adapters the stacks do not take (``layers_to_transform``) are combined by PEFT, which gave the combination
-    the first adapter's config: its rsLoRA scale (4 times too strong here) and its layers (the second adapter's
-    left out). Each combination's distribution equals llama.cpp's, which applies every adapter with its scale."""
+    """Adapters the stacks do not take (``layers_to_transform``, ``exclude_modules``) are combined by PEFT, which
+    gave the combination the first adapter's config: its rsLoRA scale (4 times too strong here) and its layers (the
+    second adapter's left out). Each combination's distribution equals llama.cpp's, which applies every adapter
+    with its scale."""
     import numpy as np
 
     llamacpp, transformers = pair
@@ -212,13 +213,15 @@ async def test_combinations_of_adapters_peft_serves_are_their_weighted_sum_as_on
         "rs_l0": {"seed": 3, "r": 8, "use_rslora": True, "layers_to_transform": [0]},
         "l0": {"seed": 4, "layers_to_transform": [0]},
         "l1": {"seed": 5, "layers_to_transform": [1]},
+        "ex": {"seed": 7, "exclude_modules": ["layers.1.mlp.up_proj"]},
     }
     for name, config in made.items():
         path = _random_peft_lora(model, tmp_path / name, **config)
         for provider in pair:
             await provider.load_adapter(name, path)
     ids = await transformers.tokenize(PROMPT, "m")
-    for choice in ([("rs_l0", 0.5)], [("l0", 1.0), ("l1", 1.0)], [("l1", 1.0), ("a0", -0.5)]):
+    for choice in ([("rs_l0", 0.5)], [("l0", 1.0), ("l1", 1.0)], [("l1", 1.0), ("a0", -0.5)], [("ex", 0.5)],
+                   [("ex", 1.0), ("l0", 0.5)]):
         ours = await transformers.next_token_logprobs(ids, "m", adapter_id=choice)
         theirs = await llamacpp.next_token_logprobs(ids, "m", adapter_id=choice)
         assert float(np.abs(ours - theirs).max()) < 1e-4, choice

@@ -519,8 +519,9 @@ def _combinable(model: Any, names: list[str], *, provider: str) -> Iterator[None
     PEFT gives the combination the first adapter's config but for its rank, alpha and targets. The ``"cat"``
     weights already carry each adapter's own scale, so the combination's must be 1: the first adapter's rsLoRA
     would make it ``sqrt(rank)``, its ``layers_to_transform`` would leave out the other adapters' layers, and its
-    ``init_lora_weights`` would run again. A neutral copy of that config stands in while PEFT builds (the
-    combination covers the layers of every adapter). PEFT's combination drops ``lora_bias``: refused.
+    ``init_lora_weights`` would run again. A neutral copy of that config stands in while PEFT builds, which
+    covers exactly the modules where one of the adapters has LoRA weights (every other module excluded by name:
+    whatever layers, patterns and exclusions the adapters had). PEFT's combination drops ``lora_bias``: refused.
 
     Raises:
         UnsupportedOperationError: An adapter has ``lora_bias``.
@@ -532,14 +533,16 @@ def _combinable(model: Any, names: list[str], *, provider: str) -> Iterator[None
             "weighted combination leaves its bias out): use it alone, without a scale",
             provider=provider,
         )
-    chosen = [config.layers_to_transform for config in configs]
-    layers = None if any(layer is None for layer in chosen) else sorted(
-        {number for layer in chosen for number in ([layer] if isinstance(layer, int) else layer)}
-    )
+    modules = list(model.base_model.model.named_modules())  # as PEFT names them when it injects the combination
+    held = {
+        key for key, module in modules
+        if any(name in getattr(module, "lora_A", {}) or name in getattr(module, "lora_embedding_A", {})
+               for name in names)
+    }
     first = configs[0]
     model.peft_config[names[0]] = dataclasses.replace(
-        first, use_rslora=False, init_lora_weights=True, layers_to_transform=layers,
-        layers_pattern=first.layers_pattern if layers is not None else None, exclude_modules=None,
+        first, use_rslora=False, init_lora_weights=True, layers_to_transform=None, layers_pattern=None,
+        exclude_modules=[key for key, _ in modules if key and key not in held],
     )
     try:
         yield
