@@ -397,6 +397,9 @@ async def test_a_prompt_too_long_for_the_local_context_falls_back_to_the_next_pr
         assert isinstance(streamed[-1], GenerationResult) and streamed[-1].provider == "hosted"
         batch = await fallback.generate_batch([long_prompt, "Hi"], model="m", max_tokens=2)
         assert [result.provider for result in batch if isinstance(result, GenerationResult)] == ["hosted", "local"]
+        answered = fallback.stats()["hosted"].answered
+        await fallback.score(long_prompt, " end", model="m")  # a score too long for the local context moves on too
+        assert fallback.stats()["hosted"].answered == answered + 1
 
 
 def _peft_adapter(model: Any, directory: Path, **config: Any) -> Path:

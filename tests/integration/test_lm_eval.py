@@ -344,8 +344,10 @@ def test_lm_eval_s_own_arguments_from_python_are_the_caller_s() -> None:
 
 @pytest.mark.parametrize(("batch_size", "expected"), [("4", 4), ("1", 1), (2, 2), ("auto", 16), ("auto:4", 16)])
 def test_lm_eval_s_batch_size_from_its_command_line_is_the_concurrency(batch_size: Any, expected: int) -> None:
-    """lm-eval's command line passes ``--batch_size 4`` as the text "4": it was ignored (16 requests at once)."""
-    lm = InferenceLM.create_from_arg_obj({"provider": "fake"}, {"batch_size": batch_size, "device": None})
+    """lm-eval's command line passes ``--batch_size 4`` as the text "4": it was ignored (16 requests at once). An
+    explicit ``max_concurrency=None`` is the default too."""
+    lm = InferenceLM.create_from_arg_obj({"provider": "fake", "max_concurrency": None},
+                                         {"batch_size": batch_size, "device": None})
     try:
         assert lm.max_concurrency == expected
     finally:

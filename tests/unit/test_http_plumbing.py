@@ -357,15 +357,17 @@ async def test_a_connection_dropped_after_sending_says_so_and_is_not_retried() -
     await client.aclose()
 
 
-async def test_a_get_whose_connection_dropped_is_asked_again() -> None:
-    """A kept-alive connection the server closed as it was reused (llama-server under load): a GET changes nothing
-    on the server, so it is sent again, as a connect error is."""
+@pytest.mark.parametrize(
+    "dropped",
+    [httpx.RemoteProtocolError("Server disconnected without sending a response."),
+     httpx.ReadError("[Errno 104] Connection reset by peer")],
+)
+async def test_a_get_whose_connection_dropped_is_asked_again(dropped: Exception) -> None:
+    """A kept-alive connection the server closed or reset as it was reused (llama-server under load): a GET changes
+    nothing on the server, so it is sent again, as a connect error is."""
     client = make_client(max_retries=2)
     with respx.mock:
-        route = respx.get(f"{BASE}/lora-adapters").mock(
-            side_effect=[httpx.RemoteProtocolError("Server disconnected without sending a response."),
-                         httpx.Response(200, json=[])]
-        )
+        route = respx.get(f"{BASE}/lora-adapters").mock(side_effect=[dropped, httpx.Response(200, json=[])])
         response = await client.request("GET", f"{BASE}/lora-adapters", operation="list the server's LoRA adapters")
     assert response.json() == [] and route.call_count == 2
     await client.aclose()

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -475,11 +476,12 @@ class OllamaProvider(InferenceProvider):
     async def _health(self, timeout: float) -> Sequence[BackendHealth]:
         """``GET /v1/models`` as for any server, then the native API this provider talks to (``GET /api/tags``): a
         server without it (an OpenAI-compatible one at Ollama's URL) is down, as it cannot serve."""
+        started = time.perf_counter()
         backends = await super()._health(timeout)
         if not backends[0].up:
             return backends
-        try:
-            await within(timeout, self._models.tags())
+        try:  # within what is left of the timeout: the whole probe is bounded by it
+            await within(max(timeout - (time.perf_counter() - started), 0.0), self._models.tags())
         except asyncio.TimeoutError:
             problem = f"no answer to GET /api/tags within {timeout:g} s"
         except InferenceError as error:

@@ -159,6 +159,7 @@ class SyncProvider:
         self._rebuild = rebuild
         self._pid = os.getpid()
         self._closed = False
+        self._closing = threading.Lock()  # a second close() waits for the first to finish freeing
         _open.add(self)
 
     @property
@@ -194,10 +195,13 @@ class SyncProvider:
     def close(self) -> None:
         """Free what the provider holds (its ``aclose``). Safe to call twice; a close that failed (refused from a
         callback on the facade's loop, interrupted) leaves the provider open, for a later close to free."""
-        if self._closed or self._pid != os.getpid():
+        if self._pid != os.getpid():
             return
-        run_sync(self._provider.aclose())
-        self._closed = True
+        with self._closing:
+            if self._closed:
+                return
+            run_sync(self._provider.aclose())
+            self._closed = True
         _open.discard(self)
 
     def __enter__(self) -> SyncProvider:

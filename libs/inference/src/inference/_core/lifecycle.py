@@ -365,7 +365,9 @@ class AdapterRegistry:
                 self._trimming = asyncio.ensure_future(self._trim())
 
     def clear(self) -> None:
-        """Forget every record (the provider is closing and frees its backend itself)."""
+        """Forget every record (the provider is closing and frees its backend itself), and stop evicting."""
+        if self._trimming is not None:
+            self._trimming.cancel()
         self._entries.clear()
         self._by_backend.clear()
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inference.exceptions import InvalidRequestError
+from inference.exceptions import InvalidRequestError, TokenLimitError
 
 __all__ = ["ScoreTokens", "Vocabulary", "rolling_windows", "score_tokens", "too_long"]
 
@@ -143,10 +143,11 @@ def rolling_windows(vocabulary: Vocabulary, text: str, max_length: int, *, provi
     return windows
 
 
-def too_long(length: int, limit: int, *, provider: str, setting: str) -> InvalidRequestError:
-    """The error for context + continuation that do not fit the model's context window."""
-    return InvalidRequestError(
+def too_long(length: int, limit: int, *, provider: str, setting: str) -> TokenLimitError:
+    """The error for context + continuation that do not fit the model's context window (of kind ``"context"``: a
+    :class:`~inference.fallback.FallbackProvider` moves it on to the next provider)."""
+    return TokenLimitError(
         f"context and continuation are {length} tokens, more than the model's context of {limit} tokens: "
         f"shorten the context, or raise {setting}",
-        provider=provider,
+        limit=limit, value=length, kind="context", provider=provider,
     )

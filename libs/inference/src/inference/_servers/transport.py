@@ -138,8 +138,8 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 if retry_number >= self._policy.max_retries:
                     raise
                 delay, reason = self._policy.delay(retry_number), f"connect error ({error})"
-            except httpx.RemoteProtocolError as error:  # e.g. a kept-alive connection the server closed as it was
-                # reused: resent only when asking again changes nothing on the server (a GET), never a POST
+            except (httpx.RemoteProtocolError, httpx.ReadError) as error:  # e.g. a kept-alive connection the server
+                # closed or reset as it was reused: resent only when asking again changes nothing (a GET), never a POST
                 if request.method not in _IDEMPOTENT or retry_number >= self._policy.max_retries:
                     raise
                 delay, reason = self._policy.delay(retry_number), f"a dropped connection ({error})"

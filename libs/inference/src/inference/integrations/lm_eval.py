@@ -160,7 +160,8 @@ class InferenceLM(_LM):  # type: ignore[misc]
         if isinstance(batch_size, str) and batch_size.strip().isdigit():
             batch_size = int(batch_size)
         default = batch_size if isinstance(batch_size, int) and batch_size > 0 else 16
-        concurrency = arguments.get("max_concurrency", default)
+        concurrency = arguments.get("max_concurrency")
+        concurrency = default if concurrency is None else concurrency
         try:
             self.max_concurrency = int(concurrency)
         except (TypeError, ValueError):
