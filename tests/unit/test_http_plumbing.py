@@ -24,6 +24,7 @@ from inference._servers.http import (
     is_route_missing,
     server_root,
 )
+from inference._servers.transport import POOL_SHARDS
 from inference.exceptions import (
     ConfigurationError,
     InferenceError,
@@ -566,3 +567,39 @@ async def test_server_messages_name_the_server_without_doubled_words(provider_ty
     for message in messages:
         assert _DOUBLED.search(message) is None, message
         assert re.search(r"\ba [aeiouAEIOU]", message) is None, message  # "a Ollama", "a OpenAI-compatible"
+
+
+async def test_a_post_after_an_idle_pause_goes_out_on_a_fresh_connection() -> None:
+    """uvicorn (vLLM) and llama-server close a connection idle for 5 s; a request sent on it as it closes is lost,
+    and a POST cannot be sent again. This server drops any request that arrives on a connection idle for 4.5 s or
+    more, as that race does: the client keeps idle connections for less (it kept them 30 s, and such a POST failed
+    once in a while in the suite, as ``ProviderUnavailableError``)."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        last = time.monotonic()
+        while True:
+            head = (await reader.readuntil(b"\r\n\r\n")).lower()
+            length = re.search(rb"content-length: (\d+)", head)
+            await reader.readexactly(int(length.group(1)) if length else 0)
+            if time.monotonic() - last >= 4.5:  # the server's keep-alive ran out as the request came
+                writer.close()
+                return
+            writer.write(answer)
+            await writer.drain()
+            last = time.monotonic()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = ServerClient(provider="demo", server="Demo", base_url=f"http://127.0.0.1:{port}/v1", timeout=5.0,
+                          max_retries=0, env_prefix="DEMO")
+    try:
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        for _ in range(POOL_SHARDS):  # a kept-alive connection in each of the client's pools
+            await client.request("POST", url, operation="generate", json_body={"prompt": "a"})
+        await asyncio.sleep(4.6)
+        response = await client.request("POST", url, operation="generate", json_body={"prompt": "b"})
+        assert response.json() == {}
+    finally:
+        await client.aclose()
+        server.close()

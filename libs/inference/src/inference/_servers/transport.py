@@ -47,10 +47,15 @@ and queued requests on every request, so one pool of hundreds of connections cos
 concurrency (at 256 requests in flight, one pool gave about a quarter of the openai client's own
 throughput); 32 small pools keep that cost low (see ``scripts/bench_http_overhead.py``)."""
 
-_SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=30.0)
+KEEPALIVE_SECONDS = 4.0
+"""How long an idle connection is kept for the next request: under the 5 s after which uvicorn (vLLM's server)
+and llama-server close an idle connection, so that a request never goes out on one the server is closing at that
+moment (a POST that meets it fails, once in a while, and cannot be sent again: the server may have acted on it)."""
+
+_SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_SECONDS)
 """Per pool: 32 x 32 = 1024 connections in all, 256 kept alive."""
 
-ONE_CONNECTION = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=30.0)
+ONE_CONNECTION = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_SECONDS)
 """The pool of a :meth:`ServerClient.one_connection` client."""
 
 ONE_CONNECTION_CLIENTS_KEPT = 16
