@@ -28,7 +28,14 @@ import pytest_asyncio
 from server_options import PROMPT, check_sampling_options
 
 from inference.adapters.gguf import convert_peft_to_gguf
-from inference.exceptions import AdapterNotFoundError, InferenceError, InvalidAdapterError, InvalidRequestError
+from inference.exceptions import (
+    AdapterNotFoundError,
+    InferenceError,
+    InvalidAdapterError,
+    InvalidRequestError,
+    ServerTokenLimitError,
+)
+from inference.fallback import FallbackProvider
 from inference.llamacpp_provider import LlamaCppProvider
 from inference.llamacpp_server_provider import LlamaCppServerProvider
 from inference.results import GenerationResult
@@ -312,6 +319,35 @@ async def test_an_adapter_the_server_lacks_names_the_flag_and_the_provider_goes_
             await provider.generate(PROMPTS[0], model="tiny", max_tokens=0)
         assert (await provider.generate(PROMPTS[0], model="tiny", max_tokens=4, temperature=0)).text
         assert "a2" not in await provider.list_adapters()
+
+
+async def test_a_prompt_longer_than_the_server_s_context_moves_on_to_a_provider_with_a_longer_one(
+    served: tuple[LlamaCppServer, Any, dict[str, Path]], both: tuple[LlamaCppServerProvider, LlamaCppProvider]
+) -> None:
+    # llama-server refuses a prompt over its context (-c 1024 shared by --parallel 2 slots) with its 400
+    # exceed_context_size_error: a TokenLimitError of kind "context", which a fallback moves on, as it does an
+    # in-process provider's.
+    _, model, _ = served
+    remote, _ = both
+    prompt = " ".join(["fox"] * 1500)
+    with pytest.raises(ServerTokenLimitError) as caught:
+        await remote.generate(prompt, model="tiny", max_tokens=3, temperature=0)
+    error = caught.value
+    assert (error.kind, error.status_code, error.provider) == ("context", 400, "llamacpp-server")
+    assert error.limit in (512, 1024) and error.value > error.limit, (error.limit, error.value)
+    assert f"context of {error.limit} tokens" in str(error)
+    with pytest.raises(ServerTokenLimitError):
+        [event async for event in remote.stream(prompt, model="tiny", max_tokens=3)]
+    longer = LlamaCppProvider(model_path=model.gguf_path, n_ctx=4096, kv_cache_type="f32")
+    try:
+        fallback = FallbackProvider([remote, longer], labels=["server", "longer"])
+        result = await fallback.generate(prompt, "tiny", max_tokens=3, temperature=0)
+        direct = await longer.generate(prompt, "tiny", max_tokens=3, temperature=0)
+        assert (result.provider, result.text) == ("longer", direct.text)
+        assert (fallback.stats()["server"].failed, fallback.stats()["longer"].answered) == (1, 1)
+        assert (await remote.generate(PROMPTS[0], model="tiny", max_tokens=3, temperature=0)).text  # still usable
+    finally:
+        await longer.aclose()
 
 
 async def test_repetition_penalty_reaches_llama_server(

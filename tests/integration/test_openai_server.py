@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference import get_provider, get_provider_for_step
-from inference.exceptions import ServerResponseError, UnsupportedOperationError
+from inference.exceptions import ServerResponseError, ServerTokenLimitError, UnsupportedOperationError
 from inference.factory import aclose_all_providers
 from inference.openai_provider import OpenAIProvider
 from inference.provider import GenerationResult
@@ -46,3 +46,16 @@ async def test_a_base_url_without_v1_is_reported_as_a_missing_route(llama_server
         with pytest.raises(ServerResponseError, match="OPENAI_BASE_URL") as caught:
             await provider.generate("Hello", model=MODEL, max_tokens=2)
     assert caught.value.status_code == 404
+
+
+async def test_a_prompt_longer_than_the_server_s_context_is_a_token_limit_error(llama_server: str) -> None:
+    # llama_cpp.server (n_ctx 512) answers OpenAI's 400 context_length_exceeded, for chat and for completions.
+    prompt = " ".join(["fox"] * 700)
+    for api in ("chat", "completions"):
+        async with OpenAIProvider(base_url=llama_server, api=api) as provider:
+            with pytest.raises(ServerTokenLimitError) as caught:
+                await provider.generate(prompt, model=MODEL, max_tokens=3)
+            assert (await provider.generate("Hello", model=MODEL, max_tokens=2)).text  # still usable
+        error = caught.value
+        assert (error.kind, error.limit, error.status_code) == ("context", 512, 400), api
+        assert error.value > 512 and "maximum context length is 512" in str(error)

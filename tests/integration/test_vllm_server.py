@@ -17,7 +17,9 @@ import pytest
 import pytest_asyncio
 from server_options import PROMPT, check_sampling_options
 
-from inference.exceptions import AdapterNotFoundError, InvalidRequestError
+from inference.exceptions import AdapterNotFoundError, InvalidRequestError, ServerTokenLimitError
+from inference.fake_provider import FakeProvider
+from inference.fallback import FallbackProvider
 from inference.results import GenerationResult
 from inference.transformers_provider import TransformersProvider
 from inference.vllm_provider import VLLMProvider
@@ -276,6 +278,28 @@ async def test_the_default_max_tokens_fits_the_server_s_context(
     with pytest.raises(InvalidRequestError, match=r"max_tokens=600 is more than .* context of 512 tokens"):
         await server.generate("hi", model="tiny", max_tokens=600)
     assert (await server.generate("hi", model="tiny", max_tokens=3)).completion_tokens == 3
+
+
+async def test_a_prompt_longer_than_the_server_s_context_is_a_token_limit_error_a_fallback_moves_on(
+    both: tuple[VLLMProvider, TransformersProvider, Any], vllm_server: Any
+) -> None:
+    # --max-model-len 512: vLLM refuses a longer prompt with a 400. It is a TokenLimitError of kind "context" (and
+    # still an httpx.HTTPStatusError), so a fallback moves it on, as it does an in-process provider's.
+    server, _, _ = both
+    prompt = " ".join(["fox"] * 700)
+    for api in ("chat", "completions"):
+        async with VLLMProvider(base_url=vllm_server.base_url, api=api) as provider:
+            with pytest.raises(ServerTokenLimitError) as caught:
+                await provider.generate(prompt, model="tiny", max_tokens=3)
+        error = caught.value
+        assert (error.kind, error.limit, error.status_code) == ("context", 512, 400) and error.value > 512, api
+        assert "context of 512 tokens" in str(error) and "maximum" in str(error)
+    with pytest.raises(ServerTokenLimitError):
+        [event async for event in server.stream(prompt, model="tiny", max_tokens=3)]
+    fallback = FallbackProvider([server, FakeProvider()], labels=["vllm", "fake"])
+    result = await fallback.generate(prompt, "tiny", max_tokens=3)
+    assert result.provider == "fake" and fallback.stats()["vllm"].failed == 1
+    assert (await server.generate("hi", model="tiny", max_tokens=3)).completion_tokens == 3  # still usable
 
 
 @pytest.mark.parametrize(

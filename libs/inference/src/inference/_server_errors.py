@@ -17,6 +17,7 @@ from inference.exceptions import (
     InvalidAdapterError,
     ModelNotFoundError,
     ProviderError,
+    TokenLimitError,
 )
 
 try:  # httpx comes with the HTTP extras; the tree works without it.
@@ -39,6 +40,7 @@ __all__ = [
     "ServerInvalidAdapterError",
     "ServerModelNotFoundError",
     "ServerResponseError",
+    "ServerTokenLimitError",
 ]
 
 
@@ -94,6 +96,38 @@ class ServerAdapterAlreadyLoadedError(ServerResponseError, AdapterAlreadyLoadedE
 
 class ServerInvalidAdapterError(ServerResponseError, InvalidAdapterError):
     """The server refused the adapter (no adapter at the path, rank too large, DoRA, ...)."""
+
+
+class ServerTokenLimitError(ServerResponseError, TokenLimitError):
+    """The server refused a prompt too long for its context (a 400): a :class:`~inference.exceptions.TokenLimitError`
+    of ``kind`` ``"context"``, which :class:`~inference.fallback.FallbackProvider` moves on to its next provider.
+
+    Args:
+        message: The sentence (it names the limit and the server's own words).
+        request: The ``httpx.Request`` that was sent.
+        response: The ``httpx.Response`` that came back.
+        limit: The server's context in tokens, as it stated it.
+        value: The prompt's length in tokens, as the server counted it (at least the limit where it only said
+            the prompt was over it).
+        provider: Name of the provider.
+        url: The server's base URL (kept with its credentials hidden).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: Any,
+        response: Any,
+        limit: int,
+        value: int,
+        provider: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(message, request=request, response=response, provider=provider, url=url)
+        self.limit = limit
+        self.value = value
+        self.kind = "context"
 
 
 # Each error's module is inference.exceptions, where the error tree lists them (pickle finds them there too).

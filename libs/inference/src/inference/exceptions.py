@@ -13,6 +13,7 @@ on first use, so ``import inference`` does not import httpx::
     ├── MissingDependencyError (ImportError)     an optional extra is not installed; names the pip extra
     ├── InvalidRequestError (ValueError)         bad generate() arguments: prompt, max_tokens, temperature...
     │   └── TokenLimitError                      token ids beyond the model: outside the vocabulary, over the context
+    │       └── ServerTokenLimitError (+ServerResponseError)   a server refused a prompt longer than its context
     ├── UnsupportedOperationError (NotImplementedError)   the provider cannot do this at all
     ├── ModelError
     │   ├── ModelLoadError                       an in-process model could not be loaded
@@ -64,6 +65,7 @@ __all__ = [
     "ServerInvalidAdapterError",
     "ServerModelNotFoundError",
     "ServerResponseError",
+    "ServerTokenLimitError",
     "TokenLimitError",
     "UnknownProviderError",
     "UnsupportedOperationError",
@@ -229,6 +231,7 @@ if TYPE_CHECKING:
         ServerInvalidAdapterError,
         ServerModelNotFoundError,
         ServerResponseError,
+        ServerTokenLimitError,
     )
 
 

@@ -16,8 +16,9 @@ What falls through (the default of ``fallback_on``, :func:`falls_through`):
   :class:`~inference.exceptions.UnsupportedOperationError` (an option or a tool conversation it refuses, scoring,
   adapter scales), an :class:`~inference.exceptions.AdapterNotFoundError` (it does not hold the adapter), a
   :class:`~inference.exceptions.ModelNotFoundError` (it does not serve the model), a
-  :class:`~inference.exceptions.TokenLimitError` of ``kind`` ``"context"`` (the prompt does not fit its context:
-  a hosted model beside a local one often has a longer one).
+  :class:`~inference.exceptions.TokenLimitError` of ``kind`` ``"context"`` (the prompt does not fit its context, in
+  process or as a server's 400, a :class:`~inference.exceptions.ServerTokenLimitError`: a hosted model beside a local
+  one often has a longer one).
 
 What never falls through: any other :class:`~inference.exceptions.InvalidRequestError` (the request is wrong for
 every provider), any other 4xx answer, the other adapter errors, and anything that is not an SDK error (a bug is not

@@ -31,7 +31,9 @@ from typing import Any, ClassVar
 from inference._core.dependencies import import_optional
 from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
-from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure, server_message
+from inference._servers.answer_reading import server_message
+from inference._servers.context_overflow import context_overflow
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure
 from inference._servers.limits import ServerLimits
 from inference._servers.openai_wire import (
     CHAT,
@@ -467,7 +469,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             return self._generation_not_found(answer, request, reloaded_from)
 
         def bad_request(answer: ServerAnswer) -> ServerResponseError | None:
-            refused = self._route_choice.refusal(answer)
+            refused = context_overflow(answer) or self._route_choice.refusal(answer)
             if refused is None and self._lora is not None:
                 refused = self._lora.refusal(answer)
             return refused
