@@ -354,10 +354,39 @@ def test_lm_eval_s_batch_size_from_its_command_line_is_the_concurrency(batch_siz
         lm.close()
 
 
-@pytest.mark.parametrize("concurrency", [0, -1, "many"])
+@pytest.mark.parametrize("concurrency", [0, -1, "many", 2.5])
 def test_a_max_concurrency_below_1_or_not_a_number_is_refused(concurrency: Any) -> None:
     with pytest.raises(ConfigurationError, match="max_concurrency must be a whole number of at least 1"):
         InferenceLM(provider="fake", max_concurrency=concurrency)
+
+
+def test_generation_reads_lm_eval_s_other_names_for_the_token_limit_and_skips_empty_stops() -> None:
+    """lm-eval reads max_new_tokens, max_tokens and max_completion_tokens as max_gen_toks (in this order) and its hf
+    model cuts at no empty until string: a task giving them got 256 tokens, and an empty stop, here."""
+    lm = InferenceLM(provider="fake")
+    try:
+        cases = [({"until": ["", "\n"], "max_new_tokens": 3}, 3), ({"max_tokens": 5, "max_completion_tokens": 2}, 5),
+                 ({"max_completion_tokens": 2, "max_new_tokens": None}, 2), ({"until": "", "max_gen_toks": 4}, 4)]
+        answers = lm.generate_until([Instance("generate_until", {}, ("Hello there", kwargs), 0) for kwargs, _ in cases])
+    finally:
+        lm.close()
+    for answer, (kwargs, limit) in zip(answers, cases, strict=True):
+        stop = [text for text in kwargs.get("until", []) if text] or None
+        direct = asyncio.run(FakeProvider().generate("Hello there", "", max_tokens=limit, temperature=0, stop=stop))
+        assert answer == direct.text and direct.completion_tokens == limit, kwargs
+
+
+def test_adapter_dot_loads_the_current_directory_under_its_name(
+    tiny_models: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter_dir: Path = tiny_models["qwen2"].adapter_dirs["a0"]
+    monkeypatch.chdir(adapter_dir)
+    lm = InferenceLM(provider="fake", adapter=".")
+    try:
+        assert lm.adapter_id == adapter_dir.name
+        assert adapter_dir.name in asyncio.run(lm.provider.list_adapters())
+    finally:
+        lm.close()
 
 
 def test_registering_the_model_keeps_lm_eval_s_own_models() -> None:

@@ -166,7 +166,7 @@ class InferenceLM(_LM):  # type: ignore[misc]
             self.max_concurrency = int(concurrency)
         except (TypeError, ValueError):
             self.max_concurrency = 0
-        if self.max_concurrency < 1 or isinstance(concurrency, bool):
+        if self.max_concurrency < 1 or isinstance(concurrency, bool) or self.max_concurrency != float(concurrency):
             raise ConfigurationError(
                 f"max_concurrency must be a whole number of at least 1, got {concurrency!r}", provider=provider_type
             )
@@ -178,7 +178,7 @@ class InferenceLM(_LM):  # type: ignore[misc]
         self._closer = weakref.finalize(self, _shutdown, self._loop, self.provider)
         adapter = arguments.get("adapter")
         if adapter:
-            self.adapter_id = str(arguments.get("adapter_id") or Path(str(adapter)).name.removesuffix(".gguf"))
+            self.adapter_id = str(arguments.get("adapter_id") or _adapter_name(str(adapter)))
             try:
                 self._loop.run(self.provider.load_adapter(self.adapter_id, str(adapter)))
             except BaseException:
@@ -335,14 +335,29 @@ class _Progress:
         self._bar.close()
 
 
+_MAX_TOKENS_NAMES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+"""lm-eval's names for the most tokens to generate, first first (its ``normalize_gen_kwargs``)."""
+
+
+def _adapter_name(adapter: str) -> str:
+    """The default adapter id: the directory or file name, without ``.gguf`` (the directory's own name for ``.``)."""
+    path = Path(adapter)
+    name = path.name if path.name not in ("", ".", "..") else path.resolve().name
+    return name.removesuffix(".gguf")
+
+
 def _generation_options(gen_kwargs: Any) -> dict[str, Any]:
-    """lm-eval's ``gen_kwargs`` as ``generate``'s options: ``until`` -> ``stop``, ``max_gen_toks`` -> ``max_tokens``,
-    ``do_sample`` false or ``temperature`` 0 -> greedy; others are ignored with a warning."""
+    """lm-eval's ``gen_kwargs`` as ``generate``'s options: ``until`` -> ``stop`` (empty strings left out, as lm-eval's
+    ``hf`` cuts at none), ``max_gen_toks`` (or ``max_new_tokens``, ``max_tokens``, ``max_completion_tokens``, in this
+    order, as lm-eval reads them) -> ``max_tokens``, ``do_sample`` false or ``temperature`` 0 -> greedy; others are
+    ignored with a warning."""
     kwargs = dict(gen_kwargs or {})
-    options: dict[str, Any] = {"max_tokens": int(kwargs.pop("max_gen_toks", 256))}
+    limits = [limit for limit in (kwargs.pop(name, None) for name in _MAX_TOKENS_NAMES) if limit is not None]
+    options: dict[str, Any] = {"max_tokens": int(limits[0]) if limits else 256}
     until = kwargs.pop("until", None)
-    if until:
-        options["stop"] = [until] if isinstance(until, str) else list(until)
+    stops = [until] if isinstance(until, str) else list(until or ())
+    if any(stops):
+        options["stop"] = list(dict.fromkeys(stop for stop in stops if stop))
     do_sample = kwargs.pop("do_sample", None)
     temperature = kwargs.pop("temperature", None)
     if do_sample is False or temperature in (None, 0, 0.0):
