@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import pickle
 import socket
@@ -12,7 +13,7 @@ import httpx
 import pytest
 import respx
 
-from inference.exceptions import ConfigurationError, InferenceError
+from inference.exceptions import ConfigurationError, InferenceError, ServerResponseError
 from inference.factory import get_provider
 from inference.provider import InferenceProvider
 from inference.registry import load_provider_class
@@ -173,6 +174,43 @@ def test_an_unusable_base_url_with_credentials_is_refused_without_them(provider_
             build(provider_type, base_url=url)
         assert not [text for text in _texts_of(caught.value) if SECRET in text], url
         assert "***@127.0.0.1" in str(caught.value)
+
+
+@pytest.mark.parametrize("provider_type", ["vllm", "openai", "llamacpp-server"])
+def test_a_key_beside_user_information_in_the_url_is_refused_without_showing_either(provider_type: str) -> None:
+    """httpx sends a URL's user:password@ as the Authorization header (Basic), in place of the key's bearer: the key
+    was silently not sent, and the server's 401 did not say why."""
+    url = f"http://127.0.0.1:8100/v1,http://admin:{SECRET}@127.0.0.1:8101/v1" if provider_type != "openai" else (
+        f"http://admin:{SECRET}@127.0.0.1:8100/v1")
+    with pytest.raises(ConfigurationError, match="Give the credentials one way") as caught:
+        build(provider_type, base_url=url, api_key=f"{SECRET}-key")
+    assert not [text for text in _texts_of(caught.value) if SECRET in text]
+    assert build(provider_type, base_url=url)._replicas  # type: ignore[attr-defined]  # either alone is used
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"base_url": f"http://admin:{SECRET}@gateway.test/v1?api_key={SECRET}-2&model=m"},
+     {"base_url": "http://gateway.test/v1", "api_key": SECRET}],
+    ids=["url", "key"],
+)
+async def test_a_server_quoting_the_request_back_shows_none_of_its_credentials(settings: dict[str, str]) -> None:
+    """A server or a proxy whose error quotes the request (its path and query, its Authorization header): the SDK's
+    error quoted it as it was, the key or the Basic pair with it."""
+
+    def echo(request: httpx.Request) -> httpx.Response:
+        message = f"bad request at {request.url.raw_path.decode()} with {request.headers['authorization']}"
+        return httpx.Response(400, json={"error": {"message": message, "type": "invalid_request_error"}})
+
+    basic = base64.b64encode(f"admin:{SECRET}".encode()).decode()
+    with respx.mock() as router:
+        router.post(host="gateway.test", path="/v1/chat/completions").mock(side_effect=echo)
+        provider = build("openai", max_retries=0, **settings)
+        with pytest.raises(ServerResponseError) as caught:
+            await provider.generate("hello", model="m")
+        await provider.aclose()
+    assert not [text for text in _texts_of(caught.value) if SECRET in text or basic in text]
+    assert "bad request at /v1/chat/completions" in str(caught.value) and "with " in str(caught.value)
 
 
 def test_inference_providers_shows_urls_without_their_credentials(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["HIDDEN", "redact_url", "secret_problem"]
+__all__ = ["HIDDEN", "redact_url", "secret_problem", "sensitive_parameter"]
 
 HIDDEN = "***"
 """What stands in for a hidden credential."""
@@ -40,9 +40,14 @@ def redact_url(url: str) -> str:
     return _PARAMETER.sub(_hide_parameter, hidden)
 
 
+def sensitive_parameter(name: str) -> bool:
+    """True when a URL parameter of this name holds a credential (``api_key``, ``access_token``...)."""
+    return _SENSITIVE.search(unquote(name)) is not None
+
+
 def _hide_parameter(match: re.Match[str]) -> str:
     name = match["name"]
-    if not match["value"] or _SENSITIVE.search(unquote(name)) is None:
+    if not match["value"] or not sensitive_parameter(name):
         return match.group(0)
     return f"{match['lead']}{name}={HIDDEN}"
 

@@ -21,7 +21,7 @@ from inference._core.paths import directory_problem, expand_path, path_text_prob
 from inference._core.redaction import redact_url, secret_problem
 from inference.exceptions import ConfigurationError
 
-__all__ = ["Setting", "SettingKind", "validate_base_url"]
+__all__ = ["Setting", "SettingKind", "refuse_two_credentials", "validate_base_url"]
 
 
 def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
@@ -84,6 +84,22 @@ def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
             url=url,
         )
     return url.rstrip("/")
+
+
+def refuse_two_credentials(base_url: str, authorization: str | None, *, env_prefix: str) -> None:
+    """Refuse a base URL with ``user:password@`` beside an API key: both are the ``Authorization`` header, and the
+    URL's wins (sent as Basic auth), so the key would silently not be sent.
+
+    Raises:
+        ConfigurationError: ``authorization`` is set and a URL of ``base_url`` (comma-separated) has user information.
+    """
+    if authorization and any(urlsplit(url.strip()).username is not None for url in base_url.split(",")):
+        raise ConfigurationError(
+            f"{env_prefix}_BASE_URL {redact_url(repr(base_url))} holds user:password@ and an API key is set too "
+            f"({env_prefix}_API_KEY or api_key): both would be the Authorization header, and the URL's would replace "
+            "the key. Give the credentials one way: the API key, or the URL's user:password@",
+            url=redact_url(base_url),
+        )
 
 
 _HOST = re.compile(r"[A-Za-z0-9._~\-:]+")

@@ -11,17 +11,29 @@ error carries (no key, no credentials in the URL: errors are shown, logged and p
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import codecs
+import json
 import re
 import sys
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
-from inference._core.redaction import redact_url
+from inference._core.redaction import HIDDEN, redact_url, sensitive_parameter
 
-__all__ = ["MAX_ANSWER_BYTES", "AnswerTooLarge", "read_whole", "shown_request", "utf8_lines", "within"]
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "AnswerTooLarge",
+    "hide_request_secrets",
+    "read_whole",
+    "server_message",
+    "shown_request",
+    "utf8_lines",
+    "within",
+]
 
 _T = TypeVar("_T")
 
@@ -114,3 +126,50 @@ def shown_request(request: httpx.Request) -> httpx.Request:
     headers with the key ``***`` (an error is shown, logged and pickled: ``err.request`` must not carry the key)."""
     headers = [(name, "***" if name.lower() in _SECRET_HEADERS else value) for name, value in request.headers.items()]
     return httpx.Request(request.method, redact_url(str(request.url)), headers=headers)
+
+
+def hide_request_secrets(text: str, request: httpx.Request) -> str:
+    """``text`` from a server (its error message) with every credential ``request`` carried hidden: a server or a
+    proxy that quotes the request back (its path, its ``Authorization`` header) must not show the key in an error.
+
+    Hidden: the values of the key headers (a ``Bearer`` token, a ``Basic`` pair in base64 and decoded), the URL's
+    ``user:password`` and its credential parameters (``?api_key=``), in any URL of the text too.
+    """
+    secrets: set[str] = set()
+    for name, value in request.headers.items():
+        if name.lower() in _SECRET_HEADERS:
+            secrets.update((value, *value.split()[1:]))
+            scheme, _, encoded = value.partition(" ")
+            if scheme.lower() == "basic":
+                secrets.update(_decoded_pair(encoded.strip()))
+    url = request.url
+    secrets.update(part for part in (url.userinfo.decode(errors="replace"), url.password) if part)
+    for name, value in url.params.multi_items():
+        if value and sensitive_parameter(name):
+            secrets.add(value)
+    for secret in sorted((secret for secret in secrets if len(secret) >= 3), key=len, reverse=True):
+        text = text.replace(secret, HIDDEN)
+    return redact_url(text)
+
+
+def _decoded_pair(encoded: str) -> tuple[str, ...]:
+    """A ``Basic`` header's ``user:password`` and its password, or nothing if it is not base64."""
+    try:
+        pair = base64.b64decode(encoded, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return ()
+    return (pair, pair.partition(":")[2])
+
+
+def server_message(body: Any) -> str:
+    """The message of a server's error body (``error``, ``message``, ``detail``...), else the body as JSON."""
+    if isinstance(body, dict):
+        for key in ("error", "message", "detail", "error_message"):  # error_message: SGLang's LoRA routes
+            value = body.get(key)
+            if isinstance(value, dict):
+                return server_message(value)
+            if isinstance(value, str) and value:
+                return value
+            if value:
+                return json.dumps(value)[:500]
+    return json.dumps(body)[:500]

@@ -41,8 +41,16 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from inference._core.redaction import redact_url
-from inference._core.settings import validate_base_url
-from inference._servers.answer_reading import AnswerTooLarge, read_whole, shown_request, utf8_lines, within
+from inference._core.settings import refuse_two_credentials, validate_base_url
+from inference._servers.answer_reading import (
+    AnswerTooLarge,
+    hide_request_secrets,
+    read_whole,
+    server_message,
+    shown_request,
+    utf8_lines,
+    within,
+)
 from inference._servers.transport import (
     CONNECT_TIMEOUT_MAX,
     ONE_CONNECTION,
@@ -74,7 +82,6 @@ __all__ = [
     "check_base_url",
     "is_connect_failure",
     "is_route_missing",
-    "server_message",
     "server_root",
 ]
 
@@ -290,6 +297,7 @@ class ServerClient:
         self.httpx_timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT_MAX))
         self.logger = logging.getLogger(f"inference.{provider}")
         self._headers = dict(headers or {})
+        refuse_two_credentials(base_url, self._headers.get("Authorization"), env_prefix=env_prefix)
         self._params = base_url_query(base_url)
         ssl_context()  # made here, once per process, rather than on the event loop at first request
         self._client: httpx.AsyncClient | None = None
@@ -607,7 +615,7 @@ class ServerClient:
             except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
                 raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
             if isinstance(item, dict) and item.get("error"):  # "error": null is a serializer's empty field
-                message = server_message(item)
+                message = hide_request_secrets(server_message(item), response.request)
                 if error_line is not None:
                     raise error_line(message, response)
                 response.request = shown_request(response.request)
@@ -667,9 +675,10 @@ class ServerClient:
 
 
 def _answer(response: httpx.Response, *, operation: str, where: str, provider: str, url: str) -> ServerAnswer:
-    response.request = shown_request(response.request)  # the error built from this answer carries no key
     body = _json_or_none(response.content)
     message = server_message(body) if body is not None else response.text.strip()
+    message = hide_request_secrets(message, response.request)
+    response.request = shown_request(response.request)  # the error built from this answer carries no key
     return ServerAnswer(
         response=response,
         status=response.status_code,
@@ -680,17 +689,3 @@ def _answer(response: httpx.Response, *, operation: str, where: str, provider: s
         provider=provider,
         url=url,
     )
-
-
-def server_message(body: Any) -> str:
-    """The message of a server's error body (``error``, ``message``, ``detail``...), else the body as JSON."""
-    if isinstance(body, dict):
-        for key in ("error", "message", "detail", "error_message"):  # error_message: SGLang's LoRA routes
-            value = body.get(key)
-            if isinstance(value, dict):
-                return server_message(value)
-            if isinstance(value, str) and value:
-                return value
-            if value:
-                return json.dumps(value)[:500]
-    return json.dumps(body)[:500]
