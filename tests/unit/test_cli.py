@@ -304,6 +304,58 @@ def test_eval_json_summary_and_resumption(
     assert len(output.read_text().splitlines()) == 9
 
 
+def test_eval_counts_the_rows_whose_scorer_raised_as_errors(
+    eval_files: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A --score function that raised cost its rows their score, and the run said nothing (errors 0, no line)."""
+    (tmp_path / "flaky_scorer.py").write_text(
+        "def score(output, expected, row):\n"
+        "    if row['prompt_id'] == 'p0' or expected == 'always':\n"
+        "        return 1 / 0\n"
+        "    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    adapters, prompts, output = eval_files
+    argv = ["eval", "--adapters", str(adapters / "*"), "--prompts", str(prompts), "--provider", "fake", "--no-plot"]
+    status, out, err = run([*argv, "--output", str(output), "--score", "flaky_scorer:score", "--json"], capsys)
+    summary = json.loads(out)
+    assert status == 0 and summary["errors"] == 3  # p0 of the base model, a1 and a2
+    assert "inference: 3 of 9 rows have errors" in err
+    assert [adapter["scored"] for adapter in summary["adapters"]] == [2, 2]
+    prompts.write_text(json.dumps({"id": "p0", "prompt": "q", "expected": "always"}))
+    status, _, err = run([*argv, "--output", str(output.with_name("all.jsonl")), "--score", "flaky_scorer:score"],
+                         capsys)
+    assert status == 1 and "every row failed" in err and "score_error" in err
+
+
+def test_health_json_answers_an_object_when_the_configuration_does_not_resolve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .env line that is not KEY=value, or a --set value out of range: the probe's stdout was empty."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("INFERENCE_ENV_FILE", raising=False)
+    (tmp_path / ".env").write_text("INFERENCE_PROVIDER=vllm\nnot a kv line\n")
+    cases = [["health", "--json"], ["health", "--json", "--provider", "vllm", "--set", "timeout=-3"]]
+    for index, argv in enumerate(cases):
+        status, out, err = run(argv, capsys)
+        answer = json.loads(out)
+        assert status == 2 and answer["status"] == "down" and answer["error"], argv
+        assert answer["error"] in err
+        (tmp_path / ".env").unlink(missing_ok=True)
+        assert index == 0 or "timeout" in answer["error"]
+
+
+@pytest.mark.parametrize("command", [["providers"], ["health", "--provider", "fake"]])
+@pytest.mark.parametrize("timeout", ["nan", "0", "-1", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_a_usage_error(
+    command: list[str], timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """providers --timeout nan was a traceback, and --timeout 0 reported every server unreachable."""
+    status, out, err = run([*command, "--timeout", timeout], capsys)
+    assert status == 2 and out == "" and f"expected a positive number of seconds, got {timeout!r}" in err
+
+
 @pytest.mark.parametrize(
     ("extra", "status", "needle"),
     [

@@ -80,7 +80,7 @@ def _eval(args: argparse.Namespace) -> int:
     rows = sum(adapter.rows for adapter in everyone)
     if rows and summary.errors == rows:
         first = next(adapter for adapter in everyone if adapter.errors)
-        detail = first.load_error or "see the error field of the rows"
+        detail = first.load_error or "see the error and score_error fields of the rows"
         print(f"inference: error: every row failed (first adapter {first.adapter_id}: {detail})", file=sys.stderr)
         return 1
     if summary.errors:

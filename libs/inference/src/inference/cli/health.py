@@ -32,24 +32,22 @@ EPILOG = (
 
 def add_health(subcommands: Any) -> None:
     """Add the ``health`` subcommand (its provider options are those of ``generate``)."""
-    from inference.cli.parser import _add_provider_options, _parser
+    from inference.cli.parser import _add_provider_options, _parser, seconds
 
     command = _parser(subcommands, "health", help="check that the provider's servers or model can serve "
                           "(exit 0 up, 1 degraded, 2 down)", description=DESCRIPTION, epilog=EPILOG)
-    command.add_argument("--timeout", type=float, default=5.0, metavar="S", dest="probe_timeout",
+    command.add_argument("--timeout", type=seconds, default=5.0, metavar="S", dest="probe_timeout",
                          help="seconds to wait for each server (default: 5)")  # not the provider's timeout setting
     command.add_argument("--json", action="store_true", help="print JSON for scripts")
     _add_provider_options(command)
-    command.set_defaults(handler=_health)
+    command.set_defaults(handler=_health, configuration_failed=_configuration_down)
 
 
 def _health(args: argparse.Namespace) -> int:
     from inference.cli.options import _step_config
-    from inference.cli.running import _print_error, _print_json, _run_async, _UsageError
+    from inference.cli.running import _print_json, _run_async, _UsageError
     from inference.factory import get_provider_for_step
 
-    if not args.probe_timeout > 0:
-        raise _UsageError(f"--timeout must be a positive number of seconds, got {args.probe_timeout:g}")
     try:
         config = _step_config(args)
 
@@ -57,18 +55,25 @@ def _health(args: argparse.Namespace) -> int:
             return await get_provider_for_step(config).health(timeout=args.probe_timeout)
 
         health = _run_async(work)
-    except InferenceError as error:  # an invalid configuration (a setting, .env, an extra not installed)
-        provider = getattr(error, "provider", None) or getattr(args, "provider", None) or "inference"
-        health = ProviderHealth.of(str(provider), (), error=str(error))
-        if args.json:
-            _print_json(health.as_dict())
-        _print_error(f"error: {error}")
-        return EXIT_CODES["down"]
+    except (InferenceError, _UsageError) as error:  # an invalid configuration (a setting, .env, an extra missing)
+        return _configuration_down(args, error)
     if args.json:
         _print_json(health.as_dict())
     else:
         _print(health)
     return health.exit_code
+
+
+def _configuration_down(args: argparse.Namespace, error: Exception) -> int:
+    """Report a configuration that does not resolve as ``down``, with its error (the JSON object too, with --json)."""
+    from inference.cli.running import _print_error, _print_json
+
+    provider = getattr(error, "provider", None) or getattr(args, "provider", None) or "inference"
+    health = ProviderHealth.of(str(provider), (), error=str(error))
+    if args.json:
+        _print_json(health.as_dict())
+    _print_error(f"error: {error}")
+    return EXIT_CODES["down"]
 
 
 def _print(health: ProviderHealth) -> None:

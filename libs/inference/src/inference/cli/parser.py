@@ -5,6 +5,7 @@ command modules: ``generate``, ``score``, ``adapters``, ``evaluation``, ``provid
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,17 @@ def _parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return command
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds (``nan``, ``inf``, ``0`` and below are usage errors)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -402,7 +414,7 @@ def _add_providers(subcommands: _Subcommands[argparse.ArgumentParser]) -> None:
     )
     for name in SERVER_PROVIDERS:
         command.add_argument(f"--{name}-url", metavar="URL", help=f"{name} base URL to check")
-    command.add_argument("--timeout", type=float, default=2.0, metavar="S", help="seconds per URL check (default: 2)")
+    command.add_argument("--timeout", type=seconds, default=2.0, metavar="S", help="seconds per URL check (default: 2)")
     command.add_argument("--json", action="store_true", help="print JSON for scripts")
     command.set_defaults(handler=_providers)
 

@@ -411,7 +411,7 @@ def _summarise_adapter(
         adapter_id=adapter.id,
         adapter_path=None if adapter.path is None else str(adapter.path),
         rows=len(rows),
-        errors=len(failed),
+        errors=len(failed) + sum(1 for row in ok if row.get("score_error")),  # a scorer that raised: no score
         load_error=f"{load_errors[0]['type']}: {load_errors[0]['message']}" if load_errors else None,
         score=sum(scores) / len(scores) if scores else None,
         scored=len(scores),
