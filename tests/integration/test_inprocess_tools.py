@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from inference import GenerationResult
 from inference.exceptions import UnsupportedOperationError
@@ -103,6 +104,48 @@ async def test_forced_calls_always_parse_and_validate_when_sampled(provider: Inf
     calls = [(result.tool_calls or ())[0] for result in results]
     assert len({call.raw_arguments for call in calls}) > 1  # sampled, not one answer
     assert {call.name for call in calls} == names  # "required" lets the model choose the tool
+
+
+class City(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern="^[A-Z][a-z]{1,5}$")
+
+
+class Trip(BaseModel):  # a model holding another: its parameters refer to #/$defs/City
+    model_config = ConfigDict(extra="forbid")
+    origin: City
+    days: int = Field(ge=1, le=7)
+
+
+TRIP = tool_definition(Trip)
+_TURNS = "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}assistant: "
+SHORT_TEMPLATES = {  # each reads tools but renders none of them (the tiny models' context is 512 tokens)
+    "hermes": "{% if tools %}Call a tool in <tool_call></tool_call>.\n{% endif %}" + _TURNS,
+    "mistral": "{% if tools %}Call tools after [TOOL_CALLS].\n{% endif %}" + _TURNS,
+    "json": '{% if tools %}Call a tool as {"name": ..., "parameters": ...}.\n{% endif %}' + _TURNS,
+}
+
+
+@pytest.mark.parametrize("template", list(SHORT_TEMPLATES))
+@pytest.mark.parametrize("choice", ["required", "named"])
+async def test_a_forced_call_of_a_tool_whose_parameters_refer_to_definitions_validates(
+    provider: InferenceProvider, template: str, choice: str
+) -> None:
+    """A pydantic model holding another (``$defs`` and ``$ref``): its parameters were nested in the call's schema
+    with their references left pointing at the root, and the grammar did not compile (an InvalidRequestError about a
+    json_schema the user never gave)."""
+    tool_choice: Any = {"type": "function", "function": {"name": "Trip"}} if choice == "named" else "required"
+    results = await asyncio.gather(*(
+        provider.generate(QUESTION, "m", max_tokens=120, temperature=1.0, seed=seed, tools=[TRIP, TIME],
+                          tool_choice=tool_choice, chat_template=SHORT_TEMPLATES[template])
+        for seed in range(2)
+    ))
+    for result in results:
+        (call,) = result.tool_calls or ()
+        assert result.finish_reason == "tool_calls" and call.error is None, result
+        tool = TRIP if call.name == "Trip" else TIME
+        Draft202012Validator(tool["function"]["parameters"]).validate(call.arguments)
+    assert choice == "required" or {(result.tool_calls or ())[0].name for result in results} == {"Trip"}
 
 
 async def test_a_forced_call_streams_no_text_and_ends_with_the_call(provider: InferenceProvider) -> None:

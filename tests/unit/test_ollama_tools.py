@@ -27,7 +27,7 @@ import jsonschema
 import pytest
 import respx
 
-from inference._servers.ollama_tools import call_format
+from inference._core.call_schema import call_schema
 from inference.exceptions import UnsupportedOperationError
 from inference.ollama_provider import OllamaProvider
 from inference.results import GenerationResult, ToolCall
@@ -422,7 +422,7 @@ async def test_required_with_several_tools_allows_a_call_of_each(
 
 @pytest.mark.parametrize("names", [["Invoice"], ["get_weather", "Invoice", "get_time"]])
 def test_the_forced_format_accepts_exactly_the_calls_of_its_tools(names: list[str]) -> None:
-    schema = call_format([WEATHER, TIME, INVOICE], names)
+    schema = call_schema([WEATHER, TIME, INVOICE], names)
     assert schema is not None
     validator = jsonschema.Draft202012Validator(schema)
     validator.check_schema(schema)

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inference._core.call_schema import call_schema
 from inference.exceptions import UnsupportedOperationError
 from inference.tools import forced_tool, parse_tool_call
 
@@ -152,30 +153,13 @@ class ToolPlan:
             return request
         return dataclasses.replace(
             request,
-            json_schema=self._call_schema(),
+            json_schema=call_schema(
+                self.tools, self.forced, arguments_key=self.format.arguments_key, in_list=self.format.in_list
+            ),
             answer_prefix=self.format.opening,
             stop=(),
             tools=request.tools if self.format.renders_tools else (),
         )
-
-    def _call_schema(self) -> dict[str, Any]:
-        """The JSON schema of one call of a forced tool (Mistral's: a list holding that call)."""
-        calls = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": name}, self.format.arguments_key: self._parameters(name)},
-                "required": ["name", self.format.arguments_key],
-                "additionalProperties": False,
-            }
-            for name in self.forced
-        ]
-        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        if self.format.in_list:
-            return {"type": "array", "items": call, "minItems": 1, "maxItems": 1}
-        return call
-
-    def _parameters(self, name: str) -> Any:
-        return next(tool["function"]["parameters"] for tool in self.tools if tool["function"]["name"] == name)
 
     def read(self, result: GenerationResult) -> GenerationResult:
         """``result`` with the calls in its text moved to ``tool_calls`` (``finish_reason`` ``"tool_calls"``); the

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from inference._core.call_schema import call_schema
 from inference._core.validation import GenerationRequest
 from inference.messages import Message
 from inference.results import ToolCall
 from inference.tools import forced_tool, parse_tool_call
 
-__all__ = ["OllamaToolCalls", "call_format", "forced_names", "new_call_id", "ollama_messages", "tool_fields"]
+__all__ = ["OllamaToolCalls", "forced_names", "new_call_id", "ollama_messages", "tool_fields"]
 
 
 def ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -90,86 +91,10 @@ def tool_fields(request: GenerationRequest) -> dict[str, Any]:
     if not request.tools or request.tool_choice == "none":
         return {}
     fields: dict[str, Any] = {"tools": [json.loads(json.dumps(tool)) for tool in request.tools]}
-    schema = call_format(request.tools, forced_names(request))
+    schema = call_schema(request.tools, forced_names(request))
     if schema is not None:
         fields["format"] = schema
     return fields
-
-
-def call_format(tools: Sequence[Mapping[str, Any]], names: Sequence[str] | None) -> dict[str, Any] | None:
-    """The JSON schema of a call of one of the tools ``names`` (``None``: no forced call, no schema).
-
-    One tool gives ``{"type": "object", "properties": {"name": {"const": N}, "arguments": <parameters>},
-    "required": ["name", "arguments"], "additionalProperties": false}``; several give ``{"anyOf": [...]}`` of those.
-    The parameters' ``$ref``\\ s are rewritten to where the parameters now are. llama.cpp resolves a ``$ref`` by
-    walking object keys only (an ``anyOf`` index is a list position it cannot walk), so a tool whose parameters hold
-    references is put in the root's ``$defs`` under its name when several tools are in the ``anyOf``.
-    """
-    if names is None:
-        return None
-    chosen = [tool["function"] for tool in tools if tool["function"]["name"] in names]
-    if len(chosen) == 1:
-        return _call_object(chosen[0]["name"], _moved(chosen[0]["parameters"], "/properties/arguments"))
-    definitions: dict[str, Any] = {}
-    options = []
-    for function in chosen:
-        name, parameters = function["name"], function["parameters"]
-        if _has_ref(parameters):
-            definitions[name] = _moved(parameters, f"/$defs/{name}")
-            options.append(_call_object(name, {"$ref": f"#/$defs/{name}"}))
-        else:
-            options.append(_call_object(name, json.loads(json.dumps(parameters))))
-    schema: dict[str, Any] = {"anyOf": options}
-    if definitions:
-        schema["$defs"] = definitions
-    return schema
-
-
-def _call_object(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": name}, "arguments": arguments},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
-
-
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-"""Schema keywords whose values are data, not schemas: a ``$ref`` key inside them is not a reference."""
-
-
-def _moved(schema: Any, prefix: str) -> Any:
-    """A copy of ``schema`` whose local ``$ref``\\ s (``#...``) point into it once it sits at the JSON pointer
-    ``prefix`` of a larger schema."""
-    if isinstance(schema, list):
-        return [_moved(item, prefix) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    moved: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-            moved[key] = f"#{prefix}{value[1:]}"
-        elif key in _DATA_KEYWORDS:
-            moved[key] = json.loads(json.dumps(value))
-        else:
-            moved[key] = _moved(value, prefix)
-    return moved
-
-
-def _has_ref(schema: Any) -> bool:
-    return any(True for _ in _refs(schema))
-
-
-def _refs(schema: Any) -> Iterator[str]:
-    if isinstance(schema, list):
-        for item in schema:
-            yield from _refs(item)
-    elif isinstance(schema, dict):
-        for key, value in schema.items():
-            if key == "$ref" and isinstance(value, str):
-                yield value
-            elif key not in _DATA_KEYWORDS:
-                yield from _refs(value)
 
 
 class OllamaToolCalls:
