@@ -2,7 +2,7 @@
 
 llama-cpp-python's server constrains a named ``tool_choice`` with a grammar built from the tool's parameters and
 answers ``tool_calls``; it ignores ``"required"`` (a free text comes back), which the SDK refuses to pass off as an
-answer; its streamed calls repeat the tool's name in every piece, which the SDK reads as one name. (Its grammar lets
+answer (with one tool, ``"required"`` is sent as that tool named); its streamed calls repeat the tool's name in every piece, which the SDK reads as one name. (Its grammar lets
 a sampled string hold raw control characters, which JSON refuses: the SDK reports such a call with its error, so the
 tool here takes no free string.)
 """
@@ -58,10 +58,19 @@ async def test_a_streamed_named_call_has_its_name_once(llama_server: str) -> Non
     assert whole.tool_calls is not None and call.arguments == whole.tool_calls[0].arguments
 
 
-async def test_required_ignored_by_the_server_is_an_error_not_a_text(llama_server: str) -> None:
+async def test_required_with_one_tool_is_that_tool_and_with_several_ignored_by_the_server_is_an_error(
+    llama_server: str,
+) -> None:
+    """"required" with one tool is sent as that tool named (LangChain's with_structured_output binds one tool with
+    "required": llama_cpp.server ignored it, and every such call failed); with several, the server still ignores it."""
+    date = {"type": "function", "function": {"name": "date", "parameters": {"type": "object", "properties": {}}}}
     async with OpenAIProvider(base_url=llama_server, api_key="sk-local") as provider:
+        one = await provider.generate(QUESTION, model=MODEL, max_tokens=60, temperature=0, tools=[TIME],
+                                      tool_choice="required")
+        (call,) = one.tool_calls or ()
+        assert (call.name, call.error, one.finish_reason) == ("time", None, "tool_calls")
         with pytest.raises(ProviderError, match="answered without a tool call although tool_choice='required'"):
-            await provider.generate(QUESTION, model=MODEL, max_tokens=8, temperature=0, tools=[TIME],
+            await provider.generate(QUESTION, model=MODEL, max_tokens=8, temperature=0, tools=[TIME, date],
                                     tool_choice="required")
         assert (await provider.generate("Hello", model=MODEL, max_tokens=3, temperature=0)).text  # still serving
 

@@ -217,7 +217,9 @@ def request_arguments(
                 provider=provider,
             )
         arguments["tools"] = [dict(tool) for tool in request.tools]
-        if request.tool_choice is not None:
+        if request.tool_choice == "required" and len(request.tools) == 1:  # the same choice, one every server takes
+            arguments["tool_choice"] = {"type": "function", "function": {"name": request.tools[0]["function"]["name"]}}
+        elif request.tool_choice is not None:
             arguments["tool_choice"] = request.tool_choice
     several = False  # n choices in one answer: the server's own n
     if request.n > 1 and isinstance(choices := fields["n"], Sent) and not isinstance(choices, ByRequests):
