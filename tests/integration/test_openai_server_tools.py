@@ -2,9 +2,9 @@
 
 llama-cpp-python's server constrains a named ``tool_choice`` with a grammar built from the tool's parameters and
 answers ``tool_calls``; it ignores ``"required"`` (a free text comes back), which the SDK refuses to pass off as an
-answer (with one tool, ``"required"`` is sent as that tool named); its streamed calls repeat the tool's name in every piece, which the SDK reads as one name. (Its grammar lets
-a sampled string hold raw control characters, which JSON refuses: the SDK reports such a call with its error, so the
-tool here takes no free string.)
+answer (with one tool, ``"required"`` is sent as that tool named); its streamed calls repeat the tool's name in every
+piece, which the SDK reads as one name. (Its grammar lets a sampled string hold raw control characters, which JSON
+refuses: the SDK reports such a call with its error, so the tool here takes no free string.)
 """
 
 from __future__ import annotations

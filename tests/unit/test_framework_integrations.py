@@ -15,9 +15,11 @@ from typing import Any, ClassVar
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_ai import Agent, NativeOutput
-from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.exceptions import UserError
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ThinkingPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.settings import ToolOrOutput
 
 from inference._core.validation import GenerationRequest
 from inference.exceptions import UnsupportedOperationError
@@ -195,6 +197,49 @@ async def test_pydantic_ais_openai_settings_are_sent_as_the_options_of_the_same_
         await Agent(InferenceModel(NoPenalties(), "m")).run("Hi", model_settings={"presence_penalty": 0.5})
 
 
+async def test_tool_or_output_offers_the_named_function_tools_and_the_output_tools() -> None:
+    """pydantic-ai's ToolOrOutput was ignored: every tool was sent, and the model could call one it was not given."""
+    provider = Recording()
+    agent = Agent(InferenceModel(provider, "m"), output_type=Forecast)
+
+    @agent.tool_plain
+    def alpha() -> str:
+        """Alpha."""
+        return "a"
+
+    @agent.tool_plain
+    def beta() -> str:
+        """Beta."""
+        return "b"
+
+    await agent.run("Hi", model_settings={"tool_choice": ToolOrOutput(function_tools=["beta"])})
+    first = provider.requests[0]
+    assert sorted(tool["function"]["name"] for tool in first.tools or ()) == ["beta", "final_result"]
+    assert first.tool_choice == "required"  # no text answer allowed: as pydantic-ai resolves it
+    with pytest.raises(UserError, match="gamma"):
+        await agent.run("Hi", model_settings={"tool_choice": ToolOrOutput(function_tools=["gamma"])})
+
+
+class Reasoning(FakeProvider):
+    """A fake whose model reasons before answering (a thinking model)."""
+
+    def _answer(self, request: GenerationRequest) -> GenerationResult:
+        import dataclasses
+
+        return dataclasses.replace(super()._answer(request), reasoning="first, the weather")
+
+
+async def test_a_streamed_agent_run_keeps_the_reasoning_as_a_run_does() -> None:
+    agent = Agent(InferenceModel(Reasoning(), "m"))
+    whole = await agent.run("Hi")
+    async with agent.run_stream("Hi") as run:
+        await run.get_output()
+        streamed = run.all_messages()
+    for messages in (whole.all_messages(), streamed):
+        response = next(message for message in messages if isinstance(message, ModelResponse))
+        assert [part.content for part in response.parts if isinstance(part, ThinkingPart)] == ["first, the weather"]
+
+
 async def test_a_provider_without_tools_refuses_an_agent_with_tools() -> None:
     class NoTools(FakeProvider):
         options: ClassVar[OptionMap] = {
@@ -284,6 +329,41 @@ async def test_langchain_reports_a_call_that_does_not_validate_whole_and_streame
         merged = chunk if merged is None else merged + chunk
     assert merged is not None
     assert merged.response_metadata["tool_call_errors"] == {"call_bad": invalid["error"]}
+
+async def test_langchain_sends_a_call_without_a_tool_name_back_as_text_and_its_answer_as_a_user_message() -> None:
+    """Sending ChatInference's own invalid call back (as LangChain keeps it in the history) failed every later call: a
+    call needs a name. It goes back as the text the model wrote, and a tool message answering it as a user message."""
+    provider = NamelessFirst()
+    chat = ChatInference(provider=provider, model="m").bind_tools([get_weather])
+    first = await chat.ainvoke("Weather?")
+    assert isinstance(first, AIMessage)
+    (invalid,) = first.invalid_tool_calls
+    for answer in (ToolMessage("Name the tool.", tool_call_id=invalid["id"] or ""), HumanMessage("Name the tool.")):
+        then = await chat.ainvoke([HumanMessage("Weather?"), first, answer])
+        assert isinstance(then, AIMessage) and then.tool_calls
+        sent = provider.requests[-1].messages
+        assert sent[1:] == [{"role": "assistant", "content": 'get_weather(city="Paris")'},
+                            {"role": "user", "content": "Name the tool."}]
+
+
+async def test_chat_inference_sends_its_options_and_refuses_what_it_cannot_send() -> None:
+    """stop, timeout and the penalties given to ChatInference did nothing (pydantic dropped them, a typo too), and
+    bind_tools(parallel_tool_calls=...) or strict=True ended in a bare TypeError."""
+    provider = Recording()
+    chat = ChatInference(provider=provider, model="m", stop=["\n"], timeout=5, presence_penalty=0.5,
+                         frequency_penalty=-0.5)
+    await chat.ainvoke("Hi")
+    await chat.ainvoke("Hi", stop=["."])
+    first, second = provider.requests
+    assert (first.stop, first.timeout, first.presence_penalty, first.frequency_penalty) == (("\n",), 5.0, 0.5, -0.5)
+    assert second.stop == (".",)
+    with pytest.raises(ValidationError, match="typo_temperature"):
+        ChatInference(provider=provider, model="m", typo_temperature=3)  # type: ignore[call-arg]
+    strict = await chat.bind_tools([get_weather], strict=True, tool_choice="get_weather").ainvoke("Hi")
+    assert isinstance(strict, AIMessage) and strict.tool_calls[0]["name"] == "get_weather"
+    with pytest.raises(UnsupportedOperationError, match="parallel_tool_calls"):
+        chat.bind_tools([get_weather], parallel_tool_calls=False)
+
 
 def test_importing_inference_imports_no_framework() -> None:
     code = "import inference, sys; print(any(m.startswith(('pydantic_ai', 'langchain')) for m in sys.modules))"

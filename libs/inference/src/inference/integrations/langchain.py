@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, cast
 
 from inference._core.dependencies import import_optional
+from inference.exceptions import UnsupportedOperationError
 from inference.messages import Message
 from inference.provider import InferenceProvider
 from inference.results import GenerationResult
@@ -65,7 +66,10 @@ from pydantic import ConfigDict  # noqa: E402
 
 __all__ = ["ChatInference"]
 
-_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
+_OPTIONS = (
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop", "presence_penalty",
+    "frequency_penalty", "timeout",
+)
 
 
 class ChatInference(BaseChatModel):
@@ -81,9 +85,15 @@ class ChatInference(BaseChatModel):
         top_k: Sample among the ``top_k`` likeliest tokens.
         seed: Sampling seed.
         repetition_penalty: Above 1 discourages repeats.
+        stop: Stop strings of every call (a call's own ``stop`` replaces them).
+        presence_penalty: OpenAI's presence penalty.
+        frequency_penalty: OpenAI's frequency penalty.
+        timeout: Seconds each call may take.
+
+    Any other keyword is a ``ValidationError`` naming it (it would do nothing).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     provider: InferenceProvider
     model: str = ""
@@ -94,6 +104,10 @@ class ChatInference(BaseChatModel):
     top_k: int | None = None
     seed: int | None = None
     repetition_penalty: float | None = None
+    stop: list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    timeout: float | None = None
 
     @property
     def _llm_type(self) -> str:
@@ -108,6 +122,8 @@ class ChatInference(BaseChatModel):
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
         tool_choice: str | bool | dict[str, Any] | None = None,
+        strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """The model with ``tools`` bound (converted with LangChain's ``convert_to_openai_tool``).
@@ -116,8 +132,20 @@ class ChatInference(BaseChatModel):
             tools: The tools.
             tool_choice: ``"auto"``, ``"none"``, ``"required"`` (also ``"any"`` or ``True``), a tool's name, or
                 OpenAI's ``{"type": "function", "function": {"name": ...}}``.
+            strict: Taken as ``ChatOpenAI`` takes it; the SDK checks every call's arguments against its tool's
+                parameters whatever it is (a call that does not validate is in ``invalid_tool_calls``), and does not
+                send it.
             **kwargs: Bound too (LangChain's own keys, such as ``ls_structured_output_format``, are not sent).
+
+        Raises:
+            UnsupportedOperationError: ``parallel_tool_calls`` is given: no provider takes it.
         """
+        if parallel_tool_calls is not None:
+            raise UnsupportedOperationError(
+                "bind_tools(parallel_tool_calls=...) is not an option of the SDK: no provider can limit an answer's "
+                "calls; leave it out (a forced tool_choice asks for one call)",
+                provider=self.provider.name,
+            )
         converted = [convert_to_openai_tool(tool) for tool in tools]
         bound: dict[str, Any] = {"tools": converted, **kwargs}
         if tool_choice is not None:
@@ -223,7 +251,7 @@ class ChatInference(BaseChatModel):
             options["stop"] = stop
         if "tool_choice" in options and options.get("tools"):
             options["tool_choice"] = _tool_choice(options["tool_choice"], options["tools"])
-        return cast("list[Message]", [_message(message) for message in messages]), options
+        return cast("list[Message]", _messages(messages)), options
 
 
 def _tool_choice(choice: Any, tools: Sequence[dict[str, Any]]) -> Any:
@@ -233,6 +261,20 @@ def _tool_choice(choice: Any, tools: Sequence[dict[str, Any]]) -> Any:
     if isinstance(choice, str) and choice not in ("auto", "none", "required"):
         return {"type": "function", "function": {"name": choice}}
     return choice
+
+
+def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """The conversation as chat messages. An invalid call without a tool's name (written in process when several
+    tools are offered) cannot go back as a call: it goes back as the text the model wrote, and the answer to it as a
+    user message (as the pydantic-ai integration sends it)."""
+    nameless: set[str] = set()  # ids of the calls sent back as text
+    converted = []
+    for message in messages:
+        if isinstance(message, AIMessage):
+            nameless.update(call["id"] or "" for call in message.invalid_tool_calls if not call["name"])
+        answers_nameless = isinstance(message, ToolMessage) and message.tool_call_id in nameless
+        converted.append({"role": "user", "content": _text(message)} if answers_nameless else _message(message))
+    return converted
 
 
 def _message(message: BaseMessage) -> dict[str, Any]:
@@ -249,9 +291,12 @@ def _message(message: BaseMessage) -> dict[str, Any]:
         ]
         calls += [
             {"id": call["id"] or "", "type": "function",
-             "function": {"name": call["name"] or "", "arguments": call["args"] or ""}}
+             "function": {"name": call["name"], "arguments": call["args"] or ""}}
             for call in message.invalid_tool_calls
+            if call["name"]
         ]
+        written = [call["args"] or "" for call in message.invalid_tool_calls if not call["name"]]  # as written
+        content = "\n\n".join(text for text in (content, *written) if text)
         return {"role": "assistant", "content": content, "tool_calls": calls} if calls else {
             "role": "assistant", "content": content}
     if isinstance(message, ToolMessage):

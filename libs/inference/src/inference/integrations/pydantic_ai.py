@@ -61,7 +61,7 @@ from pydantic_ai.messages import (  # noqa: E402
 )
 from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse  # noqa: E402
 from pydantic_ai.profiles import ModelProfile  # noqa: E402
-from pydantic_ai.settings import ModelSettings  # noqa: E402
+from pydantic_ai.settings import ModelSettings, ToolOrOutput  # noqa: E402
 from pydantic_ai.tools import ToolDefinition  # noqa: E402
 from pydantic_ai.usage import RequestUsage  # noqa: E402
 
@@ -220,6 +220,11 @@ class InferenceStreamedResponse(StreamedResponse):
                 continue
             self._usage = _usage(event)
             self.finish_reason = _FINISH_REASONS.get(event.finish_reason)  # type: ignore[assignment]
+            if event.reasoning:  # the provider gives the reasoning with its result, as generate does
+                for thinking_event in self._parts_manager.handle_thinking_delta(
+                    vendor_part_id="reasoning", content=event.reasoning
+                ):
+                    yield thinking_event
             for call in event.tool_calls or ():
                 yield self._parts_manager.handle_tool_call_part(
                     vendor_part_id=call.id, tool_name=call.name, args=call.raw_arguments, tool_call_id=call.id
@@ -320,7 +325,12 @@ def _tools_and_choice(parameters: ModelRequestParameters, chosen: Any) -> tuple[
         if len(named) == 1:
             return named, {"type": "function", "function": {"name": named[0].name}}
         return named, "required"
-    return function_tools + output_tools, default  # ToolOrOutput and the like: every tool, the default choice
+    if isinstance(chosen, ToolOrOutput):  # the named function tools and every output tool, the default choice
+        unknown = sorted(set(chosen.function_tools) - {tool.name for tool in function_tools})
+        if unknown:
+            raise UserError(f"tool_choice ToolOrOutput names function tools the agent does not have: {unknown}")
+        return [tool for tool in function_tools if tool.name in chosen.function_tools] + output_tools, default
+    raise UserError(f"InferenceModel does not know the tool_choice {chosen!r}")
 
 
 def _tool(definition: ToolDefinition) -> dict[str, Any]:
