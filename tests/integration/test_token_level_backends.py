@@ -61,6 +61,8 @@ async def test_both_backends_give_the_same_ids_bytes_and_text(
     assert words_l.size == words_t.size
     assert words_l.token_bytes == words_t.token_bytes
     assert (words_l.bos_id, words_l.eos_id, words_l.adds_bos) == (words_t.bos_id, words_t.eos_id, words_t.adds_bos)
+    # the control tokens, chat markers included (Transformers left out an added special token such as <|im_start|>)
+    assert words_l.special_ids == words_t.special_ids
     assert b"".join(words_t.token_bytes[token] for token in ids) == TEXT.encode()
 
 

@@ -124,7 +124,8 @@ async def test_bad_token_input_is_refused_and_the_server_keeps_serving(
     with pytest.raises(TokenLimitError, match="context"):
         await server.generate(TokenIds([5] * 512), "tiny", max_tokens=1)
     # a distribution is read by generating one token: the whole context (512) leaves it no room
-    with pytest.raises(TokenLimitError, match="token_ids is 512 tokens, more than the model's context of 511"):
+    too_long = "token_ids is 512 tokens, more than the 511 tokens the model's context of 512 takes"
+    with pytest.raises(TokenLimitError, match=too_long):
         await server.next_token_logprobs([5] * 512, "tiny")
     assert (await server.next_token_logprobs([5] * 511, "tiny")).shape == (512,)
     assert (await server.next_token_logprobs([5], "tiny")).shape == (512,)

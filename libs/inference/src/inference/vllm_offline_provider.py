@@ -245,7 +245,7 @@ class VLLMOfflineProvider(InferenceProvider):
 
     async def _token_vocabulary(self, model: str) -> TokenVocabulary:
         """The engine's vocabulary: its model's logits size, each id's bytes as Transformers' provider reads them."""
-        from inference._inprocess.token_bytes import token_bytes
+        from inference._inprocess.token_bytes import special_ids, token_bytes
 
         engine = await self._engine()
         tokenizer, size = engine.tokenizer, engine.vocab_size
@@ -253,7 +253,7 @@ class VLLMOfflineProvider(InferenceProvider):
         return TokenVocabulary(
             size=size,
             token_bytes=token_bytes(tokenizer, size),
-            special_ids=frozenset(int(token) for token in tokenizer.all_special_ids if 0 <= int(token) < size),
+            special_ids=special_ids(tokenizer, size),
             bos_id=engine.vocabulary.bos_id,
             eos_ids=() if eos is None else (int(eos),),
             adds_bos=engine.vocabulary.adds_bos,

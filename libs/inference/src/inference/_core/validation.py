@@ -224,11 +224,14 @@ def check_token_limits(
     Raises:
         TokenLimitError: The sequence is longer than ``max_length``, or an id is not below ``vocabulary.size``.
     """
-    limit = vocabulary.context_length if max_length is None else max_length
+    context = vocabulary.context_length
+    limit = context if max_length is None else max_length
     if len(token_ids) > limit:
+        most = (f"the model's context of {limit} tokens" if limit >= context else
+                f"the {limit} tokens the model's context of {context} takes with a token to generate")
         raise TokenLimitError(
-            f"{name} is {len(token_ids)} tokens, more than the model's context of {limit} tokens: shorten it "
-            "(keep its last tokens), or use a model (or a context setting such as n_ctx) with a longer context",
+            f"{name} is {len(token_ids)} tokens, more than {most}: shorten it (keep its last tokens), or use a "
+            "model (or a context setting such as n_ctx) with a longer context",
             limit=limit, value=len(token_ids), kind="context", provider=provider,
         )
     if token_ids and max(token_ids) >= vocabulary.size:

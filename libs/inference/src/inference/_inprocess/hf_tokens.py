@@ -20,7 +20,7 @@ from inference._inprocess.base import non_finite_logits
 from inference._inprocess.hf_model import LoadedModel
 from inference._inprocess.hf_prefix_cache import PrefixCache, kept_states, padded_past
 from inference._inprocess.peft_slots import PeftSlots
-from inference._inprocess.token_bytes import token_bytes
+from inference._inprocess.token_bytes import special_ids, token_bytes
 from inference.tokens import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def vocabulary(loaded: LoadedModel) -> TokenVocabulary:
     """The model's :class:`~inference.tokens.TokenVocabulary`: as many entries as its output layer has rows."""
     tokenizer = loaded.tokenizer
     size = vocabulary_size(loaded)
-    special = frozenset(int(token) for token in tokenizer.all_special_ids if 0 <= int(token) < size)
+    special = special_ids(tokenizer, size)
     bos = tokenizer.bos_token_id
     return TokenVocabulary(
         size=size,

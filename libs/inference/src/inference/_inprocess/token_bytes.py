@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["token_bytes"]
+__all__ = ["special_ids", "token_bytes"]
+
+
+def special_ids(tokenizer: Any, size: int) -> frozenset[int]:
+    """The control tokens below ``size``: the tokenizer's special tokens (BOS, EOS, padding...) and every added token
+    it marks special (chat markers such as ``<|im_start|>``, which ``all_special_ids`` leaves out unless they are
+    listed as additional special tokens), as llama.cpp's vocabulary reads them from the same model."""
+    ids = {int(token) for token in tokenizer.all_special_ids}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(int(token) for token, entry in added.items() if getattr(entry, "special", False))
+    return frozenset(token for token in ids if 0 <= token < size)
 
 
 def token_bytes(tokenizer: Any, size: int) -> tuple[bytes, ...]:

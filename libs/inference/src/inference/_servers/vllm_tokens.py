@@ -166,7 +166,7 @@ class ServerTokens:
 
 def _read_vocabulary(directory: Path, context_length: int, provider: str) -> TokenVocabulary:
     """The vocabulary of the model directory: its tokenizer (Transformers') and its output layer's size."""
-    from inference._inprocess.token_bytes import token_bytes
+    from inference._inprocess.token_bytes import special_ids, token_bytes
 
     transformers = import_optional("transformers", provider=provider, extra="transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
@@ -178,7 +178,7 @@ def _read_vocabulary(directory: Path, context_length: int, provider: str) -> Tok
     return TokenVocabulary(
         size=size,
         token_bytes=token_bytes(tokenizer, size),
-        special_ids=frozenset(int(token) for token in tokenizer.all_special_ids if 0 <= int(token) < size),
+        special_ids=special_ids(tokenizer, size),
         bos_id=None if bos is None else int(bos),
         eos_ids=() if eos is None else (int(eos),),
         adds_bos=bos is not None and len(probe) > 0 and int(probe[0]) == int(bos),
