@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -199,8 +200,12 @@ def undecodable(directory: Path, stem: str) -> Path:
     return directory / os.fsdecode(stem.encode() + b"-\xff")
 
 
-async def test_llamacpp_takes_a_gguf_lora_whose_file_name_is_not_utf8(tiny_models: Any, tmp_path: Path) -> None:
+async def test_llamacpp_takes_a_gguf_lora_whose_file_name_is_not_utf8(
+    tiny_models: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from inference.adapters.gguf import convert_peft_to_gguf
+
+    caplog.set_level(logging.INFO, logger="inference")
 
     model = tiny_models["qwen2"]
     lora = Path(convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path / "a0.gguf"))
@@ -214,6 +219,10 @@ async def test_llamacpp_takes_a_gguf_lora_whose_file_name_is_not_utf8(tiny_model
         with pytest.raises(InvalidAdapterError, match="UTF-8"):  # llama-cpp-python's lora_path must be UTF-8
             await reload.load_adapter("odd", odd)
         assert await text(reload, None)
+    # the adapter events name the file with its odd byte as \xNN: a UTF-8 log stream can write them (it failed)
+    loads = [record for record in caplog.records if getattr(record, "adapter_id", None) == "odd"]
+    assert loads and all(record.getMessage().encode("utf-8") for record in loads)
+    assert "\\x" in str(loads[0].adapter_path)  # type: ignore[attr-defined]
 
 
 async def test_a_peft_directory_whose_name_is_not_utf8_converts_on_llamacpp(tiny_models: Any, tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from inference._core.paths import shown_path
+
 __all__ = ["LifecycleEvents"]
 
 logger = logging.getLogger("inference.adapters")
@@ -151,6 +153,7 @@ class LifecycleEvents:
         return dataclasses.asdict(self._totals)
 
     def _attributes(self, adapter_id: str, backend: str, path: str, detail: dict[str, object]) -> dict[str, str]:
+        path = shown_path(path)
         return {
             "inference.provider": self._provider,
             "inference.adapter_id": adapter_id,
@@ -170,6 +173,7 @@ class LifecycleEvents:
                 counts.last_load_ms = ms
         elif event in ("load", "reload") and outcome == "error":
             self._totals.failed_loads += 1
+        path = shown_path(path)  # a file name that is not UTF-8 would break a UTF-8 log stream
         extra = {
             "adapter_event": event,
             "provider": self._provider,

@@ -10,7 +10,15 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["HUB_ID", "directory_problem", "expand_path", "normalise_path", "path_identity", "path_text_problem"]
+__all__ = [
+    "HUB_ID",
+    "directory_problem",
+    "expand_path",
+    "normalise_path",
+    "path_identity",
+    "path_text_problem",
+    "shown_path",
+]
 
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 """A Hugging Face Hub model id, ``ORG/NAME``. A relative path that does not exist reads the same: a model setting is
@@ -49,6 +57,17 @@ def path_identity(path: str | os.PathLike[str]) -> str:
     except (OSError, ValueError):  # unreadable, or a name the OS cannot represent: compare the text
         pass
     return normalised
+
+
+def shown_path(path: str) -> str:
+    r"""``path`` as text any UTF-8 stream can write (a log line, a span attribute): a byte of the file name that is
+    not UTF-8 (kept by ``surrogateescape``) as ``\xNN``.
+
+    Example:
+        >>> shown_path("/adapters/caf\udce9")
+        '/adapters/caf\\xe9'
+    """
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def path_text_problem(path: str) -> str | None:
