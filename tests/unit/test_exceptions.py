@@ -58,3 +58,8 @@ def test_errors_survive_pickling_with_their_attributes() -> None:
         assert type(copy) is type(error) and str(copy) == str(error)
         assert (copy.provider, copy.path) == (error.provider, error.path)
     assert copy.status_code == 404
+    too_long = exceptions.ServerTokenLimitError("too long", limit=512, value=600, request=request, response=response,
+                                                provider="vllm")
+    copy = pickle.loads(pickle.dumps(too_long))
+    assert type(copy) is type(too_long)
+    assert (copy.limit, copy.value, copy.kind, copy.provider) == (512, 600, "context", "vllm")

@@ -104,27 +104,14 @@ class ServerTokenLimitError(ServerResponseError, TokenLimitError):
 
     Args:
         message: The sentence (it names the limit and the server's own words).
-        request: The ``httpx.Request`` that was sent.
-        response: The ``httpx.Response`` that came back.
         limit: The server's context in tokens, as it stated it.
         value: The prompt's length in tokens, as the server counted it (at least the limit where it only said
             the prompt was over it).
-        provider: Name of the provider.
-        url: The server's base URL (kept with its credentials hidden).
+        **answer: ``request``, ``response``, ``provider`` and ``url``, as :class:`ServerResponseError` takes them.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        request: Any,
-        response: Any,
-        limit: int,
-        value: int,
-        provider: str | None = None,
-        url: str | None = None,
-    ) -> None:
-        super().__init__(message, request=request, response=response, provider=provider, url=url)
+    def __init__(self, message: str, *, limit: int, value: int, **answer: Any) -> None:
+        super().__init__(message, **answer)
         self.limit = limit
         self.value = value
         self.kind = "context"
