@@ -59,7 +59,7 @@ docs: install
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: install vllm-venv llama-server models lint docs
-	INFERENCE_REQUIRE_VLLM=1 INFERENCE_REQUIRE_LLAMA_SERVER=1 $(VENV)/bin/pytest
+	INFERENCE_REQUIRE_VLLM=1 INFERENCE_REQUIRE_LLAMA_SERVER=1 $(VENV)/bin/pytest -n 2
 
 unit: install
 	$(VENV)/bin/pytest tests/unit
