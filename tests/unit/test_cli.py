@@ -131,6 +131,16 @@ def test_generate_with_an_unknown_adapter_id_exits_1_with_the_reason(capsys: pyt
     assert "Traceback" not in err
 
 
+def test_generate_with_a_mistyped_adapter_path_names_the_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path with nothing there was taken for a server's adapter id, and refused as one (no path separators)."""
+    missing = str(tmp_path / "adapters" / "stlye")
+    status, out, err = run(["generate", "Hi", "--provider", "fake", "--adapter", missing], capsys)
+    assert status == 1 and out == ""
+    assert f"there is no adapter at {missing!r} on this machine" in err and "Traceback" not in err
+
+
 def test_generate_with_bad_sampling_exits_1_with_the_sentence(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(["generate", "Hi", "--provider", "fake", "--top-p", "1.5"], capsys)
     assert status == 1

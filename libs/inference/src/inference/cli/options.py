@@ -112,4 +112,11 @@ async def _use_adapter(provider: Any, adapter: str | None) -> tuple[str | None, 
             provider=provider.name,
             path=adapter,
         )
+    if "/" in adapter or os.sep in adapter:  # an id has no separator: a path, mistyped or missing
+        raise AdapterNotFoundError(
+            f"there is no adapter at {adapter!r} on this machine (and an adapter id has no path separators): check "
+            "the path, or pass the id of an adapter the server holds (inference adapters list)",
+            provider=provider.name,
+            path=adapter,
+        )
     return adapter, False
