@@ -1373,3 +1373,12 @@ async def test_health_asks_the_native_api_this_provider_talks_to(mock: respx.Moc
         tags.mock(return_value=GIN_404)
         health = await provider.health(timeout=2)
         assert health.status == "down" and "no Ollama native API" in (health.backends[0].error or "")
+
+
+@pytest.mark.parametrize("spelled", [f"{BASE},", f" {BASE} , ", f",{BASE}", [BASE]])
+async def test_one_base_url_with_a_stray_comma_is_one_url(spelled: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trailing comma (as a templated ``.env`` leaves) names one server: taken, not refused as several."""
+    assert OllamaProvider(base_url=spelled).base_url == BASE
+    if isinstance(spelled, str):
+        monkeypatch.setenv("OLLAMA_BASE_URL", spelled)
+        assert OllamaProvider().base_url == BASE

@@ -24,6 +24,13 @@ from inference.exceptions import ConfigurationError
 __all__ = ["Setting", "SettingKind", "refuse_two_credentials", "validate_base_url"]
 
 
+def _url_count(url: object) -> int:
+    """How many URLs ``url`` names: the non-blank items of a comma-separated string, or of a list."""
+    if isinstance(url, str):
+        return sum(1 for item in url.split(",") if item.strip())
+    return len(url) if isinstance(url, (list, tuple)) else 1
+
+
 def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
     """Return ``url`` without surrounding blanks and trailing slash if it is an http(s) URL with a host, else raise.
 
@@ -34,7 +41,7 @@ def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
         ConfigurationError: A URL has no ``http://``/``https://`` scheme or no host, a port that is not a
             number, whitespace, or text that cannot be encoded as UTF-8; or there are several and not ``several``.
     """
-    if not several and (("," in url) if isinstance(url, str) else isinstance(url, (list, tuple))):
+    if not several and _url_count(url) > 1:  # a stray comma ("http://a, ") is still one URL
         raise ConfigurationError(
             f"{source} {redact_url(repr(url))} holds several URLs, but this provider talks to one server "
             "(it has no replicas): give one base URL",
