@@ -113,7 +113,7 @@ async def probe_servers(
     try:
         import httpx
 
-        from inference._servers.answer_reading import within
+        from inference._core.deadlines import within
         from inference._servers.http import api_base, base_url_query
     except ImportError as error:  # a server provider's extra brings httpx
         from inference._core.dependencies import missing_dependency

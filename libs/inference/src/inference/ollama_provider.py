@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
+from inference._core.deadlines import within
 from inference._core.paths import directory_problem, expand_path
 from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest, validate_adapter_id
-from inference._servers.answer_reading import within
 from inference._servers.http import ServerClient, server_root
 from inference._servers.ollama_chat import OllamaChat
 from inference._servers.ollama_models import (

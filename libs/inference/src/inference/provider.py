@@ -29,6 +29,7 @@ from abc import abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from inference._core.deadlines import within
 from inference._core.provider_base import _as_asked
 from inference._core.provider_scoring import ScoringProvider
 from inference._core.telemetry import observe
@@ -476,7 +477,7 @@ class InferenceProvider(ScoringProvider):
             return await work
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(work, max(deadline - loop.time(), 0.0))
+            return await within(max(deadline - loop.time(), 0.0), work)
         except asyncio.TimeoutError as error:
             if isinstance(error, ProviderTimeoutError) or loop.time() < deadline:
                 raise  # the backend's own timeout, not the call's

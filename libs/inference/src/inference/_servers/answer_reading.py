@@ -1,24 +1,23 @@
 """Reading a server's answer safely: its lines as UTF-8, within a time and a size, and what an error keeps of the
 request.
 
-:class:`~inference._servers.http.ServerClient` reads every answer through these: :func:`within` bounds a read
-(httpx's own timeout is per read, so a server dripping bytes would never time out), :func:`read_whole` reads a whole
-answer of at most :data:`MAX_ANSWER_BYTES`, :func:`utf8_lines` splits a streamed answer into lines decoded as UTF-8
-whatever charset it names (each line at most that size too), and :func:`shown_request` is the copy of a request an
-error carries (no key, no credentials in the URL: errors are shown, logged and pickled).
+:class:`~inference._servers.http.ServerClient` reads every answer through these, each read bounded by
+:func:`~inference._core.deadlines.within` (httpx's own timeout is per read, so a server dripping bytes would never
+time out): :func:`read_whole` reads a whole answer of at most :data:`MAX_ANSWER_BYTES`, :func:`utf8_lines` splits a
+streamed answer into lines decoded as UTF-8 whatever charset it names (each line at most that size too), and
+:func:`shown_request` is the copy of a request an error carries (no key, no credentials in the URL: errors are shown,
+logged and pickled).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import codecs
 import json
 import re
-import sys
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -32,10 +31,7 @@ __all__ = [
     "server_message",
     "shown_request",
     "utf8_lines",
-    "within",
 ]
-
-_T = TypeVar("_T")
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
@@ -107,15 +103,6 @@ async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
     last = "".join(pending) + decoder.decode(b"", final=True)
     if last:
         yield last
-
-
-async def within(seconds: float, work: Awaitable[_T]) -> _T:
-    """Await ``work``, or raise ``asyncio.TimeoutError`` after ``seconds``; a cancelled caller is cancelled (Python
-    3.11's ``asyncio.timeout``; before it, ``wait_for``)."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(seconds):
-            return await work
-    return await asyncio.wait_for(work, seconds)
 
 
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})

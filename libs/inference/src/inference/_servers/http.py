@@ -40,6 +40,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from inference._core.deadlines import within
 from inference._core.redaction import redact_url
 from inference._core.settings import refuse_two_credentials, validate_base_url
 from inference._servers.answer_reading import (
@@ -49,7 +50,6 @@ from inference._servers.answer_reading import (
     server_message,
     shown_request,
     utf8_lines,
-    within,
 )
 from inference._servers.transport import (
     CONNECT_TIMEOUT_MAX,

@@ -1,0 +1,78 @@
+"""The one time limit every await of the package goes through (``inference._core.deadlines``).
+
+Both implementations run here: ``asyncio.timeout`` (Python 3.11+) and the timer the package uses on Python 3.10,
+where ``asyncio.wait_for`` reported a cancelled stream consumer as a ``ProviderTimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from inference._core.deadlines import within, within_by_timer
+
+LIMITS: list[Callable[[float, Awaitable[Any]], Awaitable[Any]]] = [within, within_by_timer]
+
+
+@pytest.fixture(params=LIMITS, ids=["within", "within_by_timer"])
+def limit(request: pytest.FixtureRequest) -> Callable[[float, Awaitable[Any]], Awaitable[Any]]:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def test_work_done_in_time_gives_its_result_and_runs_in_the_callers_task(
+    limit: Callable[[float, Awaitable[Any]], Awaitable[Any]],
+) -> None:
+    async def work() -> asyncio.Task[Any] | None:
+        await asyncio.sleep(0)
+        return asyncio.current_task()
+
+    assert await limit(5.0, work()) is asyncio.current_task()  # contextvars and cancel scopes stay the caller's
+
+
+async def test_work_past_the_limit_is_cancelled_with_a_timeout_error(
+    limit: Callable[[float, Awaitable[Any]], Awaitable[Any]],
+) -> None:
+    stopped = asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            stopped.set()
+
+    with pytest.raises(asyncio.TimeoutError):
+        await limit(0.05, work())
+    assert stopped.is_set()
+    await asyncio.sleep(0.01)  # no cancellation is left pending on this task
+
+
+async def test_a_callers_cancellation_stays_a_cancellation(
+    limit: Callable[[float, Awaitable[Any]], Awaitable[Any]],
+) -> None:
+    """Cancelled while the limit is far: ``CancelledError``, never a timeout (the 3.10 defect)."""
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            stopped.set()
+
+    async def caller() -> None:
+        await limit(120.0, work())
+
+    for steps in range(6):  # cancelled before the work starts, as it starts, and after
+        started.clear()
+        stopped.clear()
+        task = asyncio.create_task(caller())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert stopped.is_set() == started.is_set()  # work that started was cancelled, not left running
