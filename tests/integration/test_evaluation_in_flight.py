@@ -163,3 +163,35 @@ async def test_the_provider_s_max_adapters_caps_the_adapters_in_flight(tiny_mode
     assert len({text for text, _ in outputs(tmp_path / "one.jsonl").values()}) > len(PROMPTS)  # adapters differ
     rows = [json.loads(line) for line in (tmp_path / "four.jsonl").read_text().splitlines()]
     assert len(rows) == 7 * len(PROMPTS)  # 6 adapters and the base model
+
+
+async def test_cancelling_a_run_while_adapters_load_leaves_none_loaded(tmp_path: Path) -> None:
+    """A load the backend has begun finishes before the cancellation reaches the run: the run unloads it too (it
+    stayed loaded, and a rerun in the same process found its weights' id taken: every row a load error)."""
+    adapters = adapter_dirs(tmp_path / "adapters", 6)
+
+    class SlowLoads(CountingFake):
+        loading = 0
+
+        async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+            self.loading += 1
+            await asyncio.sleep(0.3)
+            await super()._load_adapter(adapter_id, source)
+
+    provider = SlowLoads()
+    run = asyncio.create_task(
+        evaluate_adapters(
+            adapters, PROMPTS, {"max_tokens": 5}, tmp_path / "r.jsonl", provider=provider, adapters_in_flight=3,
+            warmup=False, base=False,
+        )
+    )
+    while provider.loading < 3:  # three loads begun, none finished
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert provider.loaded_now == 0 and await provider.list_adapters() == []
+    summary = await evaluate_adapters(  # the rerun evaluates every adapter
+        adapters, PROMPTS, {"max_tokens": 5}, tmp_path / "r.jsonl", provider=provider, warmup=False, base=False
+    )
+    assert summary.errors == 0 and summary.rows_written == 6 * len(PROMPTS)

@@ -13,6 +13,7 @@ point and started again with the same output skips the (adapter, prompt) pairs a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -503,6 +504,10 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
         try:
             source = spec.weights if spec.weights is not None else os.path.abspath(str(spec.path))
             await provider.load_adapter(adapter_id, source)
+        except asyncio.CancelledError:  # a load, once the backend has it, finishes before the cancellation
+            with contextlib.suppress(Exception):
+                await provider.unload_adapter(adapter_id)
+            raise
         except Exception as error:  # any failure to load is this adapter's result; the run goes on
             logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path or "in memory", error)
             for prompt in pending:
