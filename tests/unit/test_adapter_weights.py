@@ -373,3 +373,40 @@ def test_a_refusal_lists_a_few_of_200_000_target_modules() -> None:
         weights.check()
     message = str(caught.value)
     assert "module_0, module_1" in message and "and 199995 more" in message and len(message) < 600
+
+
+async def test_a_load_cancelled_while_its_weights_are_written_leaves_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writing thread cannot be stopped: what it writes is removed once written (it stayed until the process
+    ended, through ``aclose``), and the provider goes on."""
+    import asyncio
+    import tempfile
+    import threading
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    writing, go_on = threading.Event(), threading.Event()
+    save = AdapterWeights.save
+
+    def held_save(self: AdapterWeights, directory: Any, **options: Any) -> Path:
+        writing.set()
+        go_on.wait(10)
+        return save(self, directory, **options)
+
+    monkeypatch.setattr(AdapterWeights, "save", held_save)
+    provider = RecordingProvider()
+    load = asyncio.create_task(provider.load_adapter("step", AdapterWeights(tensors(), CONFIG)))
+    while not writing.is_set():
+        await asyncio.sleep(0.01)
+    load.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await load
+    go_on.set()
+    for _ in range(200):  # the thread finishes its directory, which is then removed
+        if not list(tmp_path.iterdir()):
+            break
+        await asyncio.sleep(0.01)
+    assert list(tmp_path.iterdir()) == [] and await provider.list_adapters() == []
+    monkeypatch.setattr(AdapterWeights, "save", save)
+    await provider.load_adapter("step", AdapterWeights(tensors(), CONFIG))
+    assert len(list(tmp_path.glob("inference-adapter-*"))) == 1

@@ -168,7 +168,12 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         self._require_adapter_support("load_adapter")
         self._check_open()  # before anything is copied or written for a provider that cannot load it
         store = self._adapter_weights.kept if self.loads_adapter_weights_in_memory else self._adapter_weights.written
-        source = await asyncio.to_thread(store, adapter_path)
+        copying = asyncio.ensure_future(asyncio.to_thread(store, adapter_path))
+        try:
+            source = await asyncio.shield(copying)
+        except asyncio.CancelledError:  # the thread goes on: what it makes is removed once made, unused
+            copying.add_done_callback(self._forget_adapter_weights)
+            raise
         if base_model is not None:
             source = dataclasses.replace(source, base_model=base_model)
         try:
@@ -392,6 +397,12 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         """Where to keep what the adapter at ``adapter_path`` is converted to (a GGUF LoRA): ``cache_dir``, except
         for the private directory of :class:`~inference.AdapterWeights`, whose conversions are removed with it."""
         return self._adapter_weights.conversion_dir(adapter_path, cache_dir)
+
+    def _forget_adapter_weights(self, copying: asyncio.Future[AdapterSource]) -> None:
+        """The copy of weights whose load was cancelled, once made: removed (nothing will record it)."""
+        if not copying.cancelled() and copying.exception() is None:
+            self._adapter_weights.recorded(copying.result())
+            self._remove_unused_adapter_weights()
 
     def _remove_unused_adapter_weights(self) -> None:
         """Remove the weights and private directories no adapter uses any more (unloaded, replaced, failed to load,
