@@ -121,9 +121,41 @@ async def test_raw_prompts_and_template_overrides_read_the_same_tokens_on_both_b
     assert results[0].text == results[1].text
     with pytest.raises(InvalidRequestError, match="chat_template given cannot render"):
         await llamacpp.generate(PROMPT, model="m", max_tokens=2, chat_template="{% for %}")
-    with pytest.raises(InvalidRequestError, match="chat template refused"):
+    with pytest.raises(InvalidRequestError, match="chat_template given cannot render"):
         await transformers.generate(PROMPT, model="m", max_tokens=2, chat_template="{% for %}")
     assert (await llamacpp.generate(PROMPT, model="m", max_tokens=2)).completion_tokens > 0  # still usable
+
+
+ALTERNATING_TEMPLATE = (  # Gemma 2's rules: no system role, user and assistant in turn
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ message['content'] }}{% endfor %}"
+)
+
+
+async def test_a_template_refusal_says_the_same_on_both_backends_and_names_only_the_fix_that_applies(
+    pair: tuple[InferenceProvider, InferenceProvider],
+) -> None:
+    """Roles out of turn: the template's words, and no advice to drop a system prompt nobody sent (it was always
+    given on Transformers); with a system prompt: that advice."""
+    llamacpp, transformers = pair
+    turns = [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
+    refusals = []
+    for provider in pair:
+        with pytest.raises(InvalidRequestError) as out_of_turn:
+            await provider.generate(turns, model="m", max_tokens=2, chat_template=ALTERNATING_TEMPLATE)
+        with pytest.raises(InvalidRequestError) as with_system:
+            await provider.generate("hi", model="m", max_tokens=2, system_prompt="Be brief.",
+                                    chat_template=ALTERNATING_TEMPLATE)
+        refusals.append((str(out_of_turn.value), str(with_system.value)))
+        assert "roles must alternate" in str(out_of_turn.value) and "system" not in str(out_of_turn.value)
+        assert "System role not supported" in str(with_system.value)
+        assert "drop the system message (system_prompt)" in str(with_system.value)
+    assert refusals[0] == refusals[1]
+    assert (await transformers.generate(PROMPT, model="m", max_tokens=2)).completion_tokens == 2  # still usable
+    assert (await llamacpp.generate(PROMPT, model="m", max_tokens=2)).completion_tokens == 2
 
 
 THINKING_TEMPLATE = (

@@ -33,6 +33,7 @@ __all__ = [
     "non_finite_logits",
     "plain_prompt",
     "require_prompt",
+    "template_refusal",
 ]
 
 ResidentT = TypeVar("ResidentT")
@@ -43,6 +44,23 @@ def chat_messages(request: GenerationRequest) -> list[dict[str, Any]]:
     """The chat messages of a request as chat templates read them: its message list, or its system prompt (if any)
     then its prompt; tool calls and results as :func:`~inference._core.tool_formats.tool_messages` gives them."""
     return tool_messages(request.messages)
+
+
+def template_refusal(request: GenerationRequest, error: Exception, *, model: str, provider: str) -> InvalidRequestError:
+    """The error of a chat template that refused a request (its ``raise_exception``, or a Jinja error), in the words
+    of every in-process backend: whose template, what it said, and the fix that applies (a system message dropped
+    only where one was sent, the ``chat_template`` given fixed only where one was)."""
+    whose = "the chat_template given" if request.chat_template else f"the chat template of {model}"
+    fixes = []
+    if any(message.get("role") == "system" for message in request.messages):
+        fixes.append("drop the system message (system_prompt) or put it into the prompt")
+    if request.chat_template:
+        fixes.append("fix the chat_template given")
+    return InvalidRequestError(
+        f"{whose} cannot render this request ({type(error).__name__}: {error})"
+        + (f": {', or '.join(fixes)}" if fixes else ""),
+        provider=provider,
+    )
 
 
 def plain_prompt(request: GenerationRequest) -> str:

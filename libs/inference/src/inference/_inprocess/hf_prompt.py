@@ -15,8 +15,7 @@ from typing import Any
 from inference._core.scoring import Vocabulary
 from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
-from inference._inprocess.base import chat_messages, plain_prompt
-from inference.exceptions import InvalidRequestError
+from inference._inprocess.base import chat_messages, plain_prompt, template_refusal
 
 __all__ = ["encode", "model_chat_template", "prompt_token_ids", "scoring_vocabulary"]
 
@@ -45,11 +44,8 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
                 add_generation_prompt=True, tokenize=False, **template_variables(request),
             )
         except Exception as error:  # jinja2's TemplateError, e.g. "System role not supported"
-            raise InvalidRequestError(
-                f"the chat template refused these messages ({error}): drop system_prompt or put it into the prompt"
-                + (", or fix the chat_template given" if request.chat_template else ""),
-                provider=provider,
-            ) from error
+            model = getattr(tokenizer, "name_or_path", None) or "the model"
+            raise template_refusal(request, error, model=model, provider=provider) from error
         return encode(tokenizer, text + request.answer_prefix, special=False)
     return encode(tokenizer, plain_prompt(request) + request.answer_prefix, special=True)
 

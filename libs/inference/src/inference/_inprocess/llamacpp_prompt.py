@@ -14,11 +14,10 @@ from typing import Any
 
 from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
-from inference._inprocess.base import chat_messages, plain_prompt
+from inference._inprocess.base import chat_messages, plain_prompt, template_refusal
 from inference._inprocess.chat_templates import ChatTemplate
 from inference._inprocess.llamacpp_model import LlamaCppModel
 from inference._inprocess.llamacpp_text import TextEncoder
-from inference.exceptions import InvalidRequestError
 
 __all__ = ["LlamaPrompts"]
 
@@ -39,17 +38,13 @@ class LlamaPrompts:
         """Token ids of a request's prompt per the in-process prompt rule."""
         if request.prompt_token_ids is not None:  # a TokenIds prompt: the model's whole input, as given
             return list(request.prompt_token_ids)
-        whose = "the chat_template given" if request.chat_template else f"the chat template of {self.model.name}"
         try:
             formatter = self._formatter(request)
             rendered = None if formatter is None else formatter.render(
                 chat_messages(request), tools=request.tools, **template_variables(request)
             )
         except Exception as error:  # jinja2 errors (syntax, raise_exception() in the template)
-            raise InvalidRequestError(
-                f"{whose} cannot render this request ({type(error).__name__}: {error})",
-                provider=self.model.provider,
-            ) from error
+            raise template_refusal(request, error, model=self.model.name, provider=self.model.provider) from error
         if rendered is not None:
             return self.encode(llama, rendered + request.answer_prefix, add_bos=False)
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
