@@ -410,3 +410,27 @@ async def test_a_load_cancelled_while_its_weights_are_written_leaves_no_director
     monkeypatch.setattr(AdapterWeights, "save", save)
     await provider.load_adapter("step", AdapterWeights(tensors(), CONFIG))
     assert len(list(tmp_path.glob("inference-adapter-*"))) == 1
+
+
+async def test_weights_under_a_taken_id_are_refused_in_words_the_caller_knows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No private directory in the message (the caller gave tensors, not paths); the fix is replace=True."""
+    import tempfile
+
+    private = tmp_path / "private"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    provider = RecordingProvider()
+    await provider.load_adapter("live", AdapterWeights(tensors(), CONFIG))
+    with pytest.raises(AdapterAlreadyLoadedError) as taken:
+        await provider.load_adapter("live", AdapterWeights(tensors(), CONFIG))
+    message = str(taken.value)
+    assert "inference-adapter-" not in message and "from other weights" in message and "replace=True" in message
+    directory = tmp_path / "adapter"
+    AdapterWeights(tensors(), CONFIG).save(directory)
+    await provider.load_adapter("disk", directory)
+    with pytest.raises(AdapterAlreadyLoadedError, match=f"already loaded \\(from {directory}\\)"):
+        await provider.load_adapter("disk", AdapterWeights(tensors(), CONFIG))
+    assert sorted(await provider.list_adapters()) == ["disk", "live"]
+    assert len(list(private.iterdir())) == 1  # the refused weights' directories are gone

@@ -27,7 +27,12 @@ from inference._core.validation import GenerationRequest, ScoreRequest, TokenReq
 from inference._core.weights_store import AdapterWeightsStore
 from inference.adapters.source import AdapterSource
 from inference.adapters.stats import ProviderAdapterStats
-from inference.exceptions import InvalidRequestError, ProviderError, UnsupportedOperationError
+from inference.exceptions import (
+    AdapterAlreadyLoadedError,
+    InvalidRequestError,
+    ProviderError,
+    UnsupportedOperationError,
+)
 from inference.options import OptionMap, Sent
 from inference.tokens import TokenVocabulary
 
@@ -178,6 +183,15 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
             source = dataclasses.replace(source, base_model=base_model)
         try:
             await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin)
+        except AdapterAlreadyLoadedError:  # the registry's words name a private directory the caller never saw
+            loaded = self._adapter_registry.path_of(adapter_id) or ""
+            private = loaded in self._adapter_weights.directories() or loaded.startswith("<adapter weights")
+            raise AdapterAlreadyLoadedError(
+                f"adapter {adapter_id!r} is already loaded (from {'other weights' if private else loaded}), and "
+                "each AdapterWeights is new weights: pass replace=True to load these in its place, unload it "
+                "first, or choose another id",
+                provider=self.name,
+            ) from None
         finally:
             self._adapter_weights.recorded(source)
             self._remove_unused_adapter_weights()
