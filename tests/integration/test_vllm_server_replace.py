@@ -89,3 +89,31 @@ def live_on_server(server: Any) -> set[str]:
     """The server's own list of the served names of ``live`` (``/v1/models``)."""
     entries = httpx.get(f"{server.base_url}/models", timeout=10).json()["data"]
     return {entry["id"] for entry in entries if entry.get("parent") and entry["id"].startswith("live")}
+
+
+async def test_a_replaced_adapter_scores_and_answers_under_its_id(vllm_server: Any) -> None:
+    """Once replaced, the id is served as ``id@n``: scores failed ("adapter id 'scored@2' is not valid") and a
+    generation's ``model`` read ``scored@2``; both now go as for an adapter never replaced."""
+    from inference.testing.vllm_model import build_vllm_model
+
+    model = build_vllm_model()
+    context, continuation = "Once upon a time there was", " a fox"
+    async with VLLMProvider(base_url=vllm_server.base_url) as provider:
+        await provider.load_adapter("fresh", model.adapter_dirs["a1"])
+        want = await provider.score(context, continuation, model="tiny", adapter_id="fresh")
+        want_rolling = await provider.score_rolling(context, model="tiny", adapter_id="fresh")
+        await provider.unload_adapter("fresh")
+
+        await provider.load_adapter("scored", model.adapter_dirs["a0"])
+        await provider.load_adapter("scored", model.adapter_dirs["a1"], replace=True)
+        assert provider._adapter_registry.backend_name("scored") != "scored"  # served under a new name
+        got = await provider.score(context, continuation, model="tiny", adapter_id="scored")
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4) and got.adapter_id == "scored"
+        rolling = await provider.score_rolling(context, model="tiny", adapter_id="scored")
+        assert rolling.logprob == pytest.approx(want_rolling.logprob, abs=1e-4)
+        [batched] = await provider.score_batch([(context, continuation)], model="tiny", adapter_id="scored")
+        assert not isinstance(batched, Exception) and batched.logprob == pytest.approx(want.logprob, abs=1e-4)
+        assert got.model == "scored"
+        result = await provider.generate("Dear diary", model="tiny", adapter_id="scored", max_tokens=2)
+        assert (result.model, result.adapter_id) == ("scored", "scored")
+        await provider.unload_adapter("scored")

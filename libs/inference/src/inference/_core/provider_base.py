@@ -490,7 +490,10 @@ class _RequestInUse(Generic[_HeldT]):
 
 
 def _as_asked(result: _Answered, adapter_id: str | None) -> _Answered:
-    """The result under the adapter id the caller asked for, whatever backend name served it."""
+    """The result under the adapter id the caller asked for, whatever backend name served it (also as its
+    ``model``, where the server named the model it served by that name: vLLM's ``math@2`` once replaced)."""
     if result.adapter_id == adapter_id:
         return result
+    if adapter_id is not None and result.adapter_id is not None and result.model == result.adapter_id:
+        return dataclasses.replace(result, adapter_id=adapter_id, model=adapter_id)
     return dataclasses.replace(result, adapter_id=adapter_id)

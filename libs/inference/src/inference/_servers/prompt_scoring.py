@@ -12,6 +12,7 @@ BOS comes from ``GET /tokenizer_info``, which vLLM serves only with ``--enable-t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -186,10 +187,12 @@ class PromptLogprobScoring:
         """
         model = request.adapter_id or request.model
         operation = f"score with {'adapter' if request.adapter_id else 'model'} {model!r}"
-        asked = GenerationRequest.from_arguments(
-            provider=self._replicas.provider, prompt=TokenIds(sequence.tokens), model=request.model,
-            adapter_id=request.adapter_id, max_tokens=1, temperature=0.0,
-            extra_body={"prompt_logprobs": 1, "add_special_tokens": False},
+        asked = dataclasses.replace(  # the adapter under its backend name (``math@2`` once replaced), as sent
+            GenerationRequest.from_arguments(
+                provider=self._replicas.provider, prompt=TokenIds(sequence.tokens), model=request.model,
+                max_tokens=1, temperature=0.0, extra_body={"prompt_logprobs": 1, "add_special_tokens": False},
+            ),
+            adapter_id=request.adapter_id,
         )
         async with self._send(asked, stream=False) as (replica, _, body):
             pass
