@@ -147,3 +147,21 @@ async def test_a_replica_that_refuses_connections_is_skipped_by_the_token_level_
             assert await fleet.detokenize(ids, "tiny") == TEXT
             scored = await fleet.score("the quick brown fox", " jumps over", model="tiny")
             assert scored.logprob == pytest.approx(expected.logprob, abs=1e-5)
+
+
+async def test_a_replaced_adapter_gives_the_distributions_of_its_new_weights(
+    both: tuple[VLLMProvider, TransformersProvider],
+) -> None:
+    """Served as ``id@2`` once replaced: its rows failed ("adapter id 'tokens-r@2' is not valid"). Last in the
+    module: a replacement unloads the old weights (see the module's note)."""
+    from inference.testing.vllm_model import build_vllm_model
+
+    server, local = both
+    model = build_vllm_model()
+    await server.load_adapter("tokens-r", model.adapter_dirs["a1"])
+    await server.load_adapter("tokens-r", model.adapter_dirs["a0"], replace=True)
+    ids = await local.tokenize(TEXT, "tiny")
+    theirs = await server.batch_next_token_logprobs([ids, ids[:3]], "tiny", adapter_id="tokens-r")
+    ours = await local.batch_next_token_logprobs([ids, ids[:3]], "tiny", adapter_id=ADAPTER)  # a0 too
+    assert np.abs(theirs - ours).max() < 1e-4
+    await server.unload_adapter("tokens-r")

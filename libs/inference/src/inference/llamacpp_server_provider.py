@@ -340,10 +340,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
 
     async def _next_token_row(self, request: TokenRequest, size: int) -> NDArray[np.float32]:
         asked = GenerationRequest.from_arguments(
-            provider=self.name, prompt=TokenIds(request.token_ids), model=request.model,
-            adapter_id=request.adapter_id, adapter_scales=request.adapter_scales, max_tokens=1, temperature=0.0,
-            extra_body=distribution_fields(size, await self._tokens.whole_character()),
-        )
+            provider=self.name, prompt=TokenIds(request.token_ids), model=request.model, max_tokens=1,
+            temperature=0.0, extra_body=distribution_fields(size, await self._tokens.whole_character()),
+        ).under(request.adapter_id, request.adapter_scales)
         async with self._chat(asked, stream=False) as (replica, _, completion):
             row, _ = self._tokens.row(replica, completion, size)
         return row

@@ -399,9 +399,9 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     async def _next_token_row(self, request: TokenRequest, size: int) -> NDArray[np.float32]:
         asked = GenerationRequest.from_arguments(
-            provider=self.name, prompt=TokenIds(request.token_ids), model=request.model,
-            adapter_id=request.adapter_id, max_tokens=1, temperature=0.0, extra_body=DISTRIBUTION_FIELDS,
-        )
+            provider=self.name, prompt=TokenIds(request.token_ids), model=request.model, max_tokens=1,
+            temperature=0.0, extra_body=DISTRIBUTION_FIELDS,
+        ).under(request.adapter_id)
         try:
             async with self._chat(asked, stream=False) as (replica, _, completion):
                 return self._tokens.row(replica, completion, size)

@@ -358,6 +358,12 @@ class GenerationRequest(GenerationOptions):
             request = replace(request, stop=())
         return request
 
+    def under(self, adapter_id: str | None, adapter_scales: AdapterScales = ()) -> GenerationRequest:
+        """This request for adapters under their backend names, as a held request has them (``math@2`` once
+        replaced, which is no id a caller may give): how the SDK's own requests (a score, a next-token row) carry
+        the adapters of the call they serve."""
+        return replace(self, adapter_id=adapter_id, adapter_scales=tuple(adapter_scales))
+
     @property
     def messages(self) -> list[Message]:
         """The request as chat messages, the one rule every backend uses: the message list as given, or a system

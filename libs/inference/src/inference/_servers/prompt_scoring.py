@@ -12,7 +12,6 @@ BOS comes from ``GET /tokenizer_info``, which vLLM serves only with ``--enable-t
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -187,13 +186,10 @@ class PromptLogprobScoring:
         """
         model = request.adapter_id or request.model
         operation = f"score with {'adapter' if request.adapter_id else 'model'} {model!r}"
-        asked = dataclasses.replace(  # the adapter under its backend name (``math@2`` once replaced), as sent
-            GenerationRequest.from_arguments(
-                provider=self._replicas.provider, prompt=TokenIds(sequence.tokens), model=request.model,
-                max_tokens=1, temperature=0.0, extra_body={"prompt_logprobs": 1, "add_special_tokens": False},
-            ),
-            adapter_id=request.adapter_id,
-        )
+        asked = GenerationRequest.from_arguments(
+            provider=self._replicas.provider, prompt=TokenIds(sequence.tokens), model=request.model,
+            max_tokens=1, temperature=0.0, extra_body={"prompt_logprobs": 1, "add_special_tokens": False},
+        ).under(request.adapter_id)
         async with self._send(asked, stream=False) as (replica, _, body):
             pass
         try:
