@@ -111,6 +111,33 @@ async def test_the_replaced_weights_unload_is_logged_as_such(caplog: pytest.LogC
     assert records[0].replaces == "a" and records[1].replaced is True  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("path", ["/adapters/slow", "/adapters/slow-corrupt"])
+async def test_a_backend_event_that_ran_to_its_end_under_a_cancelled_caller_is_recorded_as_it_ended(
+    caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """The backend's load runs to its end whatever the caller does: its record says how it ended (it said
+    "cancelled" for a load that was done and served), and the caller still gets its cancellation."""
+
+    class Slow(FlakyProvider):
+        async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+            await asyncio.sleep(0.05)
+            await super()._load_adapter(adapter_id, source)
+
+    provider = Slow()
+    with caplog.at_level(logging.INFO, logger="inference.adapters"):
+        load = asyncio.create_task(provider.load_adapter("a", path))
+        await asyncio.sleep(0.01)
+        load.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await load
+    outcome = "error" if "corrupt" in path else "ok"
+    events = [(r.adapter_event, r.outcome) for r in caplog.records if hasattr(r, "adapter_event")]  # type: ignore[attr-defined]
+    assert events == [("load", outcome)]
+    stats = provider.adapter_stats()
+    assert (stats.loads, stats.failed_loads) == ((1, 0) if outcome == "ok" else (0, 1))
+    assert await provider.list_adapters() == (["a"] if outcome == "ok" else [])
+
+
 async def test_lifecycle_events_are_spans_when_opentelemetry_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("opentelemetry")
     from collections.abc import Iterator

@@ -457,8 +457,11 @@ class AdapterRegistry:
         entry.last_used = next(self._clock)
 
     @staticmethod
-    async def _finish(entry: _Entry, work: Awaitable[None], *, resident_after: bool) -> None:
-        """Run a backend load or unload to its end even if the caller is cancelled meanwhile.
+    async def _finish(
+        entry: _Entry, work: Awaitable[None], *, resident_after: bool, cancelled: list[asyncio.CancelledError]
+    ) -> None:
+        """Run a backend load or unload to its end even if the caller is cancelled meanwhile (each cancellation
+        goes into ``cancelled``, for the caller to raise once the event is recorded as what the backend did).
 
         A backend call stopped half-way would leave the backend and this record disagreeing (an adapter
         listed but gone, or a handle nobody frees). The caller's cancellation is re-raised once the backend
@@ -466,16 +469,13 @@ class AdapterRegistry:
         (an evaluation cancels its adapters' unloads twice; so does Ctrl-C pressed twice).
         """
         task = asyncio.ensure_future(work)
-        cancelled: asyncio.CancelledError | None = None
         while not task.done():
             try:
                 await asyncio.wait([task])  # waiting never cancels the work
             except asyncio.CancelledError as error:
-                cancelled = error
+                cancelled.append(error)
         if not task.cancelled() and task.exception() is None:
             entry.resident = resident_after
-        if cancelled is not None:
-            raise cancelled
         task.result()  # the backend's own error, if it failed
 
     @asynccontextmanager
@@ -568,11 +568,15 @@ class AdapterRegistry:
     async def _backend(self, event: str, adapter_id: str, entry: _Entry, **detail: object) -> None:
         """Run the backend's load (``load``, ``reload``) or unload (``unload``, ``evict``) of ``entry`` to its end,
         counted, logged and traced (``detail`` adds to the record)."""
-        with self._events.observed(event, adapter_id, entry.backend, entry.path, **detail):
-            if event in ("load", "reload"):
-                await self._finish(entry, self._load(entry.backend, entry.source), resident_after=True)
-            else:
-                await self._finish(entry, self._unload(entry.backend), resident_after=False)
+        cancelled: list[asyncio.CancelledError] = []
+        try:
+            with self._events.observed(event, adapter_id, entry.backend, entry.path, **detail):
+                loading = event in ("load", "reload")
+                work = self._load(entry.backend, entry.source) if loading else self._unload(entry.backend)
+                await self._finish(entry, work, resident_after=loading, cancelled=cancelled)
+        finally:
+            if cancelled:  # the caller's, once the event is recorded as what the backend did
+                raise cancelled[0]
 
     async def _drain_and_unload(self, adapter_id: str, entry: _Entry, **detail: object) -> None:
         """Wait for the requests using ``entry`` and for a transition in progress, then unload its weights from the
