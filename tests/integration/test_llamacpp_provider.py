@@ -28,6 +28,7 @@ from inference.exceptions import (
     InvalidRequestError,
     ModelLoadError,
     ProviderError,
+    UnsupportedOperationError,
 )
 from inference.factory import get_provider
 from inference.llamacpp_provider import LlamaCppProvider
@@ -360,8 +361,13 @@ async def test_reload_fallback_gives_the_same_output_as_hot_swap(
             assert await greedy(provider, adapter_id) == references["qwen2"][adapter_id], adapter_id
         assert provider.uses_hot_swap is False
         assert provider.model_loads == 5  # the seed's design: one reload per switch (a1 -> a1 reuses)
+        # what it says it can do is what it does: a switch reloads, and scales are refused (both were true)
+        assert not provider.hot_swaps_adapters and not provider.supports_adapter_scales
+        with pytest.raises(UnsupportedOperationError, match="supports_adapter_scales"):
+            await provider.generate("hi", model="tiny", adapter_id=("a0", 0.5), max_tokens=2)
         await provider.unload_adapter("a0")
         assert await greedy(provider) == references["qwen2"][None]
+    assert LlamaCppProvider.supports_adapter_scales and LlamaCppProvider.hot_swaps_adapters  # the class: hot-swap
 
 
 @pytest.mark.parametrize("n_parallel", [1, 4])

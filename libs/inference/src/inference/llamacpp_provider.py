@@ -251,6 +251,9 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         self._n_batch: int = settings["n_batch"]
         self._verbose: bool = settings["verbose"]
         self._hot_swap_requested: bool = settings["hot_swap"]
+        if self._hot_swap_requested is False:  # reload mode: a switch rebuilds the model, one adapter at scale 1
+            for capability in ("hot_swaps_adapters", "supports_adapter_scales"):
+                setattr(self, capability, False)
         # The parts; their state is touched only from inside self._worker.run calls.
         self._model = LlamaCppModel(LlamaSettings.of(settings), _PROVIDER)
         self._prompts = LlamaPrompts(self._model)
