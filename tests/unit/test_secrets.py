@@ -185,6 +185,7 @@ def test_a_key_beside_user_information_in_the_url_is_refused_without_showing_eit
     with pytest.raises(ConfigurationError, match="Give the credentials one way") as caught:
         build(provider_type, base_url=url, api_key=f"{SECRET}-key")
     assert not [text for text in _texts_of(caught.value) if SECRET in text]
+    assert "(base_url or " in str(caught.value) and "(api_key or " in str(caught.value)  # given as arguments here
     assert build(provider_type, base_url=url)._replicas  # type: ignore[attr-defined]  # either alone is used
 
 

@@ -102,9 +102,9 @@ def refuse_two_credentials(base_url: str, authorization: str | None, *, env_pref
     """
     if authorization and any(urlsplit(url.strip()).username is not None for url in base_url.split(",")):
         raise ConfigurationError(
-            f"{env_prefix}_BASE_URL {redact_url(repr(base_url))} holds user:password@ and an API key is set too "
-            f"({env_prefix}_API_KEY or api_key): both would be the Authorization header, and the URL's would replace "
-            "the key. Give the credentials one way: the API key, or the URL's user:password@",
+            f"the base URL {redact_url(repr(base_url))} (base_url or {env_prefix}_BASE_URL) holds user:password@ and "
+            f"an API key is set too (api_key or {env_prefix}_API_KEY): both would be the Authorization header, and "
+            "the URL's would replace the key. Give the credentials one way: the API key, or the URL's user:password@",
             url=redact_url(base_url),
         )
 
