@@ -169,6 +169,19 @@ def test_usage_mistakes_exit_2(extra: list[str], needle: str, capsys: pytest.Cap
     assert needle in err and out == ""
 
 
+def test_set_takes_the_generation_options_on_generate_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """As cli.md says (``--set n=3``); it was "not a setting of the fake provider" (exit 2) on generate, where eval
+    took it. The same request as the options' own flags."""
+    status, out, _ = run(["generate", "Hi", "--provider", "fake", "--set", "n=3", "--set", "max_tokens=4",
+                          "--set", "seed=7", "--set", "temperature=0.5", "--set", "timeout=30"], capsys)
+    assert status == 0 and out.count("--- choice ") == 3
+    flagged, flagged_out, _ = run(["generate", "Hi", "--provider", "fake", "--n", "3", "--max-tokens", "4",
+                                   "--seed", "7", "--temperature", "0.5", "--timeout", "30"], capsys)
+    assert flagged == 0 and flagged_out == out
+    status, _, err = run(["generate", "Hi", "--provider", "fake", "--set", "n=many"], capsys)
+    assert status == 2 and "--set n='many' is not a valid n" in err
+
+
 def test_set_values_are_parsed_with_the_settings_table(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(["generate", "Hi", "--provider", "vllm", "--set", "timeout=soon"], capsys)
     assert status == 2

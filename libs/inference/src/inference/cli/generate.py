@@ -16,7 +16,7 @@ from inference.exceptions import InferenceError
 def _generate(args: argparse.Namespace) -> int:
     from inference.factory import get_provider_for_step
 
-    config = _step_config(args)
+    config = _step_config(args, generation_keys=True)
     sampling = {"max_tokens": 256, **_sampling(config)}
     prompt = _prompt_argument(args)
 
