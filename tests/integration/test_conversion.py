@@ -168,6 +168,25 @@ def test_the_output_is_a_gguf_lora_for_the_base_architecture(tiny_models: dict[s
     assert [p.name for p in converted.parent.iterdir()] == ["a1.gguf"]  # no temporary file left
 
 
+def test_the_content_digest_is_the_adapters_whatever_its_directory_is_named(
+    tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """The file names the directory it came from (``general.name``), so the same adapter's files differ; what
+    llama-server's provider compares is the adapter: its tensors and meaningful metadata."""
+    import hashlib
+
+    model = tiny_models["qwen2"]
+    renamed = tmp_path / "run-0042"
+    shutil.copytree(model.adapter_dirs["a0"], renamed)
+    first = convert_peft_to_gguf(model.adapter_dirs["a0"], model.gguf_path, tmp_path / "first.gguf")
+    second = convert_peft_to_gguf(renamed, model.gguf_path, tmp_path / "second.gguf")
+    other = convert_peft_to_gguf(model.adapter_dirs["a1"], model.gguf_path, tmp_path / "other.gguf")
+    assert hashlib.sha256(first.read_bytes()).digest() != hashlib.sha256(second.read_bytes()).digest()
+    digest = gguf_conversion.lora_content_digest
+    assert digest(first, provider="llamacpp") == digest(second, provider="llamacpp")
+    assert digest(first, provider="llamacpp") != digest(other, provider="llamacpp")
+
+
 def test_read_base_layout_reads_the_header(tiny_models: dict[str, TinyModel]) -> None:
     layout = read_base_layout(tiny_models["llama"].gguf_path)
     assert (layout.architecture, layout.block_count, layout.head_count, layout.head_count_kv) == ("llama", 2, 4, 2)

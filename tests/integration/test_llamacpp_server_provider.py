@@ -278,6 +278,11 @@ async def test_adapters_are_found_by_path_by_content_and_by_file_name(
         await provider.unload_adapter("styled")
         with pytest.raises(AdapterNotFoundError):
             await provider.generate(PROMPTS[0], adapter_id="styled", **greedy)
+        # the same adapter in a directory of another name: its GGUF names that directory, and was refused
+        renamed = tmp_path / "my-run-0042"
+        shutil.copytree(model.adapter_dirs["a0"], renamed)
+        await provider.load_adapter("renamed", renamed)
+        assert (await provider.generate(PROMPTS[0], adapter_id="renamed", **greedy)).text == a0.text
 
 
 async def test_weights_from_memory_the_server_lacks_leave_nothing_in_the_cache(

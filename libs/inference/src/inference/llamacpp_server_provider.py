@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from inference._servers.llama_server_tokens import LlamaServerTokens, distributi
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
-from inference.adapters.gguf import convert_peft_to_gguf_cached
+from inference.adapters.gguf import convert_peft_to_gguf_cached, lora_content_digest
 from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     AdapterNotFoundError,
@@ -429,10 +428,12 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             local = await asyncio.to_thread(convert_peft_to_gguf_cached, local, model_path, cache)
         if local is None or not local.is_file():
             return None
-        digest = await asyncio.to_thread(_sha256, local)
+        digest = await asyncio.to_thread(_content_digest, local)
+        if digest is None:
+            return None
         for entry in served:
             server_file = Path(entry.path)
-            if server_file.is_file() and await asyncio.to_thread(_sha256, server_file) == digest:
+            if server_file.is_file() and await asyncio.to_thread(_content_digest, server_file) == digest:
                 return entry
         return None
 
@@ -474,9 +475,10 @@ def _file_name(path: str) -> str:
     return name[: -len(".gguf")] if name.endswith(".gguf") else name
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _content_digest(path: Path) -> str | None:
+    """What makes a GGUF LoRA file the adapter it is (:func:`~inference.adapters.gguf.lora_content_digest`), or
+    ``None`` for a file that is no readable GGUF (it matches nothing)."""
+    try:
+        return lora_content_digest(path, provider="llamacpp-server")
+    except (OSError, ValueError, KeyError, IndexError):
+        return None

@@ -54,6 +54,7 @@ __all__ = [
     "convert_peft_to_gguf_for_layout",
     "convert_peft_to_gguf_for_layout_cached",
     "layout_from_metadata",
+    "lora_content_digest",
     "permute_llama_rows",
     "read_base_layout",
     "read_lora_gguf_architecture",
@@ -61,6 +62,35 @@ __all__ = [
 
 #: Part of every cache key: bump when the output of a conversion changes.
 CONVERTER_VERSION = "1"
+
+#: The ``general.*`` metadata that says what weights do; the rest of ``general.*`` only describes the file (its
+#: ``name`` is the directory it was converted from).
+_MEANINGFUL_GENERAL = frozenset({"general.architecture", "general.type", "general.alignment", "general.file_type"})
+
+
+def lora_content_digest(path: str | os.PathLike[str], *, provider: str) -> str:
+    """A SHA-256 of what makes a GGUF LoRA file the adapter it is, whatever its file is named or converted from:
+    its metadata (but the descriptive ``general.*`` fields) and its tensors (names, types, shapes and bytes).
+
+    Two conversions of the same PEFT adapter from directories of other names are the same adapter; their files
+    differ in ``general.name``.
+    """
+    gguf = import_gguf(provider)
+    reader = gguf.GGUFReader(str(path))
+    digest = hashlib.sha256()
+    for field in sorted(reader.fields.values(), key=lambda field: field.name):
+        if field.name.startswith("GGUF.") or (
+            field.name.startswith("general.") and field.name not in _MEANINGFUL_GENERAL
+        ):
+            continue
+        digest.update(field.name.encode("utf-8") + bytes(str(list(field.types)), "ascii"))
+        for index in field.data:
+            digest.update(field.parts[index].tobytes())
+    for tensor in sorted(reader.tensors, key=lambda tensor: tensor.name):
+        shape = [int(size) for size in tensor.shape]
+        digest.update(f"{tensor.name}:{int(tensor.tensor_type)}:{shape}".encode())
+        digest.update(tensor.data.tobytes())
+    return digest.hexdigest()
 
 
 def convert_peft_to_gguf(
