@@ -279,3 +279,19 @@ def test_a_long_list_is_shortened_in_the_message(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     message = str(refusal(make_adapter(tmp_path / "b", target_modules=[*modules, 7])))
     assert "and 199996 more" in message and len(message) < 500
+
+
+@pytest.mark.parametrize("provider_type", ["vllm", "llamacpp-server", "ollama"])
+async def test_a_server_provider_refuses_a_bad_directory_before_asking_its_server(
+    tmp_path: Path, provider_type: str
+) -> None:
+    """As adapters.md says of every provider: the same sentence, with no server answering (llama-server's and
+    Ollama's providers asked their server first, and said it was unreachable)."""
+    from inference.factory import get_provider_for_step
+
+    dead = "http://127.0.0.1:9/v1" if provider_type != "ollama" else "http://127.0.0.1:9"
+    settings = {"base_model": "llama3.2"} if provider_type == "ollama" else {}
+    provider = get_provider_for_step({"provider": provider_type, "base_url": dead, "max_retries": 0, **settings})
+    with pytest.raises(InvalidAdapterError, match="uses DoRA"):
+        await provider.load_adapter("dora", make_adapter(tmp_path, use_dora=True))
+    await provider.aclose()

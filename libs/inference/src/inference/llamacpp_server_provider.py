@@ -25,6 +25,7 @@ from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
 from inference.adapters.gguf import convert_peft_to_gguf_cached, lora_content_digest
+from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     AdapterNotFoundError,
@@ -351,6 +352,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Find the adapter among every replica's preloaded ones; record the server's path for it."""
         adapter_path = source.path
+        if Path(adapter_path).is_dir():  # a bad PEFT directory is refused before any server is asked
+            await asyncio.to_thread(read_peft_adapter, adapter_path, provider=self.name)
         found: str | None = None
         for replica in self._replicas:
             served = await self._read_served(replica)

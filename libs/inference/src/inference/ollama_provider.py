@@ -351,6 +351,7 @@ class OllamaProvider(InferenceProvider):
         """Upload the adapter's files and create its derived model on ``base``; delete one on another base."""
         self._adapter_registry.refuse_changed(adapter_id)  # created again after a loss: the same weights
         name = derived_model_name(adapter_id, base, provider=self.name)
+        await self._models.check_adapter(adapter_path)  # a bad adapter is refused before the server is asked
         info = await self._models.show(base)
         cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)
         files = await self._models.adapter_files(adapter_path, info, cache_dir=cache)

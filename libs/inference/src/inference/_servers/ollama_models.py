@@ -318,6 +318,26 @@ class OllamaModels:
 
     # Adapter files ---------------------------------------------------------------------------------------
 
+    async def check_adapter(self, adapter_path: str) -> None:
+        """What can be refused of the adapter at ``adapter_path`` before the server is asked anything: nothing
+        there, or a PEFT directory the one checker refuses (:func:`~inference.adapters.peft.read_peft_adapter`).
+
+        Raises:
+            InvalidAdapterError: Nothing at the path, or a PEFT directory that is not a servable LoRA.
+        """
+        from inference.adapters.peft import read_peft_adapter
+
+        path = Path(adapter_path)
+        if not path.exists():
+            raise InvalidAdapterError(
+                f"no adapter at {path}: give a GGUF LoRA file or a PEFT adapter directory on this machine "
+                "(the provider uploads it to Ollama)",
+                provider=self._provider,
+                path=str(path),
+            )
+        if path.is_dir():
+            await asyncio.to_thread(read_peft_adapter, path, provider=self._provider)
+
     async def adapter_files(
         self, adapter_path: str, base: BaseModelInfo, *, cache_dir: Path | None = None
     ) -> list[AdapterFile]:
@@ -338,13 +358,7 @@ class OllamaModels:
         path = Path(adapter_path)
         if path.is_file():
             return [await self._gguf_file(path, base)]
-        if not path.exists():
-            raise InvalidAdapterError(
-                f"no adapter at {path}: give a GGUF LoRA file or a PEFT adapter directory on this machine "
-                "(the provider uploads it to Ollama)",
-                provider=self._provider,
-                path=str(path),
-            )
+        await self.check_adapter(adapter_path)
         adapter = await asyncio.to_thread(read_peft_adapter, path, provider=self._provider)
         if base.architecture in OLLAMA_SAFETENSORS_ARCHITECTURES and adapter.weights_path.suffix == ".safetensors":
             return [
