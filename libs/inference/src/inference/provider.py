@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from inference._core.deadlines import within
+from inference._core.json_schemas import import_off_the_loop
 from inference._core.provider_base import _as_asked
 from inference._core.provider_scoring import ScoringProvider
 from inference._core.telemetry import observe
@@ -183,6 +184,7 @@ class InferenceProvider(ScoringProvider):
                 did not answer within the provider's own ``timeout`` setting.
         """
         with observe(self.name, "generate") as observed:
+            await import_off_the_loop(options)
             request = self._request("generate", locals())
             observed.request(request.model, _asked_adapter(request))
             result = await self._in_time(request, _deadline(request), self._generate_answer(request))
@@ -234,6 +236,7 @@ class InferenceProvider(ScoringProvider):
                 only while the stream waits for the backend, never in your loop's own code).
         """
         with observe(self.name, "stream", current=False) as observed:
+            await import_off_the_loop(options)
             request = self._request("stream", locals())
             observed.request(request.model, _asked_adapter(request))
             if request.n > 1:

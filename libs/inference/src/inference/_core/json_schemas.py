@@ -17,7 +17,10 @@ fails with a :class:`ProviderError`.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import json
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -43,6 +46,19 @@ class _RemoteReference(Exception):
 
 def _refuse_remote(uri: str) -> Any:
     raise _RemoteReference(uri)
+
+
+_SCHEMA_OPTIONS = ("json_schema", "tools", "response_format")
+
+
+async def import_off_the_loop(options: Mapping[str, object]) -> None:
+    """Import ``jsonschema`` on a worker thread before the first request whose options need it is checked.
+
+    Its import can take seconds (with ``rfc3987-syntax`` installed, as Jupyter's environments have it, it builds a
+    grammar at import: 2 s on a 2-core machine), which on the event loop would stall every other request.
+    """
+    if "jsonschema.validators" not in sys.modules and any(options.get(name) for name in _SCHEMA_OPTIONS):
+        await asyncio.to_thread(importlib.import_module, "jsonschema.validators")
 
 
 def _local_registry() -> Any:
