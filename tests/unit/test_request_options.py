@@ -61,6 +61,9 @@ async def test_n_results_are_the_first_choice_with_the_token_counts_added_up() -
     assert result.prompt_tokens == single.prompt_tokens  # the prompt, counted once
     assert result.token_count == result.prompt_tokens + result.completion_tokens
     assert all(choice.choices is None for choice in result.choices)
+    # choice k is seeded seed + k, as on every backend (migrating.md): the choices of n single requests
+    seeded = [await fake.generate("Write a line.", "m", temperature=0.8, seed=7 + k, max_tokens=50) for k in range(3)]
+    assert [choice.text for choice in result.choices] == [one.text for one in seeded]
 
 
 async def test_each_choice_is_kept_to_the_json_schema_and_named_by_the_adapter_asked_for() -> None:

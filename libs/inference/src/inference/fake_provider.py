@@ -359,13 +359,14 @@ def _words_for(request: GenerationRequest, weights: str, choice: int = 0) -> lis
     where they are set (:func:`_folded`), and so is the choice (but the first) unless decoding is greedy.
     """
     folded = _folded(request, choice)
+    seed = str(_choice_seed(request, choice))
     if request.prompt_token_ids is not None:  # the model's own input: hashed as ids, never equal to any text
-        digest = _digest("\x01ids", " ".join(map(str, request.prompt_token_ids)), weights, str(request.seed), *folded)
+        digest = _digest("\x01ids", " ".join(map(str, request.prompt_token_ids)), weights, seed, *folded)
         return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
     messages = request.messages
     system = "\n\n".join(message["content"] for message in messages if message["role"] == "system")
     turns = "\n\n".join(message["content"] for message in messages if message["role"] != "system")
-    digest = _digest(turns, system, weights, str(request.seed), *folded)
+    digest = _digest(turns, system, weights, seed, *folded)
     return [_WORDS[byte % len(_WORDS)] for byte in digest[1 : 9 + digest[0] % 16]]
 
 
@@ -387,16 +388,26 @@ def _folded(request: GenerationRequest, choice: int) -> tuple[str, ...]:
     ]
     if request.raw_prompt:
         parts.append("raw_prompt")
-    if choice and not request.is_greedy:
+    if choice and not request.is_greedy and request.seed is None:
         parts.append(f"choice={choice}")
     return tuple(parts)
+
+
+def _choice_seed(request: GenerationRequest, choice: int) -> int | None:
+    """The seed of choice ``choice`` of a request that samples: ``seed + choice``, as every backend seeds it (so the
+    choices are those of ``n`` requests with those seeds)."""
+    if request.seed is None or request.is_greedy:
+        return request.seed
+    return request.seed + choice
 
 
 def _reasoning(request: GenerationRequest, weights: str, choice: int) -> str | None:
     """Made-up reasoning when ``thinking`` is on: a few words from their own hash, never in the answer."""
     if not request.thinking:
         return None
-    digest = _digest("\x02thinking", request.prompt_text, weights, str(request.seed), *_folded(request, choice))
+    digest = _digest(
+        "\x02thinking", request.prompt_text, weights, str(_choice_seed(request, choice)), *_folded(request, choice)
+    )
     return "Thinking: " + " ".join(_WORDS[byte % len(_WORDS)] for byte in digest[1 : 4 + digest[0] % 4])
 
 
