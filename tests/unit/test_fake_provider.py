@@ -115,3 +115,16 @@ async def test_unsupported_operation_names_the_provider_class() -> None:
         await provider.load_adapter("a", "/x")
     assert await provider.list_adapters() == []
     assert (await provider.generate("echo", model="m")).text == "echo"
+
+
+async def test_a_score_longer_than_the_context_is_refused_as_a_real_models_is() -> None:
+    """scores.md: context and continuation longer than the window are an InvalidRequestError (a TokenLimitError
+    of kind "context", which a FallbackProvider moves on); the fake scored any length."""
+    from inference.exceptions import InvalidRequestError, TokenLimitError
+
+    fake = FakeProvider(context_length=32)
+    assert (await fake.score("the cat sat on", " the mat", model="m")).num_tokens == 2
+    with pytest.raises(TokenLimitError, match="more than the model's context of 32 tokens") as caught:
+        await fake.score("word " * 20, " end", model="m")
+    assert isinstance(caught.value, InvalidRequestError) and caught.value.kind == "context"
+    assert (await fake.score_rolling("word " * 20, model="m")).num_tokens == 20  # rolling windows: any length

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from inference._core.scoring import too_long
 from inference._core.validation import AdapterScales, GenerationRequest, ScoreRequest, TokenRequest
 from inference.adapters.source import AdapterSource
 from inference.exceptions import InvalidRequestError
@@ -76,8 +77,8 @@ class FakeProvider(InferenceProvider):
             ``FAKE_MAX_ADAPTERS``; else no limit.
         prefix_cache_tokens: Most prefix tokens the cache holds before the least recently used are evicted
             (``0``: no cache, every sequence is computed whole); else ``FAKE_PREFIX_CACHE_TOKENS``; else 65536.
-        context_length: The longest sequence ``next_token_logprobs`` takes (longer is a ``TokenLimitError``); else
-            ``FAKE_CONTEXT_LENGTH``; else 2048.
+        context_length: The longest sequence ``next_token_logprobs`` and ``score`` take, in the fake's byte tokens
+            (longer is a ``TokenLimitError``); else ``FAKE_CONTEXT_LENGTH``; else 2048.
         raw_prompt: Send prompts without the chat template unless a request says ``raw_prompt=False`` (the
             provider-level default of the ``raw_prompt`` option); else ``FAKE_RAW_PROMPT``; else off.
 
@@ -306,6 +307,9 @@ class FakeProvider(InferenceProvider):
 
     async def _score(self, request: ScoreRequest) -> ScoreResult:
         await asyncio.sleep(0)
+        length = len(encode(request.context + request.continuation))  # its byte tokens, as a real model's window
+        if length > self._context_length:
+            raise too_long(length, self._context_length, provider=self.name, setting="context_length")
         return self._score_words(request, request.context)
 
     async def _score_rolling(self, request: ScoreRequest) -> ScoreResult:

@@ -297,7 +297,7 @@ _SPECS = (
             Setting("prefix_cache_tokens", "FAKE_PREFIX_CACHE_TOKENS", 65536, "int",
                     "Prefix tokens the token-level cache holds, least recently used out (0: no cache)", minimum=0),
             Setting("context_length", "FAKE_CONTEXT_LENGTH", 2048, "int",
-                    "Longest token sequence next_token_logprobs takes", minimum=1),
+                    "Longest token sequence next_token_logprobs and score take", minimum=1),
             _raw_prompt("FAKE"),
         ),
         stand_in=True,
