@@ -305,7 +305,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
     def _logprobs(
         self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int
     ) -> list[TokenLogprob]:
-        """The answer's token logprobs; none for generated tokens: the answer ended inside a UTF-8 character."""
+        """The answer's token logprobs, as llama-server reports them: a token that ends inside a UTF-8 character comes
+        with the next one, in one entry holding the next one's logprob (fewer entries than tokens: the provider page
+        says so); none for generated tokens: the answer ended inside a UTF-8 character."""
         if not entries and tokens > 0:
             raise ProviderError(
                 f"{replica.http.where} gave no logprobs for the {tokens} token(s) it generated: llama-server reports "
