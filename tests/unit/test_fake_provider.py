@@ -128,3 +128,17 @@ async def test_a_score_longer_than_the_context_is_refused_as_a_real_models_is() 
         await fake.score("word " * 20, " end", model="m")
     assert isinstance(caught.value, InvalidRequestError) and caught.value.kind == "context"
     assert (await fake.score_rolling("word " * 20, model="m")).num_tokens == 20  # rolling windows: any length
+
+
+async def test_a_stop_string_cut_streams_the_text_whole_and_counts_the_words_until_it() -> None:
+    """The pieces make the text (the blank before a cut was lost in a stream), and completion_tokens counts the
+    words generated until the stop string was complete (it counted every word of the uncut answer)."""
+    fake = FakeProvider()
+    whole = await fake.generate("Tell me", model="m", max_tokens=12)
+    words = whole.text.split()[1:]  # after the [label]
+    stop = words[2][:2]  # inside the third word: the third word completes it
+    cut = await fake.generate("Tell me", model="m", max_tokens=12, stop=[stop])
+    assert cut.text.endswith(" ") and cut.finish_reason == "stop"
+    assert cut.completion_tokens == 3 and cut.token_count == cut.prompt_tokens + 3
+    events = [event async for event in fake.stream("Tell me", model="m", max_tokens=12, stop=[stop])]
+    assert "".join(str(event) for event in events[:-1]) == events[-1].text == cut.text  # type: ignore[union-attr]

@@ -167,7 +167,11 @@ class FakeProvider(InferenceProvider):
 
     async def _stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         result = self._answer(request)
-        for piece in re.findall(r"\s*\S+", result.text):
+        pieces = re.findall(r"\s*\S+", result.text)
+        rest = result.text[len("".join(pieces)) :]
+        if rest:  # blanks a stop string's cut left at the end go with the last piece
+            pieces = [*pieces[:-1], (pieces[-1] if pieces else "") + rest]
+        for piece in pieces:
             await asyncio.sleep(0)
             yield piece
         yield result
@@ -263,9 +267,13 @@ class FakeProvider(InferenceProvider):
         if request.json_schema is not None:
             text, finish_reason = json.dumps(_instance(request.json_schema, words, request.json_schema)), "stop"
             _check_instance(text, request.json_schema, self.name)
-        for stop in request.stop:
-            if stop in text:
-                text, finish_reason = text[: text.index(stop)], "stop"
+        generated = len(words)
+        cuts = [(text.index(stop), len(stop)) for stop in request.stop if stop in text]
+        if cuts:  # the words generated until the first stop string was complete, as a real model counts them
+            cut, length = min(cuts)
+            starts = [match.start() for match in re.finditer(r"\S+", text)][1:]  # the words after the label
+            generated = sum(1 for start in starts if start < cut + length)
+            text, finish_reason = text[:cut], "stop"
         ids = request.prompt_token_ids
         if ids is not None:
             prompt_tokens = len(ids)
@@ -275,10 +283,10 @@ class FakeProvider(InferenceProvider):
             text=text,
             model=request.model or "fake",
             adapter_id=request.adapter_id,
-            token_count=prompt_tokens + len(words),
+            token_count=prompt_tokens + generated,
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
-            completion_tokens=len(words),
+            completion_tokens=generated,
             logprobs=None if request.logprobs is None else _logprobs(text, request, weights),
             reasoning=_reasoning(request, weights, index),
             token_ids=tuple(encode(text)) if request.return_token_ids else None,
