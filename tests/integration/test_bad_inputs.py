@@ -66,6 +66,42 @@ def _corrupt_weights(source: Path, target: Path) -> Path:
     return target
 
 
+def _integer_gguf(source: Path, target: Path) -> Path:
+    """A GGUF LoRA whose tensors are stored as I32 (llama.cpp took it, and its first generation killed the process)."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, "qwen2")
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
+    for tensor in reader.tensors:
+        data = np.array(tensor.data).reshape(tuple(reversed(tensor.shape.tolist())))
+        writer.add_tensor(tensor.name, data.view(np.int32), raw_dtype=gguf.GGMLQuantizationType.I32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def _overlapping_offsets(source: Path, target: Path) -> Path:
+    """A copy whose safetensors tensors all point at the same bytes (garbage weights llama.cpp's converter took)."""
+    _adapter_copy(source, target)
+    weights = target / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    for name, info in header.items():
+        if name != "__metadata__":
+            start, end = info["data_offsets"]
+            info["data_offsets"] = [0, end - start]
+    encoded = json.dumps(header).encode()
+    weights.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + size :])
+    return target
+
+
 def _generate(**arguments: Any) -> Case:
     async def case(provider: LlamaCppProvider, _: dict[str, Any]) -> object:
         return await provider.generate(**{"prompt": "hello", "model": "tiny", "max_tokens": 4, **arguments})
@@ -123,6 +159,11 @@ CATALOGUE: list[tuple[str, Case, type[InferenceError], str]] = [
     ("rank_pattern with a bad regex", _load(lambda p: p["bad_pattern"]), InvalidAdapterError,
      "not a valid regular expression"),
     ("adapter_config.json nested too deeply", _load(lambda p: p["nested"]), InvalidAdapterError, "nested too deeply"),
+    ("GGUF LoRA with integer tensors", _load(lambda p: p["integer_gguf"]), InvalidAdapterError, "of type I32"),
+    ("safetensors tensors over the same bytes", _load(lambda p: p["overlapping"]), InvalidAdapterError,
+     "overlaps the tensor before it"),
+    ("target_modules that backtracks exponentially", _load(lambda p: p["regex_bomb"]), InvalidAdapterError,
+     "repeats a repetition"),
     ("adapter scale beyond float32", _generate(adapter_id=("a0", 1e39)), InvalidRequestError, "float32 can hold"),
     ("same id, another path", _same_id_other_path, AdapterAlreadyLoadedError, "replace=True"),
     ("unload of an unknown id", _unload_unknown, AdapterNotFoundError, "not loaded"),
@@ -155,7 +196,12 @@ async def setup(
         "nested": _nested_config(a0, tmp / "nested"),
         "missing_module": _retargeted(a0, tmp / "missing_module", "q_proj", "mlp_fc9"),
         "llama_gguf_lora": convert_peft_to_gguf(llama.adapter_dirs["a0"], llama.gguf_path, tmp / "llama-a0.gguf"),
+        "overlapping": _overlapping_offsets(a0, tmp / "overlapping"),
+        "regex_bomb": _adapter_copy(a0, tmp / "regex_bomb", target_modules="(.*.*)*X"),
     }
+    paths["integer_gguf"] = _integer_gguf(
+        convert_peft_to_gguf(a0, model.gguf_path, tmp / "a0.gguf"), tmp / "integer.gguf"
+    )
     provider = LlamaCppProvider(model.gguf_path, n_ctx=512, adapter_cache_dir=tmp / "cache", kv_cache_type="f32")
     reference = (await provider.generate("hello", model="tiny", max_tokens=6, temperature=0.0)).text
     yield provider, paths, reference

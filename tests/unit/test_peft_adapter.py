@@ -295,3 +295,41 @@ async def test_a_server_provider_refuses_a_bad_directory_before_asking_its_serve
     with pytest.raises(InvalidAdapterError, match="uses DoRA"):
         await provider.load_adapter("dora", make_adapter(tmp_path, use_dora=True))
     await provider.aclose()
+
+
+BOMB = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from inference import AdapterWeights
+from inference.adapters.peft import read_peft_adapter
+from inference.exceptions import InvalidAdapterError
+
+directory = Path(sys.argv[1])
+config = json.loads((directory / "adapter_config.json").read_text())
+prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+tensors = {f"{prefix}.lora_A.weight": np.ones((8, 8), "float32"), f"{prefix}.lora_B.weight": np.ones((8, 8), "float32")}
+for check in (lambda: read_peft_adapter(directory), lambda: AdapterWeights(tensors, config).check()):
+    try:
+        check()
+    except InvalidAdapterError as error:
+        print("refused:", error)
+"""
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"target_modules": "(.*.*)*X"}, {"rank_pattern": {"(q+)+_proj": 4}}, {"alpha_pattern": {"(x{1,3})*": 4}}],
+    ids=["target_modules", "rank_pattern", "alpha_pattern"],
+)
+def test_a_regular_expression_that_backtracks_exponentially_is_refused_at_once(
+    tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    """Matching one froze the whole process (re holds the GIL and cannot be stopped): run apart, with a guard."""
+    import subprocess
+    import sys
+
+    directory = make_adapter(tmp_path, **changes)
+    done = subprocess.run([sys.executable, "-c", BOMB, str(directory)], capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all("repeats a repetition" in line for line in lines), done.stdout + done.stderr

@@ -38,6 +38,7 @@ from inference._inprocess.llamacpp_native import (
     set_context_adapters,
     share_context,
 )
+from inference.adapters.gguf_layout import lora_types_problem
 from inference.exceptions import InferenceError, InvalidAdapterError, ModelLoadError, UnsupportedOperationError
 
 __all__ = [
@@ -408,4 +409,7 @@ def read_lora_architecture(path: Path, provider: str) -> str:
     architecture = field("general.architecture")
     if not architecture:
         raise refuse("has no general.architecture: it was not written by a GGUF LoRA converter")
+    problem = lora_types_problem(tensor.tensor_type for tensor in reader.tensors)
+    if problem is not None:
+        raise refuse(problem)
     return architecture

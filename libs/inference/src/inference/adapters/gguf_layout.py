@@ -14,7 +14,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,13 @@ from typing import Any
 from inference._core.paths import expand_path
 from inference.exceptions import AdapterConversionError, InvalidAdapterError
 
-__all__ = ["BaseModelLayout", "layout_from_metadata", "read_base_layout", "read_lora_gguf_architecture"]
+__all__ = [
+    "BaseModelLayout",
+    "layout_from_metadata",
+    "lora_types_problem",
+    "read_base_layout",
+    "read_lora_gguf_architecture",
+]
 
 _UNREADABLE = (OSError, ValueError, struct.error, UnicodeDecodeError)
 """What reading a header raises for a file that is missing, unreadable or not GGUF."""
@@ -93,7 +99,7 @@ def read_base_layout(base_gguf: str | os.PathLike[str]) -> BaseModelLayout:
             path=str(path),
         )
     try:
-        fields, shapes = _read_header(path)
+        fields, shapes, _ = _read_header(path)
     except _UNREADABLE as error:
         raise AdapterConversionError(
             f"base model {path} is not a readable GGUF file ({error})", path=str(path)
@@ -188,7 +194,7 @@ def read_lora_gguf_architecture(lora_gguf: str | os.PathLike[str], *, provider: 
     """
     path = expand_path(lora_gguf)
     try:
-        fields, _ = _read_header(path)
+        fields, _, types = _read_header(path)
     except _UNREADABLE as error:
         raise InvalidAdapterError(
             f"adapter {path} is not a readable GGUF file ({error}): give a GGUF LoRA file or a PEFT adapter directory",
@@ -203,13 +209,32 @@ def read_lora_gguf_architecture(lora_gguf: str | os.PathLike[str], *, provider: 
             provider=provider,
             path=str(path),
         )
+    problem = lora_types_problem(types.values())
+    if problem is not None:
+        raise InvalidAdapterError(f"{path} {problem}", provider=provider, path=str(path))
     return str(architecture)
+
+
+_UNUSABLE_TYPES = {24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}
+"""The GGML tensor types that hold no LoRA matrix llama.cpp can apply (integers, and doubles it has no kernels for)."""
+
+
+def lora_types_problem(types: Iterable[int]) -> str | None:
+    """Why llama.cpp cannot apply a GGUF LoRA whose tensors have these GGML types, or ``None``: llama.cpp takes such
+    a file, and the process dies (SIGSEGV) at the first generation with it."""
+    unusable = sorted({_UNUSABLE_TYPES[int(kind)] for kind in types if int(kind) in _UNUSABLE_TYPES})
+    if not unusable:
+        return None
+    return (
+        f"holds LoRA tensors of type {', '.join(unusable)}, which llama.cpp cannot apply: a GGUF LoRA's tensors are "
+        "floating point (F32, F16, BF16) or quantized; convert the adapter again"
+    )
 
 
 def _read_gguf_architecture(path: Path) -> str | None:
     """``general.architecture`` of any GGUF file (model or adapter), or ``None`` when it cannot be read."""
     try:
-        fields, _ = _read_header(path)
+        fields, _, _ = _read_header(path)
     except _UNREADABLE:
         return None
     architecture = fields.get("general.architecture")
@@ -223,22 +248,24 @@ _SMALL_ARRAY = 4096
 _MAX_ARRAY_NESTING = 16  # arrays of arrays: a header nested deeper is not a model's (and would exhaust the stack)
 
 
-def _read_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+_Header = tuple[dict[str, Any], dict[str, tuple[int, ...]], dict[str, int]]
+"""A GGUF header: its metadata, its tensors' shapes and their GGML types, by name."""
+
+
+def _read_header(path: Path) -> _Header:
     """The header of the file at ``path`` as it is now (read again only when its size or time changed)."""
     stat = path.stat()
     return _read_gguf_header_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_gguf_header_cached(
-    path: Path, mtime_ns: int, size: int
-) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+def _read_gguf_header_cached(path: Path, mtime_ns: int, size: int) -> _Header:
     """The header of a base model, read once per file version: every adapter load for a model needs it."""
     return _read_gguf_header(path)
 
 
-def _read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
-    """Parse a GGUF header: metadata (scalars, strings, small numeric arrays) and tensor shapes.
+def _read_gguf_header(path: Path) -> _Header:
+    """Parse a GGUF header: metadata (scalars, strings, small numeric arrays), tensor shapes and tensor types.
 
     Large arrays (the token list, merges) are skipped without decoding them.
     """
@@ -289,13 +316,14 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, 
             key = take_string()
             fields[key] = take_value(take("<I"))
         shapes: dict[str, tuple[int, ...]] = {}
+        types: dict[str, int] = {}
         for _ in range(tensor_count):
             name = take_string()
             dims = [take("<Q") for _ in range(take("<I"))]
-            take("<I")  # tensor type
+            types[name] = take("<I")
             take("<Q")  # data offset
             shapes[name] = tuple(reversed(dims))
-    return fields, shapes
+    return fields, shapes, types
 
 
 def _single_int(value: Any) -> int | None:

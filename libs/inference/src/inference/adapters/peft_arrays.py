@@ -81,6 +81,7 @@ def _read_safetensors(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
         raise _corrupt(adapter, "the header is not a JSON object", provider)
     body = memoryview(data)[8 + header_size :]
     arrays: dict[str, Any] = {}
+    ranges: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -101,12 +102,29 @@ def _read_safetensors(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
         item_size = np.dtype(numpy_dtype).itemsize
         if not (0 <= start <= end <= len(body)) or end - start != count * item_size:
             raise _corrupt(adapter, f"tensor {name} points outside the file or has the wrong size", provider)
+        ranges.append((start, end, name))
         array = np.frombuffer(body[start:end], dtype=numpy_dtype).reshape(shape)
         if dtype_name == "BF16":
             array = (array.astype(np.uint32) << 16).view(np.float32)
         with np.errstate(over="ignore"):  # F64 values beyond float32 become infinity, refused with the NaNs later
             arrays[name] = array.astype(np.float32)
+    _require_one_after_another(ranges, len(body), adapter, provider)
     return arrays
+
+
+def _require_one_after_another(
+    ranges: list[tuple[int, int, str]], size: int, adapter: PeftAdapter, provider: str
+) -> None:
+    """Refuse tensors whose bytes overlap or leave gaps, as the safetensors library does (its files hold each
+    tensor's bytes after the one before, filling the body): overlapping tensors are the same bytes read twice."""
+    position = 0
+    for start, end, name in sorted(ranges):
+        if start != position:
+            where = "overlaps the tensor before it" if start < position else "leaves a gap before it"
+            raise _corrupt(adapter, f"tensor {name} {where} (data_offsets [{start}, {end}])", provider)
+        position = end
+    if position != size:
+        raise _corrupt(adapter, f"its tensors cover {position} of its {size} data bytes", provider)
 
 
 def _read_torch_bin(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
