@@ -124,3 +124,25 @@ def test_configure_logging_for_a_service() -> None:
     assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
     with pytest.raises(inference.ConfigurationError, match="log_format must be one of 'text', 'json'"):
         inference.configure_logging(format="yaml")
+
+
+async def test_an_adapter_path_with_a_line_break_cannot_forge_a_text_line(tmp_path: Path) -> None:
+    """The text format is one record per line: a path with a newline wrote a second, forged, record."""
+    from inference.fake_provider import FakeProvider
+
+    evil = tmp_path / "evil\n2025-06-01T12:00:00.000Z ERROR inference.adapters: FORGED"
+    evil.mkdir()
+    stream = io.StringIO()
+    root = logging.getLogger()
+    levels = (root.level, logging.getLogger("inference").level)
+    handler = inference.configure_logging("info", "text", stream=stream)
+    try:
+        provider = FakeProvider()
+        await provider.load_adapter("x", evil)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(levels[0])
+        logging.getLogger("inference").setLevel(levels[1])
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and TEXT_LINE.match(lines[0]), lines
+    assert "evil\\n2025-06-01T12:00:00.000Z ERROR" in lines[0] and " INFO inference.adapters: " in lines[0]

@@ -36,11 +36,20 @@ def _timestamp(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
+_ESCAPED = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, 0x85) if code != 0x09},
+    0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029",
+}
+"""Line breaks and other control characters, as escapes: a message holds text from outside (an adapter's path,
+a server's words), and a newline in it would forge a record of its own in the text format."""
+
+
 class TextFormatter(logging.Formatter):
-    """``TIME LEVEL LOGGER: MESSAGE`` (a traceback follows on its own lines)."""
+    """``TIME LEVEL LOGGER: MESSAGE`` on one line (its line breaks and control characters escaped; a traceback
+    follows on its own lines)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        line = f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage().translate(_ESCAPED)}"
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
