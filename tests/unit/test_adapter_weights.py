@@ -114,6 +114,8 @@ async def test_replacing_weights_removes_the_old_directory_and_each_weights_obje
         (AdapterWeights(tensors(), {**CONFIG, "rank_pattern": {"(q_proj": 2}}), "not a valid regular expression"),
         (AdapterWeights(tensors(), {**CONFIG, "alpha_pattern": {"q_proj": "big"}}), "alpha_pattern\\['q_proj'\\]"),
         (AdapterWeights(tensors(), {**CONFIG, "target_modules": r".*\.q_proj"}), "not among target_modules"),
+        # a config no adapter_config.json can hold (a TypeError from json.dumps at save)
+        (AdapterWeights(tensors(), {**CONFIG, "task_type": object()}), "holds a value that is not JSON"),
     ],
 )
 async def test_bad_weights_are_refused_before_the_backend_and_the_provider_keeps_serving(
@@ -434,3 +436,11 @@ async def test_weights_under_a_taken_id_are_refused_in_words_the_caller_knows(
         await provider.load_adapter("disk", AdapterWeights(tensors(), CONFIG))
     assert sorted(await provider.list_adapters()) == ["disk", "live"]
     assert len(list(private.iterdir())) == 1  # the refused weights' directories are gone
+
+
+def test_sparse_torch_tensors_are_refused_as_weights() -> None:
+    """torch.isfinite has no sparse kernel: a NotImplementedError escaped instead of InvalidAdapterError."""
+    torch = pytest.importorskip("torch")
+    sparse = {name: torch.as_tensor(value).to_sparse() for name, value in tensors().items()}
+    with pytest.raises(InvalidAdapterError, match="in torch's sparse_coo layout: pass dense tensors"):
+        AdapterWeights(sparse, CONFIG).check()

@@ -67,6 +67,13 @@ class AdapterWeights:
                 "AdapterWeights.config is nested too deeply to be a LoRA config: give a peft.LoraConfig or its dict"
             ) from None
         plain.setdefault("peft_type", "LORA")
+        try:  # what adapter_config.json will hold: JSON, or nothing can be written
+            json.dumps(plain, allow_nan=True)
+        except (TypeError, ValueError) as error:
+            raise InvalidAdapterError(
+                f"AdapterWeights.config holds a value that is not JSON ({error}): give a peft.LoraConfig or a dict "
+                "of strings, numbers, lists and dicts"
+            ) from None
         return plain  # type: ignore[no-any-return]
 
     def check(self, *, provider: str | None = None) -> dict[str, Any]:
@@ -258,6 +265,9 @@ def _tensor_problem(tensor: Any) -> str | None:
     if type(tensor).__module__.startswith("torch"):
         if getattr(tensor, "is_meta", False):
             return "on torch's meta device, which holds no values: pass tensors with their data"
+        if str(getattr(tensor, "layout", "torch.strided")) != "torch.strided":  # sparse COO/CSR, mkldnn...
+            layout = str(tensor.layout).removeprefix("torch.")
+            return f"in torch's {layout} layout: pass dense tensors (tensor.to_dense())"
         dtype = str(getattr(tensor, "dtype", "")).removeprefix("torch.")
         allowed = _TORCH_FLOATS
     else:
