@@ -76,3 +76,17 @@ async def test_a_callers_cancellation_stays_a_cancellation(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert stopped.is_set() == started.is_set()  # work that started was cancelled, not left running
+
+
+async def test_a_deadline_already_past_strikes_before_work_that_was_about_to_finish(
+    limit: Callable[[float, Awaitable[Any]], Awaitable[Any]],
+) -> None:
+    """As asyncio.timeout does: on Python 3.10 the timer let the work's next step run first (a stream's piece came
+    after its timeout had passed)."""
+
+    async def work() -> str:
+        await asyncio.sleep(0)
+        return "finished"
+
+    with pytest.raises(asyncio.TimeoutError):
+        await limit(0.0, work())

@@ -42,7 +42,10 @@ async def within_by_timer(seconds: float, work: Awaitable[_T]) -> _T:
         expired = True
         task.cancel()
 
-    timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), expire)
+    loop = asyncio.get_running_loop()
+    # a deadline already past strikes before the work's next step, as asyncio.timeout's does (call_later(0) would
+    # let a step that was already due run first, and finish the work)
+    timer = loop.call_soon(expire) if seconds <= 0 else loop.call_later(seconds, expire)
     try:
         return await work
     except asyncio.CancelledError:
