@@ -522,3 +522,14 @@ def test_api_is_one_of_auto_chat_completions() -> None:
 
     with pytest.raises(ConfigurationError, match=r"setting api='legacy'.*one of 'auto', 'chat', 'completions'"):
         OpenAIProvider(base_url=BASE, api="legacy")
+
+
+async def test_an_empty_stream_says_so_and_that_generate_may_say_why(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """llama_cpp.server answers a streamed prompt longer than its context with a 200 and no event (checked with
+    curl on its 0.3.x; generate gets its 400): the message said "answered generate ... cut short"."""
+    mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b""))
+    with pytest.raises(ProtocolError, match="answered stream with model 'm' with an empty stream") as caught:
+        await _ask(provider, streamed=True)
+    assert "generate" in str(caught.value) and "llama_cpp.server" in str(caught.value)

@@ -1341,7 +1341,7 @@ async def test_a_connection_dropped_mid_stream_is_unavailable(provider: VLLMProv
     body = HeldStream(sse_events(["one"], usage=False)[:2], then_fail=httpx.RemoteProtocolError("peer closed"))
     mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
     pieces: list[object] = []
-    with pytest.raises(ProviderUnavailableError, match="dropped the connection during generate") as caught:
+    with pytest.raises(ProviderUnavailableError, match="dropped the connection during stream") as caught:
         async for event in provider.stream("Hi", model="base-model"):
             pieces.append(event)
     assert pieces == ["one"] and caught.value.url == BASE

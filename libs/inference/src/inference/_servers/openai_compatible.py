@@ -258,13 +258,15 @@ class OpenAICompatibleProvider(InferenceProvider):
         counted from those chunks, and the prompt tokens, which such a server does not report, are ``None``
         (so is ``token_count``).
         """
-        operation = operation_of(request)
+        operation = operation_of(request, streamed=True)
         async with self._chat(request, stream=True) as (replica, route, events):
             tally = ChunkTally(request, route)
             iterator = events.__aiter__()
+            chunks = 0
             while True:
                 try:
                     chunk = await iterator.__anext__()
+                    chunks += 1
                 except StopAsyncIteration:
                     break
                 except InferenceError:
@@ -279,6 +281,12 @@ class OpenAICompatibleProvider(InferenceProvider):
                     ) from error
                 if piece:
                     yield piece
+            if tally.finish_reason is None and not chunks:  # llama_cpp.server's answer to a prompt over its context
+                raise replica.http.protocol_error(
+                    operation,
+                    "an empty stream (a 200 with no event: a server that cannot start the answer may say why only "
+                    "to generate, as llama_cpp.server does for a prompt longer than its context)",
+                )
             if tally.finish_reason is None:
                 raise replica.http.protocol_error(
                     operation,

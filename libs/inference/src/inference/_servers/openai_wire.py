@@ -122,11 +122,12 @@ def quoted_model(answer: ServerAnswer) -> str | None:
     return quoted.group(1) if quoted else None
 
 
-def operation_of(request: GenerationRequest) -> str:
-    """What the request does, for messages: ``generate with model 'x'`` or ``... with adapter 'a'``."""
+def operation_of(request: GenerationRequest, *, streamed: bool = False) -> str:
+    """What the request does, for messages: ``generate with model 'x'``, ``stream with adapter 'a'``..."""
+    verb = "stream" if streamed else "generate"
     if request.adapter_id:
-        return f"generate with adapter {request.adapter_id!r}"
-    return f"generate with model {request.model!r}"
+        return f"{verb} with adapter {request.adapter_id!r}"
+    return f"{verb} with model {request.model!r}"
 
 
 def token_counts(usage: Any) -> tuple[int, int]:
