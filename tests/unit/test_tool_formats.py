@@ -89,6 +89,12 @@ def test_a_call_cut_by_max_tokens_says_so_and_keeps_the_length_reason() -> None:
     (call,) = read.tool_calls or ()
     assert "raise max_tokens" in (call.error or "")
     assert read.finish_reason == "length"
+    # cut inside its arguments: raw_arguments hold them as written (they held the whole call object, and
+    # as_message() sent that back as the call's arguments)
+    read = plan.read(result('<tool_call>{"name": "get_weather", "arguments": {"city": "Par', "length"))
+    (call,) = read.tool_calls or ()
+    assert (call.name, call.raw_arguments, read.finish_reason) == ("get_weather", '{"city": "Par', "length")
+    assert "the arguments the model wrote before the cut" in (call.error or "")
 
 
 

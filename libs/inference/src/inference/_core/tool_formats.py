@@ -233,12 +233,18 @@ class ToolPlan:
         named = re.search(r'"name"\s*:\s*"([^"]+)"', body)
         names = self.forced or tuple(tool["function"]["name"] for tool in self.tools)
         name = named.group(1) if named else names[0] if len(names) == 1 else ""
+        keys = "|".join(re.escape(key) for key in dict.fromkeys((self.format.arguments_key, "arguments", "parameters")))
+        begun = re.search(rf'"(?:{keys})"\s*:\s*', body) if named and not closed else None
+        if begun is not None:  # cut inside its arguments: what was written of them, as a server reports a cut call
+            written, what = body[begun.end() :].strip(), "the arguments the model wrote before the cut"
+        else:
+            written, what = body.strip(), "what the model wrote"
         cut = "" if closed else " (the answer ended inside the call: raise max_tokens)"
         detail = f" ({error})" if error is not None else ""
         return ToolCall(
-            _call_id(), name, {}, body.strip(),
+            _call_id(), name, {}, written,
             f"the model's tool call is not a JSON object with a name and arguments{detail}{cut}: "
-            "ToolCall.raw_arguments holds what the model wrote",
+            f"ToolCall.raw_arguments holds {what}",
         )
 
 
