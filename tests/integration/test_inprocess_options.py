@@ -158,6 +158,30 @@ async def test_a_template_refusal_says_the_same_on_both_backends_and_names_only_
     assert (await llamacpp.generate(PROMPT, model="m", max_tokens=2)).completion_tokens == 2
 
 
+async def test_template_variables_for_a_model_without_a_template_are_refused_on_both_backends(
+    tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """The tiny llama has no chat template: chat_template_kwargs and thinking were ignored without a word (as
+    llama-server refuses them without its Jinja renderer); with a template given, they are read."""
+    from inference.llamacpp_provider import LlamaCppProvider
+    from inference.transformers_provider import TransformersProvider
+
+    model = tiny_models["llama"]
+    async with LlamaCppProvider(model.gguf_path, n_ctx=512, adapter_cache_dir=tmp_path) as llamacpp, \
+            TransformersProvider(model_name=str(model.hf_dir), device="cpu") as transformers:
+        await _template_variables_refused((llamacpp, transformers))
+
+
+async def _template_variables_refused(pair: tuple[InferenceProvider, InferenceProvider]) -> None:
+    for provider in pair:
+        for option in ({"chat_template_kwargs": {"lead": "x"}}, {"thinking": False}):
+            with pytest.raises(InvalidRequestError, match=r"acts through a chat template, and .* has none"):
+                await provider.generate(PROMPT, model="m", max_tokens=2, **option)
+        templated = await provider.generate(PROMPT, model="m", max_tokens=2, chat_template=TEMPLATE,
+                                            chat_template_kwargs={"lead": "Note: "})
+        assert templated.completion_tokens == 2
+
+
 THINKING_TEMPLATE = (
     "{% if enable_thinking is defined and not enable_thinking %}No thinking. {% endif %}"
     "{% for message in messages %}{{ message['content'] }}{% endfor %}"

@@ -32,6 +32,7 @@ __all__ = [
     "chat_messages",
     "non_finite_logits",
     "plain_prompt",
+    "refuse_template_variables",
     "require_prompt",
     "template_refusal",
 ]
@@ -61,6 +62,23 @@ def template_refusal(request: GenerationRequest, error: Exception, *, model: str
         + (f": {', or '.join(fixes)}" if fixes else ""),
         provider=provider,
     )
+
+
+def refuse_template_variables(request: GenerationRequest, *, model: str, provider: str) -> None:
+    """Refuse ``chat_template_kwargs`` or ``thinking`` for a model that renders its prompt without a chat template
+    (it has none, and the request gives none): nothing would read them, and they would be ignored without a word
+    (as llama-server refuses them where it has no Jinja renderer).
+
+    Raises:
+        InvalidRequestError: ``chat_template_kwargs`` or ``thinking`` is set.
+    """
+    given = [name for name in ("chat_template_kwargs", "thinking") if getattr(request, name) is not None]
+    if given:
+        raise InvalidRequestError(
+            f"{given[0]} acts through a chat template, and {model} has none: nothing would read it; give the "
+            "template with chat_template=..., or leave it out",
+            provider=provider,
+        )
 
 
 def plain_prompt(request: GenerationRequest) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from inference._core.scoring import Vocabulary
 from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
-from inference._inprocess.base import chat_messages, plain_prompt, template_refusal
+from inference._inprocess.base import chat_messages, plain_prompt, refuse_template_variables, template_refusal
 
 __all__ = ["encode", "model_chat_template", "prompt_token_ids", "scoring_vocabulary"]
 
@@ -47,6 +47,8 @@ def prompt_token_ids(tokenizer: Any, request: GenerationRequest, *, provider: st
             model = getattr(tokenizer, "name_or_path", None) or "the model"
             raise template_refusal(request, error, model=model, provider=provider) from error
         return encode(tokenizer, text + request.answer_prefix, special=False)
+    model = getattr(tokenizer, "name_or_path", None) or "the model"
+    refuse_template_variables(request, model=model, provider=provider)
     return encode(tokenizer, plain_prompt(request) + request.answer_prefix, special=True)
 
 

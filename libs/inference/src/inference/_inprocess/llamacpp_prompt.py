@@ -14,7 +14,7 @@ from typing import Any
 
 from inference._core.thinking import template_variables
 from inference._core.validation import GenerationRequest
-from inference._inprocess.base import chat_messages, plain_prompt, template_refusal
+from inference._inprocess.base import chat_messages, plain_prompt, refuse_template_variables, template_refusal
 from inference._inprocess.chat_templates import ChatTemplate
 from inference._inprocess.llamacpp_model import LlamaCppModel
 from inference._inprocess.llamacpp_text import TextEncoder
@@ -47,6 +47,8 @@ class LlamaPrompts:
             raise template_refusal(request, error, model=self.model.name, provider=self.model.provider) from error
         if rendered is not None:
             return self.encode(llama, rendered + request.answer_prefix, add_bos=False)
+        if not request.raw_prompt:  # (a raw prompt with them is refused earlier, with its own reason)
+            refuse_template_variables(request, model=self.model.name, provider=self.model.provider)
         # add_bos=True means "as the model's vocabulary says" (llama_vocab_get_add_bos).
         return self.encode(llama, plain_prompt(request) + request.answer_prefix, add_bos=True)
 
