@@ -428,3 +428,26 @@ def test_the_bar_shows_the_scoring_and_generating_time() -> None:
     assert TerminalProgress(Terminal(), enabled=True).render(progress).endswith(
         "left 10s scoring 2s generating 1m15s a2"
     )
+
+
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ([EvalPrompt("q", "a"), EvalPrompt("q", "b")], r"prompts\[1\]: id 'q' was already used by prompts\[0\]"),
+        ([EvalPrompt("q", "a", choices=("x", "y"), answer=7)], "'answer' must be the index of the right choice"),
+        ([EvalPrompt("q", "a", choices=("x", "y"))], "'answer' must be the index of the right choice"),
+        ([EvalPrompt("q", "a", choices=("x", ""), answer=0)], "'choices' must be a list of two or more non-empty"),
+        (["Tell me"], r"prompts\[0\] must be an EvalPrompt, got str"),
+    ],
+    ids=["duplicate ids", "answer out of range", "choices without answer", "empty choice", "a string"],
+)
+async def test_a_list_of_prompts_is_checked_as_a_prompt_file_is(
+    tmp_path: Path, prompts: list[Any], message: str
+) -> None:
+    """Before, a list ran unchecked: a repeated id wrote two rows per pair (the summary kept one), and a bad answer
+    scored every adapter 0."""
+    (tmp_path / "adapter").mkdir()
+    output = tmp_path / "r.jsonl"
+    with pytest.raises(InvalidRequestError, match=message):
+        await evaluate_adapters([tmp_path / "adapter"], prompts, {"max_tokens": 2}, output, provider=FakeProvider())
+    assert not output.exists()  # refused before anything ran

@@ -7,7 +7,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ __all__ = [
     "AdapterSpec",
     "EvalPrompt",
     "adapter_id_for",
+    "checked_prompts",
     "discover_adapters",
     "load_prompts",
     "parse_prompts",
@@ -143,6 +144,31 @@ def parse_prompts(lines: Iterable[str], *, source: str = "<prompts>") -> list[Ev
     if not prompts:
         raise InvalidRequestError(f"the prompt set {source} has no prompts", path=source)
     return prompts
+
+
+def checked_prompts(prompts: Iterable[Any]) -> list[EvalPrompt]:
+    """A list of :class:`EvalPrompt` checked as a prompt file's lines are (unique ids, text fields, ``choices`` of
+    two or more non-empty strings with an ``answer`` among them), each named by its index in messages.
+
+    Raises:
+        InvalidRequestError: An item is no ``EvalPrompt``, or breaks a rule of the prompt set.
+    """
+    checked: list[EvalPrompt] = []
+    seen: dict[str, int] = {}
+    for index, prompt in enumerate(prompts):
+        where = f"prompts[{index}]"
+        if not isinstance(prompt, EvalPrompt):
+            raise InvalidRequestError(f"{where} must be an EvalPrompt, got {type(prompt).__name__}", path="prompts")
+        record = {**asdict(prompt), "choices": None if prompt.choices is None else list(prompt.choices)}
+        prompt = _prompt_from_record(record, where, "prompts")
+        if prompt.id in seen:
+            raise InvalidRequestError(
+                f"{where}: id {prompt.id!r} was already used by prompts[{seen[prompt.id]}]; ids must be unique",
+                path="prompts",
+            )
+        seen[prompt.id] = index
+        checked.append(prompt)
+    return checked
 
 
 def _prompt_from_record(record: Any, where: str, source: str) -> EvalPrompt:

@@ -38,6 +38,7 @@ from inference.evaluation.inputs import (
     AdapterSpec,
     EvalPrompt,
     adapter_specs,
+    checked_prompts,
     load_prompts,
     name_weights,
 )
@@ -291,7 +292,7 @@ async def evaluate_adapters(
     if not isinstance(base, bool):
         raise InvalidRequestError(f"base must be True or False, got {base!r}")
     specs, explicit_ids = adapter_specs(adapters)
-    prompt_list = load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else list(prompts)
+    prompt_list = load_prompts(prompts) if isinstance(prompts, (str, os.PathLike)) else checked_prompts(prompts)
     if not prompt_list:
         raise InvalidRequestError("the prompt set is empty")
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
