@@ -444,3 +444,16 @@ def test_sparse_torch_tensors_are_refused_as_weights() -> None:
     sparse = {name: torch.as_tensor(value).to_sparse() for name, value in tensors().items()}
     with pytest.raises(InvalidAdapterError, match="in torch's sparse_coo layout: pass dense tensors"):
         AdapterWeights(sparse, CONFIG).check()
+
+
+async def test_numpy_and_torch_scalars_in_the_config_are_numbers() -> None:
+    """A config built from computed values (np.float32 dropout, a 0-d tensor's alpha) loads as those numbers; the
+    new JSON check refused them, and writing them failed with a bare TypeError before."""
+    torch = pytest.importorskip("torch")
+    config = {**CONFIG, "lora_dropout": np.float32(0.05), "lora_alpha": torch.tensor(4.0), "r": np.int64(2)}
+    weights = AdapterWeights(tensors(), config)
+    assert weights.check()["lora_alpha"] == 4.0 and weights.config_dict()["r"] == 2
+    provider = RecordingProvider()
+    await provider.load_adapter("computed", weights)
+    written = json.loads((provider.seen["computed"] / "adapter_config.json").read_text())
+    assert written["lora_dropout"] == pytest.approx(0.05) and written["r"] == 2

@@ -220,6 +220,8 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if type(value).__module__.split(".")[0] in ("numpy", "torch") and getattr(value, "ndim", None) == 0:
+        return _plain(value.item())  # np.float32(0.05), a 0-d tensor: the number (what PEFT's to_dict keeps)
     return value
 
 
