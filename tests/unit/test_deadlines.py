@@ -90,3 +90,27 @@ async def test_a_deadline_already_past_strikes_before_work_that_was_about_to_fin
 
     with pytest.raises(asyncio.TimeoutError):
         await limit(0.0, work())
+
+
+async def test_a_caller_cancelled_before_the_limit_stays_cancelled_when_the_work_holds_the_cancellation_back(
+    limit: Callable[[float, Awaitable[Any]], Awaitable[Any]],
+) -> None:
+    """Work that finishes what it started before raising the caller's cancellation (an adapter load does): the
+    limit passes meanwhile, and the 3.10 timer turned the caller's cancellation into a timeout."""
+
+    async def held_back() -> None:
+        step = asyncio.ensure_future(asyncio.sleep(0.2))
+        caught: list[asyncio.CancelledError] = []
+        while not step.done():
+            try:
+                await asyncio.wait([step])
+            except asyncio.CancelledError as error:
+                caught.append(error)
+        if caught:
+            raise caught[0]
+
+    task = asyncio.create_task(limit(0.1, held_back()))
+    await asyncio.sleep(0.05)
+    task.cancel()  # before the limit
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -17,6 +17,9 @@ __all__ = ["within", "within_by_timer"]
 
 _T = TypeVar("_T")
 
+_EXPIRED = "inference: time limit reached"
+"""The message of the cancellation :func:`within_by_timer` makes, which alone becomes a timeout."""
+
 
 async def within(seconds: float, work: Awaitable[_T]) -> _T:
     """Await ``work`` in this task, or raise ``asyncio.TimeoutError`` after ``seconds`` (``work`` is cancelled then).
@@ -40,7 +43,7 @@ async def within_by_timer(seconds: float, work: Awaitable[_T]) -> _T:
     def expire() -> None:
         nonlocal expired
         expired = True
-        task.cancel()
+        task.cancel(_EXPIRED)  # marked: work that holds a cancellation back may raise the caller's own instead
 
     loop = asyncio.get_running_loop()
     # a deadline already past strikes before the work's next step, as asyncio.timeout's does (call_later(0) would
@@ -48,8 +51,8 @@ async def within_by_timer(seconds: float, work: Awaitable[_T]) -> _T:
     timer = loop.call_soon(expire) if seconds <= 0 else loop.call_later(seconds, expire)
     try:
         return await work
-    except asyncio.CancelledError:
-        if expired:
+    except asyncio.CancelledError as error:
+        if expired and error.args[:1] == (_EXPIRED,):
             raise asyncio.TimeoutError from None
         raise
     finally:
