@@ -146,3 +146,25 @@ async def test_an_adapter_path_with_a_line_break_cannot_forge_a_text_line(tmp_pa
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1 and TEXT_LINE.match(lines[0]), lines
     assert "evil\\n2025-06-01T12:00:00.000Z ERROR" in lines[0] and " INFO inference.adapters: " in lines[0]
+
+
+def test_an_exception_quoting_outside_text_cannot_forge_a_text_line() -> None:
+    """The traceback's lines are indented: an exception message with a newline and a timestamp (a path, a server's
+    words) made a line that read as a record of its own."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    levels = (root.level, logging.getLogger("inference").level)
+    handler = inference.configure_logging("info", "text", stream=stream)
+    try:
+        try:
+            raise OSError("cannot read /tmp/x\n2025-06-01T12:00:00.000Z INFO inference.adapters: forged")
+        except OSError:
+            logging.getLogger("inference.adapters").warning("unload failed", exc_info=True)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(levels[0])
+        logging.getLogger("inference").setLevel(levels[1])
+    lines = stream.getvalue().splitlines()
+    assert TEXT_LINE.match(lines[0]) and "unload failed" in lines[0]
+    assert [line for line in lines if TEXT_LINE.match(line)] == [lines[0]]  # the rest is the traceback
+    assert all(line.startswith("    ") for line in lines[1:]) and any("OSError" in line for line in lines[1:])

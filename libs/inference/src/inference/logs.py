@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import textwrap
 import time
 from typing import Any, TextIO
 
@@ -46,16 +47,16 @@ a server's words), and a newline in it would forge a record of its own in the te
 
 class TextFormatter(logging.Formatter):
     """``TIME LEVEL LOGGER: MESSAGE`` on one line (its line breaks and control characters escaped; a traceback
-    follows on its own lines)."""
+    follows on its own lines, indented)."""
 
     def format(self, record: logging.LogRecord) -> str:
         line = f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage().translate(_ESCAPED)}"
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            line += "\n" + record.exc_text
+        if record.exc_text:  # indented: no line of it can pass for a record (an exception quotes outside text)
+            line += "\n" + textwrap.indent(record.exc_text, "    ", lambda _: True)
         if record.stack_info:
-            line += "\n" + self.formatStack(record.stack_info)
+            line += "\n" + textwrap.indent(self.formatStack(record.stack_info), "    ", lambda _: True)
         return line
 
 
