@@ -267,7 +267,8 @@ async def test_an_answer_over_the_size_limit_is_refused_and_the_provider_serves_
     route.side_effect = [answer(), completion("fine")]
     async with OpenAIProvider(base_url=BASE, api_key=SECRET, max_retries=0, timeout=20) as provider:
         started = asyncio.get_running_loop().time()
-        with pytest.raises(ProtocolError, match=f"answered generate with model 'm' with {what} of more than 1 MiB"):
+        verb = "stream" if streamed else "generate"
+        with pytest.raises(ProtocolError, match=f"answered {verb} with model 'm' with {what} of more than 1 MiB"):
             await _ask(provider, streamed=streamed)
         assert asyncio.get_running_loop().time() - started < 10  # refused at the limit, not at the timeout
         assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"

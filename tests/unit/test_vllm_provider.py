@@ -1665,7 +1665,7 @@ async def test_an_error_event_inside_a_stream_is_a_provider_error_that_says_why(
 ) -> None:
     error_event = {"error": {"message": "The engine died.", "type": "InternalServerError", "code": 500}}
     mock.post(CHAT).mock(return_value=sse_chunks_response(error_event))
-    with pytest.raises(ProviderError, match="reported an error during generate with model 'base-model': The engine"):
+    with pytest.raises(ProviderError, match="reported an error during stream with model 'base-model': The engine"):
         async for _event in provider.stream("Hi", model="base-model"):
             pass
 

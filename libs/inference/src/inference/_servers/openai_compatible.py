@@ -465,7 +465,7 @@ class OpenAICompatibleProvider(InferenceProvider):
         """
         http = http or replica.http
         url = replica.urls[COMPLETIONS if "prompt" in arguments else CHAT]
-        operation = operation_of(request)
+        operation = operation_of(request, streamed=bool(arguments.get("stream")))
         handlers = self._generation_handlers(request, reloaded_from)
         if arguments.get("stream"):
             return await ServerEvents.open(http, url, arguments, operation=operation, handlers=handlers)
