@@ -97,6 +97,26 @@ def test_a_call_cut_by_max_tokens_says_so_and_keeps_the_length_reason() -> None:
     assert "the arguments the model wrote before the cut" in (call.error or "")
 
 
+@pytest.mark.parametrize(
+    ("template", "answer"),
+    [
+        (LLAMA3_TEMPLATE, '{"name": "get_weather", "parameters": {"city": "Par'),
+        (MISTRAL_TEMPLATE, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par'),
+    ],
+    ids=["json", "mistral"],
+)
+def test_a_call_cut_in_a_format_without_a_closing_marker_keeps_its_arguments_as_written(
+    template: str, answer: str
+) -> None:
+    """These formats run a call to the answer's end: only finish_reason says it was cut (the whole call object was
+    raw_arguments, and the error did not say max_tokens)."""
+    plan = ToolPlan.for_request(request(tools=[WEATHER]), template, model="m", provider="p")
+    read = plan.read(result(answer, "length"))
+    (call,) = read.tool_calls or ()
+    assert (call.name, call.raw_arguments, read.finish_reason) == ("get_weather", '{"city": "Par', "length")
+    assert "raise max_tokens" in (call.error or "")
+
+
 
 def test_a_call_without_a_readable_name_is_named_after_the_one_tool_it_could_call_and_goes_back_to_the_model() -> None:
     forced = {"type": "function", "function": {"name": "get_time"}}

@@ -167,16 +167,17 @@ class ToolPlan:
         if not self.offered:
             return result
         prefix = self.format.opening if self.forced else ""
-        text, calls = self.split(prefix + result.text)
+        text, calls = self.split(prefix + result.text, cut=result.finish_reason == "length")
         if not calls:
             return result
         finish_reason = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
         return dataclasses.replace(result, text=text, tool_calls=tuple(calls), finish_reason=finish_reason)
 
-    def split(self, text: str) -> tuple[str, list[ToolCall]]:
-        """``(text outside calls, calls)`` of a generated text."""
+    def split(self, text: str, *, cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """``(text outside calls, calls)`` of a generated text (``cut``: ``max_tokens`` ended it, so a call that runs
+        to its end, in a format with no closing marker, may be unfinished)."""
         if not self.format.opening:
-            return self._bare_json(text)
+            return self._bare_json(text, cut=cut)
         outside: list[str] = []
         calls: list[ToolCall] = []
         rest = text
@@ -187,12 +188,12 @@ class ToolPlan:
                 body, closed, rest = rest.partition(self.format.closing)
                 calls.extend(self._calls(body, closed=bool(closed)))
             else:  # Mistral: the list runs to the end of the answer
-                calls.extend(self._calls(rest, closed=True))
+                calls.extend(self._calls(rest, closed=not cut))
                 rest = ""
         outside.append(rest)
         return "".join(outside), calls
 
-    def _bare_json(self, text: str) -> tuple[str, list[ToolCall]]:
+    def _bare_json(self, text: str, *, cut: bool) -> tuple[str, list[ToolCall]]:
         """A whole answer that is a call object (after Llama 3.1's ``<|python_tag|>``), else no call."""
         body = text.strip().removeprefix(_PYTHON_TAG).strip()
         if not body.startswith("{"):
@@ -202,7 +203,7 @@ class ToolPlan:
         except ValueError:
             if re.match(r'\{\s*"name"\s*:', body) is None:
                 return text, []  # JSON-like text, not a call
-            return "", self._calls(body, closed=True)  # a call the model began: reported with its error
+            return "", self._calls(body, closed=not cut)  # a call the model began: reported with its error
         if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
             return text, []
         return "", self._calls(body, closed=True)
@@ -230,11 +231,11 @@ class ToolPlan:
         error can go back to the model as the loop in docs/tools.md does; ``""`` only where nothing says which."""
         from inference.results import ToolCall
 
-        named = re.search(r'"name"\s*:\s*"([^"]+)"', body)
+        named = ([None, *re.finditer(r'"name"\s*:\s*"([^"]+)"', body)])[-1]  # the last call (a list's cut one)
         names = self.forced or tuple(tool["function"]["name"] for tool in self.tools)
         name = named.group(1) if named else names[0] if len(names) == 1 else ""
         keys = "|".join(re.escape(key) for key in dict.fromkeys((self.format.arguments_key, "arguments", "parameters")))
-        begun = re.search(rf'"(?:{keys})"\s*:\s*', body) if named and not closed else None
+        begun = re.compile(rf'"(?:{keys})"\s*:\s*').search(body, named.end()) if named and not closed else None
         if begun is not None:  # cut inside its arguments: what was written of them, as a server reports a cut call
             written, what = body[begun.end() :].strip(), "the arguments the model wrote before the cut"
         else:
