@@ -161,7 +161,7 @@ async def test_a_template_refusal_says_the_same_on_both_backends_and_names_only_
 async def test_template_variables_for_a_model_without_a_template_are_refused_on_both_backends(
     tiny_models: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The tiny llama has no chat template: chat_template_kwargs and thinking were ignored without a word (as
+    """The tiny llama has no chat template: chat_template_kwargs and thinking=True were ignored without a word (as
     llama-server refuses them without its Jinja renderer); with a template given, they are read."""
     from inference.llamacpp_provider import LlamaCppProvider
     from inference.transformers_provider import TransformersProvider
@@ -174,9 +174,13 @@ async def test_template_variables_for_a_model_without_a_template_are_refused_on_
 
 async def _template_variables_refused(pair: tuple[InferenceProvider, InferenceProvider]) -> None:
     for provider in pair:
-        for option in ({"chat_template_kwargs": {"lead": "x"}}, {"thinking": False}):
+        for option in ({"chat_template_kwargs": {"lead": "x"}}, {"thinking": True}):
             with pytest.raises(InvalidRequestError, match=r"acts through a chat template, and .* has none"):
                 await provider.generate(PROMPT, model="m", max_tokens=2, **option)
+        # thinking=False asks for what the model does anyway (an agent loop may send it to every model)
+        plain = await provider.generate(PROMPT, model="m", max_tokens=2, temperature=0)
+        unthinking = await provider.generate(PROMPT, model="m", max_tokens=2, temperature=0, thinking=False)
+        assert unthinking.text == plain.text
         templated = await provider.generate(PROMPT, model="m", max_tokens=2, chat_template=TEMPLATE,
                                             chat_template_kwargs={"lead": "Note: "})
         assert templated.completion_tokens == 2

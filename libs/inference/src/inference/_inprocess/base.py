@@ -65,14 +65,16 @@ def template_refusal(request: GenerationRequest, error: Exception, *, model: str
 
 
 def refuse_template_variables(request: GenerationRequest, *, model: str, provider: str) -> None:
-    """Refuse ``chat_template_kwargs`` or ``thinking`` for a model that renders its prompt without a chat template
-    (it has none, and the request gives none): nothing would read them, and they would be ignored without a word
-    (as llama-server refuses them where it has no Jinja renderer).
+    """Refuse ``chat_template_kwargs`` or ``thinking=True`` for a model that renders its prompt without a chat
+    template (it has none, and the request gives none): nothing would read them, and they would be ignored without a
+    word (as llama-server refuses them where it has no Jinja renderer). ``thinking=False`` asks for what such a model
+    does anyway (an agent loop may send it to every model).
 
     Raises:
-        InvalidRequestError: ``chat_template_kwargs`` or ``thinking`` is set.
+        InvalidRequestError: ``chat_template_kwargs`` or ``thinking=True`` is set.
     """
-    given = [name for name in ("chat_template_kwargs", "thinking") if getattr(request, name) is not None]
+    given = [name for name, value in (("chat_template_kwargs", request.chat_template_kwargs),
+                                      ("thinking", request.thinking or None)) if value is not None]
     if given:
         raise InvalidRequestError(
             f"{given[0]} acts through a chat template, and {model} has none: nothing would read it; give the "
