@@ -20,6 +20,7 @@ from typing import Any
 
 from inference._core.paths import expand_path, path_identity
 from inference._core.validation import FLOAT32_MAX, is_real_number, listed
+from inference.adapters.regex_safety import repeats_a_repetition
 from inference.exceptions import InvalidAdapterError
 
 __all__ = [
@@ -224,7 +225,7 @@ def _require_pattern(key: object, name: str, pattern: str, refuse: Callable[[str
         raise refuse(f"has a {name} key {repr(key)[:100]}: expected a module name or regular expression")
     try:
         re.compile(pattern)
-        nested = _repeats_a_repetition(pattern)
+        nested = repeats_a_repetition(pattern)
     except (re.error, RecursionError, OverflowError, ValueError) as error:
         raise refuse(f"has a {name} entry {key[:100]!r} that is not a valid regular expression ({error})") from None
     if nested:  # re cannot be stopped, and holds the GIL: one match could stall the whole process
@@ -232,38 +233,6 @@ def _require_pattern(key: object, name: str, pattern: str, refuse: Callable[[str
             f"has a {name} entry {key[:100]!r} that repeats a repetition (as in (a+)+ or (.*.*)*): matching a "
             "module name against it can take exponential time; write it without a repeated group that repeats"
         )
-
-
-def _repeats_a_repetition(pattern: str) -> bool:
-    """Whether ``pattern`` holds a repetition (``*``, ``+``, ``{m,n}`` with ``n > 1``) inside another: the shape of
-    the regular expressions whose matching backtracks exponentially (a "regex bomb")."""
-    try:
-        from re import _parser as parser  # type: ignore[attr-defined]  # Python 3.11+
-    except ImportError:  # pragma: no cover - Python 3.10
-        import sre_parse as parser
-
-    repeats = {"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"}
-
-    def parts(value: Any) -> Iterable[Any]:
-        """The subpatterns inside an item's argument (groups, branches, assertions)."""
-        if isinstance(value, parser.SubPattern):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                yield from parts(item)
-
-    def nested(items: Any, inside: bool) -> bool:
-        for op, argument in items:
-            if str(op) in repeats:
-                _, most, body = argument
-                many = most > 1
-                if (many and inside) or nested(body, inside or many):
-                    return True
-            elif any(nested(part, inside) for part in parts(argument)):
-                return True
-        return False
-
-    return nested(parser.parse(pattern), False)
 
 
 def pattern_key(patterns: Mapping[str, Any], module: str) -> str | None:
