@@ -252,3 +252,18 @@ def test_a_forced_calls_stream_gives_no_text() -> None:
     stream = ToolCallStream(plan)
     call = json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})
     assert "".join(stream.feed(char) for char in call) + stream.flush() == ""
+
+
+def test_a_cut_call_list_keeps_its_finished_calls_and_an_argument_called_name_is_no_tool_name() -> None:
+    """Reviewed defects of the cut-call handling: the finished call of a cut Mistral list was lost, and an
+    argument called "name" was read as the tool's name."""
+    plan = ToolPlan.for_request(request(tools=[WEATHER, TIME]), MISTRAL_TEMPLATE, model="m", provider="p")
+    read = plan.read(result('[TOOL_CALLS][{"name": "get_time", "arguments": {}}, '
+                            '{"name": "get_weather", "arguments": {"name": "Bob", "city": "Par', "length"))
+    first, second = read.tool_calls or ()
+    assert (first.name, first.arguments, first.error) == ("get_time", {}, None)
+    assert (second.name, second.raw_arguments) == ("get_weather", '{"name": "Bob", "city": "Par')
+    hermes = ToolPlan.for_request(request(tools=[WEATHER]), HERMES_TEMPLATE, model="m", provider="p")
+    (call,) = hermes.read(result('<tool_call>{"name": "get_weather", "arguments": {"name": "Bob",}}</tool_call>')
+                          ).tool_calls or ()
+    assert call.name == "get_weather" and call.error is not None

@@ -213,8 +213,30 @@ class ToolPlan:
         try:
             value = json.loads(body)
         except ValueError as error:
+            if self.format.in_list and body.lstrip().startswith("["):
+                return self._list_items(body.lstrip()[1:], error, closed)
             return [self._unreadable(body, error, closed)]
         items = value if self.format.in_list and isinstance(value, list) else [value]
+        return self._read_items(items, closed)
+
+    def _list_items(self, rest: str, error: ValueError, closed: bool) -> list[ToolCall]:
+        """A call list that does not parse whole (cut by ``max_tokens``): its finished items as calls, then what is
+        left as one unreadable call."""
+        decoder = json.JSONDecoder()
+        items: list[Any] = []
+        position = 0
+        while True:
+            position = len(rest) - len(rest[position:].lstrip(" \t\r\n,"))
+            try:
+                item, position = decoder.raw_decode(rest, position)
+            except ValueError:
+                break
+            items.append(item)
+        remainder = rest[position:].strip().removesuffix("]").strip()
+        calls = self._read_items(items, True)
+        return [*calls, self._unreadable(remainder, error, closed)] if remainder else calls
+
+    def _read_items(self, items: list[Any], closed: bool) -> list[ToolCall]:
         calls = []
         for item in items:
             if not isinstance(item, dict) or not isinstance(item.get("name"), str):
@@ -231,7 +253,7 @@ class ToolPlan:
         error can go back to the model as the loop in docs/tools.md does; ``""`` only where nothing says which."""
         from inference.results import ToolCall
 
-        named = ([None, *re.finditer(r'"name"\s*:\s*"([^"]+)"', body)])[-1]  # the last call (a list's cut one)
+        named = re.search(r'"name"\s*:\s*"([^"]+)"', body)  # the call's own (an argument may be called name too)
         names = self.forced or tuple(tool["function"]["name"] for tool in self.tools)
         name = named.group(1) if named else names[0] if len(names) == 1 else ""
         keys = "|".join(re.escape(key) for key in dict.fromkeys((self.format.arguments_key, "arguments", "parameters")))
