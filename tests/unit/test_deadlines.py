@@ -114,3 +114,20 @@ async def test_a_caller_cancelled_before_the_limit_stays_cancelled_when_the_work
     task.cancel()  # before the limit
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_the_limit_strikes_through_a_task_and_a_gather_the_work_awaits(
+    limit: Callable[[float, Awaitable[Any]], Awaitable[Any]],
+) -> None:
+    """Python 3.10 drops a cancellation's message where a task passes it on (llama.cpp's batching awaits its job as
+    a task): the timer's cancellation came back as a bare CancelledError in a task nobody cancelled."""
+
+    async def through_a_task() -> None:
+        await asyncio.ensure_future(asyncio.sleep(30))
+
+    async def through_gather() -> None:
+        await asyncio.gather(asyncio.sleep(30))
+
+    for work in (through_a_task, through_gather):
+        with pytest.raises(asyncio.TimeoutError):
+            await limit(0.05, work())

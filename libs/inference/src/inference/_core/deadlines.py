@@ -52,8 +52,20 @@ async def within_by_timer(seconds: float, work: Awaitable[_T]) -> _T:
     try:
         return await work
     except asyncio.CancelledError as error:
-        if expired and error.args[:1] == (_EXPIRED,):
+        if expired and _from_the_timer(error):
             raise asyncio.TimeoutError from None
         raise
     finally:
         timer.cancel()
+
+
+def _from_the_timer(error: BaseException) -> bool:
+    """Whether a cancellation is the timer's: its message, or (Python 3.10 drops the message where a task or
+    ``gather`` passes the cancellation on, raising a new one) a cancellation it was raised from carries it."""
+    seen = 0
+    current: BaseException | None = error
+    while current is not None and seen < 32:
+        if isinstance(current, asyncio.CancelledError) and current.args[:1] == (_EXPIRED,):
+            return True
+        current, seen = current.__context__, seen + 1
+    return False
