@@ -50,35 +50,45 @@ def repeats_a_repetition(pattern: str) -> bool:
         for op, argument in items:
             if str(op) in _REPEATS:
                 least, most, body = argument
-                many = most > 1 and least != most  # {2} is a fixed count: no choice to backtrack over
+                many = most > 1 and least != most  # {2} is a fixed count: no choice of its own to backtrack over
                 if many and inside:
                     return True
-                if nested(body, inside or (many and not _ends_apart(body, parser))):
+                apart = many and _ends_apart(body, parser)
+                if nested(body, inside or (most > 1 and not apart)):  # a count still multiplies what it repeats
                     return True
             elif any(nested(part, inside) for part in parts(argument)):
                 return True
         return False
 
-    return bool(nested(parser.parse(pattern), False))
+    parsed = parser.parse(pattern)
+    if parsed.state.flags & re.IGNORECASE:
+        return _has_nested_repeats(parsed, parser)  # case-folding: which characters match is not worked out here
+    return bool(nested(parsed, False))
 
 
 def _ends_apart(body: Any, parser: Any) -> bool:
-    """Whether a repeated ``body`` ends in a character that none of its repetitions can match (``\\w+\\.``): then
-    each round has one end, and the repetitions inside cannot trade characters between rounds."""
+    """Whether a repeated ``body`` is one repetition of single characters and single characters, ending in a
+    character that nothing before it in the body can match (``\\w+\\.``): then each round has one end, and
+    rounds cannot trade characters."""
     items = list(body)
     if len(items) == 1 and str(items[0][0]) == "SUBPATTERN":  # (...) around the body
-        items = list(items[0][1][-1])
+        group = items[0][1]
+        if group[1]:  # flags added inside the group ((?i:...)): not worked out here
+            return False
+        items = list(group[-1])
     if len(items) < 2 or str(items[-1][0]) != "LITERAL":
         return False
     end = chr(items[-1][1])
+    repetitions = 0
     for op, argument in items[:-1]:
         if str(op) in _REPEATS:
+            repetitions += 1
             inner = list(argument[2])
             if len(inner) != 1 or _may_match(inner[0], end) is not False:
                 return False
-        elif str(op) not in ("LITERAL", "NOT_LITERAL", "IN", "ANY"):
-            return False  # groups, branches, assertions: not looked into
-    return True
+        elif _may_match((op, argument), end) is not False:
+            return False  # a single character that could be the end, or groups, branches: not looked into
+    return repetitions <= 1
 
 
 def _may_match(item: Any, character: str) -> bool | None:
@@ -106,3 +116,25 @@ def _may_match(item: Any, character: str) -> bool | None:
         else:
             return None
     return re.fullmatch(f"[{'^' if negated else ''}{''.join(members)}]", character) is not None
+
+
+def _has_nested_repeats(parsed: Any, parser: Any) -> bool:
+    """The plain rule, with no exemption: a repetition (``*``, ``+``, ``{m,n}``, a count) inside another."""
+
+    def walk(items: Any, inside: bool) -> bool:
+        for op, argument in items:
+            if str(op) in _REPEATS:
+                _, most, body = argument
+                if (most > 1 and inside) or walk(body, inside or most > 1):
+                    return True
+            elif isinstance(argument, (list, tuple)):
+                for value in argument:
+                    if isinstance(value, parser.SubPattern) and walk(value, inside):
+                        return True
+                    if isinstance(value, list) and any(
+                        isinstance(item, parser.SubPattern) and walk(item, inside) for item in value
+                    ):
+                        return True
+        return False
+
+    return walk(parsed, False)
