@@ -451,3 +451,25 @@ async def test_a_list_of_prompts_is_checked_as_a_prompt_file_is(
     with pytest.raises(InvalidRequestError, match=message):
         await evaluate_adapters([tmp_path / "adapter"], prompts, {"max_tokens": 2}, output, provider=FakeProvider())
     assert not output.exists()  # refused before anything ran
+
+
+async def test_a_list_of_prompts_keeps_what_a_scorer_reads_and_takes_numpy_numbers(tmp_path: Path) -> None:
+    """What the list check must not refuse: an ``expected`` that is not text (evaluation.md: "anything your scorer
+    reads"), and ids and answers that are numpy integers (a data frame's columns)."""
+    (tmp_path / "adapter").mkdir()
+    seen: list[Any] = []
+
+    def scorer(output: str, expected: Any, row: dict[str, Any]) -> float:
+        seen.append(expected)
+        return 1.0
+
+    prompts = [
+        EvalPrompt("q", "Tell me", expected={"keywords": ["a"]}),  # type: ignore[arg-type]
+        EvalPrompt(np.int64(7), "Pick", choices=("x", "y"), answer=np.int64(1)),  # type: ignore[arg-type]
+    ]
+    summary = await evaluate_adapters(
+        [tmp_path / "adapter"], prompts, {"max_tokens": 2}, tmp_path / "r.jsonl", provider=FakeProvider(),
+        scorer=scorer, mode="generate",
+    )
+    assert summary.errors == 0 and {"keywords": ["a"]} in seen
+    assert {row["prompt_id"] for row in read_rows(tmp_path / "r.jsonl")} == {"q", "7"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import numbers
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -159,8 +160,14 @@ def checked_prompts(prompts: Iterable[Any]) -> list[EvalPrompt]:
         where = f"prompts[{index}]"
         if not isinstance(prompt, EvalPrompt):
             raise InvalidRequestError(f"{where} must be an EvalPrompt, got {type(prompt).__name__}", path="prompts")
-        record = {**asdict(prompt), "choices": None if prompt.choices is None else list(prompt.choices)}
-        prompt = _prompt_from_record(record, where, "prompts")
+        record = {
+            **asdict(prompt),
+            "id": _plain_integer(prompt.id),
+            "choices": None if prompt.choices is None else list(prompt.choices),
+            "answer": _plain_integer(prompt.answer),
+            "expected": prompt.expected if isinstance(prompt.expected, str) else None,
+        }
+        prompt = replace(_prompt_from_record(record, where, "prompts"), expected=prompt.expected)  # any for a scorer
         if prompt.id in seen:
             raise InvalidRequestError(
                 f"{where}: id {prompt.id!r} was already used by prompts[{seen[prompt.id]}]; ids must be unique",
@@ -169,6 +176,11 @@ def checked_prompts(prompts: Iterable[Any]) -> list[EvalPrompt]:
         seen[prompt.id] = index
         checked.append(prompt)
     return checked
+
+
+def _plain_integer(value: Any) -> Any:
+    """A numpy or other integral number as an ``int`` (ids and answers from a data frame); anything else as it is."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
 
 
 def _prompt_from_record(record: Any, where: str, source: str) -> EvalPrompt:

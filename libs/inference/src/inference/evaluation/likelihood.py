@@ -22,7 +22,7 @@ def score_pairs(prompt: EvalPrompt, scorer: Scorer | None) -> list[tuple[str, st
     """What a row scores: its expected answer (not a pattern: not with the regex scorer), then each choice, every
     one after the prompt's text as given (no chat template, no system prompt), as lm-eval scores."""
     pairs = []
-    if prompt.expected and scorer is not regex_match:
+    if isinstance(prompt.expected, str) and prompt.expected and scorer is not regex_match:  # text to score
         pairs.append((prompt.prompt, prompt.expected))
     pairs += [(prompt.prompt, choice) for choice in prompt.choices or ()]
     return pairs
@@ -45,7 +45,7 @@ def likelihood_fields(
         return {"error": row_error("score", error)}
     scores = [item for item in items if isinstance(item, ScoreResult)]
     result: dict[str, Any] = {}
-    if prompt.expected and scorer is not regex_match:
+    if isinstance(prompt.expected, str) and prompt.expected and scorer is not regex_match:  # text to score
         result["nll_per_token"] = scores.pop(0).nll_per_token
     if prompt.choices is not None:
         sums = [score.logprob for score in scores]

@@ -479,7 +479,8 @@ async def _all_or_cancel(work: Sequence[Awaitable[None]]) -> None:
 async def _warm_up(run: _Run, prompt: EvalPrompt) -> None:
     try:
         if run.mode == "score":
-            continuation = prompt.expected or (prompt.choices or ("?",))[0]
+            expected = prompt.expected if isinstance(prompt.expected, str) else None  # a scorer's data is no text
+            continuation = expected or (prompt.choices or ("?",))[0]
             await run.provider.score(prompt.prompt, continuation, run.model)
         else:
             await run.provider.generate(prompt.prompt, **{**run.settings, "max_tokens": 1})
