@@ -181,6 +181,9 @@ async def _template_variables_refused(pair: tuple[InferenceProvider, InferencePr
         plain = await provider.generate(PROMPT, model="m", max_tokens=2, temperature=0)
         unthinking = await provider.generate(PROMPT, model="m", max_tokens=2, temperature=0, thinking=False)
         assert unthinking.text == plain.text
+        as_variable = await provider.generate(PROMPT, model="m", max_tokens=2, temperature=0,
+                                              chat_template_kwargs={"enable_thinking": False})
+        assert as_variable.text == plain.text
         templated = await provider.generate(PROMPT, model="m", max_tokens=2, chat_template=TEMPLATE,
                                             chat_template_kwargs={"lead": "Note: "})
         assert templated.completion_tokens == 2

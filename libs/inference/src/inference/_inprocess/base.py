@@ -67,13 +67,16 @@ def template_refusal(request: GenerationRequest, error: Exception, *, model: str
 def refuse_template_variables(request: GenerationRequest, *, model: str, provider: str) -> None:
     """Refuse ``chat_template_kwargs`` or ``thinking=True`` for a model that renders its prompt without a chat
     template (it has none, and the request gives none): nothing would read them, and they would be ignored without a
-    word (as llama-server refuses them where it has no Jinja renderer). ``thinking=False`` asks for what such a model
-    does anyway (an agent loop may send it to every model).
+    word (as llama-server refuses them where it has no Jinja renderer). ``thinking=False`` (or ``enable_thinking``
+    false among the variables) asks for what such a model does anyway (an agent loop may send it to every model).
 
     Raises:
         InvalidRequestError: ``chat_template_kwargs`` or ``thinking=True`` is set.
     """
-    given = [name for name, value in (("chat_template_kwargs", request.chat_template_kwargs),
+    variables = dict(request.chat_template_kwargs or {})
+    if variables.get("enable_thinking") is False:  # the same request as thinking=False
+        del variables["enable_thinking"]
+    given = [name for name, value in (("chat_template_kwargs", variables or None),
                                       ("thinking", request.thinking or None)) if value is not None]
     if given:
         raise InvalidRequestError(
