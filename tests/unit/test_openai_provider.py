@@ -534,3 +534,15 @@ async def test_an_empty_stream_says_so_and_that_generate_may_say_why(
     with pytest.raises(ProtocolError, match="answered stream with model 'm' with an empty stream") as caught:
         await _ask(provider, streamed=True)
     assert "generate" in str(caught.value) and "llama_cpp.server" in str(caught.value)
+
+
+async def test_a_stream_without_the_logprobs_asked_for_names_the_stream(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}
+    body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    mock.post(CHAT).mock(return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body))
+    with pytest.raises(ProtocolError, match="answered stream with model 'm' with an answer without the token logprobs"):
+        async for _ in provider.stream("Hi", model="m", max_tokens=4, logprobs=0):
+            pass

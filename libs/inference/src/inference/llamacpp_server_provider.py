@@ -303,7 +303,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         return body
 
     def _logprobs(
-        self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int
+        self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int, *,
+        streamed: bool = False,
     ) -> list[TokenLogprob]:
         """The answer's token logprobs, as llama-server reports them: a token that ends inside a UTF-8 character comes
         with the next one, in one entry holding the next one's logprob (fewer entries than tokens: the provider page

@@ -239,12 +239,13 @@ class OpenAICompatibleProvider(InferenceProvider):
         return await all_or_none([self._generate(dataclasses.replace(request, n=1, seed=seed)) for seed in seeds])
 
     def _logprobs(
-        self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int
+        self, replica: Replica, request: GenerationRequest, entries: list[TokenLogprob], tokens: int, *,
+        streamed: bool = False,
     ) -> list[TokenLogprob]:
         """The token logprobs of an answer; a server that sends none for generated tokens is refused."""
         if not entries and tokens > 0:
             raise replica.http.protocol_error(
-                operation_of(request),
+                operation_of(request, streamed=streamed),
                 "an answer without the token logprobs asked for (logprobs/top_logprobs): the server does not "
                 "support them on chat completions; ask without logprobs, or use a server that has them (vLLM)",
             )
@@ -295,7 +296,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                 )
         completion_tokens = tally.tokens()[1]
         if request.logprobs is not None and not tally.logprobs and completion_tokens > 0:
-            self._logprobs(replica, request, [], completion_tokens)  # raises: the server sent none
+            self._logprobs(replica, request, [], completion_tokens, streamed=True)  # raises: the server sent none
         yield tally.result()
 
     @asynccontextmanager
