@@ -19,10 +19,12 @@ async def replace_alternately(
     *,
     rounds: int = 20,
     pause_s: float = 0.001,
+    outcomes: list[str] | None = None,
 ) -> list[str]:
     """Replace ``adapter_id`` ``rounds`` times, a good path then a bad one in turn (each list taken in order, then
-    again from its start), pausing ``pause_s`` after each; ``"replaced"`` or ``"refused"`` per round."""
-    outcomes = []
+    again from its start), pausing ``pause_s`` after each; ``"replaced"`` or ``"refused"`` per round, appended to
+    ``outcomes`` (when given) as each round ends, so that generations can pace themselves with `after_rounds`."""
+    outcomes = [] if outcomes is None else outcomes
     for round_ in range(rounds):
         paths = good if round_ % 2 == 0 else bad
         try:
@@ -32,6 +34,17 @@ async def replace_alternately(
             outcomes.append("refused")
         await asyncio.sleep(pause_s)
     return outcomes
+
+
+async def after_rounds(outcomes: list[str], count: int, *, timeout_s: float = 120.0) -> None:
+    """Wait until ``count`` replacement rounds have ended (``outcomes`` is the list `replace_alternately` fills).
+
+    A batch of generations that waits for round ``2k`` before it starts runs on a version at least ``k`` replacements
+    on, however fast or slow this machine is: the batches are sure to span several versions.
+    """
+    async with asyncio.timeout(timeout_s):
+        while len(outcomes) < count:
+            await asyncio.sleep(0.001)
 
 
 def bad_adapter_paths(directory: Path) -> list[str]:

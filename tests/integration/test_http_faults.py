@@ -126,7 +126,7 @@ async def test_server_killed_mid_stream_then_restarted(start_llama_server: Calla
                 if len(pieces) == 1:  # the server is generating: kill it
                     server.kill()
         assert pieces
-        assert "dropped the connection during generate" in str(caught.value)
+        assert f"vLLM at {server.base_url} dropped the connection during stream" in str(caught.value)
 
         start_llama_server(port=server.port)
         events = [event async for event in provider.stream("Hello", model=MODEL, max_tokens=4, temperature=0.0)]

@@ -18,7 +18,7 @@ from inference.exceptions import (
 )
 from inference.fake_provider import FakeProvider
 from inference.provider import GenerationRequest, GenerationResult, StreamEvent
-from replacing import replace_alternately
+from replacing import after_rounds, replace_alternately
 
 
 class GatedProvider(FakeProvider):
@@ -468,13 +468,15 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
     async def generations() -> list[GenerationResult]:
         results = []
         for start in range(0, 200, 20):
+            await after_rounds(rounds, start // 10)  # batch k starts after k good replacements
             results += await asyncio.gather(*(one(prompt) for prompt in prompts[start : start + 20]))
-            await asyncio.sleep(0.001)
         return results
 
     good = [f"/v{round_ + 1}/a" for round_ in range(0, 20, 2)]
     bad = [f"/adapters/corrupt-{round_}" for round_ in range(1, 20, 2)]
-    results, outcomes = await asyncio.gather(generations(), replace_alternately(provider, "a", good, bad))
+    rounds: list[str] = []
+    replacing = replace_alternately(provider, "a", good, bad, outcomes=rounds)
+    results, outcomes = await asyncio.gather(generations(), replacing)
     assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
     for prompt, path, result in zip(prompts, started_on, results, strict=True):
         assert result.text == await expected_text("a", path, prompt), (prompt, path)

@@ -55,7 +55,7 @@ from inference.exceptions import (
 )
 from inference.ollama_provider import OllamaProvider
 from inference.provider import GenerationResult
-from replacing import bad_adapter_paths, replace_alternately
+from replacing import after_rounds, bad_adapter_paths, replace_alternately
 
 pytestmark = [
     # PEFT 0.21 calls a transformers 5 property that is deprecated (the tiny models are built with PEFT).
@@ -945,11 +945,13 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
     async def generations() -> list[GenerationResult]:
         results: list[GenerationResult] = []
         for start in range(0, 200, 20):
+            await after_rounds(rounds, start // 10)  # batch k starts after k good replacements
             results += await asyncio.gather(*(one(index) for index in range(start, start + 20)))
-            await asyncio.sleep(0.001)
         return results
 
-    results, outcomes = await asyncio.gather(generations(), replace_alternately(adapters, "a0", good[1:], bad))
+    rounds: list[str] = []
+    replacing = replace_alternately(adapters, "a0", good[1:], bad, outcomes=rounds)
+    results, outcomes = await asyncio.gather(generations(), replacing)
     assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
     created = {create["model"]: create["adapters"] for create in server.creates}
     for (model, path), result in zip(started_on, results, strict=True):

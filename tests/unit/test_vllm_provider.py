@@ -42,7 +42,7 @@ from inference.exceptions import (
 )
 from inference.provider import GenerationResult
 from inference.vllm_provider import VLLMProvider
-from replacing import replace_alternately
+from replacing import after_rounds, replace_alternately
 
 BASE = "http://vllm.test:8100/v1"
 CHAT = f"{BASE}/chat/completions"
@@ -399,12 +399,15 @@ async def test_200_generations_through_20_replacements_half_of_them_bad_never_fa
     async def generations() -> list[GenerationResult]:
         results: list[GenerationResult] = []
         for start in range(0, 200, 20):
+            await after_rounds(rounds, start // 10)  # batch k starts after k good replacements
             results += await asyncio.gather(*(one(index) for index in range(start, start + 20)))
         return results
 
     good = [f"/adapters/v{round_ + 1}" for round_ in range(0, 20, 2)]  # v1, v3 ... v19
     bad = [f"/adapters/corrupt-{round_}" for round_ in range(1, 20, 2)]
-    results, outcomes = await asyncio.gather(generations(), replace_alternately(provider, "a1", good, bad))
+    rounds: list[str] = []
+    replacing = replace_alternately(provider, "a1", good, bad, outcomes=rounds)
+    results, outcomes = await asyncio.gather(generations(), replacing)
     assert outcomes == ["replaced", "refused"] * 10 and len(results) == 200
     for path, result in zip(started_on, results, strict=True):
         assert (result.text, result.adapter_id) == (f"from {path}", "a1")
