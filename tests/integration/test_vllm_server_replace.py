@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from inference.vllm_provider import VLLMProvider
-from replacing import bad_adapter_paths, replace_alternately
+from replacing import after_rounds, bad_adapter_paths, replace_alternately
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,14 +54,15 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(vllm_se
         async def generations() -> list[str]:
             texts = []
             for index in range(200):
+                await after_rounds(rounds, index // 20 * 2)  # generation 20k starts after k good replacements
                 started_on.append(provider._adapter_path("live") or "")  # the weights current as it starts
                 result = await provider.generate(PROMPTS[index % 4], adapter_id="live", **greedy)
                 texts.append(result.text)
             return texts
 
-        texts, outcomes = await asyncio.gather(
-            generations(), replace_alternately(provider, "live", good, bad, pause_s=0.05)
-        )
+        rounds: list[str] = []
+        replacing = replace_alternately(provider, "live", good, bad, pause_s=0.05, outcomes=rounds)
+        texts, outcomes = await asyncio.gather(generations(), replacing)
         assert outcomes == ["replaced", "refused"] * 10
         assert len(texts) == 200
         for index, (path, text) in enumerate(zip(started_on, texts, strict=True)):

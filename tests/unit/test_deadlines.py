@@ -98,9 +98,12 @@ async def test_a_caller_cancelled_before_the_limit_stays_cancelled_when_the_work
     """Work that finishes what it started before raising the caller's cancellation (an adapter load does): the
     limit passes meanwhile, and the 3.10 timer turned the caller's cancellation into a timeout."""
 
+    waiting = asyncio.Event()
+
     async def held_back() -> None:
-        step = asyncio.ensure_future(asyncio.sleep(0.2))
+        step = asyncio.ensure_future(asyncio.sleep(1.0))
         caught: list[asyncio.CancelledError] = []
+        waiting.set()
         while not step.done():
             try:
                 await asyncio.wait([step])
@@ -109,9 +112,9 @@ async def test_a_caller_cancelled_before_the_limit_stays_cancelled_when_the_work
         if caught:
             raise caught[0]
 
-    task = asyncio.create_task(limit(0.1, held_back()))
-    await asyncio.sleep(0.05)
-    task.cancel()  # before the limit
+    task = asyncio.create_task(limit(0.5, held_back()))
+    await waiting.wait()
+    task.cancel()  # well before the limit (however slow this machine), which passes while the work holds on
     with pytest.raises(asyncio.CancelledError):
         await task
 

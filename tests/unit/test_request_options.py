@@ -339,8 +339,8 @@ async def test_timeout_cancels_the_call_with_a_provider_timeout_error_naming_it(
 async def test_a_stream_times_out_while_it_waits_for_the_backend_and_stops_it() -> None:
     provider = Hanging(pieces=2)
     pieces: list[str] = []
-    with pytest.raises(ProviderTimeoutError, match=r"timeout=0\.05"):
-        async for event in provider.stream("Hi", "m", timeout=0.05):
+    with pytest.raises(ProviderTimeoutError, match=r"timeout=0\.5"):
+        async for event in provider.stream("Hi", "m", timeout=0.5):
             assert isinstance(event, str)
             pieces.append(event)
     assert pieces == ["piece 0 ", "piece 1 "] and provider.cancelled == 1
@@ -348,9 +348,9 @@ async def test_a_stream_times_out_while_it_waits_for_the_backend_and_stops_it() 
 
 async def test_a_stream_timeout_never_cancels_the_consumers_own_code() -> None:
     provider = FakeProvider()
-    events = provider.stream("Hi", "m", timeout=0.05)
+    events = provider.stream("Hi", "m", timeout=0.5)
     first = await events.__anext__()
-    await asyncio.sleep(0.2)  # the consumer's own slow work: not cancelled, though the deadline passes meanwhile
+    await asyncio.sleep(1.0)  # the consumer's own slow work: not cancelled, though the deadline passes meanwhile
     with pytest.raises(ProviderTimeoutError):
         await events.__anext__()  # the next wait for the backend is past the deadline
     assert isinstance(first, str)
