@@ -87,7 +87,7 @@ async def test_a_killed_and_restarted_replica_logs_its_down_and_back_events_with
         await ask_both()  # every call still answers, from the first replica
         downs = [record for record in caplog.records if getattr(record, "replica_event", None) == "down"]
         assert len(downs) == 1  # once, not at every try
-        assert (downs[0].url, downs[0].error, downs[0].levelname) == (second.base_url, "ProviderUnavailableError",
+        assert (downs[0].url, downs[0].error, downs[0].levelname) == (second.base_url, "ConnectError",
                                                                        "WARNING")
 
         start_llama_server(port=second.port)

@@ -439,3 +439,82 @@ async def test_after_a_restart_that_reorders_the_adapters_each_answer_is_the_rig
                 right += 1
             assert pending["restart"] is None  # the restart happened under a request
     assert right >= 30, (right, failed)  # a restart under a request is sent again, not failed
+
+
+# Replicas: one down from the start, one restarted without an adapter ------------------------------------------
+
+
+def free_url() -> str:
+    """The URL of a port nothing listens on: a replica that is down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.fixture
+def two_servers(
+    tiny_models: dict[str, Any], tmp_path: Path
+) -> Iterator[tuple[list[LlamaCppServer], dict[str, Path]]]:
+    """Two llama-servers of their own (the test restarts them) on the tiny Qwen2, each with a0 and a1."""
+    binary = require_llama_server()
+    model = tiny_models["qwen2"]
+    files = {name: convert_peft_to_gguf(model.adapter_dirs[name], model.gguf_path, tmp_path / f"{name}.gguf")
+             for name in ("a0", "a1")}
+    servers = [LlamaCppServer(binary, model.gguf_path, [files["a0"], files["a1"]], tmp_path / f"server{i}.log")
+               for i in range(2)]
+    yield servers, files
+    for server in servers:
+        server.stop()
+
+
+async def test_a_replica_down_from_the_start_is_skipped_by_generation_and_by_the_adapter_lists(
+    restartable: tuple[LlamaCppServer, dict[str, Path]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first replica's server never started: every request goes to the other (before, half of them failed on
+    the down one's ``GET /props``), the adapter lists come from it, and the replica's going down is logged once."""
+    server, _ = restartable
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 6, "temperature": 0}
+    async with LlamaCppServerProvider(base_url=server.url, max_retries=0) as alone:
+        expected = {a: (await alone.generate(PROMPTS[0], adapter_id=a, **greedy)).text for a in ADAPTERS}
+    down = free_url()
+    caplog.set_level("WARNING", logger="inference.replicas")
+    async with LlamaCppServerProvider(base_url=f"{down},{server.url}", max_retries=0) as provider:
+        assert [entry.name for entry in await provider.served_adapters()] == ["a0", "a1"]
+        assert await provider.list_adapters() == ["a0", "a1"]
+        for _ in range(3):
+            for adapter_id in ADAPTERS:  # a0 and a1 by the server's file names, found on the replica that answers
+                assert (await provider.generate(PROMPTS[0], adapter_id=adapter_id, **greedy)).text == expected[
+                    adapter_id]
+        pieces = [e async for e in provider.stream(PROMPTS[0], adapter_id="a1", **greedy) if isinstance(e, str)]
+        assert "".join(pieces).replace("\ufffd", "") == expected["a1"].replace("\ufffd", "")
+    downs = [record for record in caplog.records if getattr(record, "replica_event", None) == "down"]
+    assert [(record.url, record.error) for record in downs] == [(down, "ConnectError")]
+
+
+async def test_a_replica_restarted_without_an_adapter_leaves_its_requests_to_the_replica_that_has_it(
+    two_servers: tuple[list[LlamaCppServer], dict[str, Path]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both replicas serve a0 and a1; the second restarts with a1 only. Every a0 request is answered by the first
+    (before, half failed with AdapterNotFoundError on the second), a warning names the replica and the flag once;
+    when no replica has a0 any more, the request fails with that error."""
+    (first, second), files = two_servers
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 6, "temperature": 0}
+    caplog.set_level("WARNING", logger="inference.llamacpp-server")
+    async with LlamaCppServerProvider(base_url=f"{first.url},{second.url}", max_retries=0) as provider:
+        for name in ("a0", "a1"):
+            await provider.load_adapter(name, files[name])
+        expected = {a: (await provider.generate(PROMPTS[1], adapter_id=a, **greedy)).text for a in ADAPTERS}
+        await asyncio.to_thread(second.restart, [files["a1"]])
+        for _ in range(4):
+            for adapter_id in ADAPTERS:
+                assert (await provider.generate(PROMPTS[1], adapter_id=adapter_id, **greedy)).text == expected[
+                    adapter_id]
+            pieces = [e async for e in provider.stream(PROMPTS[1], adapter_id="a0", **greedy) if isinstance(e, str)]
+            assert "".join(pieces).replace("\ufffd", "") == expected["a0"].replace("\ufffd", "")
+        warned = [message for message in caplog.messages if "no longer has adapter 'a0'" in message]
+        assert len(warned) == 1 and second.url in warned[0] and f"--lora {files['a0']}" in warned[0]
+
+        await asyncio.to_thread(first.restart, [files["a1"]])
+        with pytest.raises(AdapterNotFoundError, match=r"no longer has adapter 'a0'.*start it with --lora"):
+            await provider.generate(PROMPTS[1], adapter_id="a0", **greedy)
+        assert (await provider.generate(PROMPTS[1], adapter_id="a1", **greedy)).text == expected["a1"]

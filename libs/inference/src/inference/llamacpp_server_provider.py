@@ -23,7 +23,7 @@ from inference._servers.llama_server_templates import LlamaServerTemplates, Temp
 from inference._servers.llama_server_tokens import LlamaServerTokens, distribution_fields
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.openai_wire import CHAT, COMPLETIONS
-from inference._servers.replicas import Replica
+from inference._servers.replicas import Replica, ReplicaLacks
 from inference.adapters.gguf import convert_peft_to_gguf_cached, lora_content_digest
 from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
@@ -180,12 +180,14 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self.adapter_cache_dir = expand_path(self._settings["adapter_cache_dir"] or "~/.cache/inference-adapters")
         self._templates = LlamaServerTemplates()
         self._matched: dict[str, str] = {}  # adapter id -> the server's file path it matched
+        self._lacking: set[tuple[str, str]] = set()  # (replica URL, adapter id): restarted without it, logged
         self._route_choice = TemplateFromProps(self._templates.props)
         self._tokens = LlamaServerTokens(self._replicas, self._templates.props)
 
     async def served_adapters(self) -> list[ServedAdapter]:
-        """The adapters the (first) server loaded at start, read again from ``GET /lora-adapters``."""
-        return await self._read_served(self._replicas[0])
+        """The adapters the server loaded at start, read again from ``GET /lora-adapters`` (of the first replica
+        that answers)."""
+        return await self._replicas.first_reachable(self._read_served)
 
     # Generation ---------------------------------------------------------------------------------------------
 
@@ -215,7 +217,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         its end is a :class:`~inference.exceptions.ProviderUnavailableError` instead of a result.
 
         Raises:
-            AdapterNotFoundError: The server (restarted) has no longer an adapter the request applies.
+            ReplicaLacks: The server (restarted) has no longer an adapter the request applies (another replica may;
+                with none, its :class:`~inference.exceptions.AdapterNotFoundError`).
             ProviderUnavailableError: The server kept restarting between the adapter list and the answer.
         """
         if "chat_template_kwargs" in arguments:  # a server without Jinja would ignore them without a word
@@ -283,11 +286,16 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             chosen = self._matched.get(adapter_id)
             index = next((entry.index for entry in served if entry.path == chosen), None)
             if index is None:
-                raise AdapterNotFoundError(
+                lacks = AdapterNotFoundError(
                     f"{replica.http.where} no longer has adapter {adapter_id!r} ({chosen}): it was restarted "
                     f"without it; start it with --lora {chosen}",
                     provider=self.name,
                 )
+                if (replica.base_url, adapter_id) not in self._lacking:  # once, not at every request
+                    self._lacking.add((replica.base_url, adapter_id))
+                    self._logger.warning("%s; meanwhile its requests go to the other replicas", lacks)
+                raise ReplicaLacks(lacks)
+            self._lacking.discard((replica.base_url, adapter_id))
             scales[index] = scale
         body = {**arguments, "model": request.model}
         if "response_format" in body and "prompt" in body:
@@ -378,14 +386,14 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self._matched.pop(adapter_id, None)
 
     async def _list_adapters(self) -> list[str]:
-        served = await self._read_served(self._replicas[0])
+        served = await self._replicas.first_reachable(self._read_served)
         mapped = set(self._matched.values())
         ids = set(self._adapter_registry.ids())
         return sorted(ids | {entry.name for entry in served if entry.path not in mapped})
 
     async def _discover_adapter(self, adapter_id: str) -> str | None:
         """An adapter the server has under the file name ``adapter_id`` (``math`` for ``math.gguf``)."""
-        served = await self._read_served(self._replicas[0])
+        served = await self._replicas.first_reachable(self._read_served)
         entry = next((entry for entry in served if entry.name == adapter_id), None)
         if entry is None:
             return None

@@ -33,7 +33,7 @@ from inference._core.redaction import redact_url
 from inference._core.validation import GenerationRequest
 from inference._servers.answer_reading import server_message
 from inference._servers.context_overflow import context_overflow
-from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient, is_connect_failure
+from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference._servers.limits import ServerLimits
 from inference._servers.openai_wire import (
     CHAT,
@@ -55,7 +55,7 @@ from inference._servers.openai_wire import (
     token_counts,
     tool_calls_of,
 )
-from inference._servers.replicas import Replica, ReplicaDown, ReplicaSet
+from inference._servers.replicas import Replica, ReplicaDown, ReplicaLacks, ReplicaSet, connect_failure_is_down
 from inference._servers.routes import RouteChoice
 from inference._servers.served_adapters import ServedAdapters
 from inference.exceptions import (
@@ -303,10 +303,12 @@ class OpenAICompatibleProvider(InferenceProvider):
     async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, str, Any]]:
         """Send the request to a replica on its route and hold it there until the caller is done with the answer.
 
-        Replicas are tried least-busy first (round-robin among equals); one that cannot be reached is
-        skipped. A stream is closed on exit, which makes the server abort the generation.
+        Replicas are tried least-busy first (round-robin among equals); one that cannot be reached, or that cannot
+        serve the request (:class:`~inference._servers.replicas.ReplicaLacks`), is skipped. A stream is closed on
+        exit, which makes the server abort the generation.
         """
         failures: list[tuple[Replica, InferenceError]] = []
+        lacking: list[InferenceError] = []  # what replicas that cannot serve the request said
         lora = self._lora
         ordered = self._replicas.in_order()
         for replica in ordered if lora is None else lora.order_for(request, ordered):
@@ -315,11 +317,11 @@ class OpenAICompatibleProvider(InferenceProvider):
                 lora.started(replica, request)
             try:
                 try:
-                    route = (  # a raw prompt (text or token ids) goes to the completions route, whatever the api
-                        COMPLETIONS
-                        if request.raw_prompt or request.prompt_token_ids is not None
-                        else await self._route_choice.route(replica, request)
-                    )
+                    if request.raw_prompt or request.prompt_token_ids is not None:
+                        route = COMPLETIONS  # a raw prompt (text or token ids) goes there, whatever the api
+                    else:
+                        with connect_failure_is_down():  # finding out may ask the replica (llama-server's /props)
+                            route = await self._route_choice.route(replica, request)
                     arguments = self._arguments(replica, request, route, stream=stream)
                     try:
                         answer = await self._create(replica, request, arguments)
@@ -334,6 +336,9 @@ class OpenAICompatibleProvider(InferenceProvider):
                     replica.mark_down(down.error)
                     failures.append((replica, down.error))
                     continue
+                except ReplicaLacks as lacks:
+                    lacking.append(lacks.error)
+                    continue
                 replica.mark_up()
                 try:
                     yield replica, route, answer
@@ -345,6 +350,8 @@ class OpenAICompatibleProvider(InferenceProvider):
                 replica.in_flight -= 1
                 if lora is not None:
                     lora.finished(replica, request)
+        if lacking:
+            raise lacking[0]  # it says how to fix it; a replica also down is logged
         raise self._replicas.all_down(failures)
 
     def _arguments(self, replica: Replica, request: GenerationRequest, route: str, *, stream: bool) -> dict[str, Any]:
@@ -440,12 +447,8 @@ class OpenAICompatibleProvider(InferenceProvider):
             ReplicaDown: The replica did not accept the connection (another may take the request).
             InferenceError: Any other failure, mapped by :meth:`_generation_handlers`.
         """
-        try:
+        with connect_failure_is_down():
             return await self._call(replica, request, arguments)
-        except InferenceError as error:
-            if is_connect_failure(error):
-                raise ReplicaDown(error) from error
-            raise
 
     async def _call(
         self,

@@ -11,6 +11,7 @@ accepts connections (:meth:`ReplicaSet.all_down`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -25,7 +26,7 @@ from inference.exceptions import InferenceError, ProviderUnavailableError
 if TYPE_CHECKING:
     from inference._servers.openai_compatible import OpenAICompatibleProvider
 
-__all__ = ["DOWN_SECONDS", "Replica", "ReplicaDown", "ReplicaSet"]
+__all__ = ["DOWN_SECONDS", "Replica", "ReplicaDown", "ReplicaLacks", "ReplicaSet", "connect_failure_is_down"]
 
 DOWN_SECONDS = 5.0
 """A replica that refused a connection is tried last for this long (it is still tried if all are down)."""
@@ -74,7 +75,7 @@ class Replica:
             self.down_since = now
             if not self.announces:
                 return
-            reason = type(error).__name__ if error is not None else "unreachable"
+            reason = failure_name(error) if error is not None else "unreachable"
             logger.warning(
                 "%s replica %s is down (%s): requests go to the other replicas", self.server, self.http.shown_url,
                 reason,
@@ -101,12 +102,39 @@ class Replica:
         await self.http.aclose()
 
 
+def failure_name(error: InferenceError) -> str:
+    """What failed, for an operator: the type of what caused ``error`` (``ConnectError``, ``ConnectTimeout``), else
+    its own type."""
+    return type(error.__cause__ or error).__name__
+
+
 class ReplicaDown(Exception):
     """A request could not reach a replica (connect failure): another replica may take it."""
 
     def __init__(self, error: InferenceError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class ReplicaLacks(Exception):
+    """A replica cannot serve a request that another may (a llama-server restarted without one of its adapters):
+    the request goes to the next replica, and ``error`` is raised if none can."""
+
+    def __init__(self, error: InferenceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextlib.contextmanager
+def connect_failure_is_down() -> Iterator[None]:
+    """A failure to connect inside the block becomes :class:`ReplicaDown`: the request never reached the replica,
+    so another one may take it (any other error passes as it is)."""
+    try:
+        yield
+    except InferenceError as error:
+        if is_connect_failure(error):
+            raise ReplicaDown(error) from error
+        raise
 
 
 class ReplicaSet(Sequence[Replica]):
@@ -191,7 +219,7 @@ class ReplicaSet(Sequence[Replica]):
         """The error when no replica could be reached: the one failure, or one naming every URL."""
         if len(failures) == 1:
             return failures[0][1]
-        said = ", ".join(f"{replica.http.shown_url} ({type(error).__name__})" for replica, error in failures)
+        said = ", ".join(f"{replica.http.shown_url} ({failure_name(error)})" for replica, error in failures)
         return ProviderUnavailableError(
             f"none of the {len(failures)} {self.server} replicas accepts connections ({said}): start them, "
             f"or remove the URLs of stopped servers from {self.env_prefix}_BASE_URL (or base_url)",

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 
 from inference._core.validation import GenerationRequest
-from inference._servers.http import ServerAnswer, is_connect_failure
+from inference._servers.http import ServerAnswer
 from inference._servers.openai_wire import CHAT, COMPLETIONS
-from inference._servers.replicas import Replica, ReplicaDown
-from inference.exceptions import InferenceError, ServerResponseError
+from inference._servers.replicas import Replica
+from inference.exceptions import ServerResponseError
 
 __all__ = ["NO_CHAT_TEMPLATE", "ChatTemplateProbe", "ChatUntilRefused", "RouteChoice"]
 
@@ -36,7 +36,8 @@ class RouteChoice:
         """The route of ``request`` on ``replica``.
 
         Raises:
-            ReplicaDown: Finding out needed the replica, and it did not accept the connection.
+            InferenceError: Finding out needed the replica, and asking it failed (a failure to connect counts as the
+                replica being down: the request goes to another one).
         """
         return CHAT
 
@@ -143,10 +144,6 @@ class ChatTemplateProbe(RouteChoice):
                 return COMPLETIONS
             if error.status_code == 404:
                 return CHAT
-            raise
-        except InferenceError as error:
-            if is_connect_failure(error):
-                raise ReplicaDown(error) from error
             raise
         return CHAT
 
