@@ -441,6 +441,19 @@ def test_a_base_url_that_holds_no_url_is_a_configuration_error(base_url: str) ->
         OpenAIProvider(base_url=base_url)
 
 
+@pytest.mark.parametrize(
+    "base_url",
+    ["http://a:1/v1,http://a:1/v1", "http://a:1/v1, http://b:2/v1 ,http://a:1/v1/", ["http://a:1/v1", "http://a:1/v1"]],
+)
+def test_a_replica_named_twice_is_a_configuration_error(base_url: str | list[str]) -> None:
+    """A slip that would give one server twice its share of the requests; the same URL in other forms too."""
+    from inference.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"names the replica 'http://a:1/v1' twice"):
+        OpenAIProvider(base_url=base_url)
+    assert len(OpenAIProvider(base_url="http://a:1/v1,http://b:2/v1")._replicas) == 2
+
+
 # The route: chat, or plain-text completions for a model without a chat template --------------------------------
 
 COMPLETIONS = f"{BASE}/completions"

@@ -31,6 +31,19 @@ def _url_count(url: object) -> int:
     return len(url) if isinstance(url, (list, tuple)) else 1
 
 
+def _replicas(items: list[Any] | tuple[Any, ...], *, source: str) -> str:
+    """Several base URLs, each checked, joined by commas; one named twice is refused (a slip that would send it
+    twice its share of the requests)."""
+    urls = [validate_base_url(item, source=source) for item in items]
+    twice = next((url for index, url in enumerate(urls) if url in urls[:index]), None)
+    if twice is not None:
+        raise ConfigurationError(
+            f"{source} names the replica {redact_url(repr(twice))} twice: give each server's base URL once",
+            url=redact_url(twice),
+        )
+    return ",".join(urls)
+
+
 def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
     """Return ``url`` without surrounding blanks and trailing slash if it is an http(s) URL with a host, else raise.
 
@@ -49,7 +62,7 @@ def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
         )
     if not isinstance(url, str):
         if isinstance(url, (list, tuple)) and url:
-            return ",".join(validate_base_url(item, source=source) for item in url)
+            return _replicas(url, source=source)
         raise ConfigurationError(f"{source} must be a URL string or a list of URLs, got {redact_url(repr(url))}")
     if "," in url:
         items = [item.strip() for item in url.split(",") if item.strip()]
@@ -58,7 +71,7 @@ def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
                 f"{source} {redact_url(repr(url))} holds no URL: give one base URL, or several separated by commas",
                 url=url,
             )
-        return ",".join(validate_base_url(item, source=source) for item in items)
+        return _replicas(items, source=source)
     url = url.strip()
     shown = redact_url(repr(url))  # the URL as messages show it: credentials hidden
     try:
