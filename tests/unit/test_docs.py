@@ -193,6 +193,19 @@ def test_every_environment_variable_the_code_reads_is_documented() -> None:
     )
 
 
+@pytest.mark.parametrize("provider", sorted(SETTINGS))
+def test_each_provider_page_names_every_setting_of_its_provider_with_its_variable(provider: str) -> None:
+    """A reader of one provider's page sees all its settings (a replica's ``replica_down_s``, an adapter cache), not
+    only those its author thought of; ``docs/configuration.md`` has them all too."""
+    page = (DOCS / "providers" / f"{provider}.md").read_text(encoding="utf-8")
+    missing = [
+        f"{setting.key} ({setting.env_var})"
+        for setting in SETTINGS[provider]
+        if f"`{setting.key}`" not in page or setting.env_var not in page
+    ]
+    assert not missing, f"docs/providers/{provider}.md does not name these settings with their variables: {missing}"
+
+
 def test_environment_scan_sees_every_kind_of_read(tmp_path: Path) -> None:
     module = tmp_path / "reads.py"
     module.write_text(
