@@ -240,6 +240,26 @@ async def test_a_streamed_agent_run_keeps_the_reasoning_as_a_run_does() -> None:
         assert [part.content for part in response.parts if isinstance(part, ThinkingPart)] == ["first, the weather"]
 
 
+async def test_the_thinking_setting_switches_the_models_thinking_on_and_off() -> None:
+    """pydantic-ai's ``thinking`` setting was dropped (the default profile did not declare it): the model never
+    thought when asked to, nor stopped when told not to. An effort level switches thinking on (the SDK's ``thinking``
+    has no levels)."""
+    provider = Recording()
+    agent = Agent(InferenceModel(provider, "m"))
+    thought = await agent.run("Hi", model_settings={"thinking": True})
+    async with agent.run_stream("Hi", model_settings={"thinking": "low"}) as run:
+        await run.get_output()
+        streamed = run.all_messages()
+    for messages in (thought.all_messages(), streamed):
+        response = messages[-1]
+        assert isinstance(response, ModelResponse)
+        (thinking,) = [part.content for part in response.parts if isinstance(part, ThinkingPart)]
+        assert thinking.startswith("Thinking: ")  # the fake's made-up reasoning, only when thinking is on
+    await agent.run("Hi", model_settings={"thinking": False})
+    await agent.run("Hi")
+    assert [request.thinking for request in provider.requests] == [True, True, False, None]
+
+
 async def test_a_provider_without_tools_refuses_an_agent_with_tools() -> None:
     class NoTools(FakeProvider):
         options: ClassVar[OptionMap] = {

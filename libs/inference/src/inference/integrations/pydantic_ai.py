@@ -19,8 +19,12 @@ How the agent's request reaches the provider:
   mode), as the ``tools`` option; ``tool_choice`` is ``"required"`` when the agent allows no text answer, else
   ``"auto"``; the ``tool_choice`` setting (``"none"``, ``"required"``, a list of names) narrows that;
 - ``native`` output mode (``NativeOutput``) and ``prompted`` mode send the output schema as ``json_schema``;
-- settings: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop_sequences`` are sent; the
-  others are declared unsupported (pydantic-ai warns for those that change what a request guarantees).
+- settings: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop_sequences`` (as ``stop``),
+  ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``timeout`` and ``extra_body`` are sent (a provider
+  that cannot honour one refuses the request with ``UnsupportedOperationError``); ``thinking`` is sent as the
+  ``thinking`` option: ``True`` or an effort level (``"low"``, ``"high"``...; the SDK has no levels, so the model
+  thinks as it does by default) switches the model's thinking on, ``False`` off; the others are declared
+  unsupported (pydantic-ai warns for those that change what a request guarantees).
 
 The provider must take tools (``provider.supports_tools``) for an agent with tools or a tool output; one that
 cannot refuses with ``UnsupportedOperationError`` naming those that can (docs/tools.md lists them). In process, an
@@ -96,7 +100,8 @@ class InferenceModel(Model):
         adapter_id: The adapter every call uses (``None``: the base model); anything ``generate`` takes.
         settings: Default pydantic-ai settings for this model.
         profile: A pydantic-ai model profile; default: tools supported, ``tool`` mode for structured output,
-            JSON-schema output where the provider constrains it (``supports_json_schema``).
+            JSON-schema output where the provider constrains it (``supports_json_schema``), the ``thinking``
+            setting supported (a profile without ``supports_thinking`` makes pydantic-ai drop that setting).
     """
 
     unsupported_settings: ClassVar[frozenset[Any]] = frozenset(
@@ -121,6 +126,7 @@ class InferenceModel(Model):
                 supports_json_schema_output=provider.supports_json_schema,
                 supports_json_object_output=False,
                 default_structured_output_mode="tool",
+                supports_thinking=True,
             )
         super().__init__(settings=settings, profile=profile)
 
@@ -194,6 +200,8 @@ class InferenceModel(Model):
         options: dict[str, Any] = {
             option: settings[setting] for setting, option in _SENT_SETTINGS.items() if setting in settings
         }
+        if parameters.thinking is not None:  # pydantic-ai moves the setting here (an effort level is thinking on)
+            options["thinking"] = bool(parameters.thinking)
         tools, tool_choice = _tools_and_choice(parameters, settings.get("tool_choice"))
         if tools:
             options["tools"] = [_tool(definition) for definition in tools]
