@@ -16,7 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel, ValidationError
-from pydantic_ai import Agent, NativeOutput
+from pydantic_ai import Agent, CachePoint, ImageUrl, NativeOutput
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ThinkingPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.settings import ToolOrOutput
@@ -258,6 +258,19 @@ async def test_the_thinking_setting_switches_the_models_thinking_on_and_off() ->
     await agent.run("Hi", model_settings={"thinking": False})
     await agent.run("Hi")
     assert [request.thinking for request in provider.requests] == [True, True, False, None]
+
+
+async def test_a_cache_point_in_a_user_prompt_is_left_out_and_an_image_is_still_refused() -> None:
+    """A ``CachePoint`` (which pydantic-ai's contract says a model without prompt caching filters out) failed the run
+    with ``UserError``."""
+    provider = Recording()
+    agent = Agent(InferenceModel(provider, "m"))
+    result = await agent.run(["Summarise this long context.", CachePoint(), "Question: what?"])
+    assert result.output.startswith("[base] ")
+    (request,) = provider.requests
+    assert request.messages == [{"role": "user", "content": "Summarise this long context.\nQuestion: what?"}]
+    with pytest.raises(UserError, match="holds ImageUrl"):
+        await agent.run(["Look.", CachePoint(), ImageUrl("https://example.com/a.png")])
 
 
 async def test_a_provider_without_tools_refuses_an_agent_with_tools() -> None:

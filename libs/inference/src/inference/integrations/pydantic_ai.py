@@ -13,8 +13,9 @@ Needs ``pip install 'inference-adapters[pydantic-ai]'`` (pydantic-ai-slim); ``im
 How the agent's request reaches the provider:
 
 - messages: system prompts and instructions become system messages, user prompts user messages (text only: an
-  image or a file is refused with ``UserError``), tool returns ``tool`` messages, earlier responses assistant
-  messages with their ``tool_calls`` (thinking is not sent back);
+  image or a file is refused with ``UserError``; a ``CachePoint`` is left out, as pydantic-ai asks of a model without
+  prompt caching), tool returns ``tool`` messages, earlier responses assistant messages with their ``tool_calls``
+  (thinking is not sent back);
 - tools: the agent's function tools, then its output tools (structured output in pydantic-ai's default ``tool``
   mode), as the ``tools`` option; ``tool_choice`` is ``"required"`` when the agent allows no text answer, else
   ``"auto"``; the ``tool_choice`` setting (``"none"``, ``"required"``, a list of names) narrows that;
@@ -50,6 +51,7 @@ import_optional("pydantic_ai", provider="pydantic-ai", extra="pydantic-ai")
 
 from pydantic_ai.exceptions import UserError  # noqa: E402 - after the check that names the extra
 from pydantic_ai.messages import (  # noqa: E402
+    CachePoint,
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -299,9 +301,10 @@ def _request_part(part: Any, *, as_user: bool = False) -> list[dict[str, Any]]:
     if isinstance(part, UserPromptPart):
         if isinstance(part.content, str):
             return [{"role": "user", "content": part.content}]
-        texts = [item if isinstance(item, str) else getattr(item, "content", None) for item in part.content]
+        content = [item for item in part.content if not isinstance(item, CachePoint)]  # no prompt caching here
+        texts = [item if isinstance(item, str) else getattr(item, "content", None) for item in content]
         if not all(isinstance(text, str) for text in texts):
-            kinds = sorted({type(item).__name__ for item in part.content if not isinstance(item, str)})
+            kinds = sorted({type(item).__name__ for item in content if not isinstance(item, str)})
             raise UserError(f"InferenceModel sends text only; this user prompt holds {', '.join(kinds)}")
         return [{"role": "user", "content": "\n".join(str(text) for text in texts)}]
     if isinstance(part, ToolReturnPart):
