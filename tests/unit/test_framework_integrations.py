@@ -340,6 +340,25 @@ async def test_langchain_streams_text_then_the_calls() -> None:
 
 
 
+async def test_langchain_gives_the_models_reasoning_where_langchain_reads_it() -> None:
+    """With ``thinking=True`` the SDK's ``result.reasoning`` was lost: in no message, and in no chunk of a stream."""
+    chat = ChatInference(provider=FakeProvider(), model="m", max_tokens=5)
+    whole = await chat.ainvoke("Hi", thinking=True)
+    reasoning = whole.additional_kwargs["reasoning_content"]  # where several LangChain chat models put it
+    assert reasoning.startswith("Thinking: ") and reasoning not in str(whole.content)
+    assert whole.content_blocks[0] == {"type": "reasoning", "reasoning": reasoning}
+    assert chat.invoke("Hi", thinking=True).additional_kwargs["reasoning_content"] == reasoning
+    merged: AIMessageChunk | None = None
+    async for chunk in chat.astream("Hi", thinking=True):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None and merged.additional_kwargs["reasoning_content"] == reasoning
+    assert merged.content_blocks[0] == {"type": "reasoning", "reasoning": reasoning}
+    assert merged.text == whole.text
+    last = list(chat.stream("Hi", thinking=True))[-1]
+    assert last.additional_kwargs["reasoning_content"] == reasoning
+    assert "reasoning_content" not in (await chat.ainvoke("Hi")).additional_kwargs  # no thinking, no reasoning
+
+
 class BadCall(FakeProvider):
     """A fake whose model calls get_weather with arguments that parse but do not validate (as "auto" allows)."""
 

@@ -18,7 +18,9 @@ messages; content given as a list of blocks is sent as its text blocks (an image
 arguments did not parse or validate comes back in ``AIMessage.invalid_tool_calls`` with its error, not dropped. In a
 stream, LangChain rebuilds the calls from their argument text (arguments that do not parse go to
 ``invalid_tool_calls``, without the error): every call's error is in the last chunk's
-``response_metadata["tool_call_errors"]`` (call id -> error).
+``response_metadata["tool_call_errors"]`` (call id -> error). What a thinking model thought (with ``thinking=True``,
+the result's ``reasoning``) is in ``additional_kwargs["reasoning_content"]``, as several LangChain chat models put it
+(in a stream, in the last chunk), so ``message.content_blocks`` starts with a ``reasoning`` block.
 ``tool_choice`` takes LangChain's values too: ``"any"`` and ``True`` are ``"required"``, a tool's name forces that
 tool. The synchronous methods (``invoke``, ``stream``) run the provider on the sync facade's background event loop
 (:func:`inference.sync.run_sync`): drive one provider either synchronously or from your own event loop, not both
@@ -176,6 +178,7 @@ class ChatInference(BaseChatModel):
         result = await self.provider.generate(prompt, self.model, self.adapter_id, **options)
         message = AIMessage(
             content=result.text,
+            additional_kwargs=_reasoning(result),
             tool_calls=[_tool_call(call) for call in result.tool_calls or () if call.error is None],
             invalid_tool_calls=[_invalid_tool_call(call) for call in result.tool_calls or () if call.error is not None],
             usage_metadata=_usage(result),
@@ -225,6 +228,7 @@ class ChatInference(BaseChatModel):
                 yield ChatGenerationChunk(
                     message=AIMessageChunk(
                         content="",
+                        additional_kwargs=_reasoning(event),
                         tool_call_chunks=[
                             {"name": call.name, "args": call.raw_arguments, "id": call.id, "index": index,
                              "type": "tool_call_chunk"}
@@ -328,6 +332,11 @@ def _tool_call(call: Any) -> Any:
 def _invalid_tool_call(call: Any) -> Any:
     return {"name": call.name, "args": call.raw_arguments, "id": call.id, "error": call.error,
             "type": "invalid_tool_call"}
+
+
+def _reasoning(result: GenerationResult) -> dict[str, Any]:
+    """The result's reasoning where LangChain reads it (its ``content_blocks`` make it a ``reasoning`` block)."""
+    return {"reasoning_content": result.reasoning} if result.reasoning else {}
 
 
 def _usage(result: GenerationResult) -> Any:
