@@ -398,6 +398,37 @@ async def test_langchain_sends_a_call_without_a_tool_name_back_as_text_and_its_a
                             {"role": "user", "content": "Name the tool."}]
 
 
+async def test_langchain_sends_its_own_v1_message_back_and_refuses_an_image_with_the_sdks_error() -> None:
+    """With ``output_version="v1"`` the model's AIMessage holds ``reasoning`` and ``tool_call`` blocks: sending it back
+    in the next turn raised a bare TypeError. A message's call and reasoning blocks are left out (its calls go from
+    ``tool_calls``, as any provider's); content that cannot be sent is refused with the SDK's error."""
+    class ReasoningRecording(Recording, Reasoning):
+        """A thinking model whose requests are kept."""
+
+    provider = ReasoningRecording()
+    chat = ChatInference(provider=provider, model="m", output_version="v1").bind_tools([get_weather])
+    first = await chat.ainvoke("Weather in Paris?")
+    assert isinstance(first, AIMessage) and isinstance(first.content, list)
+    assert [block["type"] for block in first.content if isinstance(block, dict)] == ["reasoning", "tool_call"]
+    (call,) = first.tool_calls
+    answer = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
+    final = await chat.ainvoke([HumanMessage("Weather in Paris?"), first, answer])
+    assert f"get_weather returned sunny in {call['args']['city']}" in final.text
+    sent = provider.requests[-1].messages[1]
+    assert (sent["content"], sent["tool_calls"][0]["id"]) == ("", call["id"])
+    anthropic = AIMessage(  # another provider's blocks, its calls in tool_calls too
+        content=[{"type": "thinking", "thinking": "Rome, then."}, {"type": "text", "text": "Looking it up."},
+                 {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Rome"}}],
+        tool_calls=[{"name": "get_weather", "args": {"city": "Rome"}, "id": "toolu_1"}],
+    )
+    await chat.ainvoke([HumanMessage("Weather in Rome?"), anthropic, ToolMessage("sunny", tool_call_id="toolu_1")])
+    sent = provider.requests[-1].messages[1]
+    assert (sent["content"], sent["tool_calls"][0]["function"]["name"]) == ("Looking it up.", "get_weather")
+    image = HumanMessage([{"type": "text", "text": "What is this?"}, {"type": "image", "url": "https://x.test/a.png"}])
+    with pytest.raises(UnsupportedOperationError, match="HumanMessage holds a block of type 'image'"):
+        await chat.ainvoke([image])
+
+
 async def test_chat_inference_sends_its_options_and_refuses_what_it_cannot_send() -> None:
     """stop, timeout and the penalties given to ChatInference did nothing (pydantic dropped them, a typo too), and
     bind_tools(parallel_tool_calls=...) or strict=True ended in a bare TypeError."""

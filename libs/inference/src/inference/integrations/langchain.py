@@ -14,17 +14,20 @@ It has ``bind_tools`` (tools as LangChain takes them: OpenAI dicts, Python funct
 Needs ``pip install 'inference-adapters[langchain]'`` (langchain-core); ``import inference`` never imports it.
 
 Messages map onto the SDK's (:mod:`inference.messages`): system, human, AI (with its ``tool_calls``) and tool
-messages; content given as a list of blocks is sent as its text blocks (an image block is refused). A call whose
-arguments did not parse or validate comes back in ``AIMessage.invalid_tool_calls`` with its error, not dropped. In a
-stream, LangChain rebuilds the calls from their argument text (arguments that do not parse go to
-``invalid_tool_calls``, without the error): every call's error is in the last chunk's
-``response_metadata["tool_call_errors"]`` (call id -> error). What a thinking model thought (with ``thinking=True``,
-the result's ``reasoning``) is in ``additional_kwargs["reasoning_content"]``, as several LangChain chat models put it
-(in a stream, in the last chunk), so ``message.content_blocks`` starts with a ``reasoning`` block.
-``tool_choice`` takes LangChain's values too: ``"any"`` and ``True`` are ``"required"``, a tool's name forces that
-tool. The synchronous methods (``invoke``, ``stream``) run the provider on the sync facade's background event loop
-(:func:`inference.sync.run_sync`): drive one provider either synchronously or from your own event loop, not both
-(an HTTP provider's connections belong to one loop).
+messages; content given as a list of blocks is sent as its text blocks. An AI message's call blocks (``tool_call``
+as ``output_version="v1"`` writes them, other providers' such as ``tool_use``) are left out, its calls going from
+its ``tool_calls``, and so are its reasoning blocks (reasoning is not sent back); any other block (an image...) is
+refused with ``UnsupportedOperationError``, as is a message of another kind. A call whose arguments did not parse or
+validate comes back in ``AIMessage.invalid_tool_calls`` with its error, not dropped. In a stream, LangChain rebuilds
+the calls from their argument text (arguments that do not parse go to ``invalid_tool_calls``, without the error):
+every call's error is in the last chunk's ``response_metadata["tool_call_errors"]`` (call id -> error). What a
+thinking model thought (with ``thinking=True``, the result's ``reasoning``) is in
+``additional_kwargs["reasoning_content"]``, as several LangChain chat models put it (in a stream, in the last
+chunk), so ``message.content_blocks`` starts with a ``reasoning`` block. ``tool_choice`` takes LangChain's values
+too: ``"any"`` and ``True`` are ``"required"``, a tool's name forces that tool. The synchronous methods (``invoke``,
+``stream``) run the provider on the sync facade's background event loop (:func:`inference.sync.run_sync`): drive one
+provider either synchronously or from your own event loop, not both (an HTTP provider's connections belong to one
+loop).
 
 The provider must take tools (``provider.supports_tools``) for ``bind_tools`` and ``with_structured_output``; one
 that cannot refuses with ``UnsupportedOperationError`` naming those that can (docs/tools.md lists them). In process,
@@ -67,6 +70,14 @@ from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa
 from pydantic import ConfigDict  # noqa: E402
 
 __all__ = ["ChatInference"]
+
+_LEFT_OUT_OF_AI_TEXT = frozenset({
+    "tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use", "function_call",
+    "reasoning", "thinking", "redacted_thinking",
+})
+"""An AI message's blocks that are not sent as its text: calls (LangChain's own, Anthropic's ``tool_use``, OpenAI's
+Responses ``function_call``), whose message carries them in ``tool_calls`` and ``invalid_tool_calls``, and
+reasoning (LangChain's ``reasoning``, Anthropic's ``thinking``), which is not sent back."""
 
 _OPTIONS = (
     "max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop", "presence_penalty",
@@ -255,7 +266,7 @@ class ChatInference(BaseChatModel):
             options["stop"] = stop
         if "tool_choice" in options and options.get("tools"):
             options["tool_choice"] = _tool_choice(options["tool_choice"], options["tools"])
-        return cast("list[Message]", _messages(messages)), options
+        return cast("list[Message]", _messages(messages, self.provider.name)), options
 
 
 def _tool_choice(choice: Any, tools: Sequence[dict[str, Any]]) -> Any:
@@ -267,22 +278,24 @@ def _tool_choice(choice: Any, tools: Sequence[dict[str, Any]]) -> Any:
     return choice
 
 
-def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """The conversation as chat messages. An invalid call without a tool's name (written in process when several
-    tools are offered) cannot go back as a call: it goes back as the text the model wrote, and the answer to it as a
-    user message (as the pydantic-ai integration sends it)."""
+def _messages(messages: Sequence[BaseMessage], provider: str) -> list[dict[str, Any]]:
+    """The conversation as chat messages (``provider`` names the provider in a refusal). An invalid call without a
+    tool's name (written in process when several tools are offered) cannot go back as a call: it goes back as the text
+    the model wrote, and the answer to it as a user message (as the pydantic-ai integration sends it)."""
     nameless: set[str] = set()  # ids of the calls sent back as text
     converted = []
     for message in messages:
         if isinstance(message, AIMessage):
             nameless.update(call["id"] or "" for call in message.invalid_tool_calls if not call["name"])
         answers_nameless = isinstance(message, ToolMessage) and message.tool_call_id in nameless
-        converted.append({"role": "user", "content": _text(message)} if answers_nameless else _message(message))
+        converted.append(
+            {"role": "user", "content": _text(message, provider)} if answers_nameless else _message(message, provider)
+        )
     return converted
 
 
-def _message(message: BaseMessage) -> dict[str, Any]:
-    content = _text(message)
+def _message(message: BaseMessage, provider: str) -> dict[str, Any]:
+    content = _text(message, provider)
     if isinstance(message, SystemMessage):
         return {"role": "system", "content": content}
     if isinstance(message, HumanMessage):
@@ -307,21 +320,29 @@ def _message(message: BaseMessage) -> dict[str, Any]:
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": content}
     if isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
         return {"role": message.role, "content": content}
-    raise TypeError(f"ChatInference cannot send a {type(message).__name__} (role {message.type!r})")
+    raise UnsupportedOperationError(
+        f"ChatInference cannot send a {type(message).__name__} (role {message.type!r})", provider=provider
+    )
 
 
-def _text(message: BaseMessage) -> str:
+def _text(message: BaseMessage, provider: str) -> str:
+    """The message's text: its text blocks, without an AI message's call and reasoning blocks."""
     if isinstance(message.content, str):
         return message.content
     texts: list[str] = []
     for block in message.content:
         if isinstance(block, str):
             texts.append(block)
-        elif isinstance(block, dict) and block.get("type") == "text":
+            continue
+        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+        if kind == "text":
             texts.append(str(block.get("text", "")))
-        else:
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise TypeError(f"ChatInference sends text only; this {type(message).__name__} holds a {kind} block")
+        elif not (isinstance(message, AIMessage) and kind in _LEFT_OUT_OF_AI_TEXT):
+            raise UnsupportedOperationError(
+                f"ChatInference sends text only (the SDK's messages hold text): this {type(message).__name__} holds "
+                f"a block of type {kind!r}; leave it out, or give what it holds as text",
+                provider=provider,
+            )
     return "\n".join(texts)
 
 
