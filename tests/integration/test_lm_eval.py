@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import math
 import re
 import subprocess
@@ -374,6 +375,31 @@ def test_generation_reads_lm_eval_s_other_names_for_the_token_limit_and_skips_em
         stop = [text for text in kwargs.get("until", []) if text] or None
         direct = asyncio.run(FakeProvider().generate("Hello there", "", max_tokens=limit, temperature=0, stop=stop))
         assert answer == direct.text and direct.completion_tokens == limit, kwargs
+
+
+def test_generation_passes_on_every_gen_kwarg_that_is_an_option_of_the_sdk(caplog: pytest.LogCaptureFixture) -> None:
+    """min_p, presence_penalty and frequency_penalty were dropped with a warning that they are "not generation options
+    of the SDK" (they are): a task that set them generated as if it had not. Only a key that is no option is warned
+    about; a ``stop`` adds to ``until``."""
+    penalties = {"min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5}
+    options: dict[str, Any] = {"max_tokens": 8, "temperature": 0.7, "seed": 1, "stop": ["\n"]}
+    direct = asyncio.run(FakeProvider().generate("Q", "", **options, **penalties))
+    without = asyncio.run(FakeProvider().generate("Q", "", **options))
+    stop = " " + without.text.split()[3]  # a word of the answer: cut there
+    gen_kwargs = {"until": ["\n"], "max_gen_toks": 8, "temperature": 0.7, "seed": 1}
+    lm = InferenceLM(provider="fake")
+    try:
+        with caplog.at_level(logging.WARNING, logger="inference"):
+            answers = lm.generate_until([
+                Instance("generate_until", {}, ("Q", {**gen_kwargs, **penalties, "typical_p": 0.9}), 0),
+                Instance("generate_until", {}, ("Q", {**gen_kwargs, "stop": stop}), 1),
+            ])
+    finally:
+        lm.close()
+    assert answers[0] == direct.text != without.text
+    assert answers[1] == without.text[: without.text.index(stop)]
+    warnings = [record.getMessage() for record in caplog.records if "gen_kwargs" in record.getMessage()]
+    assert warnings == ["lm-eval gen_kwargs ['typical_p'] are not generation options of the SDK; ignored"]
 
 
 def test_adapter_dot_loads_the_current_directory_under_its_name(

@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 from inference._core.dependencies import import_optional
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
 from inference.exceptions import ConfigurationError
+from inference.options import OPTIONS
 from inference.provider import InferenceProvider
 from inference.registry import PROVIDERS, load_provider_class
 from inference.results import GenerationResult, ScoreResult
@@ -347,15 +348,16 @@ def _adapter_name(adapter: str) -> str:
 
 
 def _generation_options(gen_kwargs: Any) -> dict[str, Any]:
-    """lm-eval's ``gen_kwargs`` as ``generate``'s options: ``until`` -> ``stop`` (empty strings left out, as lm-eval's
-    ``hf`` cuts at none), ``max_gen_toks`` (or ``max_new_tokens``, ``max_tokens``, ``max_completion_tokens``, in this
-    order, as lm-eval reads them) -> ``max_tokens``, ``do_sample`` false or ``temperature`` 0 -> greedy; others are
-    ignored with a warning."""
+    """lm-eval's ``gen_kwargs`` as ``generate``'s options: ``until`` (and a ``stop``) -> ``stop`` (empty strings left
+    out, as lm-eval's ``hf`` cuts at none), ``max_gen_toks`` (or ``max_new_tokens``, ``max_tokens``,
+    ``max_completion_tokens``, in this order, as lm-eval reads them) -> ``max_tokens``, ``do_sample`` false or
+    ``temperature`` 0 -> greedy; every other key that is an option of ``generate`` (a field of
+    :class:`~inference.options.GenerationOptions`: ``top_p``, ``top_k``, ``min_p``, ``seed``, the penalties...) is
+    passed on as it is, for the provider to check; others are ignored with a warning."""
     kwargs = dict(gen_kwargs or {})
     limits = [limit for limit in (kwargs.pop(name, None) for name in _MAX_TOKENS_NAMES) if limit is not None]
     options: dict[str, Any] = {"max_tokens": int(limits[0]) if limits else 256}
-    until = kwargs.pop("until", None)
-    stops = [until] if isinstance(until, str) else list(until or ())
+    stops = [stop for name in ("until", "stop") for stop in _strings(kwargs.pop(name, None))]
     if any(stops):
         options["stop"] = list(dict.fromkeys(stop for stop in stops if stop))
     do_sample = kwargs.pop("do_sample", None)
@@ -366,12 +368,15 @@ def _generation_options(gen_kwargs: Any) -> dict[str, Any]:
             logger.warning("lm-eval gen_kwargs do_sample=True without a temperature: generating greedily")
     else:
         options["temperature"] = float(temperature)
-    for name in ("top_p", "top_k", "seed", "repetition_penalty"):
-        if name in kwargs:
-            options[name] = kwargs.pop(name)
+    options |= {name: kwargs.pop(name) for name in list(kwargs) if name in OPTIONS}
     if kwargs:
         logger.warning("lm-eval gen_kwargs %s are not generation options of the SDK; ignored", sorted(kwargs))
     return options
+
+
+def _strings(value: Any) -> list[Any]:
+    """A string or strings as a list (``None``: none)."""
+    return [value] if isinstance(value, str) else list(value or ())
 
 
 def _raise_failures(results: Sequence[Any], kind: type[_T]) -> list[_T]:
