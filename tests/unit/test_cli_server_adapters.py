@@ -165,3 +165,40 @@ def test_list_where_nothing_answers_exits_1_from_a_real_process() -> None:
     result = subprocess.run([sys.executable, "-c", command, *argv], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stdout == "" and result.stderr.startswith("inference: error: ") and url in result.stderr
+
+
+WITHOUT_HTTPX = """\
+import contextlib, io, sys
+sys.modules["httpx"] = None  # an install without the HTTP extras
+from inference.cli import main
+for argv in (sys.argv[1:4], sys.argv[4:]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(["adapters", *argv, "--provider", PROVIDER])
+    print(status, err.getvalue().strip().splitlines()[-1])
+"""
+
+
+@pytest.mark.parametrize(
+    ("provider", "status", "message"),
+    [
+        *(
+            (name, 1, f"the {name} provider needs the Python package 'httpx', which cannot be imported (import of "
+                      f"httpx halted; None in sys.modules): run pip install 'inference-adapters[{name}]'")
+            for name in ("vllm", "openai", "ollama", "llamacpp-server")
+        ),
+        *((name, 2, f"the {name} provider runs in process") for name in ("fake", "llamacpp")),
+    ],
+)
+def test_adapters_commands_without_the_provider_extra_say_what_to_install(
+    provider: str, status: int, message: str
+) -> None:
+    """``list`` as ``load``: the CLI's own line (the extra to install, or the usage error), never a traceback."""
+    code = WITHOUT_HTTPX.replace("PROVIDER", repr(provider))
+    argv = ["load", "style", "/adapters/style", "list"]
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout
+    for line in lines:  # load, then list
+        assert line.startswith(f"{status} inference: ") and message in line, line

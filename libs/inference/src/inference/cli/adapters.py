@@ -56,14 +56,16 @@ def _adapters_unload(args: argparse.Namespace) -> int:
 
 
 def _adapters_list(args: argparse.Namespace) -> int:
-    from inference.vllm_provider import VLLMProvider
-
-    provider = _server_provider(args)
+    provider = _server_provider(args)  # a provider whose extra is missing: MissingDependencyError naming it
+    # vLLM's adapters replica by replica. Its module is loaded if the provider is one; not imported for the others,
+    # whose extras need not install what it imports.
+    vllm = sys.modules.get("inference.vllm_provider")
 
     async def work() -> tuple[list[str], dict[str, list[str] | str] | None]:
         # The provider asks the server (an unreachable one is ProviderUnavailableError, exit 1).
         adapters: list[str] = await provider.list_adapters()
-        by_replica = await provider.replica_adapters() if isinstance(provider, VLLMProvider) else None
+        by_vllm_replica = vllm is not None and isinstance(provider, vllm.VLLMProvider)
+        by_replica = await provider.replica_adapters() if by_vllm_replica else None
         return adapters, by_replica
 
     adapters, by_replica = _run_async(work)
