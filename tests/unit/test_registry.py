@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,58 @@ def test_a_missing_backend_package_is_named_with_the_extra_of_the_provider() -> 
         f"(import of httpx halted; None in sys.modules): run pip install 'inference-adapters[{name}]'"
         for name in ("vllm", "openai")
     ], result.stderr
+
+
+WITHOUT_HTTPX = """\
+import json, sys
+sys.modules["httpx"] = None  # an install without the HTTP extras
+import inference
+errors = {}
+for spec in inference.PROVIDERS.values():
+    try:
+        exec(f"from inference import {spec.class_name}", {})
+    except ImportError as error:
+        try:
+            inference.get_provider(spec.name, "http://127.0.0.1:1/v1")
+        except ImportError as built:
+            errors[spec.class_name] = [type(error).__name__, str(error), str(built)]
+star = {}
+exec("from inference import *", star)
+print(json.dumps({"errors": errors, "star": sorted(name for name in star if name != "__builtins__")}))
+"""
+
+
+def _static_all() -> list[str]:
+    """``inference.__all__`` as written in ``inference/__init__.py`` (what type checkers read)."""
+    tree = ast.parse(INIT.read_text(encoding="utf-8"))
+    assigned = next(
+        node for node in tree.body
+        if isinstance(node, ast.Assign) and [ast.unparse(target) for target in node.targets] == ["__all__"]
+    )
+    names: list[str] = ast.literal_eval(assigned.value)
+    return names
+
+
+def test_a_provider_class_without_its_extra_names_the_extra_and_star_import_leaves_it_out() -> None:
+    """httpx hidden: ``from inference import OpenAIProvider`` raises what ``get_provider("openai")`` raises (not a
+    bare ModuleNotFoundError), and ``from inference import *`` binds every other public name."""
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_HTTPX], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    server_classes = {spec.class_name: name for name, spec in PROVIDERS.items() if "httpx" in spec.packages}
+    assert set(answer["errors"]) == set(server_classes)
+    for class_name, (kind, message, from_get_provider) in answer["errors"].items():
+        assert kind == "MissingDependencyError" and message == from_get_provider
+        assert f"run pip install 'inference-adapters[{PROVIDER_EXTRAS[server_classes[class_name]]}]'" in message
+    assert answer["star"] == sorted(set(_static_all()) - set(server_classes))
+
+
+def test_star_import_binds_every_public_name_when_the_extras_are_installed() -> None:
+    star: dict[str, object] = {}
+    exec("from inference import *", star)
+    assert set(star) - {"__builtins__"} == set(_static_all()) == set(inference.__all__)
 
 
 def test_import_optional_takes_the_extra_from_the_registry_or_the_argument() -> None:

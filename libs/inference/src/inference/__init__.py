@@ -86,20 +86,6 @@ _LAZY = {
 """Name -> its module, imported on first access: ``import inference`` imports only the error tree (no asyncio,
 no httpx), so a command line or a worker that only configures pays nothing for what it does not use."""
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        from inference.registry import PROVIDERS  # provider classes, by the registry's import paths
-
-        module = next((spec.module for spec in PROVIDERS.values() if spec.class_name == name), None)
-    if module is None:
-        raise AttributeError(f"module 'inference' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next access is a plain attribute
-    return value
-
-
 __all__ = [
     "PROVIDERS",
     "AdapterAlreadyLoadedError",
@@ -155,3 +141,42 @@ __all__ = [
     "get_sync_provider",
     "get_sync_provider_for_step",
 ]
+"""Every public name, as type checkers and the documentation read it. At run time ``__all__`` is the names this install
+can import: see ``__getattr__``."""
+
+_PUBLIC = tuple(__all__)
+if not TYPE_CHECKING:
+    del __all__  # made by __getattr__ when first asked for (``from inference import *`` asks)
+
+
+def __getattr__(name: str) -> Any:
+    """The names of ``__all__`` not imported above, imported on first access; then ``__all__`` itself.
+
+    A provider class is imported as :func:`get_provider` imports it: without its extra, ``from inference import
+    OpenAIProvider`` raises the :class:`MissingDependencyError` that names the ``pip install`` to run. ``__all__``
+    (what ``from inference import *`` imports) leaves such a class out, so that a star import works in any install
+    and binds every name that an explicit import would.
+    """
+    if name == "__all__":
+        value: Any = [public for public in _PUBLIC if _importable(public)]
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        from inference.registry import PROVIDERS, load_provider_class  # provider classes, by the registry's paths
+
+        provider = next((spec.name for spec in PROVIDERS.values() if spec.class_name == name), None)
+        if provider is None:
+            raise AttributeError(f"module 'inference' has no attribute {name!r}")
+        value = load_provider_class(provider)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def _importable(name: str) -> bool:
+    """Whether ``from inference import <name>`` works in this install (not for a provider class without its extra)."""
+    try:
+        if name not in globals():
+            __getattr__(name)
+    except MissingDependencyError:
+        return False
+    return True
