@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 import pytest
 
@@ -20,7 +20,7 @@ from inference.exceptions import (
     ProviderTimeoutError,
     TokenLimitError,
 )
-from inference.options import ByRequests, GenerationOptions, OptionMap
+from inference.options import ByRequests, GenerationOptions, OptionMap, RequestOptions
 from inference.results import GenerationResult, StreamEvent
 
 
@@ -180,6 +180,17 @@ async def test_logit_bias_ids_are_checked_against_the_vocabulary_where_the_token
         await fake.generate("Hi", "m", logit_bias={"300": -100})
     result = await fake.generate("Hi", "m", logit_bias={"7": -100})  # JSON's string keys: ids
     assert result == await fake.generate("Hi", "m", logit_bias={7: -100.0})
+
+
+def test_logit_bias_takes_a_dict_keyed_by_int_and_one_keyed_by_str_for_type_checkers() -> None:
+    """A ``dict[int, float]`` or ``dict[str, float]`` variable type-checks only against a union member with its own
+    key type (Mapping's key type is invariant: ``Mapping[int | str, float]`` refused both)."""
+    hint = get_type_hints(RequestOptions)["logit_bias"]
+    members = [member for member in get_args(hint) if member is not type(None)]
+    assert all(get_origin(member) is Mapping and get_args(member)[1] is float for member in members), hint
+    assert {get_args(member)[0] for member in members} >= {int, str}
+    # What each key type means at run time is unchanged: ids as integers or as decimal strings.
+    assert GenerationOptions.from_arguments(provider="fake", logit_bias={"7": -100}).logit_bias == {7: -100.0}
 
 
 async def test_thinking_puts_made_up_reasoning_beside_the_text() -> None:

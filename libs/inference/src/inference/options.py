@@ -641,7 +641,7 @@ class RequestOptions(TypedDict, total=False):
     presence_penalty: float | None
     frequency_penalty: float | None
     min_p: float | None
-    logit_bias: Mapping[int | str, float] | None
+    logit_bias: Mapping[int, float] | Mapping[str, float] | Mapping[int | str, float] | None
     raw_prompt: bool | None
     chat_template: str | None
     chat_template_kwargs: Mapping[str, Any] | None
