@@ -247,3 +247,47 @@ def test_error_tree_on_the_errors_page_is_the_one_in_the_code() -> None:
     assert block.group(1).strip() == tree, "docs/errors.md's error tree differs from inference/exceptions.py"
     for name in re.findall(r"^[│├└─ ]*(\w+)", tree, flags=re.M):
         assert hasattr(exceptions, name), f"the tree names {name}, which inference.exceptions lacks"
+
+
+# Examples ---------------------------------------------------------------------------------------------------
+
+
+def _python_examples() -> list[tuple[str, ast.Module]]:
+    """Every ```python block of the documentation and the README, parsed (page and block number, tree)."""
+    examples = []
+    for page in [*sorted(DOCS.rglob("*.md")), ROOT / "README.md"]:
+        text = page.read_text(encoding="utf-8")
+        blocks = re.finditer(r"^([ \t]*)```(?:python|py)\n(.*?)^\1```", text, flags=re.M | re.S)
+        for number, block in enumerate(blocks, start=1):
+            where = f"{page.relative_to(ROOT)} block {number}"
+            try:
+                examples.append((where, ast.parse(textwrap.dedent(block.group(2)))))
+            except SyntaxError as error:
+                raise AssertionError(f"{where} is not Python: {error}") from error
+    return examples
+
+
+def test_a_message_list_kept_in_a_variable_is_annotated_for_type_checkers() -> None:
+    """``messages = [{"role": ...}]`` infers ``list[dict[str, str]]``, which mypy refuses as a prompt and to which
+    it refuses to append ``result.as_message()``: an example that keeps messages declares ``list[Message]``."""
+    examples = _python_examples()
+    assert len(examples) > 40, "the code blocks were not found"
+
+    def holds_messages(node: ast.expr | None) -> bool:
+        items = node.elts if isinstance(node, ast.List) else []
+        keys = [key for item in items if isinstance(item, ast.Dict) for key in item.keys]
+        return any(isinstance(key, ast.Constant) and key.value == "role" for key in keys)
+
+    assignments = [(where, node) for where, tree in examples for node in ast.walk(tree)]
+    unannotated = [
+        f"{where}: {ast.unparse(node)[:60]}"
+        for where, node in assignments
+        if isinstance(node, ast.Assign) and holds_messages(node.value)
+    ]
+    assert not unannotated, f"write `messages: list[Message] = [...]` (from inference import Message): {unannotated}"
+    annotated = [
+        ast.unparse(node.annotation)
+        for _, node in assignments
+        if isinstance(node, ast.AnnAssign) and holds_messages(node.value)
+    ]
+    assert annotated and set(annotated) == {"list[Message]"}, annotated
