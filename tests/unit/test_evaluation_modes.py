@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
@@ -29,6 +29,7 @@ from inference.evaluation import (
     read_rows,
 )
 from inference.evaluation import runner as runner_module
+from inference.evaluation.scoring import Scorer
 from inference.exceptions import ConfigurationError, InvalidRequestError, UnsupportedOperationError
 from inference.fake_provider import FakeProvider
 from inference.results import ScoreItem
@@ -451,6 +452,27 @@ async def test_a_list_of_prompts_is_checked_as_a_prompt_file_is(
     with pytest.raises(InvalidRequestError, match=message):
         await evaluate_adapters([tmp_path / "adapter"], prompts, {"max_tokens": 2}, output, provider=FakeProvider())
     assert not output.exists()  # refused before anything ran
+
+
+async def test_each_scorer_call_gets_a_dict_of_its_own_as_the_scorer_type_says(tmp_path: Path) -> None:
+    """``Scorer`` declares ``row: dict[str, Any]``, so the documented ``def f(output, expected, row: dict)``
+    type-checks: true, as every call gets a fresh copy of the row, which the scorer may change without effect."""
+    assert get_args(Scorer)[0][2] == dict[str, Any]
+    for adapter in ("a1", "a2"):
+        (tmp_path / adapter).mkdir()
+    rows: list[dict[str, Any]] = []
+
+    def scorer(output: str, expected: str | None, row: dict[str, Any]) -> float:
+        rows.append(row)
+        row["output"], row["adapter_id"] = "changed", None
+        return 0.5
+
+    output = tmp_path / "r.jsonl"
+    await evaluate_adapters([tmp_path / "a1", tmp_path / "a2"], PROMPTS, FAKE, output, scorer=scorer, mode="generate")
+    written = read_rows(output)
+    assert len(rows) == len(written) == 3 * len(PROMPTS)  # the base model's rows too
+    assert len({id(row) for row in rows}) == len(rows) and all(type(row) is dict for row in rows)
+    assert all(row["score"] == 0.5 and row["output"] != "changed" and row["adapter_id"] for row in written)
 
 
 async def test_a_list_of_prompts_keeps_what_a_scorer_reads_and_takes_numpy_numbers(tmp_path: Path) -> None:

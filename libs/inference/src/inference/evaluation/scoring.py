@@ -13,8 +13,11 @@ from inference.exceptions import ConfigurationError, InvalidRequestError
 
 __all__ = ["SCORERS", "Scorer", "exact_match", "regex_match", "resolve_scorer", "score_value"]
 
-Scorer = Callable[[str, "str | None", Mapping[str, Any]], "float | bool | None"]
-"""``scorer(output, expected, row) -> float | bool | None``; ``None`` means "not scored" (no expected answer)."""
+Scorer = Callable[[str, "str | None", dict[str, Any]], "float | bool | None"]
+"""``scorer(output, expected, row) -> float | bool | None``; ``None`` means "not scored" (no expected answer).
+
+``row`` is a copy of the row being written, a new ``dict`` for each call (a function that takes a ``Mapping`` is
+a scorer too)."""
 
 
 def exact_match(output: str, expected: str | None, row: Mapping[str, Any]) -> float | None:
