@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -54,6 +57,42 @@ def test_init_names_every_provider_class_for_type_checkers() -> None:
     providers = {target for target in imported if target.partition(":")[0].endswith("_provider")}
     assert providers == set(PROVIDER_REGISTRY.values()), "add the class to inference/__init__.py's TYPE_CHECKING block"
     assert {spec.class_name for spec in PROVIDERS.values()} <= set(inference.__all__)
+
+
+def _seen_by_type_checkers(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The top-level statements a type checker reads: both branches of an ``if``, the body of ``if TYPE_CHECKING:``,
+    nothing of ``if not TYPE_CHECKING:``."""
+    for node in body:
+        if not isinstance(node, ast.If):
+            yield node
+        elif ast.unparse(node.test) == "TYPE_CHECKING":
+            yield from _seen_by_type_checkers(node.body)
+        elif ast.unparse(node.test) != "not TYPE_CHECKING":
+            yield from _seen_by_type_checkers([*node.body, *node.orelse])
+
+
+@pytest.mark.parametrize("module", [inference], ids=lambda module: module.__name__)
+def test_every_public_name_is_declared_for_type_checkers_and_no_other(module: ModuleType) -> None:
+    """Each name of ``__all__`` is defined or imported where a type checker looks (else ``from inference import
+    AdapterWeights`` is ``Any`` to it): a lazy one under ``if TYPE_CHECKING:``, from where it is at run time; and the
+    lazy ``__getattr__`` is hidden from type checkers (else ``inference.get_provder``, misspelt, is ``Any`` too)."""
+    tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
+    seen = list(_seen_by_type_checkers(tree.body))
+    imported = {
+        alias.asname or alias.name: node.module or ""
+        for node in seen if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    declared = set(imported) | {node.name for node in seen if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+    declared |= {target.id for node in seen if isinstance(node, ast.Assign) for target in node.targets
+                 if isinstance(target, ast.Name)}
+    public = _static_all() if module is inference else list(module.__all__)
+    missing = [name for name in public if name not in declared]
+    assert not missing, f"import them under `if TYPE_CHECKING:` in {module.__file__}: {missing}"
+    for name in public:
+        if name in imported:  # the object a type checker reads is the one the module hands out
+            assert getattr(importlib.import_module(imported[name]), name) is getattr(module, name), name
+    assert "__getattr__" not in declared, "define the module's __getattr__ under `if not TYPE_CHECKING:`"
+    assert callable(module.__getattr__)  # still there at run time
 
 
 def test_unknown_provider_lists_the_registered_names() -> None:

@@ -40,9 +40,11 @@ from inference.exceptions import (
 )
 
 if TYPE_CHECKING:
-    # For type checkers and editors only; at run time these come from __getattr__ below (the provider classes:
-    # keep in step with inference.registry.PROVIDERS, tests/unit/test_registry.py checks).
+    # For type checkers and editors only; at run time these come from __getattr__ below, which type checkers do not
+    # see: a name of __all__ missing here would be an error to them (the provider classes: keep in step with
+    # inference.registry.PROVIDERS; tests/unit/test_registry.py checks both).
     from inference._server_errors import RuntimeLoRADisabledError, ServerResponseError
+    from inference.adapters.weights import AdapterWeights
     from inference.factory import aclose_all_providers, clear_provider_cache, get_provider, get_provider_for_step
     from inference.fake_provider import FakeProvider
     from inference.fallback import FallbackProvider
@@ -144,39 +146,37 @@ __all__ = [
 """Every public name, as type checkers and the documentation read it. At run time ``__all__`` is the names this install
 can import: see ``__getattr__``."""
 
-_PUBLIC = tuple(__all__)
-if not TYPE_CHECKING:
+if not TYPE_CHECKING:  # hidden from type checkers, for which a name not declared above is an error, not Any
+    _PUBLIC = tuple(__all__)
     del __all__  # made by __getattr__ when first asked for (``from inference import *`` asks)
 
+    def __getattr__(name: str) -> Any:
+        """The names of ``__all__`` not imported above, imported on first access; then ``__all__`` itself.
 
-def __getattr__(name: str) -> Any:
-    """The names of ``__all__`` not imported above, imported on first access; then ``__all__`` itself.
+        A provider class is imported as :func:`get_provider` imports it: without its extra, ``from inference
+        import OpenAIProvider`` raises the :class:`MissingDependencyError` that names the ``pip install`` to run.
+        ``__all__`` (what ``from inference import *`` imports) leaves such a class out, so that a star import works
+        in any install and binds every name that an explicit import would.
+        """
+        if name == "__all__":
+            value: Any = [public for public in _PUBLIC if _importable(public)]
+        elif name in _LAZY:
+            value = getattr(importlib.import_module(_LAZY[name]), name)
+        else:
+            from inference.registry import PROVIDERS, load_provider_class  # provider classes, by their paths
 
-    A provider class is imported as :func:`get_provider` imports it: without its extra, ``from inference import
-    OpenAIProvider`` raises the :class:`MissingDependencyError` that names the ``pip install`` to run. ``__all__``
-    (what ``from inference import *`` imports) leaves such a class out, so that a star import works in any install
-    and binds every name that an explicit import would.
-    """
-    if name == "__all__":
-        value: Any = [public for public in _PUBLIC if _importable(public)]
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        from inference.registry import PROVIDERS, load_provider_class  # provider classes, by the registry's paths
+            provider = next((spec.name for spec in PROVIDERS.values() if spec.class_name == name), None)
+            if provider is None:
+                raise AttributeError(f"module 'inference' has no attribute {name!r}")
+            value = load_provider_class(provider)
+        globals()[name] = value  # the next access is a plain attribute
+        return value
 
-        provider = next((spec.name for spec in PROVIDERS.values() if spec.class_name == name), None)
-        if provider is None:
-            raise AttributeError(f"module 'inference' has no attribute {name!r}")
-        value = load_provider_class(provider)
-    globals()[name] = value  # the next access is a plain attribute
-    return value
-
-
-def _importable(name: str) -> bool:
-    """Whether ``from inference import <name>`` works in this install (not for a provider class without its extra)."""
-    try:
-        if name not in globals():
-            __getattr__(name)
-    except MissingDependencyError:
-        return False
-    return True
+    def _importable(name: str) -> bool:
+        """Whether ``from inference import <name>`` works here (not for a provider class without its extra)."""
+        try:
+            if name not in globals():
+                __getattr__(name)
+        except MissingDependencyError:
+            return False
+        return True
