@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 import inference
-from inference import cli
+from inference import cli, exceptions
 from inference.cli.options import _step_config
 from inference.cli.providers import _provider_report
 from inference.config import SETTINGS, Setting
@@ -71,7 +71,7 @@ def _seen_by_type_checkers(body: list[ast.stmt]) -> Iterator[ast.stmt]:
             yield from _seen_by_type_checkers([*node.body, *node.orelse])
 
 
-@pytest.mark.parametrize("module", [inference], ids=lambda module: module.__name__)
+@pytest.mark.parametrize("module", [inference, exceptions], ids=lambda module: module.__name__)
 def test_every_public_name_is_declared_for_type_checkers_and_no_other(module: ModuleType) -> None:
     """Each name of ``__all__`` is defined or imported where a type checker looks (else ``from inference import
     AdapterWeights`` is ``Any`` to it): a lazy one under ``if TYPE_CHECKING:``, from where it is at run time; and the

@@ -235,10 +235,12 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    """The HTTP answer errors, imported (with httpx) on first access."""
-    if name in __all__:  # listed but not defined above: one of inference._server_errors' errors
-        from inference import _server_errors
+if not TYPE_CHECKING:  # hidden from type checkers, for which a name not declared above is an error, not Any
 
-        return getattr(_server_errors, name)
-    raise AttributeError(f"module 'inference.exceptions' has no attribute {name!r}")
+    def __getattr__(name: str) -> Any:
+        """The HTTP answer errors, imported (with httpx) on first access."""
+        if name in __all__:  # listed but not defined above: one of inference._server_errors' errors
+            from inference import _server_errors
+
+            return getattr(_server_errors, name)
+        raise AttributeError(f"module 'inference.exceptions' has no attribute {name!r}")
