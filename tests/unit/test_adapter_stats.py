@@ -183,7 +183,7 @@ async def test_a_reload_done_by_the_backend_itself_is_counted(caplog: pytest.Log
     provider = FlakyProvider()
     await provider.load_adapter("a", "/adapters/a")
     with caplog.at_level(logging.INFO, logger="inference.adapters"):
-        provider._adapter_registry.note_reload("a", 12.5)  # what a server provider calls after healing
+        provider._adapter_registry.note("reload", "a", 12.5, healed=True)  # what a server provider calls after healing
     stats = provider.adapter_stats()
     entry = stats.get("a")
     assert entry is not None and (entry.loads, entry.reloads, entry.last_load_ms) == (2, 1, 12.5)

@@ -961,19 +961,44 @@ class RestartingServer:
         return completion(f"from {model}", model=model)
 
 
-async def test_concurrent_requests_heal_a_lost_adapter_together(provider: VLLMProvider, mock: respx.MockRouter) -> None:
+async def test_concurrent_requests_heal_a_lost_adapter_once_and_count_what_was_loaded(
+    provider: VLLMProvider, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Eight requests find a1 and a2 lost: each adapter is loaded again once (before, one load per request, most of
+    them refused as already loaded and all counted and logged as reloads)."""
     server = RestartingServer()
     mock.post(LOAD).mock(side_effect=server.load)
     mock.post(CHAT).mock(side_effect=server.chat)
     await provider.load_adapter("a1", "/adapters/a1")
     await provider.load_adapter("a2", "/adapters/a2")
     server.adapters.clear()  # the server restarts
+    caplog.set_level(logging.INFO, logger="inference")
     results = await asyncio.gather(
         *(provider.generate("Hi", model="base-model", adapter_id=f"a{1 + n % 2}") for n in range(8))
     )
     assert [result.text for result in results] == [f"from a{1 + n % 2}" for n in range(8)]
     assert server.adapters == {"a1": "/adapters/a1", "a2": "/adapters/a2"}
-    assert server.loads <= 2 + 8  # at most one reload per request that saw the 404
+    assert server.loads == 2 + 2  # the two loads, then one reload each
+    stats = provider.adapter_stats()
+    assert (stats.loads, stats.reloads) == (4, 2)
+    reloads = [record for record in caplog.records if getattr(record, "adapter_event", None) == "reload"]
+    assert sorted((record.adapter_id, record.outcome, record.healed, record.replica) for record in reloads) == [
+        ("a1", "ok", True, BASE), ("a2", "ok", True, BASE)
+    ]
+    assert sum("had lost adapter" in message for message in caplog.messages) == 2
+
+
+async def test_a_heal_that_finds_the_adapter_loaded_again_by_another_client_counts_no_reload(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """The server lost a1, and another client loaded it again before this provider's reload: the request goes
+    through, and this provider loaded nothing."""
+    already = vllm_error(400, "The lora adapter 'a1' has already been loaded.", "InvalidUserInput")
+    mock.post(LOAD).mock(side_effect=[httpx.Response(200, text="Success"), already])
+    mock.post(CHAT).mock(side_effect=[vllm_error(404, LOST_A1, "NotFoundError", "model"), completion("ok", model="a1")])
+    await provider.load_adapter("a1", "/adapters/a1")
+    assert (await provider.generate("Hi", model="base-model", adapter_id="a1")).text == "ok"
+    assert (provider.adapter_stats().loads, provider.adapter_stats().reloads) == (1, 0)
 
 
 async def test_a_lost_adapter_is_healed_for_a_stream_too(provider: VLLMProvider, mock: respx.MockRouter) -> None:
@@ -1769,3 +1794,101 @@ async def test_weights_from_memory_without_a_shared_directory_say_what_to_set(
         await provider.load_adapter("step-1", _weights())
     assert load.call_count == 0 and await provider.list_adapters() == []
     await generates(provider, mock)
+
+
+# On-demand placement: what it loads and unloads is recorded, and max_loras holds again -------------------------
+
+
+class PlacingServers:
+    """Two vLLMs whose runtime adapters are kept per replica; a chat request can be held until released."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, list[str]] = {REPLICA_A: [], REPLICA_B: []}
+        self.holding: dict[tuple[str, str], tuple[asyncio.Event, asyncio.Event]] = {}  # -> (arrived, release)
+
+    def route(self, mock: respx.MockRouter) -> None:
+        for url in (REPLICA_A, REPLICA_B):
+            mock.get(f"{url}/models").mock(side_effect=lambda request, url=url: model_list(*self.held[url]))
+            mock.post(f"{url}/load_lora_adapter").mock(side_effect=lambda request, url=url: self._load(url, request))
+            mock.post(f"{url}/unload_lora_adapter").mock(
+                side_effect=lambda request, url=url: self._unload(url, request)
+            )
+            mock.post(f"{url}/chat/completions").mock(side_effect=lambda request, url=url: self._chat(url, request))
+
+    def hold(self, url: str, model: str) -> tuple[asyncio.Event, asyncio.Event]:
+        """The next chat request for ``model`` on ``url`` waits: (it arrived, release it)."""
+        events = self.holding[url, model] = (asyncio.Event(), asyncio.Event())
+        return events
+
+    def _load(self, url: str, request: httpx.Request) -> httpx.Response:
+        self.held[url].append(json.loads(request.content)["lora_name"])
+        return httpx.Response(200, text="Success")
+
+    def _unload(self, url: str, request: httpx.Request) -> httpx.Response:
+        self.held[url].remove(json.loads(request.content)["lora_name"])
+        return httpx.Response(200, text="Success")
+
+    async def _chat(self, url: str, request: httpx.Request) -> httpx.Response:
+        model = json.loads(request.content)["model"]
+        assert model in self.held[url], (url, model, self.held)
+        held = self.holding.pop((url, model), None)
+        if held is not None:
+            held[0].set()
+            await held[1].wait()
+        return completion(f"{model} on {url}", model=model)
+
+
+async def test_on_demand_placement_records_its_loads_and_evictions_and_comes_back_to_max_loras(
+    mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_loras=1 and spread_after=1 on two replicas. B goes over max_loras once (every adapter on it busy), and the
+    next placement on B unloads until it holds max_loras again. Every placed load and every eviction is an adapter
+    event (before, none was: only load_adapter's own loads were counted and logged)."""
+    servers = PlacingServers()
+    servers.route(mock)
+    caplog.set_level(logging.INFO, logger="inference")
+    async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B], adapter_placement="on-demand", max_loras=1,
+                            spread_after=1, max_retries=0) as provider:
+
+        async def held_on(url: str, adapter_id: str) -> asyncio.Task[GenerationResult]:
+            arrived, release = servers.hold(url, adapter_id)
+            task = asyncio.create_task(provider.generate("Hi", model="base-model", adapter_id=adapter_id))
+            await arrived.wait()
+            releases.append(release)
+            return task
+
+        releases: list[asyncio.Event] = []
+        await provider.load_adapter("a0", "/adapters/a0")
+        await provider.load_adapter("a1", "/adapters/a1")
+        assert servers.held == {REPLICA_A: ["a0"], REPLICA_B: ["a1"]}
+        busy = [await held_on(REPLICA_B, "a1"), await held_on(REPLICA_A, "a0")]
+        spread = await provider.generate("Hi", model="base-model", adapter_id="a0")  # A busy: a0 goes to B too
+        assert spread.text == f"a0 on {REPLICA_B}"
+        assert servers.held[REPLICA_B] == ["a1", "a0"]  # over max_loras: a1 was busy there
+        for release in releases:
+            release.set()
+        await asyncio.gather(*busy)
+
+        releases.clear()
+        await provider.load_adapter("a2", "/adapters/a2")  # goes to A (fewest adapters), a0 evicted there
+        assert servers.held[REPLICA_A] == ["a2"]
+        busy = [await held_on(REPLICA_A, "a2")]
+        assert (await provider.generate("Hi", model="base-model", adapter_id="a2")).text == f"a2 on {REPLICA_B}"
+        releases[0].set()
+        await asyncio.gather(*busy)
+        assert servers.held[REPLICA_B] == ["a2"]  # a1 and a0 unloaded: max_loras holds again
+
+        events = [(record.adapter_event, record.adapter_id, getattr(record, "replica", None), record.outcome)
+                  for record in caplog.records if hasattr(record, "adapter_event")]
+        assert events == [
+            ("load", "a0", None, "ok"),
+            ("load", "a1", None, "ok"),
+            ("load", "a0", REPLICA_B, "ok"),  # spread
+            ("evict", "a0", REPLICA_A, "ok"),  # room for a2 on A
+            ("load", "a2", None, "ok"),
+            ("evict", "a1", REPLICA_B, "ok"),  # room for a2 on B: down to max_loras
+            ("evict", "a0", REPLICA_B, "ok"),
+            ("load", "a2", REPLICA_B, "ok"),  # spread
+        ]
+        stats = provider.adapter_stats()
+        assert (stats.loads, stats.evictions) == (5, 3)

@@ -230,12 +230,16 @@ class AdapterRegistry:
             **self._events.provider_counts(),
         )
 
-    def note_reload(self, name: str, duration_ms: float, *, ok: bool = True) -> None:
-        """Count, log and trace a reload the backend did outside the registry (a server that lost an adapter,
-        healed by the provider during a request); ``name`` is the id or the backend name it was loaded under."""
+    def note(self, event: str, name: str, duration_ms: float, *, ok: bool = True, **detail: object) -> None:
+        """Count, log and trace a backend ``event`` (``load``, ``reload``, ``evict``) the provider ran outside the
+        registry: a server that lost an adapter, healed during a request (``reload``, ``healed=True``); a replica an
+        adapter was placed on, or evicted from to make room (on-demand placement, ``replica=URL``). ``name`` is the
+        id or the backend name it was loaded under; ``detail`` adds to the record."""
         entry = self._find(name)
         if entry is not None:
-            self._events.note_reload(self._id_of(name, entry), entry.backend, entry.path, duration_ms, ok=ok)
+            self._events.note(
+                event, self._id_of(name, entry), entry.backend, entry.path, duration_ms, ok=ok, detail=detail
+            )
 
     def refuse_changed(self, name: str) -> None:
         """Raise when the files an adapter (an id, or a backend name in use now) was loaded from changed since:

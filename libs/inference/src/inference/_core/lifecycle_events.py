@@ -138,11 +138,15 @@ class LifecycleEvents:
         finally:
             self._record(event, adapter_id, backend, path, (time.perf_counter() - start) * 1000, outcome, detail)
 
-    def note_reload(self, adapter_id: str, backend: str, path: str, duration_ms: float, *, ok: bool) -> None:
-        """Count, log and trace a reload the backend did by itself, which took ``duration_ms``."""
-        with _span("reload", self._attributes(adapter_id, backend, path, {})):
+    def note(
+        self, event: str, adapter_id: str, backend: str, path: str, duration_ms: float, *, ok: bool,
+        detail: dict[str, object],
+    ) -> None:
+        """Count, log and trace a backend ``event`` the provider ran outside the registry, which took
+        ``duration_ms``; ``detail`` adds to the record."""
+        with _span(event, self._attributes(adapter_id, backend, path, detail)):
             pass
-        self._record("reload", adapter_id, backend, path, duration_ms, "ok" if ok else "error", {"healed": True})
+        self._record(event, adapter_id, backend, path, duration_ms, "ok" if ok else "error", detail)
 
     def adapter_counts(self, adapter_id: str) -> dict[str, Any]:
         """``adapter_id``'s counters, by their :class:`~inference.adapters.stats.AdapterStats` field names."""

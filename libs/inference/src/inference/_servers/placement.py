@@ -11,7 +11,8 @@ the provider does the loading and unloading it decides on. The rules, in one pla
   before the request is sent, and it becomes a holder too.
 - **Room**: a replica holds at most ``capacity`` adapters (``VLLM_MAX_LORAS``, the servers' ``--max-cpu-loras``).
   Placing one more on a full replica first unloads there the adapter used least recently that has no request
-  in flight on it; that adapter stays loaded for the user (its next request places it again).
+  in flight on it (several, until there is room: a replica went over capacity when every adapter on it was busy);
+  that adapter stays loaded for the user (its next request places it again).
 - **Down**: a holder that stops answering keeps its record; the request goes elsewhere (and places the adapter
   there). A restarted server that lost its adapters is healed by the provider's usual self-healing.
 

@@ -100,11 +100,12 @@ class RuntimeLoRA:
             f"{self.routes.enable_hint}",
         )
 
-    async def load(self, replica: Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> None:
-        """Load ``adapter_path`` under ``adapter_id`` on ``replica``.
+    async def load(self, replica: Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> bool:
+        """Load ``adapter_path`` under ``adapter_id`` on ``replica``; ``False`` when, ``healing``, the server had an
+        adapter of that name already (another client loaded it again first), so that this call loaded nothing.
 
         A server that already has an adapter of that name from that very path (a retried POST found the load it
-        had made) has loaded it; with ``healing``, any adapter of that name will do (another request reloaded it).
+        had made) has loaded it.
 
         Raises:
             RuntimeLoRADisabledError: The server has no runtime LoRA routes.
@@ -117,13 +118,14 @@ class RuntimeLoRA:
             await self._post(replica, routes.load_path, "load", body, routes.load_refusals(adapter_id, adapter_path))
         except ServerAdapterAlreadyLoadedError:
             if healing:
-                return  # another request reloaded it first: the server has it again, which is what healing wants
+                return False  # another client reloaded it first: the server has it again, which healing wants
             # A retried POST (after a 504 from a proxy, say) finds the load it already made: when the server
             # serves this very name from this very path, the load succeeded.
             with contextlib.suppress(InferenceError):
                 if (await self.served(replica)).get(adapter_id) == adapter_path:
-                    return
+                    return True
             raise
+        return True
 
     async def unload(self, replica: Replica, adapter_id: str) -> None:
         """Unload ``adapter_id`` from ``replica``; a server that no longer has it (restarted) counts as done.

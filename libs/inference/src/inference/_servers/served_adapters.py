@@ -89,6 +89,11 @@ class ReconcileReport:
         return all(replica.error is None and not replica.failed for replica in self.replicas)
 
 
+def _ms_since(started: float) -> float:
+    """Milliseconds since ``started`` (a ``time.perf_counter()``)."""
+    return (time.perf_counter() - started) * 1000
+
+
 def _adapter_id(served_name: str) -> str:
     """The adapter id a served LoRA name stands for: ``a0@3`` (a replaced id's weights) is ``a0``."""
     parsed = parse_versioned_name(served_name)
@@ -115,6 +120,8 @@ class ServedAdapters:
         self.placement = placement
         self._logger = logging.getLogger(f"inference.{replicas.provider}")
         self._placing: dict[str, asyncio.Lock] = {}  # replica URL -> one placement change at a time there
+        self._healing: dict[tuple[str, str], asyncio.Lock] = {}  # (replica URL, name) -> one heal at a time
+        self._heals: dict[tuple[str, str], int] = {}  # (replica URL, name) -> heals done (waiters see one happened)
 
     # Generation: which replicas, the adapter's name on the wire, its loss ---------------------------------
 
@@ -146,7 +153,7 @@ class ServedAdapters:
         if self.placement is not None and adapter_id is not None and not self.placement.holds(replica, adapter_id):
             path = self._registry.path_of(adapter_id)
             if path is not None:  # placed here now; else the server says it lacks it
-                await self._place_on(replica, adapter_id, path)
+                await self._place_on(replica, adapter_id, path, spread=True)
 
     def model_for(self, request: GenerationRequest) -> str:
         """The ``model`` a request sends: its adapter's name as the server takes it, else the model."""
@@ -159,17 +166,29 @@ class ServedAdapters:
         return self._registry.path_of(request.adapter_id) if request.adapter_id else None
 
     async def reload_lost(self, replica: Replica, adapter_id: str, path: str) -> None:
-        """Load ``adapter_id`` again on ``replica``, which lost it (restarted), counting the reload."""
-        self._logger.warning(
-            "%s lost adapter %r (restarted?); loading it again from %s", replica.http.where, adapter_id, path
-        )
-        started = time.perf_counter()
-        try:
-            await self._load_on(replica, adapter_id, path, healing=True)
-        except Exception:
-            self._registry.note_reload(adapter_id, (time.perf_counter() - started) * 1000, ok=False)
-            raise
-        self._registry.note_reload(adapter_id, (time.perf_counter() - started) * 1000)
+        """Load ``adapter_id`` again on ``replica``, which lost it (restarted), counting the reload.
+
+        Concurrent requests that found it lost heal it once: one loads it, the others wait for that load (and send
+        nothing); a reload is counted and logged when this process loaded it, not when the server had it again.
+        """
+        key = (replica.base_url, adapter_id)
+        heals = self._heals.get(key, 0)
+        async with self._healing.setdefault(key, asyncio.Lock()):
+            if self._heals.get(key, 0) != heals:
+                return  # another request healed it while this one waited
+            started, where = time.perf_counter(), replica.http.shown_url
+            try:
+                loaded = await self._load_on(replica, adapter_id, path, healing=True)
+            except Exception:
+                self._registry.note("reload", adapter_id, _ms_since(started), ok=False, healed=True, replica=where)
+                raise
+            self._heals[key] = heals + 1
+            if loaded:
+                self._logger.warning(
+                    "%s had lost adapter %r (restarted?); loaded it again from %s", replica.http.where, adapter_id,
+                    path,
+                )
+                self._registry.note("reload", adapter_id, _ms_since(started), healed=True, replica=where)
 
     def not_found(
         self, answer: ServerAnswer, request: GenerationRequest, reloaded_from: str | None
@@ -208,7 +227,7 @@ class ServedAdapters:
         failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
         if not failures:
             return
-        loaded = [replica for replica, outcome in zip(replicas, outcomes, strict=True) if outcome is None]
+        loaded = [replica for replica, outcome in zip(replicas, outcomes, strict=True) if outcome is True]
         if loaded:
             self._logger.warning(
                 "loading adapter %r failed on %d of %d %s replicas; unloading it from the others",
@@ -240,9 +259,10 @@ class ServedAdapters:
         if failures:
             raise failures[0]  # the adapter stays recorded: unloading again retries where it failed
 
-    async def _load_on(self, replica: Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> None:
+    async def _load_on(self, replica: Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> bool:
+        """Load on one replica (see :meth:`RuntimeLoRA.load`: ``False`` when, ``healing``, it had it already)."""
         self._registry.refuse_changed(adapter_id)  # a heal, a placement or a reconcile: the same weights
-        await self.lora.load(replica, adapter_id, adapter_path, healing=healing)
+        return await self.lora.load(replica, adapter_id, adapter_path, healing=healing)
 
     async def _roll_back(self, replicas: list[Replica], adapter_id: str) -> None:
         outcomes = await self._replicas.gather(lambda replica: self.lora.unload(replica, adapter_id), replicas)
@@ -271,8 +291,11 @@ class ServedAdapters:
                 failures.append((replica, down.error))
         raise self._replicas.all_down(failures)
 
-    async def _place_on(self, replica: Replica, adapter_id: str, adapter_path: str) -> None:
-        """Load ``adapter_id`` on ``replica``, first unloading there the adapter placement says makes room.
+    async def _place_on(self, replica: Replica, adapter_id: str, adapter_path: str, *, spread: bool = False) -> None:
+        """Load ``adapter_id`` on ``replica``, first unloading there the adapters placement says make room.
+
+        Each unload is recorded as an ``evict`` adapter event; with ``spread`` (a request's adapter placed on one
+        more replica, not ``load_adapter``'s own load, which the registry records) the load as a ``load`` event.
 
         Raises:
             ReplicaDown: The replica did not accept the connection.
@@ -282,23 +305,47 @@ class ServedAdapters:
         async with self._placing.setdefault(replica.base_url, asyncio.Lock()):
             if placement.holds(replica, adapter_id):
                 return  # another request placed it meanwhile
+            where = replica.http.shown_url
             try:
-                evicted = placement.to_evict(replica)
-            except LookupError:
-                evicted = None  # every adapter there is in use: go over capacity rather than fail the request
-                self._logger.warning("%s is full and every adapter on it is in use; loading %r beyond max_loras",
-                                     replica.http.where, adapter_id)
-            try:
-                if evicted is not None:
-                    await self.lora.unload(replica, evicted)
-                    placement.removed(evicted, replica)
-                    self._logger.info(
-                        "%s: unloaded adapter %r to make room for %r", replica.http.where, evicted, adapter_id
-                    )
-                await self._load_on(replica, adapter_id, adapter_path)
+                await self._make_room(replica, adapter_id)
+                started = time.perf_counter()
+                try:
+                    await self._load_on(replica, adapter_id, adapter_path)
+                except Exception:
+                    if spread:
+                        self._registry.note("load", adapter_id, _ms_since(started), ok=False, replica=where)
+                    raise
+                if spread:
+                    self._registry.note("load", adapter_id, _ms_since(started), replica=where)
             except ProviderUnavailableError as error:
                 raise ReplicaDown(error) from error
             placement.placed(replica, adapter_id)
+
+    async def _make_room(self, replica: Replica, adapter_id: str) -> None:
+        """Unload from ``replica`` the adapters used least recently with no request in flight there until it has
+        room for ``adapter_id`` (several, where it went over ``max_loras`` while all of its adapters were busy);
+        when every one left is busy, go over capacity rather than fail the request (a warning)."""
+        placement = self.placement
+        assert placement is not None
+        while True:
+            try:
+                evicted = placement.to_evict(replica)
+            except LookupError:
+                self._logger.warning("%s is full and every adapter on it is in use; loading %r beyond max_loras",
+                                     replica.http.where, adapter_id)
+                return
+            if evicted is None:
+                return
+            started = time.perf_counter()
+            try:
+                await self.lora.unload(replica, evicted)
+            except Exception:
+                self._registry.note("evict", evicted, _ms_since(started), ok=False, replica=replica.http.shown_url)
+                raise
+            placement.removed(evicted, replica)
+            self._registry.note(
+                "evict", evicted, _ms_since(started), replica=replica.http.shown_url, room_for=adapter_id
+            )
 
     # What the servers hold: reconcile, listings, discovery -----------------------------------------------------
 
@@ -335,7 +382,7 @@ class ServedAdapters:
             try:
                 started = time.perf_counter()
                 await self._load_on(replica, name, path)
-                self._registry.note_reload(name, (time.perf_counter() - started) * 1000)
+                self._registry.note("reload", name, _ms_since(started), healed=True, replica=replica.http.shown_url)
             except ServerAdapterAlreadyLoadedError:
                 continue  # the server has it but does not list it (some vLLM versions)
             except InferenceError as error:
