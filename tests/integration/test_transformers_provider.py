@@ -829,3 +829,117 @@ async def test_from_pretrained_keywords_reach_transformers(qwen2: Any) -> None:
     async with TransformersProvider(model_name=str(qwen2.hf_dir), model_kwargs={"no_such_keyword": 1}) as bad:
         with pytest.raises(ModelLoadError, match="no_such_keyword"):
             await bad.generate("Hello", model="", max_tokens=1)
+
+
+# A LoRA on an embedding or output layer, saved as PEFT saves it by default (save_embedding_layers="auto"): with
+# a full copy of that base layer (...embed_tokens.base_layer.weight) ------------------------------------------------
+# PEFT's own load writes that copy into the model. In a model shared by every request and adapter, a copy that is not
+# exactly the model's layer (saved in bfloat16, or from another checkpoint) changed the base model's answers and every
+# other adapter's, for good (an unload did not undo it); the stacks, for an output-layer LoRA, ignored the copy. Now a
+# copy equal to the layer (in its own dtype) is left out, and one that differs is refused, on both paths.
+
+COPY_PAIRS = [("the quick brown fox", " jumps over the lazy dog"), ("Once upon a time", " there was a village")]
+
+
+def trained(hf_dir: Path, target: str, directory: Path) -> Path:
+    """A LoRA on q_proj and ``target`` (``embed_tokens`` or ``lm_head``), its matrices random, trained and saved in
+    bfloat16 as PEFT saves it by default: with a bfloat16 copy of the ``target`` layer."""
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", target]))
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    model.to(torch.bfloat16).save_pretrained(str(directory))
+    tensors = load_file(directory / "adapter_model.safetensors")
+    assert any(".base_layer.weight" in key for key in tensors), sorted(tensors)  # PEFT saved the copy
+    return directory
+
+
+def edited(source: Path, directory: Path, *, drop: bool = False, shift: float = 0.0) -> Path:
+    """A copy of the adapter whose base-layer copy is left out (``drop``) or moved (``shift``: another checkpoint)."""
+    shutil.copytree(source, directory)
+    weights = directory / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    for key in [key for key in tensors if ".base_layer." in key]:
+        if drop:
+            del tensors[key]
+        else:
+            tensors[key] = tensors[key] + shift
+    save_file(tensors, weights)
+    return directory
+
+
+def peft_scores(hf_dir: Path, adapter: Path) -> list[float]:
+    """Plain PEFT's log-likelihood of each pair, the adapter loaded from ``adapter`` on a fresh float32 model."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, str(adapter)).eval()
+    scores = []
+    for context, continuation in COPY_PAIRS:
+        start = len(tokenizer(context)["input_ids"])
+        ids = torch.tensor([tokenizer(context + continuation)["input_ids"]])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        scores.append(float(sum(logprobs[i - 1, ids[0, i]] for i in range(start, ids.shape[1]))))
+    return scores
+
+
+@pytest.mark.filterwarnings("ignore:Setting `save_embedding_layers` to `True`:UserWarning")  # what users get
+@pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
+def test_a_layer_copy_equal_to_the_model_s_is_left_out_and_one_that_differs_is_refused(
+    tiny_models: dict[str, Any], tmp_path: Path, target: str
+) -> None:
+    model = tiny_models["qwen2"]
+    saved = trained(model.hf_dir, target, tmp_path / "saved")
+    lora_only = edited(saved, tmp_path / "lora-only", drop=True)
+    other_checkpoint = edited(saved, tmp_path / "other", shift=0.25)
+    expected = peft_scores(model.hf_dir, lora_only)  # the LoRA on this model's own layer
+
+    async def main() -> None:
+        async with TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32") as provider:
+
+            async def scores(adapter_id: str | None) -> list[float]:
+                return [(await provider.score(c, x, model="m", adapter_id=adapter_id)).logprob for c, x in COPY_PAIRS]
+
+            await provider.load_adapter("a0", model.adapter_dirs["a0"])
+            before = await scores(None), await scores("a0")
+            await provider.load_adapter("x", saved)
+            assert await scores("x") == pytest.approx(expected, abs=1e-4)
+            assert (await scores(None), await scores("a0")) == before  # the shared model is as it was, exactly
+            with pytest.raises(InvalidAdapterError, match=r"copy of the base model's .* save_embedding_layers=False"):
+                await provider.load_adapter("y", other_checkpoint)
+            assert (await scores(None), await scores("a0")) == before
+            assert await provider.list_adapters() == ["a0", "x"]
+
+    asyncio.run(main())
+
+
+@pytest.mark.filterwarnings("ignore:Setting `save_embedding_layers` to `True`:UserWarning")
+def test_llama_cpp_refuses_a_layer_copy_naming_how_to_save_without_it(
+    tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """The GGUF converter (llama.cpp, Ollama) refused the copy before, blaming it as "not a LoRA A/B matrix"; it now
+    says what it is and how to save the adapter without it, and the adapter saved so converts."""
+    from inference.adapters.gguf import convert_peft_to_gguf
+    from inference.exceptions import AdapterConversionError
+
+    model = tiny_models["qwen2"]
+    saved = trained(model.hf_dir, "lm_head", tmp_path / "saved")
+    with pytest.raises(AdapterConversionError, match=r"a copy of a base layer .* save_embedding_layers=False"):
+        convert_peft_to_gguf(saved, model.gguf_path, tmp_path / "saved.gguf")
+    lora_only = edited(saved, tmp_path / "lora-only", drop=True)
+    assert convert_peft_to_gguf(lora_only, model.gguf_path, tmp_path / "ok.gguf").stat().st_size > 0
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file as load
+
+    return dict(load(str(path)))
+
+
+def save_file(tensors: dict[str, Any], path: Path) -> None:
+    from safetensors.torch import save_file as save
+
+    save(tensors, str(path))

@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,9 @@ _SLOT_INDIFFERENT = frozenset(
 
 _SLOT_EXCLUDED = ("use_dora", "modules_to_save", "trainable_token_indices", "layer_replication", "target_parameters")
 """adapter_config.json keys that, when set, give a slot more than LoRA matrices: such adapters never share a slot."""
+
+_BASE_LAYER_COPY = re.compile(r"\.base_layer\.(?P<parameter>weight|bias)$")
+"""A tensor of a PEFT adapter that is a copy of a base layer's, not a LoRA matrix (see ``_without_base_copies``)."""
 
 _NOT_CONFIG_ARGUMENTS = frozenset({"peft_type", "auto_mapping", "revision", "base_model_name_or_path"})
 """adapter_config.json keys that PEFT writes but LoraConfig(...) does not take as they are."""
@@ -257,7 +261,17 @@ class PeftSlots:
         adapter = read_peft_adapter(path, provider=self.provider)
         self._check_base_model(loaded, adapter)
         check_target_modules(adapter, loaded.module_names, loaded.name, self._refusal(adapter))
-        self._check_file_shapes(loaded, adapter)
+        keys = self._check_file_shapes(loaded, adapter)
+        if keys is None or any(_BASE_LAYER_COPY.search(key) for key in keys):  # .bin: known once read
+            try:
+                tensors = self._read_weights(loaded, adapter)
+            except Exception:  # PEFT's load below reports the unreadable file
+                tensors = None
+            if tensors is not None:
+                kept = self._without_base_copies(loaded, adapter, tensors)
+                if len(kept) < len(tensors):  # PEFT would load the copies from the file: load the rest from memory
+                    self._load_tensors(loaded, adapter_id, adapter, kept)
+                    return
         if self.stacking:
             try:
                 tensors = self._read_weights(loaded, adapter)
@@ -329,6 +343,14 @@ class PeftSlots:
         check_target_modules(adapter, loaded.module_names, loaded.name, self._refusal(adapter))
         shapes = {name: tuple(tensor.shape) for name, tensor in weights.tensors.items()}
         check_layer_shapes(adapter, shapes, loaded.layer_features(), loaded.name, self._refusal(adapter))
+        self._load_tensors(loaded, adapter_id, adapter, self._without_base_copies(loaded, adapter, weights.tensors))
+
+    def _load_tensors(
+        self, loaded: LoadedModel, adapter_id: str, adapter: PeftAdapter, weights: Mapping[str, Any]
+    ) -> None:
+        """Load checked LoRA tensors (a state dict, ``weights``) as ``adapter_id``: into the stacks, a spare slot of
+        its shape, or a new slot."""
+        config = adapter.config
         torch = import_optional("torch", extra="transformers", provider=self.provider)
         peft = import_optional("peft", extra="transformers", provider=self.provider)
         fields = peft.LoraConfig.__dataclass_fields__
@@ -339,7 +361,7 @@ class PeftSlots:
         dtype = next(loaded.base_model.parameters()).dtype
         tensors = {
             name: torch.as_tensor(tensor).detach().to(device=loaded.device, dtype=dtype)
-            for name, tensor in weights.tensors.items()
+            for name, tensor in weights.items()
         }
         if self.stacking and self._stack(loaded, adapter_id, config, tensors):
             return
@@ -478,10 +500,11 @@ class PeftSlots:
 
     # Checks and errors -------------------------------------------------------------------------------------------
 
-    def _check_file_shapes(self, loaded: LoadedModel, adapter: PeftAdapter) -> None:
-        """Read the safetensors header (no tensor data) and compare each LoRA matrix with its layer."""
+    def _check_file_shapes(self, loaded: LoadedModel, adapter: PeftAdapter) -> list[str] | None:
+        """Read the safetensors header (no tensor data) and compare each LoRA matrix with its layer; the tensors'
+        names (``None``: not a safetensors file, whose names are known once it is read)."""
         if adapter.weights_path.suffix != ".safetensors":
-            return
+            return None
         safetensors = import_optional("safetensors", extra="transformers", provider=self.provider)
         try:
             with safetensors.safe_open(str(adapter.weights_path), framework="pt") as weights:
@@ -491,6 +514,48 @@ class PeftSlots:
                 f"has a corrupt or unreadable {adapter.weights_path.name} ({error}): save it again"
             ) from error
         check_layer_shapes(adapter, shapes, loaded.layer_features(), loaded.name, self._refusal(adapter))
+        return list(shapes)
+
+    def _without_base_copies(
+        self, loaded: LoadedModel, adapter: PeftAdapter, tensors: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """``tensors`` without the copies of base layers PEFT saves beside a LoRA on an embedding or the output layer
+        (``save_embedding_layers="auto"``: ``...embed_tokens.base_layer.weight``), each checked against the model.
+
+        PEFT would load such a copy into the shared model, changing every request's answer (a copy saved in
+        bfloat16 rounds a float32 model's layer), and unloading the adapter would not undo it; the stacks would
+        ignore it. A copy equal to the model's layer (in the copy's dtype) adds nothing and is left out; one that
+        differs (the adapter was trained on another checkpoint, or with resized embeddings) is refused.
+
+        Raises:
+            InvalidAdapterError: A copy is not of a layer of the model, or differs from it.
+        """
+        torch = import_optional("torch", extra="transformers", provider=self.provider)
+        modules = dict(loaded.base_model.named_modules())
+        kept: dict[str, Any] = {}
+        for key, tensor in tensors.items():
+            copy = _BASE_LAYER_COPY.search(key)
+            if copy is None:
+                kept[key] = tensor
+                continue
+            name = key[: copy.start()].removeprefix("base_model.model.")
+            module = modules.get(name)
+            layer = getattr(getattr(module, "base_layer", module), copy["parameter"], None)
+            saved = torch.as_tensor(tensor)
+            if layer is None or tuple(layer.shape) != tuple(saved.shape):
+                raise self._refusal(adapter)(
+                    f"holds {key!r}, a copy of a base layer {loaded.name} does not have in that shape: it was "
+                    "trained on another model"
+                )
+            if not torch.equal(layer.detach().to(device=saved.device, dtype=saved.dtype), saved):
+                raise self._refusal(adapter)(
+                    f"holds {key!r}, a copy of the base model's {name} that differs from {loaded.name}'s (PEFT "
+                    "saves it with a LoRA on an embedding or output layer, save_embedding_layers='auto'; it differs "
+                    "when the adapter was trained on another checkpoint or with resized embeddings). Loading it "
+                    "would change that layer for every request: serve the adapter on the model it was trained on, "
+                    "or, if that layer is this model's, save it with save_embedding_layers=False"
+                )
+        return kept
 
     def _check_base_model(self, loaded: LoadedModel, adapter: PeftAdapter) -> None:
         """Refuse an adapter trained on another architecture (its matrices may have this model's shapes and load,

@@ -105,6 +105,12 @@ def gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider
         if match is None:
             if "lora_embedding" in key:
                 raise refuse(f"it adapts an embedding ({key}); only linear layers are supported")
+            if ".base_layer." in key:  # what PEFT saves beside a LoRA on an embedding or output layer
+                raise refuse(
+                    f"its weights hold {key!r}, a copy of a base layer (PEFT saves one with a LoRA on an embedding "
+                    "or output layer, save_embedding_layers='auto'), which a GGUF LoRA cannot carry: if that layer "
+                    "is the base model's own, save the adapter with save_embedding_layers=False"
+                )
             raise refuse(f"its weights hold {key!r}, which is not a LoRA A/B matrix of a linear layer")
         pairs.setdefault(match["module"], {})[match["which"]] = array
 
