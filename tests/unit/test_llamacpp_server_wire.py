@@ -89,6 +89,34 @@ async def test_each_request_applies_exactly_its_adapter_with_the_prompt_cache_of
     assert sent(route)["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]
 
 
+@pytest.mark.parametrize(
+    "listed",
+    [
+        [{"id": 0.9, "path": "/srv/a0.gguf"}, {"id": 1, "path": "/srv/a1.gguf"}],  # 0.9 was taken as 0
+        [{"id": True, "path": "/srv/a0.gguf"}],
+        [{"id": "0", "path": "/srv/a0.gguf"}],
+        [{"id": -1, "path": "/srv/a0.gguf"}],
+        [{"id": 0, "path": None}],  # was the file "None"
+        [{"id": 0, "path": "/srv/a0.gguf"}, {"id": 0, "path": "/srv/a1.gguf"}],  # which file is 0?
+    ],
+    ids=["float id", "flag id", "text id", "negative id", "no path", "one id twice"],
+)
+async def test_an_adapter_list_whose_ids_cannot_say_which_file_is_which_is_a_protocol_error(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter, listed: list[dict[str, object]]
+) -> None:
+    """The request's ``lora`` field names adapters by id: an id that is not one whole number per file could apply
+    another adapter than the one asked for (before, each was coerced and the request sent)."""
+    from inference.exceptions import ProtocolError
+
+    mock.get(f"{URL}/lora-adapters").mock(return_value=httpx.Response(200, json=listed))
+    route = mock.post(f"{URL}/v1/chat/completions").mock(return_value=chat())
+    with pytest.raises(ProtocolError, match="an adapter list that is not llama-server's"):
+        await provider.load_adapter("a0", "/srv/a0.gguf")
+    with pytest.raises(ProtocolError, match="an adapter list that is not llama-server's"):
+        await provider.generate("Hi", model="tiny", max_tokens=4)
+    assert route.call_count == 0
+
+
 async def test_a_server_without_adapters_keeps_its_prompt_cache(
     provider: LlamaCppServerProvider, mock: respx.MockRouter
 ) -> None:

@@ -232,6 +232,13 @@ async def test_a_server_that_keeps_sending_without_answering_times_out(
             await _ask(provider, streamed=streamed)
 
 
+def _chunk_event(piece: str, **choice: Any) -> bytes:
+    """One server-sent event of a chat completion stream: a chunk of ``piece`` (``choice`` adds to its choice)."""
+    body = {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None, **choice}]}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
 def _gzip_bomb(size: int) -> httpx.Response:
     """A few KiB of gzip that expand to ``size`` bytes of JSON white space."""
     import gzip
@@ -250,16 +257,20 @@ def _gzip_bomb(size: int) -> httpx.Response:
         (lambda: httpx.Response(500, stream=Dripping(b'{"error": "', b"x" * 65536, 0)), False, "an answer"),
         (lambda: httpx.Response(500, stream=Dripping(b'{"error": "', b"x" * 65536, 0)), True, "an answer"),
         (lambda: httpx.Response(200, headers={"content-type": "text/event-stream"},
-                                stream=Dripping(b'data: {"id": "x", "choices": [', b" " * 65536, 0)), True, "a line"),
+                                stream=Dripping(b'data: {"id": "x", "choices": [', b" " * 65536, 0)), True, "a stream"),
+        (lambda: httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                stream=Dripping(b"", _chunk_event("x" * 65536), 0)), True, "a stream"),
         (lambda: _gzip_bomb(3 * 2**20), False, "an answer"),
     ],
-    ids=["endless answer", "endless error", "endless error to a stream", "endless line", "gzip bomb"],
+    ids=["endless answer", "endless error", "endless error to a stream", "endless line", "endless chunks",
+         "gzip bomb"],
 )
 async def test_an_answer_over_the_size_limit_is_refused_and_the_provider_serves_the_next(
     mock: respx.MockRouter, monkeypatch: pytest.MonkeyPatch, answer: Any, streamed: bool, what: str
 ) -> None:
-    """A server cannot make the client hold an answer without end (or a small gzip body that expands without end):
-    past ``MAX_ANSWER_BYTES`` (256 MiB, here 1 MiB) it is a ``ProtocolError``, long before the timeout."""
+    """A server cannot make the client hold an answer without end (or a small gzip body that expands without end, or a
+    stream of chunks without end, whose text the stream's result would hold): past ``MAX_ANSWER_BYTES`` (256 MiB, here
+    1 MiB) it is a ``ProtocolError``, long before the timeout."""
     from inference._servers import answer_reading
 
     monkeypatch.setattr(answer_reading, "MAX_ANSWER_BYTES", 2**20)
@@ -272,6 +283,55 @@ async def test_an_answer_over_the_size_limit_is_refused_and_the_provider_serves_
             await _ask(provider, streamed=streamed)
         assert asyncio.get_running_loop().time() - started < 10  # refused at the limit, not at the timeout
         assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
+
+
+def _answer_with(**choice: Any) -> httpx.Response:
+    """A whole chat completion whose choice is changed by ``choice``."""
+    body = completion("partial").json()
+    body["choices"][0].update(choice)
+    return httpx.Response(200, json=body)
+
+
+@pytest.mark.parametrize(
+    ("answer", "streamed", "problem"),
+    [
+        (lambda: _answer_with(finish_reason=["abort"]), False, r"finish_reason \['abort'\] is not text"),
+        (lambda: _answer_with(finish_reason=7), False, "finish_reason 7 is not text"),
+        (lambda: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(
+            [_chunk_event("A "), _chunk_event("B", index=1), _chunk_event("", finish_reason="stop")])), True,
+         "a chunk of choice 1, though one choice was asked for"),
+        (lambda: httpx.Response(301, headers={"location": "https://elsewhere.test/v1/chat/completions"},
+                                json=completion("body of a 301").json()), False,
+         "a redirect \\(301 to https://elsewhere.test/v1/chat/completions\\) instead of an answer"),
+        (lambda: httpx.Response(307, headers={"location": "https://u:pw@elsewhere.test/v1"}), True,
+         r"a redirect \(307 to https://\*\*\*@elsewhere.test/v1\)"),
+    ],
+    ids=["finish_reason list", "finish_reason number", "another choice's chunk", "redirect", "redirect to a stream"],
+)
+async def test_an_answer_that_cannot_be_read_as_asked_is_a_protocol_error_never_a_result(
+    mock: respx.MockRouter, provider: OpenAIProvider, answer: Any, streamed: bool, problem: str
+) -> None:
+    """Each was returned as a finished answer (an abort in a list passed for "stop", two choices' pieces merged, a
+    redirect's body taken for the completion); the provider serves the next request."""
+    mock.post(CHAT).side_effect = [answer(), completion("fine")]
+    with pytest.raises(ProtocolError, match=problem):
+        await _ask(provider, streamed=streamed)
+    assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
+
+
+async def test_tool_arguments_nested_too_deep_for_json_are_a_call_error_not_a_recursion_error(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """Arguments of 100,000 nested lists raised a bare RecursionError out of generate."""
+    body = completion("").json()
+    body["choices"][0]["message"]["tool_calls"] = [{"id": "call_1", "type": "function", "function": {
+        "name": "lookup", "arguments": "[" * 100_000 + "]" * 100_000}}]
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json=body))
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    result = await provider.generate("Hi", model="m", max_tokens=4, tools=tools)
+    assert result.tool_calls is not None and result.finish_reason == "tool_calls"
+    assert (result.tool_calls[0].error or "").startswith("the arguments of lookup are not JSON (maximum recursion")
 
 
 class Pieces(httpx.AsyncByteStream):

@@ -279,3 +279,22 @@ def test_a_bad_key_given_with_set_is_a_usage_error_that_does_not_show_it(
     assert main(["generate", "hi", "--provider", "openai", "--base-url", BASE, "--set", f"api_key={SECRET}\n"]) == 2
     captured = capsys.readouterr()
     assert "ends with a newline" in captured.err and SECRET not in captured.out + captured.err
+
+
+async def test_httpx_s_own_request_records_hide_the_credentials_of_the_url(caplog: pytest.LogCaptureFixture) -> None:
+    """httpx logs every request at INFO (``HTTP Request: POST http://user:KEY@...``): with the logging most services
+    set up (``basicConfig(level=INFO)``), that record wrote the URL's credentials in clear."""
+    caplog.set_level(logging.INFO)
+    url = _url_with_credentials(8000).replace("127.0.0.1", "gateway.test")
+    with respx.mock() as mock:
+        mock.route(method="POST", host="gateway.test", path="/v1/chat/completions").mock(
+            return_value=httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "Hi"},
+                                                                "finish_reason": "stop"}]})
+        )
+        provider = build("openai", base_url=url, max_retries=0)
+        assert (await provider.generate("hello", model="m")).text == "Hi"
+        await provider.aclose()
+    requests = [record.getMessage() for record in caplog.records if record.name == "httpx"]
+    shown = "HTTP Request: POST http://***@gateway.test:8000/v1/chat/completions?api_key=***&key=***&model=m&token=***"
+    assert requests and all(shown in message for message in requests)
+    assert not [message for message in caplog.messages if SECRET in message]

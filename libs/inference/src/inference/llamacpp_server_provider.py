@@ -416,11 +416,11 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             response = await http.request("GET", f"{replica.root}/lora-adapters", operation=operation)
         body = http.parse_json(response, operation=operation)
         try:
-            served = [
-                ServedAdapter(index=int(entry["id"]), path=str(entry["path"]), name=_file_name(str(entry["path"])))
-                for entry in body
-            ]
-        except (KeyError, TypeError, ValueError) as error:
+            served = [ServedAdapter(index=_index(entry["id"]), path=entry["path"], name=_file_name(entry["path"]))
+                      for entry in body]
+            if len({entry.index for entry in served}) < len(served):  # an id names one file, or none can be chosen
+                raise ValueError("an id listed twice")
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise replica.http.protocol_error(
                 operation, f"an adapter list that is not llama-server's ({error!r})"
             ) from error
@@ -482,6 +482,13 @@ class _HeldEvents:
             await self._events.aclose()
         finally:
             await self._held.aclose()
+
+
+def _index(value: object) -> int:
+    """An adapter's id in llama-server's list: a whole number from 0 (a float, a flag or text would be another id)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError(f"adapter id {value!r:.50} is not an index")
+    return value
 
 
 def _file_name(path: str) -> str:

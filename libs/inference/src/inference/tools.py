@@ -226,7 +226,7 @@ def parse_tool_call(
         raw = raw_arguments
         try:
             arguments = json.loads(raw)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
             return ToolCall(call_id, name, {}, raw, _bad_json(name, error))
     if not isinstance(arguments, dict):
         return ToolCall(
@@ -249,7 +249,7 @@ def parse_tool_call(
     return ToolCall(call_id, name, arguments, raw)
 
 
-def _bad_json(name: str, error: ValueError) -> str:
+def _bad_json(name: str, error: Exception) -> str:
     detail = f"{error.msg} at character {error.pos}" if isinstance(error, json.JSONDecodeError) else str(error)
     return f"the arguments of {name} are not JSON ({detail}): ToolCall.raw_arguments holds what the model wrote"
 

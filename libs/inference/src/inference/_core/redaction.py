@@ -8,10 +8,11 @@ of the SDK, so the error tree can use it.
 
 from __future__ import annotations
 
+import logging
 import re
 from urllib.parse import unquote
 
-__all__ = ["HIDDEN", "redact_url", "secret_problem", "sensitive_parameter"]
+__all__ = ["HIDDEN", "hide_credentials_in_logs", "redact_url", "secret_problem", "sensitive_parameter"]
 
 HIDDEN = "***"
 """What stands in for a hidden credential."""
@@ -38,6 +39,23 @@ def redact_url(url: str) -> str:
         return url
     hidden = _USERINFO.sub(lambda match: f"{match['lead'] or ''}{HIDDEN}@", url)
     return _PARAMETER.sub(_hide_parameter, hidden)
+
+
+class _HiddenURLCredentials(logging.Filter):
+    """Hides the credentials of the URLs in another library's log records (httpx's ``HTTP Request: POST
+    http://user:KEY@...``), as the SDK's own records hide them: a service logging at ``INFO`` must not log a key."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(arg if isinstance(arg, (int, float)) else redact_url(str(arg)) for arg in record.args)
+        return True
+
+
+def hide_credentials_in_logs(logger: str) -> None:
+    """Hide URL credentials in the records of the logger named ``logger`` (its arguments), from now on; once."""
+    target = logging.getLogger(logger)
+    if not any(isinstance(existing, _HiddenURLCredentials) for existing in target.filters):
+        target.addFilter(_HiddenURLCredentials())
 
 
 def sensitive_parameter(name: str) -> bool:

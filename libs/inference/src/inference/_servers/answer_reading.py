@@ -28,6 +28,7 @@ __all__ = [
     "AnswerTooLarge",
     "hide_request_secrets",
     "read_whole",
+    "redirect_problem",
     "server_message",
     "shown_request",
     "utf8_lines",
@@ -36,16 +37,16 @@ __all__ = [
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 MAX_ANSWER_BYTES = 256 * 2**20
-"""The most bytes of a whole answer, or of one line of a streamed one, counted after decompression (256 MiB: a
-full next-token distribution over a large vocabulary is tens of MiB). A server cannot make this process hold more:
-an answer without end, or a small gzip body that expands without end, is refused."""
+"""The most bytes of a whole answer, or of a streamed one, counted after decompression (256 MiB: a full next-token
+distribution over a large vocabulary is tens of MiB). A server cannot make this process hold more: an answer or a
+stream without end, or a small gzip body that expands without end, is refused."""
 
 _UNSENT_HEADERS = frozenset({b"content-encoding", b"content-length", b"transfer-encoding"})
 """Headers about the body as it was sent (compressed, chunked), not as it is read."""
 
 
 class AnswerTooLarge(Exception):
-    """An answer (or a streamed line) went over :data:`MAX_ANSWER_BYTES`."""
+    """An answer (or a streamed one) went over :data:`MAX_ANSWER_BYTES`."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"more than {limit / 2**20:g} MiB")
@@ -74,6 +75,18 @@ async def read_whole(response: httpx.Response) -> httpx.Response:
     return answer
 
 
+def redirect_problem(response: httpx.Response) -> str | None:
+    """What is wrong with a redirect (3xx) taken for an answer: its body is not the one asked for, and the SDK does
+    not follow it (a request is never sent on to another host with the key); ``None`` for any other status."""
+    if not 300 <= response.status_code < 400:
+        return None
+    where = redact_url(response.headers.get("location", "nowhere"))
+    return (
+        f"a redirect ({response.status_code} to {where}) instead of an answer; the SDK does not follow redirects: "
+        "set the URL it points to"
+    )
+
+
 async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
     """The lines of a streamed answer, decoded as UTF-8 whatever charset its headers name (JSON lines and
     server-sent events are UTF-8), strictly: bytes that are not UTF-8 raise ``UnicodeDecodeError`` rather than
@@ -81,12 +94,16 @@ async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
     skipped).
 
     Raises:
-        AnswerTooLarge: A line went over :data:`MAX_ANSWER_BYTES` (its bytes as received).
+        AnswerTooLarge: The lines went over :data:`MAX_ANSWER_BYTES` (their bytes as received): a stream that does
+            not end, or one line that does not.
     """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     pending: list[str] = []  # the line so far, in pieces: joined only once it ends (never again per piece)
-    pending_bytes, limit = 0, MAX_ANSWER_BYTES
+    pending_bytes, limit, total = 0, MAX_ANSWER_BYTES, 0
     async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > limit:  # the caller keeps what the lines say (the text so far): a stream that never ends
+            raise AnswerTooLarge(limit)
         text = decoder.decode(chunk)
         if _LINE_END.search(text) is None:
             pending.append(text)

@@ -41,12 +41,13 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from inference._core.deadlines import within
-from inference._core.redaction import redact_url
+from inference._core.redaction import hide_credentials_in_logs, redact_url
 from inference._core.settings import refuse_two_credentials, validate_base_url
 from inference._servers.answer_reading import (
     AnswerTooLarge,
     hide_request_secrets,
     read_whole,
+    redirect_problem,
     server_message,
     shown_request,
     utf8_lines,
@@ -290,6 +291,8 @@ class ServerClient:
         self.base_url = base_url
         self.shown_url = redact_url(base_url)
         """The base URL as messages, reprs and logs show it: user information and key parameters hidden."""
+        if self.shown_url != base_url:
+            hide_credentials_in_logs("httpx")  # its INFO record of each request names the URL
         self.timeout = float(timeout)
         self.env_prefix = env_prefix
         self.where = f"{server} at {self.shown_url}"
@@ -417,6 +420,8 @@ class ServerClient:
             await response.aclose()
         if answer.is_error and (answer.status_code not in ok_statuses or is_route_missing(answer)):
             raise self.error_from_response(answer, operation=operation, handlers=handlers)
+        if (redirect := redirect_problem(answer)) is not None:
+            raise self.protocol_error(operation, redirect)
         return answer
 
     async def _read_whole(self, response: httpx.Response, operation: str) -> httpx.Response:
@@ -562,7 +567,7 @@ class ServerClient:
         Raises:
             ProviderUnavailableError: Nothing answers at the URL, or the connection broke mid-answer.
             ProviderTimeoutError: No answer (or no next line) within the timeout.
-            ProtocolError: A line is not JSON, or over ``MAX_ANSWER_BYTES`` (256 MiB).
+            ProtocolError: A line is not JSON, or the stream goes over ``MAX_ANSWER_BYTES`` (256 MiB).
             ServerResponseError: The server answered with an error status, or sent an error line.
         """
         try:
@@ -570,6 +575,8 @@ class ServerClient:
                 if response.is_error:
                     answer = await self._read_whole(response, operation)
                     raise self.error_from_response(answer, operation=operation, handlers=handlers)
+                if (redirect := redirect_problem(response)) is not None:
+                    raise self.protocol_error(operation, redirect)
                 lines = self._json_lines(response, operation, error_line, sse)
                 try:
                     yield lines
@@ -601,7 +608,7 @@ class ServerClient:
             except UnicodeDecodeError as error:  # as a whole answer's body: never text with bytes replaced
                 raise self.protocol_error(operation, f"text that is not UTF-8 ({error.reason})") from error
             except AnswerTooLarge as error:
-                raise self.protocol_error(operation, f"a line of {error}") from None
+                raise self.protocol_error(operation, f"a stream of {error} (it did not end)") from None
             if sse:
                 if not line.startswith("data:"):
                     continue

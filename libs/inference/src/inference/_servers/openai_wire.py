@@ -389,8 +389,14 @@ def returned_token_ids(value: Any) -> list[int]:
 
 def _finish_reason(reason: object, called: bool) -> str:
     """The server's reason as it came (``None``: ``"stop"``); ``"tool_calls"`` for an answer that called tools but
-    says ``"stop"`` (vLLM and OpenAI with a named ``tool_choice``), as every other backend reports it."""
-    kept = reason if isinstance(reason, str) and reason else "stop"
+    says ``"stop"`` (vLLM and OpenAI with a named ``tool_choice``), as every other backend reports it.
+
+    Raises:
+        TypeError: The reason is neither text nor ``None`` (a list, a number: it cannot be read as a finish).
+    """
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"finish_reason {reason!r:.100} is not text")
+    kept = reason or "stop"
     return "tool_calls" if called and kept == "stop" else kept
 
 
@@ -467,6 +473,8 @@ class ChunkTally:
         if chunk.get("usage") is not None:
             self.counts = token_counts(chunk["usage"])
         choices = chunk.get("choices") or []
+        if choices and choices[0].get("index", 0) != 0:  # one choice is streamed: a server mixing in another's
+            raise IndexError(f"a chunk of choice {choices[0].get('index')!r}, though one choice was asked for")
         delta = choices[0].get("delta") if choices and route == CHAT else None
         content = delta.get("content") if delta is not None else choices[0].get("text") if choices else None
         if content is not None and not isinstance(content, str):
