@@ -514,6 +514,11 @@ async def test_a_replica_restarted_without_an_adapter_leaves_its_requests_to_the
         warned = [message for message in caplog.messages if "no longer has adapter 'a0'" in message]
         assert len(warned) == 1 and second.url in warned[0] and f"--lora {files['a0']}" in warned[0]
 
+        async with LlamaCppServerProvider(base_url=f"{second.url},{first.url}", max_retries=0) as fresh:
+            assert await fresh.list_adapters() == ["a0", "a1"]  # every replica's, whichever answers first
+            for _ in range(4):  # a0 by its file name, found on the replica that serves it, every time
+                assert (await fresh.generate(PROMPTS[1], adapter_id="a0", **greedy)).text == expected["a0"]
+
         await asyncio.to_thread(first.restart, [files["a1"]])
         with pytest.raises(AdapterNotFoundError, match=r"no longer has adapter 'a0'.*start it with --lora"):
             await provider.generate(PROMPTS[1], adapter_id="a0", **greedy)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.paths import expand_path, path_identity
 from inference._core.validation import GenerationRequest, TokenRequest
-from inference._servers.http import ServerClient
+from inference._servers.http import ServerClient, is_connect_failure
 from inference._servers.llama_server_templates import LlamaServerTemplates, TemplateFromProps
 from inference._servers.llama_server_tokens import LlamaServerTokens, distribution_fields
 from inference._servers.openai_compatible import OpenAICompatibleProvider
@@ -29,6 +29,7 @@ from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     AdapterNotFoundError,
+    InferenceError,
     InvalidAdapterError,
     ProviderError,
     ProviderUnavailableError,
@@ -185,9 +186,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self._tokens = LlamaServerTokens(self._replicas, self._templates.props)
 
     async def served_adapters(self) -> list[ServedAdapter]:
-        """The adapters the server loaded at start, read again from ``GET /lora-adapters`` (of the first replica
-        that answers)."""
-        return await self._replicas.first_reachable(self._read_served)
+        """The adapters the server loaded at start, read again from ``GET /lora-adapters`` (of the first replica, in
+        the order of the base URLs, that answers)."""
+        return (await self._served_lists())[0]
 
     # Generation ---------------------------------------------------------------------------------------------
 
@@ -293,7 +294,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
                 )
                 if (replica.base_url, adapter_id) not in self._lacking:  # once, not at every request
                     self._lacking.add((replica.base_url, adapter_id))
-                    self._logger.warning("%s; meanwhile its requests go to the other replicas", lacks)
+                    others = "; meanwhile its requests go to the other replicas" if len(self._replicas) > 1 else ""
+                    self._logger.warning("%s%s", lacks, others)
                 raise ReplicaLacks(lacks)
             self._lacking.discard((replica.base_url, adapter_id))
             scales[index] = scale
@@ -386,19 +388,41 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         self._matched.pop(adapter_id, None)
 
     async def _list_adapters(self) -> list[str]:
-        served = await self._replicas.first_reachable(self._read_served)
         mapped = set(self._matched.values())
         ids = set(self._adapter_registry.ids())
+        served = [entry for listed in await self._served_lists() for entry in listed]
         return sorted(ids | {entry.name for entry in served if entry.path not in mapped})
 
     async def _discover_adapter(self, adapter_id: str) -> str | None:
-        """An adapter the server has under the file name ``adapter_id`` (``math`` for ``math.gguf``)."""
-        served = await self._replicas.first_reachable(self._read_served)
+        """An adapter a replica has under the file name ``adapter_id`` (``math`` for ``math.gguf``)."""
+        served = [entry for listed in await self._served_lists() for entry in listed]
         entry = next((entry for entry in served if entry.name == adapter_id), None)
         if entry is None:
             return None
         self._matched[adapter_id] = entry.path
         return entry.path
+
+    async def _served_lists(self) -> list[list[ServedAdapter]]:
+        """What each replica that answers lists, in the order of the base URLs (asked at once); one that refuses
+        connections is left out (marked down): replicas restarted with other ``--lora`` files list other adapters.
+
+        Raises:
+            ProviderUnavailableError: No replica accepts connections.
+            InferenceError: A replica failed otherwise (a refused key, an answer that is not an adapter list).
+        """
+        answered: list[list[ServedAdapter]] = []
+        failures: list[tuple[Replica, InferenceError]] = []
+        for replica, outcome in zip(self._replicas, await self._replicas.gather(self._read_served), strict=True):
+            if isinstance(outcome, InferenceError) and is_connect_failure(outcome):
+                replica.mark_down(outcome)
+                failures.append((replica, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                answered.append(outcome)
+        if not answered:
+            raise self._replicas.all_down(failures)
+        return answered
 
     async def _read_served(
         self, replica: Replica, http: ServerClient | None = None, *, again: bool = True

@@ -524,8 +524,9 @@ class PeftSlots:
 
         PEFT would load such a copy into the shared model, changing every request's answer (a copy saved in
         bfloat16 rounds a float32 model's layer), and unloading the adapter would not undo it; the stacks would
-        ignore it. A copy equal to the model's layer (in the copy's dtype) adds nothing and is left out; one that
-        differs (the adapter was trained on another checkpoint, or with resized embeddings) is refused.
+        ignore it. A copy equal to the model's layer (in the narrower of their dtypes: a float32 copy of a model
+        served in bfloat16, a bfloat16 copy of a float32 model) adds nothing and is left out; one that differs (the
+        adapter was trained on another checkpoint, or with resized embeddings) is refused.
 
         Raises:
             InvalidAdapterError: A copy is not of a layer of the model, or differs from it.
@@ -547,7 +548,8 @@ class PeftSlots:
                     f"holds {key!r}, a copy of a base layer {loaded.name} does not have in that shape: it was "
                     "trained on another model"
                 )
-            if not torch.equal(layer.detach().to(device=saved.device, dtype=saved.dtype), saved):
+            layer = layer.detach().to(device=saved.device)
+            if not (torch.equal(layer.to(saved.dtype), saved) or torch.equal(saved.to(layer.dtype), layer)):
                 raise self._refusal(adapter)(
                     f"holds {key!r}, a copy of the base model's {name} that differs from {loaded.name}'s (PEFT "
                     "saves it with a LoRA on an embedding or output layer, save_embedding_layers='auto'; it differs "
