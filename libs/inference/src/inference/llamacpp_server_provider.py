@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from inference._core.paths import expand_path, path_identity
 from inference._core.validation import GenerationRequest, TokenRequest
-from inference._servers.http import ServerClient, is_connect_failure
+from inference._servers.http import ServerClient
 from inference._servers.llama_server_templates import LlamaServerTemplates, TemplateFromProps
 from inference._servers.llama_server_tokens import LlamaServerTokens, distribution_fields
 from inference._servers.openai_compatible import OpenAICompatibleProvider
@@ -29,7 +29,6 @@ from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     AdapterNotFoundError,
-    InferenceError,
     InvalidAdapterError,
     ProviderError,
     ProviderUnavailableError,
@@ -403,26 +402,15 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         return entry.path
 
     async def _served_lists(self) -> list[list[ServedAdapter]]:
-        """What each replica that answers lists, in the order of the base URLs (asked at once); one that refuses
-        connections is left out (marked down): replicas restarted with other ``--lora`` files list other adapters.
+        """What each replica that answers lists, in the order of the base URLs (asked at once; see
+        :meth:`~inference._servers.replicas.ReplicaSet.answers`): replicas restarted with other ``--lora`` files list
+        other adapters.
 
         Raises:
             ProviderUnavailableError: No replica accepts connections.
-            InferenceError: A replica failed otherwise (a refused key, an answer that is not an adapter list).
+            InferenceError: No replica answered, and one failed otherwise (a refused key, a list that is not one).
         """
-        answered: list[list[ServedAdapter]] = []
-        failures: list[tuple[Replica, InferenceError]] = []
-        for replica, outcome in zip(self._replicas, await self._replicas.gather(self._read_served), strict=True):
-            if isinstance(outcome, InferenceError) and is_connect_failure(outcome):
-                replica.mark_down(outcome)
-                failures.append((replica, outcome))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                answered.append(outcome)
-        if not answered:
-            raise self._replicas.all_down(failures)
-        return answered
+        return await self._replicas.answers(self._read_served, "list its adapters")
 
     async def _read_served(
         self, replica: Replica, http: ServerClient | None = None, *, again: bool = True

@@ -215,6 +215,35 @@ class ReplicaSet(Sequence[Replica]):
         chosen = self._replicas if replicas is None else replicas
         return await asyncio.gather(*(work(replica) for replica in chosen), return_exceptions=True)
 
+    async def answers(self, work: Callable[[Replica], Awaitable[_T]], what: str) -> list[_T]:
+        """Run ``work`` on every replica at once; the outcomes of those that answered, in configuration order.
+
+        A replica that failed is left out with a warning saying it did not do ``what`` (one that refused connections
+        is marked down too), as long as another one answered: replicas started alike say the same.
+
+        Raises:
+            ProviderUnavailableError: No replica accepts connections.
+            InferenceError: No replica answered, and one failed otherwise (its error, e.g. a refused key).
+        """
+        answered: list[_T] = []
+        failures: list[tuple[Replica, InferenceError]] = []
+        for replica, outcome in zip(self._replicas, await self.gather(work), strict=True):
+            if isinstance(outcome, InferenceError):
+                if is_connect_failure(outcome):
+                    replica.mark_down(outcome)
+                failures.append((replica, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                answered.append(outcome)
+        if not answered:
+            other = [error for _, error in failures if not isinstance(error, ProviderUnavailableError)]
+            raise other[0] if other else self.all_down(failures)
+        for replica, error in failures:
+            logger.warning("%s replica %s did not %s (%s); using the others' answers", self.server,
+                           replica.http.shown_url, what, error)
+        return answered
+
     def all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
         """The error when no replica could be reached: the one failure, or one naming every URL."""
         if len(failures) == 1:

@@ -421,27 +421,7 @@ class ServedAdapters:
             ProviderUnavailableError: No replica accepts connections.
             InferenceError: No replica answered, and one failed otherwise (its error, e.g. a refused key).
         """
-        outcomes = await self._replicas.gather(self.lora.served)
-        answered: list[dict[str, str]] = []
-        failures: list[tuple[Replica, InferenceError]] = []
-        for replica, outcome in zip(self._replicas, outcomes, strict=True):
-            if isinstance(outcome, InferenceError):
-                failures.append((replica, outcome))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                answered.append(outcome)
-        if not answered:
-            other = [error for _, error in failures if not isinstance(error, ProviderUnavailableError)]
-            raise other[0] if other else self._replicas.all_down(failures)
-        for replica, error in failures:
-            self._logger.warning(
-                "%s replica %s did not list its adapters (%s); using the others' lists",
-                self._replicas.server,
-                replica.http.shown_url,
-                error,
-            )
-        return answered
+        return await self._replicas.answers(self.lora.served, "list its adapters")
 
     async def list_adapters(self) -> list[str]:
         """The adapters loaded here, and every LoRA adapter the servers list (the union over replicas), less those
