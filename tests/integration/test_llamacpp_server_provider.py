@@ -509,6 +509,10 @@ async def test_a_replica_restarted_without_an_adapter_leaves_its_requests_to_the
             for adapter_id in ADAPTERS:
                 assert (await provider.generate(PROMPTS[1], adapter_id=adapter_id, **greedy)).text == expected[
                     adapter_id]
+            # Two at once: the least busy replica goes first, so one of them tries the second server (one after
+            # another, round-robin could send every a0 request to the first one).
+            both = await asyncio.gather(*(provider.generate(PROMPTS[1], adapter_id="a0", **greedy) for _ in "ab"))
+            assert [result.text for result in both] == [expected["a0"]] * 2
             pieces = [e async for e in provider.stream(PROMPTS[1], adapter_id="a0", **greedy) if isinstance(e, str)]
             assert "".join(pieces).replace("\ufffd", "") == expected["a0"].replace("\ufffd", "")
         warned = [message for message in caplog.messages if "no longer has adapter 'a0'" in message]
