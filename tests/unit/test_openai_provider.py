@@ -514,6 +514,19 @@ def test_a_replica_named_twice_is_a_configuration_error(base_url: str | list[str
     assert len(OpenAIProvider(base_url="http://a:1/v1,http://b:2/v1")._replicas) == 2
 
 
+@pytest.mark.parametrize(
+    "base_url", ["http://a:1/v1,HTTP://A:1/v1", "http://a/v1,http://a:80/v1/", "https://a:443/v1,https://A/v1"]
+)
+def test_a_replica_named_twice_in_another_case_or_with_its_default_port_is_refused(base_url: str) -> None:
+    """Host names and schemes are the same in any case, and a default port written out is the same port."""
+    from inference.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"names the replica .* twice"):
+        OpenAIProvider(base_url=base_url)
+    different = ["http://a:1/v1,http://a:2/v1", "http://a/v1,https://a/v1", "http://a/v1,http://a/v2"]
+    assert [len(OpenAIProvider(base_url=urls)._replicas) for urls in different] == [2, 2, 2]
+
+
 # The route: chat, or plain-text completions for a model without a chat template --------------------------------
 
 COMPLETIONS = f"{BASE}/completions"

@@ -35,13 +35,23 @@ def _replicas(items: list[Any] | tuple[Any, ...], *, source: str) -> str:
     """Several base URLs, each checked, joined by commas; one named twice is refused (a slip that would send it
     twice its share of the requests)."""
     urls = [validate_base_url(item, source=source) for item in items]
-    twice = next((url for index, url in enumerate(urls) if url in urls[:index]), None)
+    keys = [_server_key(url) for url in urls]
+    twice = next((url for index, url in enumerate(urls) if keys[index] in keys[:index]), None)
     if twice is not None:
         raise ConfigurationError(
             f"{source} names the replica {redact_url(repr(twice))} twice: give each server's base URL once",
             url=redact_url(twice),
         )
     return ",".join(urls)
+
+
+def _server_key(url: str) -> tuple[str, str, int | None, str]:
+    """What names one server in a checked base URL: scheme and host in any case, the port (a scheme's default port
+    written out or not) and the path without a trailing slash (``HTTP://A:80/v1/`` is ``http://a/v1``)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/")
 
 
 def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
