@@ -12,6 +12,8 @@ import asyncio
 import concurrent.futures
 import json
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
@@ -719,3 +721,36 @@ async def test_a_quantized_kv_cache_generates_with_flash_attention_and_is_refuse
             assert result.completion_tokens > 0 and result.finish_reason in ("stop", "length")
     with pytest.raises(ConfigurationError, match=f"kv_cache_type='{kv_cache_type}' .* needs flash_attn=True"):
         LlamaCppProvider(path, n_ctx=256, kv_cache_type=kv_cache_type, flash_attn=False)
+
+
+async def test_batches_smaller_than_n_parallel_are_refused_at_construction(tiny_models: Any, tmp_path: Path) -> None:
+    """``n_batch=2`` with the default ``n_parallel=4`` made llama.cpp abort the whole process (SIGABRT, a failed
+    GGML_ASSERT) at the first call; it is a ``ConfigurationError`` now, and a batch as large as ``n_parallel`` works.
+    Run in a subprocess so that code which still aborts fails this test instead of killing the test run."""
+    script = (
+        "import asyncio, sys\n"
+        "from inference.exceptions import ConfigurationError\n"
+        "from inference.llamacpp_provider import LlamaCppProvider\n"
+        "path, cache = sys.argv[1], sys.argv[2]\n"
+        "try:\n"
+        "    LlamaCppProvider(path, n_ctx=128, n_batch=2, adapter_cache_dir=cache)\n"
+        "except ConfigurationError as error:\n"
+        "    print('refused:', error)\n"
+        "async def main():\n"
+        "    for n_batch, n_parallel in ((4, 4), (1, 1)):\n"
+        "        async with LlamaCppProvider(path, n_ctx=128, n_batch=n_batch, n_parallel=n_parallel,\n"
+        "                                    adapter_cache_dir=cache) as provider:\n"
+        "            result = await provider.generate('Hello', model='m', max_tokens=3, temperature=0)\n"
+        "            row = await provider.next_token_logprobs([1, 2, 3], model='m')\n"
+        "            print('generated', n_batch, n_parallel, result.completion_tokens, len(row))\n"
+        "asyncio.run(main())\n"
+    )
+    model = tiny_models["qwen2"].gguf_path
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(model), str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("refused: n_batch=2 with n_ctx=128 gives llama.cpp batches of 2 tokens, fewer than "
+                               "n_parallel=4"), lines
+    assert [line.split()[:3] for line in lines[1:]] == [["generated", "4", "4"], ["generated", "1", "1"]]

@@ -237,6 +237,14 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
                 "(LLAMACPP_FLASH_ATTN): llama.cpp refuses a quantized V cache without flash attention",
                 provider=_PROVIDER,
             )
+        if min(settings["n_batch"], settings["n_ctx"]) < settings["n_parallel"]:  # llama.cpp would abort the process
+            raise ConfigurationError(
+                f"n_batch={settings['n_batch']} with n_ctx={settings['n_ctx']} gives llama.cpp batches of "
+                f"{min(settings['n_batch'], settings['n_ctx'])} tokens, fewer than n_parallel={settings['n_parallel']} "
+                "(each step decodes one token of every parallel request in one batch; llama.cpp aborts the process "
+                "otherwise): raise n_batch (LLAMACPP_N_BATCH) and n_ctx, or lower n_parallel (LLAMACPP_N_PARALLEL)",
+                provider=_PROVIDER,
+            )
         if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: the first call imports it
             raise missing_dependency("llama_cpp", provider=_PROVIDER, extra="llamacpp")
         self.model_path = Path(settings["model_path"])

@@ -206,7 +206,8 @@ _SPECS = (
                     choices=("f32", "f16", "q4_0", "q8_0", "bf16"), none_means="llama.cpp's default, f16"),
             Setting("n_threads", "LLAMACPP_N_THREADS", None, "int", "CPU threads for generation", minimum=1,
                     none_means="llama-cpp-python's choice"),
-            Setting("n_batch", "LLAMACPP_N_BATCH", 512, "int", "Prompt tokens evaluated per llama_decode call",
+            Setting("n_batch", "LLAMACPP_N_BATCH", 512, "int",
+                    "Prompt tokens evaluated per llama_decode call (at least n_parallel)",
                     minimum=1),
             Setting("prefix_cache_tokens", "LLAMACPP_PREFIX_CACHE_TOKENS", 0, "int",
                     "Tokens of computed sequences next_token_logprobs keeps to extend cached prefixes (0: no cache, "
