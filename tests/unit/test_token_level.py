@@ -359,6 +359,8 @@ async def test_token_prompts_are_checked_and_refused_where_the_provider_cannot_t
         await fake.generate(TokenIds([]), "m")
     with pytest.raises(TokenLimitError, match=r"prompt.ids\[0\] is 1000"):
         await fake.generate(TokenIds([1000]), "m")
+    with pytest.raises(InvalidRequestError, match=r"prompt.ids\[1\] is True: token ids are integers"):
+        await fake.generate(TokenIds([BOS, True]), "m")  # was read as id 1, as next_token_logprobs refuses it
     with pytest.raises(TokenLimitError, match="more than the 7 tokens the model's context of 8 takes with a token to"):
         await fake.generate(TokenIds([BOS] * 8), "m")
     with pytest.raises(InvalidRequestError, match="prompts must be a list of prompts"):

@@ -53,7 +53,9 @@ class TokenIds:
 
     def __init__(self, ids: Iterable[int]) -> None:
         try:
-            values = tuple(operator.index(value) for value in ids)  # numpy integers too; never a float
+            values = tuple(  # numpy integers too; never a float, and a bool kept to be refused with its position
+                value if isinstance(value, bool) else operator.index(value) for value in ids
+            )
         except TypeError:
             values = tuple(ids)  # checked (and refused with a sentence) where the request is validated
         object.__setattr__(self, "ids", values)
