@@ -54,30 +54,31 @@ def entry(token: str, logprob: float, *alternatives: tuple[str, float]) -> dict[
 
 
 def chat_completion(text: str, logprobs: list[dict[str, Any]] | None, tokens: int | None = None) -> httpx.Response:
+    return httpx.Response(200, json=chat_body(text, logprobs, tokens))
+
+
+def chat_body(text: str, logprobs: list[dict[str, Any]] | None, tokens: int | None = None) -> dict[str, Any]:
     completion_tokens = len(logprobs or []) if tokens is None else tokens
-    return httpx.Response(
-        200,
-        json={
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1700000000,
-            "model": "base-model",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "reasoning": None, "tool_calls": []},
-                    "logprobs": None if logprobs is None else {"content": logprobs},
-                    "finish_reason": "stop",
-                    "stop_reason": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": 9,
-                "total_tokens": 9 + completion_tokens,
-                "completion_tokens": completion_tokens,
-            },
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "base-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "reasoning": None, "tool_calls": []},
+                "logprobs": None if logprobs is None else {"content": logprobs},
+                "finish_reason": "stop",
+                "stop_reason": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 9,
+            "total_tokens": 9 + completion_tokens,
+            "completion_tokens": completion_tokens,
         },
-    )
+    }
 
 
 def sse(*chunks: dict[str, Any]) -> httpx.Response:
@@ -104,6 +105,15 @@ def chunk(content: str | None, logprobs: list[dict[str, Any]] | None, finish: st
 
 def sent(route: respx.Route, call: int = -1) -> Any:
     return json.loads(route.calls[call].request.content)
+
+
+def python_json(body: Any) -> httpx.Response:
+    """A JSON answer as Python's ``json.dumps`` writes it: ``NaN`` and ``Infinity`` unquoted (httpx refuses them)."""
+    return httpx.Response(200, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+
+NOT_LOGPROBS = pytest.mark.parametrize("value", [math.nan, math.inf, 0.5], ids=["NaN", "+inf", "above 0"])
+"""Values a server may send where a log-probability belongs, none of which is one."""
 
 
 @pytest.fixture
@@ -199,6 +209,46 @@ async def test_a_server_without_chat_logprobs_is_named(mock: respx.MockRouter) -
             await provider.generate("Hello", model="m", max_tokens=4, logprobs=0)
 
 
+@NOT_LOGPROBS
+@pytest.mark.parametrize("alternative", [False, True], ids=["token", "alternative"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "stream"])
+async def test_a_chat_logprob_that_is_not_a_log_probability_is_a_protocol_error(
+    mock: respx.MockRouter, value: float, alternative: bool, streamed: bool
+) -> None:
+    """A NaN, +inf or 0.5 (a probability above 1) as a token's logprob or an alternative's was returned in
+    ``result.logprobs`` as it came (an alternative's NaN sorted anywhere); the provider serves the next request."""
+    bad = entry("lo", -0.2, ("lo", value)) if alternative else entry("lo", value, ("lo", -0.2))
+    good = entry("Hel", -0.1, ("Hel", -0.1))
+    if streamed:
+        answer = sse(chunk(None, None), chunk("Hel", [good]), chunk("lo", [bad], finish="length"))
+        field = r"logprobs\.content\[0\]"
+    else:
+        answer = python_json(chat_body("Hello", [good, bad]))
+        field = r"logprobs\.content\[1\]"
+    field += r"\.top_logprobs\[0\]\.logprob" if alternative else r"\.logprob"
+    mock.post(f"{BASE}/chat/completions").mock(side_effect=[answer, chat_completion("fine", [good])])
+    async with VLLMProvider(base_url=BASE, max_retries=0) as provider:
+        with pytest.raises(ProtocolError, match=rf"{field} is {value!r}, not a log-probability \(a number at most 0\)"):
+            if streamed:
+                [event async for event in provider.stream("Hi", model="base-model", max_tokens=2, logprobs=1)]
+            else:
+                await provider.generate("Hi", model="base-model", max_tokens=2, logprobs=1)
+        assert (await provider.generate("Hi", model="base-model", max_tokens=2, logprobs=1)).text == "fine"
+
+
+async def test_minus_infinity_is_a_log_probability_and_a_rounding_above_0_reads_as_0(mock: respx.MockRouter) -> None:
+    """-inf is probability 0 (a token the model cannot produce: Python servers write ``-Infinity``, vLLM clamps it to
+    -9999.0); 1e-7 above 0 is float32 rounding of a certain token's log-probability, read as 0.0."""
+    logprobs = [entry("Hel", 1e-7, ("Hel", 1e-7), ("x", -math.inf)), entry("lo", -9999.0, ("lo", -9999.0))]
+    mock.post(f"{BASE}/chat/completions").mock(return_value=python_json(chat_body("Hello", logprobs)))
+    async with VLLMProvider(base_url=BASE, max_retries=0) as provider:
+        result = await provider.generate("Hi", model="base-model", max_tokens=2, logprobs=2)
+    assert result.logprobs == (
+        TokenLogprob("Hel", 0.0, (("Hel", 0.0), ("x", -math.inf))),
+        TokenLogprob("lo", -9999.0, (("lo", -9999.0),)),
+    )
+
+
 async def test_a_schema_vllm_cannot_compile_is_an_invalid_request(mock: respx.MockRouter) -> None:
     message = "The provided JSON schema contains features not supported by xgrammar."
     mock.post(f"{BASE}/chat/completions").mock(
@@ -261,9 +311,8 @@ def prompt_logprobs_answer(logprob_of: Any, rank_of: Any = lambda index: 1) -> A
             positions.append(
                 {str(tokens[index]): {"logprob": logprob_of(index), "rank": rank_of(index), "decoded_token": "t"}}
             )
-        return httpx.Response(
-            200,
-            json={
+        return python_json(
+            {
                 "id": "cmpl-1",
                 "object": "text_completion",
                 "created": 1700000000,
@@ -279,7 +328,7 @@ def prompt_logprobs_answer(logprob_of: Any, rank_of: Any = lambda index: 1) -> A
                     }
                 ],
                 "usage": {"prompt_tokens": len(tokens), "total_tokens": len(tokens) + 1, "completion_tokens": 1},
-            },
+            }
         )
 
     return answer
@@ -362,6 +411,36 @@ async def test_an_adapter_scores_under_its_served_name(mock: respx.MockRouter) -
     assert result.adapter_id == "style" and result.model == "style"
 
 
+@NOT_LOGPROBS
+async def test_a_prompt_logprob_that_is_not_a_log_probability_is_a_protocol_error_not_a_score(
+    mock: respx.MockRouter, value: float
+) -> None:
+    """A scored token's NaN made the score NaN (an evaluation's choice then depends on where the NaN stands), +inf
+    or 0.5 made it a probability above 1; the provider scores the next request."""
+    mock.post(f"{ROOT}/tokenize").mock(side_effect=tokenize_answer())
+    mock.get(f"{ROOT}/tokenizer_info").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
+    mock.post(f"{BASE}/completions").mock(side_effect=[
+        prompt_logprobs_answer(lambda index: value if index == 8 else -0.5),
+        prompt_logprobs_answer(lambda index: -0.5),
+    ])
+    async with VLLMProvider(base_url=BASE, max_retries=0) as provider:
+        with pytest.raises(ProtocolError, match=rf"prompt_logprobs\[8\]\['19'\]\.logprob is {value!r}, not a log-"):
+            await provider.score("Q: 2+2 = ", "4", model="base-model")
+        assert (await provider.score("Q: 2+2 = ", "4", model="base-model")).logprob == pytest.approx(-1.0)
+
+
+async def test_a_prompt_logprob_of_minus_infinity_scores_minus_infinity(mock: respx.MockRouter) -> None:
+    """A continuation the model gives probability 0 scores -inf: a choice that is never the most likely one."""
+    mock.post(f"{ROOT}/tokenize").mock(side_effect=tokenize_answer())
+    mock.get(f"{ROOT}/tokenizer_info").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
+    mock.post(f"{BASE}/completions").mock(
+        side_effect=prompt_logprobs_answer(lambda index: -math.inf if index == 8 else -0.5)
+    )
+    async with VLLMProvider(base_url=BASE, max_retries=0) as provider:
+        result = await provider.score("Q: 2+2 = ", "4", model="base-model")
+    assert result.logprob == -math.inf and result.num_tokens == 2
+
+
 async def test_only_vllm_scores_among_the_server_providers() -> None:
     assert VLLMProvider.supports_scoring and not OpenAIProvider.supports_scoring
     assert not OllamaProvider.supports_scoring
@@ -422,6 +501,32 @@ async def test_ollama_streams_gather_logprobs_from_every_line(mock: respx.MockRo
     final = events[-1]
     assert isinstance(final, GenerationResult)
     assert final.logprobs == (TokenLogprob("Hel", -0.1), TokenLogprob("lo", -0.2))
+
+
+@NOT_LOGPROBS
+@pytest.mark.parametrize("alternative", [False, True], ids=["token", "alternative"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "stream"])
+async def test_an_ollama_logprob_that_is_not_a_log_probability_is_a_protocol_error(
+    mock: respx.MockRouter, value: float, alternative: bool, streamed: bool
+) -> None:
+    """Ollama's own JSON writer cannot write NaN or infinity, but a server in its place can: they, and 0.5, were
+    returned in ``result.logprobs`` (an alternative's sorted anywhere); the provider serves the next request."""
+    bad = entry("lo", -0.2, ("lo", value)) if alternative else entry("lo", value)
+    field = r"logprobs\[0\]\.top_logprobs\[0\]\.logprob" if alternative else r"logprobs\[0\]\.logprob"
+    if streamed:
+        lines = [ollama_line("lo", [bad], done=False), ollama_line("", None, done=True)]
+        answer = httpx.Response(200, content=b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    else:
+        answer = python_json(ollama_line("lo", [bad], done=True))
+    fine = httpx.Response(200, json=ollama_line("fine", [entry("fine", -0.1)], done=True))
+    mock.post(f"{OLLAMA}/api/chat").mock(side_effect=[answer, fine])
+    async with OllamaProvider(base_url=f"{OLLAMA}/v1", max_retries=0) as provider:
+        with pytest.raises(ProtocolError, match=rf"{field} is {value!r}, not a log-probability"):
+            if streamed:
+                [event async for event in provider.stream("Hi", model="qwen", max_tokens=2, logprobs=1)]
+            else:
+                await provider.generate("Hi", model="qwen", max_tokens=2, logprobs=1)
+        assert (await provider.generate("Hi", model="qwen", max_tokens=2, logprobs=1)).text == "fine"
 
 
 async def test_an_old_ollama_without_logprobs_is_named(mock: respx.MockRouter) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 import respx
 
-from inference.exceptions import ProviderUnavailableError, ServerResponseError
+from inference.exceptions import ProtocolError, ProviderUnavailableError, ServerResponseError
 from inference.vllm_provider import VLLMProvider
 
 BASE = "http://vllm.test:8100/v1"
@@ -209,6 +210,48 @@ async def test_a_completions_stream_yields_text_usage_and_logprobs(
     assert result.text == " wor" and result.finish_reason == "length"
     assert (result.prompt_tokens, result.completion_tokens) == (9, 2)
     assert result.logprobs is not None and [entry.token for entry in result.logprobs] == [" wor", ""]
+
+
+@pytest.mark.parametrize(
+    ("field", "problem"),
+    [
+        (("token_logprobs", 1), r"logprobs\.token_logprobs\[1\] is nan, not a log-probability"),
+        (("top_logprobs", 2, " l"), r"logprobs\.top_logprobs\[2\]\[' l'\] is inf, not a log-probability"),
+    ],
+    ids=["token NaN", "alternative +inf"],
+)
+async def test_completions_logprobs_that_are_not_log_probabilities_are_protocol_errors(
+    provider: VLLMProvider, mock: respx.MockRouter, field: tuple[Any, ...], problem: str
+) -> None:
+    """The whole answer's NaN and infinity (Python's JSON writes them) were returned in ``result.logprobs``."""
+    mock.post(TOKENIZE).mock(return_value=no_template())
+    answer = text_completion(" wor\ufffd wor", logprobs=COMPLETION_LOGPROBS).json()
+    *path, last = field
+    place = answer["choices"][0]["logprobs"]
+    for key in path:
+        place = place[key]
+    place[last] = {"token_logprobs": math.nan, "top_logprobs": math.inf}[field[0]]
+    mock.post(COMPLETIONS).mock(side_effect=[
+        httpx.Response(200, content=json.dumps(answer).encode(), headers={"content-type": "application/json"}),
+        text_completion(" wor\ufffd wor", logprobs=COMPLETION_LOGPROBS),
+    ])
+    with pytest.raises(ProtocolError, match=problem):
+        await provider.generate("the quick brown fox", model="base", max_tokens=3, logprobs=1)
+    assert (await provider.generate("the quick brown fox", model="base", max_tokens=3, logprobs=1)).logprobs
+
+
+async def test_a_completions_stream_with_a_nan_logprob_is_a_protocol_error(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """vLLM's own stream with its second token's logprob NaN: the result carried the NaN."""
+    mock.post(TOKENIZE).mock(return_value=no_template())
+    broken = COMPLETION_STREAM.replace('"token_logprobs":[-5.435140132904053]', '"token_logprobs":[NaN]')
+    assert broken != COMPLETION_STREAM
+    mock.post(COMPLETIONS).mock(
+        return_value=httpx.Response(200, text=broken, headers={"content-type": "text/event-stream"})
+    )
+    with pytest.raises(ProtocolError, match=r"logprobs\.token_logprobs\[0\] is nan, not a log-probability"):
+        [event async for event in provider.stream("the quick brown fox", model="base", max_tokens=2, logprobs=0)]
 
 
 async def test_forced_routes_ask_nothing(mock: respx.MockRouter) -> None:

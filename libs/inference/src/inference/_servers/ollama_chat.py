@@ -22,6 +22,7 @@ from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference._servers.ollama_models import parse_derived_model_name
 from inference._servers.ollama_tools import OllamaToolCalls, ollama_messages, tool_fields
+from inference._servers.wire_numbers import logprob
 from inference.exceptions import InvalidRequestError, ServerModelNotFoundError, ServerResponseError
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import TokenLogprob, ToolCall
@@ -290,22 +291,24 @@ def _token_logprobs(body: dict[str, Any], k: int) -> list[TokenLogprob]:
     """The ``logprobs`` of an ``/api/chat`` answer or stream line: ``[{token, logprob, bytes, top_logprobs}]``.
 
     Raises:
-        TypeError: The field is not a list of entries with a text token and a numeric logprob.
+        TypeError: The field is not a list of entries with a text token and a log-probability, or an alternative
+            has no log-probability (:func:`~inference._servers.wire_numbers.logprob`: a NaN, a value above 0).
     """
     entries = body.get("logprobs") or []
     if not isinstance(entries, list):
         raise TypeError(f"logprobs is {type(entries).__name__}, not a list")
     result = []
-    for entry in entries:
+    for index, entry in enumerate(entries):
         token = entry.get("token", "") if isinstance(entry, dict) else None
-        logprob = entry.get("logprob", 0.0) if isinstance(entry, dict) else None  # Go omits zero values
-        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
-            raise TypeError(f"a logprobs entry without a token and a logprob: {entry!r:.200}")
+        if not isinstance(token, str):
+            raise TypeError(f"a logprobs entry without a text token: {entry!r:.200}")
+        value = logprob(entry.get("logprob", 0.0), f"logprobs[{index}].logprob")  # Go omits zero values
         top = [
-            (alternative.get("token", ""), float(alternative.get("logprob", 0.0)))
-            for alternative in entry.get("top_logprobs") or []
-            if isinstance(alternative, dict) and isinstance(alternative.get("logprob", 0.0), (int, float))
+            (alternative.get("token", ""),
+             logprob(alternative.get("logprob", 0.0), f"logprobs[{index}].top_logprobs[{place}].logprob"))
+            for place, alternative in enumerate(entry.get("top_logprobs") or [])
+            if isinstance(alternative, dict)
         ]
         top.sort(key=lambda pair: pair[1], reverse=True)
-        result.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
+        result.append(TokenLogprob(token=token, logprob=value, top_logprobs=tuple(top[:k])))
     return result

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
+from inference._servers.wire_numbers import logprob
 from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
 from inference.options import (
     NOT_BUILT_YET,
@@ -269,21 +270,24 @@ def token_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
     The alternatives are sorted best first and cut to ``k`` (llama_cpp.server adds the chosen token to them).
 
     Raises:
-        TypeError: An entry has no text token or no numeric logprob.
+        TypeError: An entry has no text token, or it or an alternative has no log-probability (a NaN, a value
+            above 0: :func:`~inference._servers.wire_numbers.logprob`).
     """
     content = _field(logprobs, "content") if logprobs is not None else None
     entries: list[TokenLogprob] = []
-    for entry in content or ():
-        token, logprob = _field(entry, "token"), _field(entry, "logprob")
-        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
-            raise TypeError(f"a logprobs entry without a token and a logprob: {entry!r:.200}")
+    for index, entry in enumerate(content or ()):
+        token = _field(entry, "token")
+        if not isinstance(token, str):
+            raise TypeError(f"a logprobs entry without a text token: {entry!r:.200}")
+        where = f"logprobs.content[{index}]"
+        value = logprob(_field(entry, "logprob"), f"{where}.logprob")
         top: list[tuple[str, float]] = []
-        for alternative in _field(entry, "top_logprobs") or ():
-            text, value = _field(alternative, "token"), _field(alternative, "logprob")
-            if isinstance(text, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
-                top.append((text, float(value)))
+        for place, alternative in enumerate(_field(entry, "top_logprobs") or ()):
+            text = _field(alternative, "token")
+            if isinstance(text, str):
+                top.append((text, logprob(_field(alternative, "logprob"), f"{where}.top_logprobs[{place}].logprob")))
         top.sort(key=lambda pair: pair[1], reverse=True)
-        entries.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(top[:k])))
+        entries.append(TokenLogprob(token=token, logprob=value, top_logprobs=tuple(top[:k])))
     return entries
 
 
@@ -293,7 +297,8 @@ def completion_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
     first and cut to ``k``.
 
     Raises:
-        TypeError: The lists are not parallel, or a token has no text or no numeric logprob.
+        TypeError: The lists are not parallel, a token has no text, or it or an alternative has no log-probability
+            (:func:`~inference._servers.wire_numbers.logprob`).
     """
     if logprobs is None:
         return []
@@ -305,16 +310,16 @@ def completion_logprobs(logprobs: Any, k: int) -> list[TokenLogprob]:
     if not len(tokens) == len(values) == len(tops):
         raise TypeError(f"logprobs lists of different lengths: {logprobs!r:.200}")
     entries: list[TokenLogprob] = []
-    for token, logprob, top in zip(tokens, values, tops, strict=True):
-        if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
-            raise TypeError(f"a logprobs entry without a token and a logprob: {token!r:.100}, {logprob!r:.100}")
+    for index, (token, value, top) in enumerate(zip(tokens, values, tops, strict=True)):
+        if not isinstance(token, str):
+            raise TypeError(f"logprobs.tokens[{index}] is {token!r:.100}, not a text token")
+        read = logprob(value, f"logprobs.token_logprobs[{index}]")
         alternatives = [
-            (str(text), float(value))
-            for text, value in (top or {}).items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            (str(text), logprob(number, f"logprobs.top_logprobs[{index}][{text!r:.50}]"))
+            for text, number in (top or {}).items()
         ]
         alternatives.sort(key=lambda pair: pair[1], reverse=True)
-        entries.append(TokenLogprob(token=token, logprob=float(logprob), top_logprobs=tuple(alternatives[:k])))
+        entries.append(TokenLogprob(token=token, logprob=read, top_logprobs=tuple(alternatives[:k])))
     return entries
 
 

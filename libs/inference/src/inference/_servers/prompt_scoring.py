@@ -21,6 +21,7 @@ from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, sc
 from inference._core.validation import GenerationRequest, ScoreRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer
 from inference._servers.replicas import Replica, ReplicaSet
+from inference._servers.wire_numbers import logprob
 from inference.exceptions import ServerModelNotFoundError, ServerResponseError
 from inference.results import ScoreResult
 from inference.tokens import TokenIds
@@ -196,12 +197,10 @@ class PromptLogprobScoring:
             positions = body["choices"][0]["prompt_logprobs"]
             total, greedy = 0.0, True
             for index in range(sequence.start, len(sequence.tokens)):
-                entry = positions[index][str(sequence.tokens[index])]
-                logprob, rank = entry["logprob"], entry.get("rank")
-                if not isinstance(logprob, (int, float)) or isinstance(logprob, bool):
-                    raise TypeError(f"logprob {logprob!r} is not a number")
-                total += float(logprob)
-                greedy = greedy and rank == 1
+                token = str(sequence.tokens[index])
+                entry = positions[index][token]
+                total += logprob(entry["logprob"], f"prompt_logprobs[{index}][{token!r}].logprob")
+                greedy = greedy and entry.get("rank") == 1
             answered = body.get("model") or model
         except (KeyError, IndexError, TypeError) as error:
             raise replica.http.protocol_error(
