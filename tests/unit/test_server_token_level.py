@@ -8,6 +8,7 @@ The bodies are the shapes vLLM 0.32 and llama-server answer (``tests/integration
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import respx
 
-from inference.exceptions import ProviderError, UnsupportedOperationError
+from inference.exceptions import ProtocolError, ProviderError, UnsupportedOperationError
 from inference.llamacpp_server_provider import LlamaCppServerProvider
 from inference.tokens import TokenIds
 from inference.vllm_provider import VLLMProvider
@@ -62,6 +63,31 @@ async def test_a_vllm_distribution_that_lacks_ids_is_an_error_never_a_row(vllm: 
         completions.mock(return_value=httpx.Response(200, json=vllm_distribution(SIZE)))
         row = await provider.next_token_logprobs([5, 6], "tiny")  # the provider keeps serving
     assert row.shape == (SIZE,) and abs(float(np.logaddexp.reduce(row.astype(np.float64)))) < 1e-4
+
+
+def python_json(body: Any) -> httpx.Response:
+    """A JSON answer as Python's ``json.dumps`` writes it: ``NaN`` and ``Infinity`` unquoted (httpx refuses them)."""
+    return httpx.Response(200, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+
+NOT_LOGPROBS = pytest.mark.parametrize("value", [math.nan, math.inf, 0.5], ids=["NaN", "+inf", "above 0"])
+
+
+@NOT_LOGPROBS
+async def test_a_vllm_distribution_value_that_is_not_a_log_probability_is_a_protocol_error(
+    vllm: respx.MockRouter, value: float
+) -> None:
+    """A NaN was taken for a missing id (the error said to restart vLLM with --max-logprobs -1); +inf or 0.5 was
+    returned in the row."""
+    bad = vllm_distribution(SIZE)
+    bad["choices"][0]["logprobs"]["top_logprobs"][0]["token_id:7"] = value
+    vllm.post(f"{VLLM}/v1/completions").mock(
+        side_effect=[python_json(bad), httpx.Response(200, json=vllm_distribution(SIZE))]
+    )
+    async with VLLMProvider(base_url=f"{VLLM}/v1", max_retries=0) as provider:
+        with pytest.raises(ProtocolError, match=rf"top_logprobs\[0\]\['token_id:7'\] is {value!r}, not a log-"):
+            await provider.next_token_logprobs([5, 6], "tiny")
+        assert (await provider.next_token_logprobs([5, 6], "tiny")).shape == (SIZE,)  # the provider keeps serving
 
 
 async def test_a_vllm_server_without_max_logprobs_says_how_to_start_it(vllm: respx.MockRouter) -> None:
@@ -119,5 +145,30 @@ async def test_a_llama_server_distribution_that_lacks_ids_is_an_error_never_a_ro
                                    httpx.Response(200, json=llama_distribution(SIZE))]
         async with LlamaCppServerProvider(base_url=LLAMA, max_retries=0) as provider:
             with pytest.raises(ProviderError, match=f"gave 40 of the {SIZE} probabilities"):
+                await provider.next_token_logprobs([5], "m")
+            assert (await provider.next_token_logprobs([5], "m")).shape == (SIZE,)
+
+
+@NOT_LOGPROBS
+async def test_a_llama_server_distribution_value_that_is_not_a_log_probability_is_a_protocol_error(
+    value: float,
+) -> None:
+    """A NaN was taken for a missing id; +inf or 0.5 was returned in the row."""
+    bad = llama_distribution(SIZE)
+    bad["choices"][0]["logprobs"]["content"][0]["top_logprobs"][7]["logprob"] = value
+    with respx.mock(assert_all_called=False) as router:
+        router.get(f"{LLAMA}/v1/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": [
+            {"id": "m.gguf", "object": "model", "meta": {"n_vocab": SIZE, "n_ctx": 512}}]}))
+        router.post(f"{LLAMA}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [90]}))
+        router.get(f"{LLAMA}/props").mock(return_value=httpx.Response(200, json={
+            "chat_template": "", "model_path": "/models/m.gguf", "bos_token": "", "eos_token": ""}))
+        router.get(f"{LLAMA}/lora-adapters").mock(return_value=httpx.Response(200, json=[]))
+        router.post(f"{LLAMA}/v1/completions").side_effect = [
+            httpx.Response(200, json=llama_distribution(SIZE)),  # the vocabulary's bytes
+            python_json(bad),
+            httpx.Response(200, json=llama_distribution(SIZE)),
+        ]
+        async with LlamaCppServerProvider(base_url=LLAMA, max_retries=0) as provider:
+            with pytest.raises(ProtocolError, match=rf"top_logprobs\[7\]\.logprob is {value!r}, not a log-"):
                 await provider.next_token_logprobs([5], "m")
             assert (await provider.next_token_logprobs([5], "m")).shape == (SIZE,)

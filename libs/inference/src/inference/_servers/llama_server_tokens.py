@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference._servers.openai_wire import COMPLETIONS, full_distribution
 from inference._servers.replicas import Replica, ReplicaSet
+from inference._servers.wire_numbers import logprob
 from inference.tokens import TokenVocabulary
 
 if TYPE_CHECKING:
@@ -130,7 +131,8 @@ class LlamaServerTokens:
         bytes.
 
         Raises:
-            ProviderError: The answer lacks an id of the vocabulary: never a partial row.
+            ProviderError: The answer lacks an id of the vocabulary: never a partial row; an id's value that is not
+                a log-probability (NaN, +inf, above 0) is a ProtocolError.
         """
         import numpy
 
@@ -138,11 +140,12 @@ class LlamaServerTokens:
         pieces: list[bytes] = [b""] * size
         try:
             entries = completion["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-            for entry in entries:
-                token, logprob = entry["id"], entry["logprob"]
+            for place, entry in enumerate(entries):
+                token = entry["id"]
                 if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < size:
                     raise ValueError(f"token id {token!r} is not in the vocabulary of {size}")
-                values[token] = float(logprob)
+                # not NaN: a NaN in the row is a missing id
+                values[token] = logprob(entry["logprob"], f"logprobs.content[0].top_logprobs[{place}].logprob")
                 pieces[token] = bytes(entry["bytes"])
         except (KeyError, IndexError, TypeError, ValueError) as error:
             raise replica.http.protocol_error(

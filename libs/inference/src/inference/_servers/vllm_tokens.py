@@ -28,6 +28,7 @@ from inference._core.dependencies import import_optional
 from inference._servers.openai_wire import full_distribution
 from inference._servers.prompt_scoring import PromptLogprobScoring
 from inference._servers.replicas import Replica, ReplicaSet
+from inference._servers.wire_numbers import logprob
 from inference.exceptions import ModelNotFoundError, UnsupportedOperationError
 from inference.tokens import TokenVocabulary
 
@@ -101,7 +102,8 @@ class ServerTokens:
         """The full distribution of a one-token completion asked with :data:`DISTRIBUTION_FIELDS`.
 
         Raises:
-            ProviderError: The answer lacks an id of the vocabulary (or names one outside it): never a partial row.
+            ProviderError: The answer lacks an id of the vocabulary (or names one outside it): never a partial row;
+                an id's value that is not a log-probability (NaN, +inf, above 0) is a ProtocolError.
         """
         import numpy
 
@@ -110,12 +112,12 @@ class ServerTokens:
             entries = completion["choices"][0]["logprobs"]["top_logprobs"][0]
             values = numpy.full(size, numpy.nan, dtype=numpy.float32)
             for key, value in entries.items():
-                if not key.startswith(_TOKEN_ID_PREFIX) or isinstance(value, bool):
+                if not key.startswith(_TOKEN_ID_PREFIX):
                     raise TypeError(f"an entry {key!r}: {value!r} that is not token_id:N and a logprob")
                 token = int(key[len(_TOKEN_ID_PREFIX):])
                 if not 0 <= token < size:
                     raise ValueError(f"token id {token} is outside the vocabulary of {size}")
-                values[token] = float(value)
+                values[token] = logprob(value, f"logprobs.top_logprobs[0][{key!r}]")  # not NaN: NaN is "missing"
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
             raise replica.http.protocol_error(
                 operation, f"an answer without a distribution keyed by token ids ({error!r:.200})"
