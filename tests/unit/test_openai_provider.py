@@ -305,18 +305,39 @@ def _answer_with(**choice: Any) -> httpx.Response:
          "a redirect \\(301 to https://elsewhere.test/v1/chat/completions\\) instead of an answer"),
         (lambda: httpx.Response(307, headers={"location": "https://u:pw@elsewhere.test/v1"}), True,
          r"a redirect \(307 to https://\*\*\*@elsewhere.test/v1\)"),
+        (lambda: _answer_with(message=None), False, r"choices\[0\]\.message is null, not an object"),
+        (lambda: _answer_with(message="partial"), False, r'choices\[0\]\.message is "partial", not an object'),
+        (lambda: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(
+            [_chunk_event("A "), _chunk_event("", delta="B"), _chunk_event("", finish_reason="stop")])), True,
+         r'choices\[0\]\.delta is "B", not an object'),
     ],
-    ids=["finish_reason list", "finish_reason number", "another choice's chunk", "redirect", "redirect to a stream"],
+    ids=["finish_reason list", "finish_reason number", "another choice's chunk", "redirect", "redirect to a stream",
+         "message null", "message text", "delta text"],
 )
 async def test_an_answer_that_cannot_be_read_as_asked_is_a_protocol_error_never_a_result(
     mock: respx.MockRouter, provider: OpenAIProvider, answer: Any, streamed: bool, problem: str
 ) -> None:
     """Each was returned as a finished answer (an abort in a list passed for "stop", two choices' pieces merged, a
-    redirect's body taken for the completion); the provider serves the next request."""
+    redirect's body taken for the completion, a null message for an empty answer), or refused without naming the
+    field (a message or delta that is text: Python's AttributeError); the provider serves the next request."""
     mock.post(CHAT).side_effect = [answer(), completion("fine")]
     with pytest.raises(ProtocolError, match=problem):
         await _ask(provider, streamed=streamed)
     assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
+
+
+async def test_a_null_delta_is_a_chunk_with_nothing_new(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
+    """Azure OpenAI sends ``"delta": null`` on chunks that only finish or annotate, where OpenAI sends ``{}``: the
+    stream goes on (only a whole answer's ``message`` must be an object)."""
+    chunks = [_chunk_event("A "), _chunk_event("", delta=None), _chunk_event("B"),
+              _chunk_event("", delta=None, finish_reason="stop")]
+    mock.post(CHAT).mock(
+        return_value=httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(chunks))
+    )
+    events = [event async for event in provider.stream("Hi", model="m", max_tokens=4)]
+    assert events[:-1] == ["A ", "B"]
+    result = events[-1]
+    assert isinstance(result, GenerationResult) and result.text == "A B" and result.finish_reason == "stop"
 
 
 async def test_tool_arguments_nested_too_deep_for_json_are_a_call_error_not_a_recursion_error(

@@ -23,6 +23,7 @@ subclass gives its name, its settings (in :mod:`inference.registry`) and its par
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -199,6 +200,8 @@ class OpenAICompatibleProvider(InferenceProvider):
         choice), else as many as its ``token_ids`` (vLLM's, asked for with ``n``); else unknown: 0, and its
         ``token_count`` ``None`` (the server counts only the whole answer: ``all_tokens``)."""
         message = choice["message"] if route == CHAT else None
+        if route == CHAT and not isinstance(message, Mapping):  # null is no answer, not an empty one
+            raise TypeError(f"choices[{_choice_index(choice)}].message is {json.dumps(message)[:100]}, not an object")
         text = (message.get("content") if message is not None else choice.get("text")) or ""
         if not isinstance(text, str):
             raise TypeError(f"the answer's text is {type(text).__name__}, not text")

@@ -11,6 +11,7 @@ streamed answer. Nothing here sends a request.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -481,6 +482,8 @@ class ChunkTally:
         if choices and choices[0].get("index", 0) != 0:  # one choice is streamed: a server mixing in another's
             raise IndexError(f"a chunk of choice {choices[0].get('index')!r}, though one choice was asked for")
         delta = choices[0].get("delta") if choices and route == CHAT else None
+        if delta is not None and not isinstance(delta, Mapping):  # null: nothing new (Azure OpenAI's last chunks)
+            raise TypeError(f"choices[0].delta is {json.dumps(delta)[:100]}, not an object")
         content = delta.get("content") if delta is not None else choices[0].get("text") if choices else None
         if content is not None and not isinstance(content, str):
             raise TypeError(f"the chunk's text is {type(content).__name__}, not text")
