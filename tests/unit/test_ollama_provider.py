@@ -610,6 +610,47 @@ async def test_an_error_line_mid_stream_is_a_server_error(provider: OllamaProvid
     await generates(provider, mock)
 
 
+@pytest.mark.parametrize(
+    ("done", "problem"),
+    [(False, "an answer whose done is false, not true"), ("true", 'an answer whose done is "true", not true'),
+     (None, "an answer whose done is missing, not true")],
+    ids=["false", "text", "missing"],
+)
+async def test_a_whole_answer_that_is_not_done_is_a_protocol_error(
+    provider: OllamaProvider, mock: respx.MockRouter, done: Any, problem: str
+) -> None:
+    """Ollama's whole answer is its last line, done: one with done false (the first line of an answer, cut short)
+    was returned as the finished answer."""
+    body = chat_reply("Hi! How").json()
+    if done is None:
+        del body["done"]
+    else:
+        body["done"] = done
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json=body))
+    with pytest.raises(ProtocolError, match=problem):
+        await provider.generate("Hi", model="llama3.2")
+    await generates(provider, mock)
+
+
+@pytest.mark.parametrize("done", ["false", 0, None], ids=["text", "number", "missing"])
+async def test_a_stream_line_whose_done_is_not_a_boolean_is_a_protocol_error(
+    provider: OllamaProvider, mock: respx.MockRouter, done: Any
+) -> None:
+    """A first line with done "false" (text) was taken as the last: the stream ended after its first piece with
+    that piece for the whole answer. A number or no done at all is no Ollama line either (Ollama writes true or
+    false in every line)."""
+    lines = [json.loads(line) for line in chat_chunks("llama3.2", ["Hi", "! How", " can I help?"])]
+    if done is None:
+        del lines[0]["done"]
+    else:
+        lines[0]["done"] = done
+    mock.post(CHAT).mock(return_value=ndjson(*lines))
+    shown = "missing" if done is None else json.dumps(done)
+    with pytest.raises(ProtocolError, match=f"a stream line whose done is {shown}, not true or false"):
+        await collect(provider.stream("Hi", model="llama3.2"))
+    await generates(provider, mock)
+
+
 async def test_a_stream_without_its_done_line_is_a_protocol_error(
     provider: OllamaProvider, mock: respx.MockRouter
 ) -> None:

@@ -85,6 +85,9 @@ class OllamaChat:
         except (KeyError, TypeError, AttributeError) as error:
             problem = f"an answer that is not an Ollama chat reply ({error})"
             raise self._http.protocol_error(operation, problem) from error
+        if body.get("done") is not True:  # Ollama's whole answer is its last line: done
+            problem = f"an answer whose done is {_shown(body, 'done')}, not true: the answer is not whole"
+            raise self._http.protocol_error(operation, problem)
         text, tool_calls = calls.result(text, cut=body.get("done_reason") == "length")
         return self._result(body, request, model, text, operation, logprobs, _thinking(body) or None, tool_calls)
 
@@ -116,7 +119,7 @@ class OllamaChat:
                 pieces.append(piece)
                 if not calls.forced:
                     yield piece
-            if event.get("done"):
+            if event["done"]:
                 text, tool_calls = calls.result("".join(pieces), cut=event.get("done_reason") == "length")
                 yield self._result(
                     event,
@@ -155,12 +158,17 @@ class OllamaChat:
             ) from error
 
     def _chat_chunk(self, event: Any, operation: str) -> dict[str, Any]:
+        """A stream line with its ``message`` (its ``content`` text, ``""`` when absent) and its ``done`` (a boolean:
+        Ollama writes it in every line, true in the last)."""
         message = event.get("message") if isinstance(event, dict) else None
         if not isinstance(message, dict) or not isinstance(message.get("content", ""), str):
             shown = json.dumps(event)[:200]
             raise self._http.protocol_error(operation, f"a stream line that is not an Ollama chat chunk: {shown}")
-        message.setdefault("content", "")
         assert isinstance(event, dict)
+        if not isinstance(event.get("done"), bool):  # the text "false" is not false
+            problem = f"a stream line whose done is {_shown(event, 'done')}, not true or false"
+            raise self._http.protocol_error(operation, problem)
+        message.setdefault("content", "")
         return event
 
     def _result(
@@ -278,6 +286,11 @@ def _as_chat(event: Any, request: GenerationRequest) -> Any:
     if "thinking" in event:
         message["thinking"] = event["thinking"]
     return {**event, "message": message}
+
+
+def _shown(body: dict[str, Any], key: str) -> str:
+    """``body[key]`` as JSON writes it, for a message (``missing`` where there is none)."""
+    return json.dumps(body[key])[:100] if key in body else "missing"
 
 
 def _thinking(body: dict[str, Any]) -> str:
