@@ -632,6 +632,17 @@ async def test_a_whole_answer_that_is_not_done_is_a_protocol_error(
     await generates(provider, mock)
 
 
+@pytest.mark.parametrize("field", ["prompt_eval_count", "eval_count"])
+async def test_a_token_count_no_context_holds_is_a_protocol_error(
+    provider: OllamaProvider, mock: respx.MockRouter, field: str
+) -> None:
+    """10**30 was returned as the answer's token count (and added to every metric of token usage)."""
+    mock.post(CHAT).mock(return_value=chat_reply(**{field: 10**30}))
+    with pytest.raises(ProtocolError, match=rf"{field} is 1000000000000000000000000000000, not a token count"):
+        await provider.generate("Hi", model="llama3.2")
+    await generates(provider, mock)
+
+
 @pytest.mark.parametrize("done", ["false", 0, None], ids=["text", "number", "missing"])
 async def test_a_stream_line_whose_done_is_not_a_boolean_is_a_protocol_error(
     provider: OllamaProvider, mock: respx.MockRouter, done: Any

@@ -326,6 +326,30 @@ async def test_an_answer_that_cannot_be_read_as_asked_is_a_protocol_error_never_
     assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
 
 
+@pytest.mark.parametrize("count", [-1, True, 2.0, "2", 2**31, 10**30],
+                         ids=["negative", "boolean", "fraction", "text", "2**31", "10**30"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "stream"])
+async def test_a_usage_count_that_is_not_a_token_count_is_a_protocol_error(
+    mock: respx.MockRouter, provider: OpenAIProvider, count: Any, streamed: bool
+) -> None:
+    """A count above 2**31 - 1 (more tokens than any context holds: 10**30 went into completion_tokens,
+    token_count and every metric that adds them up) was returned as the answer's usage; a negative, boolean,
+    fractional or text count was refused already (the message now names the field)."""
+    if streamed:
+        text, usage = stream_body(["A", "B"]), '"completion_tokens": 2,'
+        assert usage in text
+        answer = httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                text=text.replace(usage, f'"completion_tokens": {json.dumps(count)},'))
+    else:
+        body = completion("AB").json()
+        body["usage"]["completion_tokens"] = count
+        answer = httpx.Response(200, json=body)
+    mock.post(CHAT).side_effect = [answer, completion("fine")]
+    with pytest.raises(ProtocolError, match=r"usage\.completion_tokens is .*, not a token count \(a whole number"):
+        await _ask(provider, streamed=streamed)
+    assert (await provider.generate("Hi", model="m", max_tokens=4)).text == "fine"
+
+
 async def test_a_null_delta_is_a_chunk_with_nothing_new(mock: respx.MockRouter, provider: OpenAIProvider) -> None:
     """Azure OpenAI sends ``"delta": null`` on chunks that only finish or annotate, where OpenAI sends ``{}``: the
     stream goes on (only a whole answer's ``message`` must be an object)."""

@@ -22,7 +22,7 @@ from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference._servers.ollama_models import parse_derived_model_name
 from inference._servers.ollama_tools import OllamaToolCalls, ollama_messages, tool_fields
-from inference._servers.wire_numbers import logprob
+from inference._servers.wire_numbers import logprob, token_count
 from inference.exceptions import InvalidRequestError, ServerModelNotFoundError, ServerResponseError
 from inference.provider import GenerationResult, StreamEvent
 from inference.results import TokenLogprob, ToolCall
@@ -182,11 +182,11 @@ class OllamaChat:
         reasoning: str | None = None,
         tool_calls: list[ToolCall] | None = None,
     ) -> GenerationResult:
-        counts = (body.get("prompt_eval_count") or 0, body.get("eval_count") or 0)
-        if any(isinstance(count, bool) or not isinstance(count, int) or count < 0 for count in counts):
-            problem = f"token counts that are not non-negative integers (prompt_eval_count, eval_count = {counts!r})"
-            raise self._http.protocol_error(operation, problem)
-        prompt_tokens, completion_tokens = counts
+        try:  # Go leaves out a count of 0
+            prompt_tokens = token_count(body.get("prompt_eval_count", 0), "prompt_eval_count")
+            completion_tokens = token_count(body.get("eval_count", 0), "eval_count")
+        except TypeError as error:
+            raise self._http.protocol_error(operation, f"token counts that cannot be counts ({error})") from error
         if request.logprobs is not None and not logprobs and completion_tokens > 0:
             raise self._http.protocol_error(
                 operation,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
-from inference._servers.wire_numbers import logprob
+from inference._servers.wire_numbers import logprob, token_count
 from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
 from inference.options import (
     NOT_BUILT_YET,
@@ -136,13 +136,13 @@ def token_counts(usage: Any) -> tuple[int, int]:
     """``(prompt_tokens, completion_tokens)`` of an OpenAI ``usage`` object.
 
     Raises:
-        TypeError: A count is missing or not a non-negative integer.
+        TypeError: A count is missing or not a token count (:func:`~inference._servers.wire_numbers.token_count`: a
+            whole number from 0 to 2**31 - 1).
     """
-    counts = (_field(usage, "prompt_tokens"), _field(usage, "completion_tokens"))
-    for count in counts:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise TypeError(f"usage has token counts {counts!r}, not non-negative integers")
-    return counts
+    return (
+        token_count(_field(usage, "prompt_tokens"), "usage.prompt_tokens"),
+        token_count(_field(usage, "completion_tokens"), "usage.completion_tokens"),
+    )
 
 
 def model_name(answered: Any, request: GenerationRequest, default: str | None = None) -> str:
