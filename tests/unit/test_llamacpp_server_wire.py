@@ -14,7 +14,7 @@ import httpx
 import pytest
 import respx
 
-from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProviderUnavailableError
+from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProtocolError, ProviderUnavailableError
 from inference.llamacpp_server_provider import RESTART_ATTEMPTS, LlamaCppServerProvider
 
 URL = "http://llama.test:8080"
@@ -124,6 +124,37 @@ async def test_a_server_without_adapters_keeps_its_prompt_cache(
     route = mock.post(f"{URL}/v1/chat/completions").mock(return_value=chat())
     assert (await provider.generate("Hi", model="tiny", max_tokens=4)).text == "Hello"
     assert "lora" not in sent(route) and "cache_prompt" not in sent(route)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "stream"])
+async def test_an_alternative_whose_logprob_is_null_is_a_protocol_error_not_left_out(
+    provider: LlamaCppServerProvider, mock: respx.MockRouter, streamed: bool
+) -> None:
+    """llama-server's JSON writer writes a NaN or an infinity as null: such an alternative was left out of
+    ``top_logprobs`` without a word (the chosen token's null was refused already); the provider serves the next
+    request."""
+    mock.get(f"{URL}/lora-adapters").mock(return_value=adapters())
+    logprobs = {"content": [{"id": 9707, "token": "Hello", "bytes": [72, 101, 108, 108, 111], "logprob": -0.25,
+                             "top_logprobs": [{"id": 9707, "token": "Hello", "bytes": [72, 101, 108, 108, 111],
+                                               "logprob": -0.25},
+                                              {"id": 13, "token": ".", "bytes": [46], "logprob": None}]}]}
+    if streamed:
+        answer = chat_stream("Hello", None)
+        chunks = [json.loads(line[len("data: "):]) for line in answer.text.split("\n\n") if line.startswith("data: {")]
+        chunks[0]["choices"][0]["logprobs"] = logprobs
+        body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+        answer = httpx.Response(200, text=body, headers={"Content-Type": "text/event-stream"})
+    else:
+        whole = chat().json()
+        whole["choices"][0]["logprobs"] = logprobs
+        answer = httpx.Response(200, json=whole)
+    mock.post(f"{URL}/v1/chat/completions").side_effect = [answer, chat("fine")]
+    with pytest.raises(ProtocolError, match=r"logprobs\.content\[0\]\.top_logprobs\[1\]\.logprob is null, not a"):
+        if streamed:
+            [event async for event in provider.stream("Hi", model="tiny", max_tokens=4, logprobs=2)]
+        else:
+            await provider.generate("Hi", model="tiny", max_tokens=4, logprobs=2)
+    assert (await provider.generate("Hi", model="tiny", max_tokens=4)).text == "fine"
 
 
 async def test_a_restart_that_reorders_the_adapters_still_applies_the_right_one(

@@ -84,8 +84,9 @@ async def test_a_vllm_distribution_value_that_is_not_a_log_probability_is_a_prot
     vllm.post(f"{VLLM}/v1/completions").mock(
         side_effect=[python_json(bad), httpx.Response(200, json=vllm_distribution(SIZE))]
     )
+    problem = rf"top_logprobs\[0\]\['token_id:7'\] is {json.dumps(value)}, not a log-probability"
     async with VLLMProvider(base_url=f"{VLLM}/v1", max_retries=0) as provider:
-        with pytest.raises(ProtocolError, match=rf"top_logprobs\[0\]\['token_id:7'\] is {value!r}, not a log-"):
+        with pytest.raises(ProtocolError, match=problem):
             await provider.next_token_logprobs([5, 6], "tiny")
         assert (await provider.next_token_logprobs([5, 6], "tiny")).shape == (SIZE,)  # the provider keeps serving
 
@@ -169,6 +170,6 @@ async def test_a_llama_server_distribution_value_that_is_not_a_log_probability_i
             httpx.Response(200, json=llama_distribution(SIZE)),
         ]
         async with LlamaCppServerProvider(base_url=LLAMA, max_retries=0) as provider:
-            with pytest.raises(ProtocolError, match=rf"top_logprobs\[7\]\.logprob is {value!r}, not a log-"):
+            with pytest.raises(ProtocolError, match=rf"top_logprobs\[7\]\.logprob is {json.dumps(value)}, not a log-"):
                 await provider.next_token_logprobs([5], "m")
             assert (await provider.next_token_logprobs([5], "m")).shape == (SIZE,)

@@ -215,8 +215,8 @@ async def test_a_completions_stream_yields_text_usage_and_logprobs(
 @pytest.mark.parametrize(
     ("field", "problem"),
     [
-        (("token_logprobs", 1), r"logprobs\.token_logprobs\[1\] is nan, not a log-probability"),
-        (("top_logprobs", 2, " l"), r"logprobs\.top_logprobs\[2\]\[' l'\] is inf, not a log-probability"),
+        (("token_logprobs", 1), r"logprobs\.token_logprobs\[1\] is NaN, not a log-probability"),
+        (("top_logprobs", 2, " l"), r"logprobs\.top_logprobs\[2\]\[' l'\] is Infinity, not a log-probability"),
     ],
     ids=["token NaN", "alternative +inf"],
 )
@@ -250,7 +250,7 @@ async def test_a_completions_stream_with_a_nan_logprob_is_a_protocol_error(
     mock.post(COMPLETIONS).mock(
         return_value=httpx.Response(200, text=broken, headers={"content-type": "text/event-stream"})
     )
-    with pytest.raises(ProtocolError, match=r"logprobs\.token_logprobs\[0\] is nan, not a log-probability"):
+    with pytest.raises(ProtocolError, match=r"logprobs\.token_logprobs\[0\] is NaN, not a log-probability"):
         [event async for event in provider.stream("the quick brown fox", model="base", max_tokens=2, logprobs=0)]
 
 

@@ -12,6 +12,7 @@ can hold never reaches the usage a caller adds up (metrics, costs). Like the rea
 
 from __future__ import annotations
 
+import json
 import math
 
 __all__ = ["LOGPROB_ROUNDING", "MAX_TOKEN_COUNT", "logprob", "token_count"]
@@ -39,13 +40,13 @@ def logprob(value: object, field: str) -> float:
         TypeError: The value is not a number (text, ``null``, a boolean), is NaN or ``+inf``, or is above 0.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{field} is {value!r:.100}, not a number")
+        raise TypeError(f"{field} is {_as_sent(value)}, not a number")
     try:
         number = float(value)
     except OverflowError:  # an integer of hundreds of digits
         number = math.inf if value > 0 else -math.inf
     if math.isnan(number) or number > LOGPROB_ROUNDING:
-        raise TypeError(f"{field} is {value!r:.100}, not a log-probability (a number at most 0)")
+        raise TypeError(f"{field} is {_as_sent(value)}, not a log-probability (a number at most 0)")
     return min(number, 0.0)
 
 
@@ -57,5 +58,13 @@ def token_count(value: object, field: str) -> int:
             :data:`MAX_TOKEN_COUNT`.
     """
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
-        raise TypeError(f"{field} is {value!r:.100}, not a token count (a whole number from 0 to 2**31 - 1)")
+        raise TypeError(f"{field} is {_as_sent(value)}, not a token count (a whole number from 0 to 2**31 - 1)")
     return value
+
+
+def _as_sent(value: object) -> str:
+    """``value`` as JSON spells it (``null``, ``NaN``, ``Infinity``, ``"text"``), cut to 100 characters."""
+    try:
+        return json.dumps(value)[:100]
+    except (TypeError, ValueError):  # not from JSON: an object's attribute
+        return repr(value)[:100]
