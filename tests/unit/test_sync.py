@@ -41,6 +41,16 @@ def _run_script(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _exits(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run to its end in a new interpreter; a test fails (rather than hangs) if the interpreter never exits."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interpreter did not exit: it waited at exit for the sync facade's event loop")
+
+
 def test_a_plain_script_gets_every_answer_the_async_provider_gives() -> None:
     done = _run_script(
         """
@@ -245,6 +255,58 @@ def test_an_unclosed_sync_provider_is_closed_at_exit() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["length", "closed"]
+
+
+def test_a_stream_left_half_read_at_exit_is_closed_and_the_program_exits() -> None:
+    done = _exits(
+        """
+        from inference import get_sync_provider
+        from inference.fake_provider import FakeProvider
+        from inference.sync import wrap
+
+        class Recording(FakeProvider):
+            async def _stream(self, request):
+                try:
+                    async for event in super()._stream(request):
+                        yield event
+                finally:
+                    print("stream closed", flush=True)
+
+        provider = get_sync_provider("fake")
+        events = provider.stream("Tell me a long story", model="m", max_tokens=50)
+        print(next(events).strip() != "", flush=True)
+        recorded = wrap(Recording()).stream("Tell me a long story", model="m", max_tokens=50)
+        print(next(recorded).strip() != "", flush=True)
+        print("exiting", flush=True)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:4] == ["True", "True", "exiting", "stream closed"]  # closed in the backend
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+def test_a_sync_call_while_the_interpreter_exits_is_refused_not_hung() -> None:
+    done = _exits(
+        """
+        from inference import get_sync_provider
+
+        class LateUser:  # an object of another library that calls the facade when it is collected at exit
+            def __init__(self, provider):
+                self.provider = provider
+
+            def __del__(self):
+                try:
+                    self.provider.generate("Hi", model="m", max_tokens=1)
+                except RuntimeError as error:
+                    print("refused" if "exiting" in str(error) else error, flush=True)
+
+        provider = get_sync_provider("fake")
+        print(provider.generate("Hi", model="m", max_tokens=1).finish_reason, flush=True)
+        late = LateUser(provider)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["length", "refused"]
 
 
 def test_a_wrapped_provider_is_refused_after_fork_with_a_sentence() -> None:

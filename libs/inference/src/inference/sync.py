@@ -37,6 +37,7 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
@@ -113,9 +114,18 @@ def _background() -> _LoopThread:
     """The process's loop thread, started on first use (and again in a child process after ``fork``)."""
     global _loop_thread
     with _loop_lock:
-        if _loop_thread is None or _loop_thread.pid != os.getpid() or not _loop_thread.thread.is_alive():
-            _loop_thread = _LoopThread()
-        return _loop_thread
+        thread = _running_loop()
+        if thread is None:
+            thread = _loop_thread = _LoopThread()
+        return thread
+
+
+def _running_loop() -> _LoopThread | None:
+    """The process's loop thread if it is running, without starting one."""
+    thread = _loop_thread
+    if thread is None or thread.pid != os.getpid() or not thread.thread.is_alive():
+        return None
+    return thread
 
 
 def _forget_after_fork() -> None:
@@ -136,8 +146,16 @@ def run_sync(awaitable: Awaitable[T]) -> T:
     running in this thread (Jupyter).
 
     Raises:
-        RuntimeError: It was called from the background loop itself (from a callback of a sync call).
+        RuntimeError: It was called from the background loop itself (from a callback of a sync call), or while
+            the interpreter is exiting (the loop has stopped: a call would wait for it for ever).
     """
+    if sys.is_finalizing():
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()
+        raise RuntimeError(
+            "a synchronous inference call was made while the interpreter is exiting, after the sync facade's event "
+            "loop stopped: close streams and providers before the program ends (a with block does it)"
+        )
     return _background().run(awaitable)
 
 
@@ -241,6 +259,8 @@ class _SyncIterator(Iterator[T]):
     def __init__(self, events: AsyncIterator[T]) -> None:
         self._events = events
         self._done = False
+        self._pid = os.getpid()
+        _open_streams.add(self)
 
     def __iter__(self) -> _SyncIterator[T]:
         return self
@@ -262,6 +282,7 @@ class _SyncIterator(Iterator[T]):
         if self._done:
             return
         self._done = True
+        _open_streams.discard(self)
         closing = getattr(self._events, "aclose", None)
         if closing is not None:
             run_sync(closing())
@@ -273,9 +294,22 @@ class _SyncIterator(Iterator[T]):
         self.close()
 
     def __del__(self) -> None:
-        if not self._done:
-            with contextlib.suppress(Exception):
-                self.close()
+        """Close a stream dropped unfinished (a ``break``), on the running loop only: never start a loop thread
+        here, nor wait while the interpreter exits (the exit hook closed the streams still open before that)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            thread = _running_loop()
+            closing = getattr(self._events, "aclose", None)
+            if closing is None or thread is None or self._pid != thread.pid or sys.is_finalizing():
+                return
+            if threading.current_thread() is thread.thread:  # collected on the loop itself: it cannot wait there
+                thread.loop.create_task(_as_coroutine(closing()))
+            else:
+                thread.run(closing())
+        except Exception:  # the stream's own error, or collected late in the exit (this module's names gone)
+            return
 
 
 def wrap(provider: InferenceProvider) -> SyncProvider:
@@ -307,6 +341,7 @@ def get_sync_provider_for_step(step_config: Mapping[str, Any]) -> SyncProvider:
 
 
 _open: weakref.WeakSet[SyncProvider] = weakref.WeakSet()
+_open_streams: weakref.WeakSet[_SyncIterator[Any]] = weakref.WeakSet()
 _sync_cache: dict[Any, SyncProvider] = {}
 _sync_cache_lock = threading.Lock()
 
@@ -329,15 +364,23 @@ def close_all_sync_providers() -> None:
 
 
 def _close_at_exit() -> None:
-    """Close the sync providers still open (their connections, models) before the interpreter goes."""
-    thread = _loop_thread
-    if thread is None or thread.pid != os.getpid() or not thread.thread.is_alive():
+    """Close the streams left unfinished (their connections, their generations), then the sync providers still
+    open (their connections, models), while the loop still runs: before the interpreter goes."""
+    thread = _running_loop()
+    if thread is None:
         return
+    closings: list[Awaitable[Any]] = []
+    for stream in list(_open_streams):
+        closing = getattr(stream._events, "aclose", None)
+        if not stream._done and closing is not None and stream._pid == thread.pid:
+            stream._done = True
+            closings.append(closing())
     for provider in list(_open):
-        if provider._closed or provider._pid != os.getpid():
-            continue
-        provider._closed = True
-        future = asyncio.run_coroutine_threadsafe(_as_coroutine(provider._provider.aclose()), thread.loop)
+        if not provider._closed and provider._pid == os.getpid():
+            provider._closed = True
+            closings.append(provider._provider.aclose())
+    for closing in closings:  # streams first: a stream's connection belongs to its provider's pool
+        future = asyncio.run_coroutine_threadsafe(_as_coroutine(closing), thread.loop)
         with contextlib.suppress(Exception, concurrent.futures.TimeoutError):
             future.result(timeout=CLOSE_AT_EXIT_SECONDS)
 
