@@ -106,6 +106,16 @@ def test_bad_configuration_is_a_typed_error(clean_env: pytest.MonkeyPatch, call,
         call()
 
 
+def test_the_fake_stand_in_takes_a_step_written_for_a_server_provider(clean_env: pytest.MonkeyPatch) -> None:
+    step = {"provider": "fake", "base_url": "http://gpu:8100/v1", "api_key": "sk-x", "timeout": 30, "model": "m"}
+    provider = get_provider_for_step(step)
+    assert isinstance(provider, FakeProvider)
+    assert provider is get_provider("fake")  # base_url ignored, as the other settings: the same cached provider
+    assert get_provider("fake", base_url="http://gpu:8100/v1") is provider
+    with pytest.raises(ConfigurationError, match="did you mean 'max_adapters'"):  # its own settings still checked
+        get_provider_for_step({"provider": "fake", "base_url": "http://gpu:8100/v1", "max_adapter": 2})
+
+
 def test_unparsable_environment_variable_names_the_variable(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("LLAMACPP_N_CTX", "four thousand")
     with pytest.raises(ConfigurationError, match="LLAMACPP_N_CTX='four thousand'"):

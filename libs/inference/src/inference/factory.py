@@ -14,7 +14,7 @@ from typing import Any, cast
 from inference.config import SETTINGS, resolve_provider_type, resolve_settings
 from inference.exceptions import ConfigurationError
 from inference.provider import InferenceProvider
-from inference.registry import load_provider_class
+from inference.registry import PROVIDERS, load_provider_class
 
 __all__ = ["aclose_all_providers", "clear_provider_cache", "get_provider", "get_provider_for_step"]
 
@@ -40,7 +40,8 @@ def get_provider(provider_type: str | None = None, base_url: str | None = None) 
 
     Raises:
         UnknownProviderError: The type is unknown (a ``ValueError`` listing the valid names).
-        ConfigurationError: A setting is malformed, or ``base_url`` was given to an in-process provider.
+        ConfigurationError: A setting is malformed, or ``base_url`` was given to an in-process provider (the
+            ``fake`` stand-in ignores it, so that it replaces any provider with only the type changed).
         MissingDependencyError: The provider's extra is not installed.
     """
     return _get_or_create(resolve_provider_type(provider_type), {"base_url": base_url})
@@ -100,7 +101,8 @@ def _get_or_create(provider_type: str, overrides: Mapping[str, Any]) -> Inferenc
 def _resolved(provider_type: str, overrides: Mapping[str, Any]) -> tuple[_CacheKey, dict[str, Any]]:
     """The checked settings of a provider and the cache key they make."""
     keys = {setting.key for setting in SETTINGS[provider_type]}
-    if overrides.get("base_url") is not None and "base_url" not in keys:
+    stand_in = PROVIDERS[provider_type].stand_in  # fake: ignores base_url as it ignores other providers' settings
+    if overrides.get("base_url") is not None and "base_url" not in keys and not stand_in:
         raise ConfigurationError(
             f"the {provider_type} provider runs in process and takes no base_url; "
             "give its settings instead (see .env.example)",
