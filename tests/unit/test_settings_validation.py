@@ -10,7 +10,7 @@ import pytest
 
 from inference.config import SETTINGS, Setting, render_configuration_table, resolve_settings, validate_setting
 from inference.exceptions import ConfigurationError, UnknownProviderError
-from inference.factory import get_provider, get_provider_for_step
+from inference.factory import get_provider, get_provider_for_step, provider_recipe
 from inference.ollama_provider import OllamaProvider
 from inference.vllm_provider import VLLMProvider
 
@@ -142,6 +142,45 @@ def test_a_tilde_in_a_path_setting_is_expanded(clean_env: pytest.MonkeyPatch, tm
     assert settings["adapter_cache_dir"] == str(tmp_path / "cache")
     assert resolve_settings("transformers", {"model_name": "~/tiny"})["model_name"] == str(tmp_path / "tiny")
     assert not (Path.cwd() / "~").exists()
+
+
+def test_a_relative_path_setting_names_the_file_of_the_directory_it_was_resolved_in(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    for directory in (first, second):
+        directory.mkdir()
+        (directory / "model.gguf").write_bytes(b"GGUF")
+    clean_env.setenv("LLAMACPP_MODEL_PATH", "model.gguf")
+    clean_env.setenv("LLAMACPP_SERVER_ADAPTER_CACHE_DIR", "cache")
+    clean_env.chdir(first)
+    in_first = get_provider("llamacpp-server")
+    assert resolve_settings("llamacpp", {})["model_path"] == str(first / "model.gguf")
+    first_key = provider_recipe("llamacpp").key
+    clean_env.chdir(second)
+    in_second = get_provider("llamacpp-server")
+    assert in_second is not in_first  # two directories' "cache": two providers, each with its own
+    assert in_first.adapter_cache_dir == first / "cache"  # still the first one, whatever the current directory
+    assert in_second.adapter_cache_dir == second / "cache"
+    assert resolve_settings("llamacpp", {})["model_path"] == str(second / "model.gguf")
+    assert provider_recipe("llamacpp").key != first_key  # two model files: two cached providers
+
+
+def test_a_hub_id_in_a_model_setting_stays_an_id_unless_it_names_a_local_path(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env.chdir(tmp_path)
+    assert resolve_settings("llamacpp", {"model_path": "Org/Name:model-q4.gguf"})["model_path"] == (
+        "Org/Name:model-q4.gguf"
+    )
+    assert resolve_settings("transformers", {"model_name": "Qwen/Qwen2.5-0.5B"})["model_name"] == "Qwen/Qwen2.5-0.5B"
+    (tmp_path / "Qwen" / "Qwen2.5-0.5B").mkdir(parents=True)  # a local directory of that name wins, as on load
+    assert resolve_settings("transformers", {"model_name": "Qwen/Qwen2.5-0.5B"})["model_name"] == str(
+        tmp_path / "Qwen" / "Qwen2.5-0.5B"
+    )
+    assert resolve_settings("llamacpp", {"adapter_cache_dir": "org/cache"})["adapter_cache_dir"] == str(
+        tmp_path / "org" / "cache"
+    )  # a directory setting is never a Hub id
 
 
 def test_an_adapter_cache_dir_that_cannot_be_a_directory_fails_at_construction(

@@ -2,7 +2,7 @@
 
 :class:`Setting` is the unit of the settings table; the providers' entries in :mod:`inference.registry`
 list theirs, and :mod:`inference.config` resolves them. This module imports nothing of the SDK but the
-error tree and path helpers, so both can import it.
+error tree and the path and Hub-id helpers, so both can import it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from inference._core.paths import directory_problem, expand_path, path_text_problem
+from inference._core.hub import HUB_GGUF
+from inference._core.paths import HUB_ID, directory_problem, expand_path, path_text_problem
 from inference._core.redaction import redact_url, secret_problem
 from inference.exceptions import ConfigurationError
 
@@ -186,6 +187,20 @@ _KIND_RULES: dict[SettingKind, str] = {
 """The values a setting of each kind takes, as words, for the kinds whose rule has no bounds or choices."""
 
 
+def _absolute(path: Path, *, hub_id: bool) -> Path:
+    """``path`` made absolute from the current directory, so that a provider keeps naming the same file after a
+    ``chdir`` and its cache key tells two directories' ``model.gguf`` apart; with ``hub_id``, a Hugging Face Hub id
+    (``ORG/NAME``, ``ORG/NAME:FILE.gguf``) that names no local path is kept as it is."""
+    if path.is_absolute():
+        return path
+    try:
+        if hub_id and (HUB_ID.fullmatch(str(path)) or HUB_GGUF.fullmatch(str(path))) and not path.exists():
+            return path
+        return Path(os.path.abspath(path))
+    except OSError:  # the current directory was removed: the path stays as written, and is found missing on use
+        return path
+
+
 @dataclass(frozen=True)
 class Setting:
     """One configurable value of a provider, and the rule its values follow.
@@ -199,7 +214,8 @@ class Setting:
         env_var: The environment variable that sets it.
         default: The value when neither an argument nor the variable gives one.
         kind: What the values are (:data:`SettingKind`). Numbers are never booleans; ``float`` values are
-            finite; ``path`` and ``directory`` values have ``~`` expanded.
+            finite; ``path`` and ``directory`` values have ``~`` expanded and are made absolute from the current
+            directory (a ``path`` that is a Hugging Face Hub id naming no local path stays as it is).
         description: What it means, for ``.env.example`` and the docs.
         minimum: The smallest number allowed, if any.
         maximum: The largest number allowed, if any.
@@ -261,7 +277,7 @@ class Setting:
         A string given for a number or a switch is parsed as the environment variable's text would be
         (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off`` for a switch), so step configs read from
         text files work. Numbers of ``float`` settings are returned as ``float``; texts with
-        ``choices`` or a ``pattern`` stripped and lower-cased; paths with ``~`` expanded; ``""`` as ``None``
+        ``choices`` or a ``pattern`` stripped and lower-cased; paths with ``~`` expanded, absolute; ``""`` as ``None``
         where ``None`` is allowed.
 
         Args:
@@ -362,7 +378,7 @@ class Setting:
         problem = path_text_problem(text)
         if problem is not None:
             raise self._invalid(value, origin, provider, reason=f"the path {problem}")
-        expanded = expand_path(text)
+        expanded = _absolute(expand_path(text), hub_id=self.kind == "path")
         if self.kind == "directory":
             problem = directory_problem(expanded)
             if problem is not None:
