@@ -4,10 +4,12 @@ the ``inference`` command line."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
+import inference.config
 from inference import ConfigurationError, FakeProvider, UnknownProviderError, get_provider, get_provider_for_step
 from inference.cli import main
 from inference.config import SDK_SETTINGS, SETTINGS, render_env_example, resolve_provider_type, resolve_settings
@@ -146,3 +148,40 @@ def test_a_bad_dotenv_value_is_one_error_line_naming_the_file(
     assert err.count("\n") == 1 and f"in the .env file {workdir / '.env'}" in err
     status, _, err = run(["generate", "Hello", "--provider", "fake", "--set", "context_length=8"], capsys)
     assert status == 0, err  # the flag beats the file
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a new process: no variable looked at yet, so none warned about."""
+    monkeypatch.setattr(inference.config, "_looked_at", set(), raising=False)
+    monkeypatch.setattr(inference.config, "_warned", set(), raising=False)
+
+
+def test_a_misspelt_variable_is_one_warning_naming_the_variable_it_meant(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fresh_warnings: None
+) -> None:
+    (workdir / ".env").write_text(
+        "INFERENCE_PROVDER=fake\nFAKE_MAX_ADAPTER=1\nLLAMCPP_MODEL_PATH=m.gguf\nOLLAMA_HOST_NAME=box\n"
+    )
+    monkeypatch.setenv("INFERENCE_LOG_LEVL", "debug")
+    others = {"VLLM_RPC_TIMEOUT": "10000", "OLLAMA_MODELS": "/srv/models", "OPENAI_API_BASE": "http://x/v1",
+              "TRANSFORMERS_OFFLINE": "1", "INFERENCE_HOME": "/opt/other"}  # other programs' variables
+    for name, value in others.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.WARNING, logger="inference"):
+        provider = get_provider()
+        get_provider()  # once per name, not once per call
+    assert not isinstance(provider, FakeProvider)  # the misspelt line still changes nothing: vllm, the default
+    said = {record.variable: record.getMessage() for record in caplog.records if hasattr(record, "variable")}
+    assert [getattr(record, "variable", None) for record in caplog.records].count("FAKE_MAX_ADAPTER") == 1
+    env_file = workdir / ".env"
+    assert said["INFERENCE_PROVDER"] == (
+        f"INFERENCE_PROVDER in the .env file {env_file} is not a variable the inference SDK reads, so it changes "
+        "nothing: did you mean INFERENCE_PROVIDER?"
+    )
+    assert said["FAKE_MAX_ADAPTER"].endswith("did you mean FAKE_MAX_ADAPTERS?")
+    assert said["LLAMCPP_MODEL_PATH"].endswith("did you mean LLAMACPP_MODEL_PATH?")
+    assert said["INFERENCE_LOG_LEVL"].startswith("environment variable INFERENCE_LOG_LEVL is not a variable")
+    assert said["INFERENCE_LOG_LEVL"].endswith("did you mean INFERENCE_LOG_LEVEL?")
+    assert not set(said) & {*others, "OLLAMA_HOST_NAME"}  # no warning about what is not a misspelling
+

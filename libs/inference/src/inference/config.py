@@ -10,7 +10,8 @@ configuration docs list exactly these variables.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from inference._core.env_file import ENV_FILE_VAR, SettingsEnvironment, settings_environment
@@ -36,6 +37,8 @@ __all__ = [
 
 PROVIDER_ENV_VAR = "INFERENCE_PROVIDER"
 DEFAULT_PROVIDER = "vllm"
+
+logger = logging.getLogger("inference")
 
 
 SETTINGS: dict[str, tuple[Setting, ...]] = {name: spec.settings for name, spec in PROVIDERS.items()}
@@ -66,7 +69,7 @@ def resolve_sdk_setting(key: str, value: Any = None) -> Any:
     setting = next(setting for setting in SDK_SETTINGS if setting.key == key)
     if value is not None:
         return setting.check(value)
-    environ = settings_environment()
+    environ = _environment()
     if environ.get(setting.env_var, "") != "":
         return setting.check(environ[setting.env_var], origin=environ.origin(setting.env_var))
     return setting.check(setting.default, origin="default")
@@ -114,7 +117,7 @@ def resolve_provider_type(provider_type: str | None, environ: Mapping[str, str] 
         ConfigurationError: The ``.env`` file cannot be read (see :func:`settings_environment`).
     """
     if provider_type is None:
-        environ = settings_environment() if environ is None else environ
+        environ = _environment() if environ is None else environ
         chosen = environ.get(PROVIDER_ENV_VAR) or DEFAULT_PROVIDER
     else:
         chosen = provider_type
@@ -157,7 +160,7 @@ def resolve_settings(
     check_step_keys(provider_type, overrides)
     settings = SETTINGS[provider_type]
     if environ is None and any(overrides.get(setting.key) is None for setting in settings):
-        environ = settings_environment()
+        environ = _environment()
     resolved: dict[str, Any] = {}
     for setting in settings:
         if overrides.get(setting.key) is not None:
@@ -193,8 +196,8 @@ def check_step_keys(provider_type: str, step_config: Mapping[str, Any]) -> None:
         if value is None or not isinstance(key, str) or key in own or key in STEP_KEYS:
             continue
         owners = [] if stand_in else [name for name, settings in SETTINGS.items() if key in _keys(settings)]
-        close = difflib.get_close_matches(key, own, n=1, cutoff=_CLOSE_MATCH)
-        if not owners and not close:
+        close = _closest(key, own)
+        if not owners and close is None:
             continue
         valid = f"the {provider_type} provider's settings are {', '.join(own) or 'none'}"
         if owners:
@@ -204,8 +207,77 @@ def check_step_keys(provider_type: str, step_config: Mapping[str, Any]) -> None:
                 f"would be ignored: remove it, or use provider {owners[0]!r}"
             )
         else:
-            reason = f"{key!r} is not a setting of the {provider_type} provider; did you mean {close[0]!r}?"
+            reason = f"{key!r} is not a setting of the {provider_type} provider; did you mean {close!r}?"
         raise ConfigurationError(f"step config: {reason} ({valid})", provider=provider_type)
+
+
+def _closest(word: str, known: Iterable[str]) -> str | None:
+    """The name in ``known`` that ``word`` must be a misspelling of (difflib's ratio of at least ``_CLOSE_MATCH``)."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=_CLOSE_MATCH)
+    return close[0] if close else None
+
+
+def _variable_groups() -> list[tuple[str, list[str]]]:
+    """Each prefix of the SDK's variables (``INFERENCE_``, ``VLLM_``, ``VLLM_OFFLINE_``...) with the variables under
+    it, longest prefix first."""
+    groups = [("INFERENCE_", [PROVIDER_ENV_VAR, *(setting.env_var for setting in SDK_SETTINGS)])]
+    for provider_type, settings in SETTINGS.items():
+        prefix = provider_type.upper().replace("-", "_") + "_"
+        groups.append((prefix, [setting.env_var for setting in settings if setting.env_var.startswith(prefix)]))
+    return sorted(groups, key=lambda group: -len(group[0]))
+
+
+_VARIABLE_GROUPS = _variable_groups()
+_VARIABLES = frozenset(name for _, names in _VARIABLE_GROUPS for name in names)
+_looked_at: set[tuple[str, bool]] = set()
+"""The variables (name, from the ``.env`` file) already compared with the SDK's: each is looked at once."""
+_warned: set[str] = set()
+"""The misspelt variables already warned about: one warning per name and process."""
+
+
+def _meant_variable(name: str, *, in_env_file: bool) -> str | None:
+    """The SDK's variable that ``name`` is a misspelling of, if it is one.
+
+    A name under a prefix of the SDK (``INFERENCE_``, ``LLAMACPP_``...) is compared by the part after the prefix,
+    the setting's key, with that prefix's variables, by the rule that catches a misspelt step-config key: so
+    ``FAKE_MAX_ADAPTER`` is caught, and the backends' own variables under the same prefix (vLLM's
+    ``VLLM_RPC_TIMEOUT``, Ollama's ``OLLAMA_MODELS``) are not taken for the SDK's. A line of the ``.env`` file,
+    which configures this SDK alone, is also compared whole, for a misspelt prefix (``LLAMCPP_MODEL_PATH``).
+    """
+    upper = name.upper()
+    if upper in _VARIABLES:
+        return None if upper == name else upper  # the case differs: variable names are case-sensitive
+    groups = [(prefix, names) for prefix, names in _VARIABLE_GROUPS if upper.startswith(prefix)]
+    for prefix, names in groups:
+        key = _closest(upper[len(prefix):], [variable[len(prefix):] for variable in names])
+        if key is not None:
+            return prefix + key
+    return _closest(upper, sorted(_VARIABLES)) if in_env_file and not groups else None
+
+
+def _environment() -> SettingsEnvironment:
+    """:func:`settings_environment`, after a warning (once per name and process) for each variable in it that is a
+    misspelling of one the SDK reads: it would otherwise be dropped silently."""
+    environ = settings_environment()
+    try:
+        names = list(environ)
+    except RuntimeError:  # the process environment changed meanwhile in another thread: look next time
+        return environ
+    for name in names:
+        in_env_file = environ.origin(name) != "environment"
+        if (name, in_env_file) in _looked_at:
+            continue
+        _looked_at.add((name, in_env_file))
+        meant = _meant_variable(name, in_env_file=in_env_file)
+        if meant is None or name in _warned:
+            continue
+        _warned.add(name)
+        where = f"{name} in the .env file {environ.path}" if in_env_file else f"environment variable {name}"
+        logger.warning(
+            "%s is not a variable the inference SDK reads, so it changes nothing: did you mean %s?", where, meant,
+            extra={"variable": name, "meant": meant},
+        )
+    return environ
 
 
 def render_env_example() -> str:
