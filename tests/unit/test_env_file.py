@@ -185,3 +185,24 @@ def test_a_misspelt_variable_is_one_warning_naming_the_variable_it_meant(
     assert said["INFERENCE_LOG_LEVL"].endswith("did you mean INFERENCE_LOG_LEVEL?")
     assert not set(said) & {*others, "OLLAMA_HOST_NAME"}  # no warning about what is not a misspelling
 
+
+def test_a_dotenv_line_that_does_not_parse_is_a_refusal_of_the_commands_that_read_settings(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (workdir / ".env").write_text("GOOD=1\nthis is not a pair\n")
+    status, out, err = run(["generate", "Hello", "--provider", "fake"], capsys)
+    assert (status, out) == (1, "")  # a file the SDK reads: a refusal, as for a bad value in it
+    assert err.startswith("inference: error: the .env file") and "line 2" in err and err.count("\n") == 1
+    status, out, err = run(["convert-adapter", str(workdir / "no-adapter"), "--base", str(workdir / "no.gguf"),
+                            "-o", str(workdir / "out.gguf")], capsys)  # reads no setting: the .env is not its concern
+    assert status == 1 and ".env" not in err and "no.gguf does not exist" in err  # its own error, not the file's
+    status, out, err = run(["--log-level", "loud", "generate", "Hello", "--provider", "fake"], capsys)
+    assert status == 2  # a bad option is still a usage error
+
+
+def test_a_bad_log_variable_in_the_dotenv_file_is_still_a_usage_error(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (workdir / ".env").write_text("INFERENCE_LOG_FORMAT=yaml\n")
+    status, out, err = run(["generate", "Hello", "--provider", "fake"], capsys)
+    assert (status, out) == (2, "") and f"in the .env file {workdir / '.env'}" in err

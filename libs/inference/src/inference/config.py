@@ -59,17 +59,18 @@ SDK_SETTINGS: tuple[Setting, ...] = (
 """Settings of the SDK itself, for every provider (``provider``'s ``INFERENCE_PROVIDER`` aside)."""
 
 
-def resolve_sdk_setting(key: str, value: Any = None) -> Any:
-    """One of :data:`SDK_SETTINGS`: ``value`` when given, else its variable (process environment, then ``.env``),
-    else its default; checked by its rule.
+def resolve_sdk_setting(key: str, value: Any = None, environ: SettingsEnvironment | None = None) -> Any:
+    """One of :data:`SDK_SETTINGS`: ``value`` when given, else its variable (in ``environ``; by default the process
+    environment, then ``.env``), else its default; checked by its rule.
 
     Raises:
-        ConfigurationError: The value breaks the rule (the sentence names the argument or the variable).
+        ConfigurationError: The value breaks the rule (the sentence names the argument or the variable), or the
+            ``.env`` file cannot be read.
     """
     setting = next(setting for setting in SDK_SETTINGS if setting.key == key)
     if value is not None:
         return setting.check(value)
-    environ = _environment()
+    environ = _environment() if environ is None else environ
     if environ.get(setting.env_var, "") != "":
         return setting.check(environ[setting.env_var], origin=environ.origin(setting.env_var))
     return setting.check(setting.default, origin="default")

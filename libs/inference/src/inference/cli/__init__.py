@@ -89,7 +89,7 @@ def _run(argv: Sequence[str] | None) -> int:
         return 2
     try:
         restore_logging = command_logging(args)
-    except ConfigurationError as error:  # INFERENCE_LOG_LEVEL or INFERENCE_LOG_FORMAT, or a .env that does not parse
+    except ConfigurationError as error:  # INFERENCE_LOG_LEVEL or INFERENCE_LOG_FORMAT (a .env unread: the command's)
         report: Callable[[argparse.Namespace, Exception], int] | None = getattr(args, "configuration_failed", None)
         if report is not None:  # health reports it as its answer (with --json, the object)
             return report(args, error)

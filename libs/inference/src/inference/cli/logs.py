@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable
 
 __all__ = ["add_log_options", "command_logging", "log_error"]
@@ -34,19 +35,31 @@ def command_logging(args: argparse.Namespace) -> Callable[[], None]:
     """Show log lines in the chosen level and format while a command runs; returns what puts the logging state
     back as it was (for ``main`` called in process).
 
+    A ``.env`` file that cannot be read does not stop the command here: its log variables are read from the process
+    environment alone, and a command that reads settings refuses the file then (exit 1, as for a bad value in it),
+    while one that reads none (``convert-adapter``) runs.
+
     Raises:
         ConfigurationError: ``INFERENCE_LOG_LEVEL`` or ``INFERENCE_LOG_FORMAT`` is not an allowed value.
     """
     global _json_errors
+    from inference._core.env_file import SettingsEnvironment, settings_environment
     from inference.config import resolve_sdk_setting
+    from inference.exceptions import ConfigurationError
     from inference.logs import configure_logging
 
+    try:
+        environ = settings_environment()
+    except ConfigurationError:  # the .env file: the commands that read settings refuse it, with its sentence
+        environ = SettingsEnvironment(os.environ, {}, None)
+    level = resolve_sdk_setting("log_level", getattr(args, "log_level", None), environ)
+    style = resolve_sdk_setting("log_format", getattr(args, "log_format", None), environ)
     root, sdk = logging.getLogger(), logging.getLogger("inference")
     levels = (root.level, sdk.level)
-    handler = configure_logging(getattr(args, "log_level", None), getattr(args, "log_format", None))
+    handler = configure_logging(level, style)
     if sdk.getEffectiveLevel() > logging.INFO:
         handler.addFilter(_failure_also_raised)
-    _json_errors = resolve_sdk_setting("log_format", getattr(args, "log_format", None)) == "json"
+    _json_errors = style == "json"
 
     def restore() -> None:
         global _json_errors
