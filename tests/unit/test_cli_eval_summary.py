@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -94,6 +95,23 @@ def test_eval_refuses_contradictions_before_writing(
     code, _, err = run([*argv, *extra], capsys)
     assert code == status and needle in err
     assert not output.exists()
+
+
+def test_an_output_that_cannot_be_created_is_refused_with_its_real_cause(
+    files: tuple[list[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv, _ = files
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "missing" / "r.jsonl")
+    status, out, err = run([*argv, "--output", str(dangling), "--no-plot"], capsys)
+    missing = Path(os.path.realpath(tmp_path)) / "missing"
+    assert status == 1 and out == ""
+    assert f"{dangling}: it is a symbolic link to {missing / 'r.jsonl'}, whose directory {missing} does not" in err
+    assert "removed meanwhile" not in err
+    if os.path.isdir("/proc/self"):  # a directory that exists, whose file system creates no file
+        status, out, err = run([*argv, "--output", "/proc/r.jsonl", "--no-plot"], capsys)
+        assert status == 1 and "cannot write the results file /proc/r.jsonl: No such file or directory" in err
+        assert "removed meanwhile" not in err
 
 
 def test_the_plot_is_a_png_beside_the_csv(files: tuple[list[str], Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -204,10 +204,8 @@ def open_results(
                 f"cannot write the results file {path}: {error.strerror or error}", path=str(path)
             ) from error
         handle = _open_locked(path, create=True)
-        if handle is None:
-            raise ConfigurationError(
-                f"cannot write the results file {path}: its directory was removed meanwhile", path=str(path)
-            )
+        if handle is None:  # never: creating it, a missing file or directory is an error (_not_created)
+            raise ConfigurationError(f"cannot write the results file {path}", path=str(path))
     try:
         handle.seek(0)
         data = handle.readall()
@@ -237,8 +235,12 @@ def _open_locked(path: Path, *, create: bool) -> io.FileIO | None:
     flags = os.O_RDWR | os.O_APPEND | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
         descriptor = os.open(path, flags | (os.O_CREAT if create else 0), 0o666)
-    except FileNotFoundError:
-        return None
+    except FileNotFoundError as error:
+        if not create:
+            return None
+        raise ConfigurationError(
+            f"cannot write the results file {path}: {_not_created(path, error)}", path=str(path)
+        ) from error
     except OSError as error:
         raise ConfigurationError(
             f"cannot write the results file {path}: {error.strerror or error}", path=str(path)
@@ -253,6 +255,25 @@ def _open_locked(path: Path, *, create: bool) -> io.FileIO | None:
         handle.close()
         raise
     return handle
+
+
+def _not_created(path: Path, error: OSError) -> str:
+    """Why creating ``path`` found no such file or directory, though its directory was made just before."""
+    where = path.parent
+    try:
+        if path.is_symlink():
+            target = Path(os.path.realpath(path))
+            if not target.parent.is_dir():
+                return (
+                    f"it is a symbolic link to {target}, whose directory {target.parent} does not exist: create that "
+                    "directory, or give another path"
+                )
+            where = target.parent
+        elif not where.is_dir():
+            return f"its directory {where} was removed meanwhile"
+    except OSError:  # the checks themselves failed: the error's own words say it
+        pass
+    return f"{error.strerror or error} (on creating it in {where}, a directory that exists)"
 
 
 def _lock(descriptor: int, path: Path) -> None:
