@@ -238,6 +238,29 @@ def test_a_forked_child_gets_its_own_loop_and_provider() -> None:
     assert done.stdout.strip() == "ok"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_has_one_provider_whichever_way_it_asks_for_it() -> None:
+    done = _exits(
+        """
+        import os
+        from inference import get_sync_provider
+
+        provider = get_sync_provider("fake")
+        provider.load_adapter("style", "/adapters/style")
+        pid = os.fork()
+        if pid == 0:
+            again = get_sync_provider("fake")  # the parent's object, not a second provider (a second model)
+            again.load_adapter("child", "/adapters/child")
+            print("child", again is provider, provider.list_adapters(), flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("parent", os.waitstatus_to_exitcode(status), provider.list_adapters(), flush=True)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["child True ['child']", "parent 0 ['style']"]
+
+
 def test_an_unclosed_sync_provider_is_closed_at_exit() -> None:
     done = _run_script(
         """

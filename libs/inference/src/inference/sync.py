@@ -24,8 +24,9 @@ Example:
 A sync provider is its own provider object, not the one ``get_provider`` caches for async code: the async
 objects inside a provider (locks, connection pools) belong to one event loop. Use :func:`wrap` to drive a
 provider you built yourself, and then only through the wrapper. In a child process after ``fork``, a provider
-from :func:`get_sync_provider` is made again from its settings (threads do not survive a fork): adapters the
-parent loaded in process must be loaded again there (a server keeps its own).
+from :func:`get_sync_provider` is made again from its settings on first use (threads do not survive a fork), and
+:func:`get_sync_provider` there gives that same object, so the child holds one provider (one model) per settings:
+adapters the parent loaded in process must be loaded again there (a server keeps its own).
 """
 
 from __future__ import annotations
@@ -129,10 +130,12 @@ def _running_loop() -> _LoopThread | None:
 
 
 def _forget_after_fork() -> None:
-    """In a forked child: the parent's loop thread does not exist here; the next call starts one."""
-    global _loop_lock, _loop_thread
+    """In a forked child: the parent's loop thread does not exist here; the next call starts one. (The locks are
+    new: one held by another thread of the parent at the fork would never be released here.)"""
+    global _loop_lock, _loop_thread, _sync_cache_lock
     _loop_lock = threading.Lock()
     _loop_thread = None
+    _sync_cache_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -349,8 +352,8 @@ _sync_cache_lock = threading.Lock()
 def _cached(recipe: ProviderRecipe) -> SyncProvider:
     with _sync_cache_lock:
         cached = _sync_cache.get(recipe.key)
-        if cached is not None and not cached._closed and not cached._provider.closed and cached._pid == os.getpid():
-            return cached
+        if cached is not None and (cached._pid != os.getpid() or not (cached._closed or cached._provider.closed)):
+            return cached  # one made before a fork makes its provider again on first use: one per process
         _sync_cache[recipe.key] = made = SyncProvider(recipe.build(), rebuild=recipe.build)
         return made
 
