@@ -157,11 +157,17 @@ def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(inference.config, "_warned", set(), raising=False)
 
 
+LLAMA_SERVER_VARIABLES = ("LLAMA_ARG_MODEL", "LLAMA_ARG_N_PARALLEL", "LLAMA_ARG_FLASH_ATTN", "LLAMA_ARG_N_GPU_LAYERS",
+                          "LLAMA_ARG_THREADS", "LLAMA_API_KEY", "LLAMA_CPP_LIB_PATH")
+"""Variables llama.cpp's own programs read (llama-server, llama-cpp-python), which look like misspelt LLAMACPP_..."""
+
+
 def test_a_misspelt_variable_is_one_warning_naming_the_variable_it_meant(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fresh_warnings: None
 ) -> None:
     (workdir / ".env").write_text(
         "INFERENCE_PROVDER=fake\nFAKE_MAX_ADAPTER=1\nLLAMCPP_MODEL_PATH=m.gguf\nOLLAMA_HOST_NAME=box\n"
+        + "".join(f"{name}=1\n" for name in LLAMA_SERVER_VARIABLES)  # a .env beside llama-server's docker service
     )
     monkeypatch.setenv("INFERENCE_LOG_LEVL", "debug")
     others = {"VLLM_RPC_TIMEOUT": "10000", "OLLAMA_MODELS": "/srv/models", "OPENAI_API_BASE": "http://x/v1",
@@ -183,7 +189,7 @@ def test_a_misspelt_variable_is_one_warning_naming_the_variable_it_meant(
     assert said["LLAMCPP_MODEL_PATH"].endswith("did you mean LLAMACPP_MODEL_PATH?")
     assert said["INFERENCE_LOG_LEVL"].startswith("environment variable INFERENCE_LOG_LEVL is not a variable")
     assert said["INFERENCE_LOG_LEVL"].endswith("did you mean INFERENCE_LOG_LEVEL?")
-    assert not set(said) & {*others, "OLLAMA_HOST_NAME"}  # no warning about what is not a misspelling
+    assert not set(said) & {*others, *LLAMA_SERVER_VARIABLES, "OLLAMA_HOST_NAME"}  # none about what is no misspelling
 
 
 def test_a_dotenv_line_that_does_not_parse_is_a_refusal_of_the_commands_that_read_settings(

@@ -228,6 +228,11 @@ def _variable_groups() -> list[tuple[str, list[str]]]:
     return sorted(groups, key=lambda group: -len(group[0]))
 
 
+_OTHER_PROGRAMS = ("LLAMA_ARG_", "LLAMA_API_KEY", "LLAMA_CACHE", "LLAMA_CPP_LIB", "LLAMA_LOG_")
+"""Prefixes of variables that llama.cpp's own programs read (llama-server's ``LLAMA_ARG_MODEL``, llama-cpp-python's
+``LLAMA_CPP_LIB_PATH``): a ``.env`` beside such a server holds them, and whole they read like misspellings of
+``LLAMACPP_...``."""
+
 _VARIABLE_GROUPS = _variable_groups()
 _VARIABLES = frozenset(name for _, names in _VARIABLE_GROUPS for name in names)
 _looked_at: set[tuple[str, bool]] = set()
@@ -243,7 +248,8 @@ def _meant_variable(name: str, *, in_env_file: bool) -> str | None:
     the setting's key, with that prefix's variables, by the rule that catches a misspelt step-config key: so
     ``FAKE_MAX_ADAPTER`` is caught, and the backends' own variables under the same prefix (vLLM's
     ``VLLM_RPC_TIMEOUT``, Ollama's ``OLLAMA_MODELS``) are not taken for the SDK's. A line of the ``.env`` file,
-    which configures this SDK alone, is also compared whole, for a misspelt prefix (``LLAMCPP_MODEL_PATH``).
+    which configures this SDK alone, is also compared whole, for a misspelt prefix (``LLAMCPP_MODEL_PATH``), but
+    for the variables of llama.cpp's own programs (:data:`_OTHER_PROGRAMS`).
     """
     upper = name.upper()
     if upper in _VARIABLES:
@@ -253,7 +259,9 @@ def _meant_variable(name: str, *, in_env_file: bool) -> str | None:
         key = _closest(upper[len(prefix):], [variable[len(prefix):] for variable in names])
         if key is not None:
             return prefix + key
-    return _closest(upper, sorted(_VARIABLES)) if in_env_file and not groups else None
+    if not in_env_file or groups or upper.startswith(_OTHER_PROGRAMS):
+        return None
+    return _closest(upper, sorted(_VARIABLES))
 
 
 def _environment() -> SettingsEnvironment:
