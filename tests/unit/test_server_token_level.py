@@ -132,14 +132,19 @@ def llama_distribution(entries: int) -> dict[str, Any]:
     }
 
 
+def llama_server_routes(router: respx.MockRouter) -> None:
+    """The routes a llama-server provider reads before a distribution: its model, /tokenize, /props, adapters."""
+    router.get(f"{LLAMA}/v1/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": [
+        {"id": "m.gguf", "object": "model", "meta": {"n_vocab": SIZE, "n_ctx": 512}}]}))
+    router.post(f"{LLAMA}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [90]}))
+    router.get(f"{LLAMA}/props").mock(return_value=httpx.Response(200, json={
+        "chat_template": "", "model_path": "/models/m.gguf", "bos_token": "", "eos_token": ""}))
+    router.get(f"{LLAMA}/lora-adapters").mock(return_value=httpx.Response(200, json=[]))
+
+
 async def test_a_llama_server_distribution_that_lacks_ids_is_an_error_never_a_row() -> None:
     with respx.mock(assert_all_called=False) as router:
-        router.get(f"{LLAMA}/v1/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": [
-            {"id": "m.gguf", "object": "model", "meta": {"n_vocab": SIZE, "n_ctx": 512}}]}))
-        router.post(f"{LLAMA}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [90]}))
-        router.get(f"{LLAMA}/props").mock(return_value=httpx.Response(200, json={
-            "chat_template": "", "model_path": "/models/m.gguf", "bos_token": "", "eos_token": ""}))
-        router.get(f"{LLAMA}/lora-adapters").mock(return_value=httpx.Response(200, json=[]))
+        llama_server_routes(router)
         completions = router.post(f"{LLAMA}/v1/completions")
         completions.side_effect = [httpx.Response(200, json=llama_distribution(SIZE)),  # the vocabulary's bytes
                                    httpx.Response(200, json=llama_distribution(40)),  # n_probs answered in part
@@ -158,12 +163,7 @@ async def test_a_llama_server_distribution_value_that_is_not_a_log_probability_i
     bad = llama_distribution(SIZE)
     bad["choices"][0]["logprobs"]["content"][0]["top_logprobs"][7]["logprob"] = value
     with respx.mock(assert_all_called=False) as router:
-        router.get(f"{LLAMA}/v1/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": [
-            {"id": "m.gguf", "object": "model", "meta": {"n_vocab": SIZE, "n_ctx": 512}}]}))
-        router.post(f"{LLAMA}/tokenize").mock(return_value=httpx.Response(200, json={"tokens": [90]}))
-        router.get(f"{LLAMA}/props").mock(return_value=httpx.Response(200, json={
-            "chat_template": "", "model_path": "/models/m.gguf", "bos_token": "", "eos_token": ""}))
-        router.get(f"{LLAMA}/lora-adapters").mock(return_value=httpx.Response(200, json=[]))
+        llama_server_routes(router)
         router.post(f"{LLAMA}/v1/completions").side_effect = [
             httpx.Response(200, json=llama_distribution(SIZE)),  # the vocabulary's bytes
             python_json(bad),
