@@ -222,6 +222,7 @@ def test_json_schema_with_tools_is_refused_in_process() -> None:
 
 
 STREAMED = [
+    ("mistral", MISTRAL_TEMPLATE, '[TOOL_CALLS][{"name": "get_time", "arguments": {}}] and text'),
     ("hermes", HERMES_TEMPLATE,
      'Hi <tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call> bye<tool'),
     ("hermes", HERMES_TEMPLATE, "plain <b>text</b> < tool_call"),
@@ -267,3 +268,45 @@ def test_a_cut_call_list_keeps_its_finished_calls_and_an_argument_called_name_is
     (call,) = hermes.read(result('<tool_call>{"name": "get_weather", "arguments": {"name": "Bob",}}</tool_call>')
                           ).tool_calls or ()
     assert call.name == "get_weather" and call.error is not None
+
+
+def test_a_json_answer_with_a_name_key_is_the_answer_not_a_call() -> None:
+    """Reviewed defect: with a bare-JSON template (Llama 3) and "auto", any object with a string "name" was a call:
+    the answer {"name": "Ada Lovelace", ...} became text '' and a call named 'Ada Lovelace' with arguments {}."""
+    plan = ToolPlan.for_request(request(tools=[WEATHER, TIME]), LLAMA3_TEMPLATE, model="m", provider="p")
+    answer = '{"name": "Ada Lovelace", "born": 1815, "field": "mathematics"}'
+    read = plan.read(result(answer))
+    assert (read.text, read.tool_calls, read.finish_reason) == (answer, None, "stop")
+    cut = '{"name": "Ada Lovelace", "born": 18'  # a JSON answer cut by max_tokens is the answer too
+    assert plan.read(result(cut, "length")).text == cut
+    # a call of a tool given, or an object with the call's arguments key, is still a call
+    (call,) = plan.read(result('{"name": "get_time"}')).tool_calls or ()
+    assert call.name == "get_time"
+    (call,) = plan.read(result('{"name": "lookup", "parameters": {"q": 1}}')).tool_calls or ()
+    assert call.name == "lookup" and "not a tool given" in (call.error or "")
+    # a call of a tool given without its arguments key: the error keeps what the model wrote, not "{}"
+    (call,) = plan.read(result('{"name": "get_weather", "city": "Oslo"}')).tool_calls or ()
+    assert call.raw_arguments == '{"name": "get_weather", "city": "Oslo"}'
+    assert "'city' is a required property" in (call.error or "")
+
+
+def test_text_after_a_mistral_call_list_is_text_not_a_call() -> None:
+    """Reviewed defect: text after a complete [TOOL_CALLS][...] list became a call named '' holding '] <text>' with
+    an "Extra data" error, and the text was lost."""
+    plan = ToolPlan.for_request(request(tools=[WEATHER, TIME]), MISTRAL_TEMPLATE, model="m", provider="p")
+    for listed in ('[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+                   '[{"name": "get_weather", "arguments": {"city": "Paris"}},]'):  # a trailing comma too
+        read = plan.read(result(f"[TOOL_CALLS]{listed} Let me check that for you."))
+        assert read.text == " Let me check that for you."
+        assert [(call.name, call.arguments, call.error) for call in read.tool_calls or ()] == [
+            ("get_weather", {"city": "Paris"}, None)
+        ]
+
+
+def test_a_cut_call_is_named_by_its_own_name_not_an_arguments_name() -> None:
+    """Reviewed defect: the first "name" anywhere named the call: arguments written before the call's name made
+    a call of 'Bob'."""
+    plan = ToolPlan.for_request(request(tools=[WEATHER, TIME]), HERMES_TEMPLATE, model="m", provider="p")
+    text = '<tool_call>{"arguments": {"name": "Bob"}, "name": "get_weather"'
+    (call,) = plan.read(result(text, "length")).tool_calls or ()
+    assert call.name == "get_weather" and "raise max_tokens" in (call.error or "")

@@ -73,6 +73,7 @@ HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", in_list=True)
 NO_TOOLS = ToolFormat("none")
 _PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may open a JSON call with it
+_NAME_KEY = re.compile(r'"name"\s*:\s*"([^"]+)"')
 
 
 def tool_format(template: str | None) -> ToolFormat:
@@ -187,41 +188,67 @@ class ToolPlan:
             if self.format.closing:
                 body, closed, rest = rest.partition(self.format.closing)
                 calls.extend(self._calls(body, closed=bool(closed)))
-            else:  # Mistral: the list runs to the end of the answer
-                calls.extend(self._calls(rest, closed=not cut))
-                rest = ""
+            else:  # Mistral: a list, then (after its closing "]") text outside the calls
+                listed, rest = self._call_list(rest, closed=not cut)
+                calls.extend(listed)
         outside.append(rest)
         return "".join(outside), calls
 
     def _bare_json(self, text: str, *, cut: bool) -> tuple[str, list[ToolCall]]:
-        """A whole answer that is a call object (after Llama 3.1's ``<|python_tag|>``), else no call."""
+        """A whole answer that is a call object (after Llama 3.1's ``<|python_tag|>``), else no call.
+
+        Unless the call is forced, an object is a call only where its ``"name"`` is one of the tools or it has the
+        call's arguments key: ``{"name": "Ada Lovelace", "born": 1815}`` is a JSON answer, not a call."""
         body = text.strip().removeprefix(_PYTHON_TAG).strip()
         if not body.startswith("{"):
             return text, []
         try:
             value = json.loads(body)
         except ValueError:
-            if re.match(r'\{\s*"name"\s*:', body) is None:
+            named = re.match(r'\{\s*"name"\s*:\s*(?:"((?:[^"\\]|\\.)*)")?', body)
+            if named is None or not (self.forced or named.group(1) in self._names or self._has_arguments(body)):
                 return text, []  # JSON-like text, not a call
             return "", self._calls(body, closed=not cut)  # a call the model began: reported with its error
         if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
             return text, []
+        keys = (self.format.arguments_key, "arguments", "parameters")
+        if not (self.forced or value["name"] in self._names or any(key in value for key in keys)):
+            return text, []  # a JSON answer that has a "name", not a call
         return "", self._calls(body, closed=True)
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        return tuple(str(tool["function"]["name"]) for tool in self.tools)
+
+    def _has_arguments(self, body: str) -> bool:
+        """A call object's arguments key appears at the top level of a JSON object that does not parse."""
+        keys = "|".join(re.escape(key) for key in dict.fromkeys((self.format.arguments_key, "arguments", "parameters")))
+        return _top_level(body, re.compile(rf'"(?:{keys})"\s*:')) is not None
 
     def _calls(self, body: str, *, closed: bool) -> list[ToolCall]:
         """The calls written in one call block (Mistral: a list of them)."""
         try:
             value = json.loads(body)
         except ValueError as error:
-            if self.format.in_list and body.lstrip().startswith("["):
-                return self._list_items(body.lstrip()[1:], error, closed)
             return [self._unreadable(body, error, closed)]
-        items = value if self.format.in_list and isinstance(value, list) else [value]
-        return self._read_items(items, closed)
+        return self._read_items([value], closed)
 
-    def _list_items(self, rest: str, error: ValueError, closed: bool) -> list[ToolCall]:
-        """A call list that does not parse whole (cut by ``max_tokens``): its finished items as calls, then what is
-        left as one unreadable call."""
+    def _call_list(self, rest: str, *, closed: bool) -> tuple[list[ToolCall], str]:
+        """The calls of a Mistral list that opens ``rest``, and the text after the list's closing ``]``."""
+        body = rest.lstrip()
+        if not body.startswith("["):
+            return self._calls(rest, closed=closed), ""
+        try:
+            value, end = json.JSONDecoder().raw_decode(body)
+        except ValueError as error:
+            return self._list_items(body[1:], error, closed)
+        items = value if isinstance(value, list) else [value]
+        return self._read_items(items, closed=True), body[end:]
+
+    def _list_items(self, rest: str, error: ValueError, closed: bool) -> tuple[list[ToolCall], str]:
+        """A call list that does not parse whole (cut by ``max_tokens``, or an item that is not JSON): its finished
+        items as calls, then what is left of the list as one unreadable call; and the text after the list's closing
+        ``]``, where one follows the finished items."""
         decoder = json.JSONDecoder()
         items: list[Any] = []
         position = 0
@@ -232,9 +259,12 @@ class ToolPlan:
             except ValueError:
                 break
             items.append(item)
-        remainder = rest[position:].strip().removesuffix("]").strip()
         calls = self._read_items(items, True)
-        return [*calls, self._unreadable(remainder, error, closed)] if remainder else calls
+        remainder = rest[position:].lstrip()
+        if remainder.startswith("]"):  # the list closed after its finished items: the rest is text
+            return calls, remainder[1:]
+        remainder = remainder.strip().removesuffix("]").strip()
+        return ([*calls, self._unreadable(remainder, error, closed)] if remainder else calls), ""
 
     def _read_items(self, items: list[Any], closed: bool) -> list[ToolCall]:
         calls = []
@@ -244,7 +274,10 @@ class ToolPlan:
                 continue
             arguments = item.get(self.format.arguments_key, item.get("arguments", item.get("parameters")))
             raw = arguments if isinstance(arguments, (str, Mapping)) or arguments is None else json.dumps(arguments)
-            calls.append(parse_tool_call(_call_id(), item["name"], raw, self.tools))
+            call = parse_tool_call(_call_id(), item["name"], raw, self.tools)
+            if arguments is None and call.error is not None:  # no arguments key: what the model wrote, not "{}"
+                call = dataclasses.replace(call, raw_arguments=json.dumps(item, ensure_ascii=False))
+            calls.append(call)
         return calls
 
     def _unreadable(self, body: str, error: ValueError | None, closed: bool) -> ToolCall:
@@ -253,7 +286,7 @@ class ToolPlan:
         error can go back to the model as the loop in docs/tools.md does; ``""`` only where nothing says which."""
         from inference.results import ToolCall
 
-        named = re.search(r'"name"\s*:\s*"([^"]+)"', body)  # the call's own (an argument may be called name too)
+        named = _top_level(body, _NAME_KEY)  # the call's own (an argument may be called name too)
         names = self.forced or tuple(tool["function"]["name"] for tool in self.tools)
         name = named.group(1) if named else names[0] if len(names) == 1 else ""
         keys = "|".join(re.escape(key) for key in dict.fromkeys((self.format.arguments_key, "arguments", "parameters")))
@@ -269,6 +302,23 @@ class ToolPlan:
             f"the model's tool call is not a JSON object with a name and arguments{detail}{cut}: "
             f"ToolCall.raw_arguments holds {what}",
         )
+
+
+def _top_level(body: str, pattern: re.Pattern[str], start: int = 0) -> re.Match[str] | None:
+    """The first match of ``pattern`` (a key, from its opening quote) directly inside the outermost object of the
+    JSON text ``body``: not in a nested object or list, not inside a string."""
+    depths: dict[int, int] = {}  # position of each key-opening quote -> its depth
+    depth, in_string, escaped = 0, False, False
+    for position, char in enumerate(body):
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            depths[position], in_string = depth, True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+    return next((match for match in pattern.finditer(body, start) if depths.get(match.start()) == 1), None)
 
 
 def _call_id() -> str:
