@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, create_model
 
 import inference
 from inference import GenerationResult, ToolCall
@@ -64,7 +64,54 @@ class Invoice(BaseModel):
     total: float
 
 
+class Item(BaseModel):
+    sku: str
+    qty: int
+
+
+class Order(BaseModel):
+    items: list[Item]
+
+
+OtherItem = create_model("Item", label=(str, ...))  # another model that pydantic also calls Item
+Labels = create_model("Labels", items=(list[OtherItem], ...))  # type: ignore[valid-type]
+
+
+def place(order: Order, extra: Labels, point: tuple[int, str], path: tuple[int, ...],
+          days: Annotated[int, Field(ge=1, le=7, description="How many days")]) -> str:
+    """Place an order."""
+    return "placed"
+
+
 # Definitions -------------------------------------------------------------------------------------------------
+
+
+def test_a_functions_nested_models_tuples_and_field_constraints_reach_its_schema() -> None:
+    """Reviewed defects: a pydantic model holding list[Item] was refused ("$ref '#/$defs/Item' points to
+    nothing"), tuple[int, str] became an array of integers, and Annotated[int, Field(ge=1, le=7, ...)] lost its
+    bounds and description."""
+    tools = inference.tools.check_tools([place], "tools", InvalidRequestError)
+    parameters = tools[0]["function"]["parameters"]
+    assert sorted(parameters["$defs"]) == ["Item", "Item2"]  # the two models called Item kept apart
+    assert parameters["properties"]["order"]["properties"]["items"]["items"] == {"$ref": "#/$defs/Item"}
+    assert parameters["properties"]["extra"]["properties"]["items"]["items"] == {"$ref": "#/$defs/Item2"}
+    assert parameters["properties"]["point"] == {
+        "type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 2, "maxItems": 2
+    }
+    assert parameters["properties"]["path"] == {"type": "array", "items": {"type": "integer"}}
+    assert parameters["properties"]["days"] == {
+        "type": "integer", "minimum": 1, "maximum": 7, "description": "How many days"
+    }
+    good = {"order": {"items": [{"sku": "a", "qty": 2}]}, "extra": {"items": [{"label": "x"}]}, "point": [3, "north"],
+            "path": [1, 2, 3], "days": 2}
+    assert parse_tool_call("c", "place", json.dumps(good), tools).error is None
+    for key, value, problem in [
+        ("order", {"items": [{"sku": "a"}]}, "'qty' is a required property"),
+        ("extra", {"items": [{"sku": "a", "qty": 1}]}, "'label' is a required property"),
+        ("point", [3, 4], "4 is not of type 'string'"),
+        ("days", 9, "9 is greater than the maximum of 7"),
+    ]:
+        assert problem in (parse_tool_call("c", "place", json.dumps({**good, key: value}), tools).error or "")
 
 
 def test_a_function_becomes_a_tool_from_its_hints_and_docstring() -> None:

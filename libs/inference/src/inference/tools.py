@@ -272,7 +272,7 @@ def _function_schema(function: Callable[..., Any], name: str, fail: Fail) -> tup
     """A function's description and parameters' schema, from its signature, type hints and docstring."""
     try:
         signature = inspect.signature(function)
-        hints = typing.get_type_hints(function)
+        hints = typing.get_type_hints(function, include_extras=True)  # Annotated[int, Field(ge=1)] kept
     except (TypeError, ValueError, NameError) as error:
         raise fail(f"{name}: cannot read the parameters of {function!r} ({error}); give a tool dict instead") from None
     doc = inspect.getdoc(function)
@@ -295,7 +295,48 @@ def _function_schema(function: Callable[..., Any], name: str, fail: Fail) -> tup
     parameters: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         parameters["required"] = required
+    definitions: dict[str, Any] = {}
+    parameters = _hoisted(parameters, definitions)
+    if definitions:
+        parameters["$defs"] = definitions
     return _summary(doc), parameters
+
+
+def _hoisted(schema: Any, definitions: dict[str, Any]) -> Any:
+    """``schema`` with the ``$defs`` pydantic writes at the root of each parameter's schema (whose ``$ref`` point
+    at the document's root, ``#/$defs/Item``) moved into ``definitions``, the parameters' own ``$defs``; a name
+    that two different definitions share is given a number (``Item2``) and its references follow."""
+    if isinstance(schema, list):
+        return [_hoisted(item, definitions) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    local = schema.get("$defs")
+    if isinstance(local, dict):
+        renamed: dict[str, str] = {}
+        for name in local:
+            new, number = name, 1
+            while new in definitions and definitions[new] != _renamed(local[name], renamed | {name: new}):
+                number += 1
+                new = f"{name}{number}"
+            renamed[name] = new
+        for name, definition in local.items():
+            definitions[renamed[name]] = _hoisted(_renamed(definition, renamed), definitions)
+        schema = _renamed({key: value for key, value in schema.items() if key != "$defs"}, renamed)
+    return {key: _hoisted(value, definitions) for key, value in schema.items()}
+
+
+def _renamed(schema: Any, renamed: Mapping[str, str]) -> Any:
+    """``schema`` with its ``#/$defs/<name>`` references following ``renamed``."""
+    if isinstance(schema, list):
+        return [_renamed(item, renamed) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _renamed(value, renamed) for key, value in schema.items()}
+    reference = out.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/$defs/"):
+        name, slash, rest = reference.removeprefix("#/$defs/").partition("/")
+        out["$ref"] = f"#/$defs/{renamed.get(name, name)}{slash}{rest}"
+    return out
 
 
 def _is_context(annotation: object) -> bool:
@@ -312,17 +353,21 @@ def _annotation_schema(annotation: Any, what: str, fail: Fail) -> dict[str, Any]
     if origin in (typing.Union, types.UnionType):
         options = [_annotation_schema(argument, what, fail) for argument in arguments]
         return {"anyOf": options}
+    if origin is tuple and arguments and arguments[-1] is not Ellipsis:  # tuple[int, str]: one type per place
+        fixed = [] if arguments == ((),) else [_annotation_schema(argument, what, fail) for argument in arguments]
+        return {"type": "array", "prefixItems": fixed, "minItems": len(fixed), "maxItems": len(fixed)}
     if origin in (list, tuple, set, frozenset, Sequence, typing.Sequence) or origin is getattr(typing, "List", None):
-        items = [argument for argument in arguments if argument is not Ellipsis]
+        items = [argument for argument in arguments if argument is not Ellipsis]  # tuple[int, ...]: any length
         return {"type": "array", "items": _annotation_schema(items[0], what, fail)} if items else {"type": "array"}
     if origin in (dict, Mapping):
         value = arguments[1] if len(arguments) == 2 else Any
         return {"type": "object", "additionalProperties": _annotation_schema(value, what, fail)}
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return {"enum": [member.value for member in annotation]}
-    if origin is typing.Annotated:
+    if origin is typing.Annotated and not _has_pydantic():  # without pydantic its Field constraints are unknown
         return _annotation_schema(arguments[0], what, fail)
-    try:  # anything else (a pydantic model, a dataclass, a TypedDict...) as pydantic writes it, where installed
+    try:  # anything else (a pydantic model, a dataclass, a TypedDict, Annotated with Field(ge=...)...) as pydantic
+        # writes it, where installed
         from pydantic import TypeAdapter
 
         schema: dict[str, Any] = TypeAdapter(annotation).json_schema()
@@ -335,6 +380,14 @@ def _annotation_schema(annotation: Any, what: str, fail: Fail) -> dict[str, Any]
         f"{what} has the type {annotation!r}: without pydantic installed, tool parameters may be str, int, float, "
         "bool, list, dict, Literal, Enum or Optional of those; give a tool dict with a JSON schema instead"
     )
+
+
+def _has_pydantic() -> bool:
+    try:
+        import pydantic  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _summary(doc: str | None) -> str:
