@@ -29,7 +29,7 @@ from test_llama_server_templates import llama_server
 from inference._core.validation import GenerationRequest
 from inference.exceptions import UnsupportedOperationError
 from inference.llamacpp_server_provider import LlamaCppServerProvider
-from inference.results import GenerationResult
+from inference.results import GenerationResult, ToolCall
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -191,3 +191,17 @@ async def test_a_template_that_renders_no_tool_calls_is_refused_as_llama_server_
             unasked = await provider.generate("Hi", model="m", tools=[CLOCK], tool_choice="none", max_tokens=2)
             assert unasked.completion_tokens == 2 and unasked.tool_calls is None
             assert (await provider.generate("Hi", model="m", max_tokens=2)).completion_tokens == 2
+
+
+async def test_a_call_written_badly_goes_back_with_its_error_and_the_model_answers(
+    provider: LlamaCppServerProvider,
+) -> None:
+    """Reviewed defect: docs/tools.md's loop sent a call whose arguments are not JSON back as written, and the real
+    llama-server answered 500 "Failed to parse tool call arguments as JSON": the retry turn failed."""
+    bad = ToolCall("c1", "clock", {}, '{"zone": "CE', "the arguments of clock are not JSON")
+    turn = GenerationResult(text="", model="m", adapter_id=None, token_count=None, finish_reason="tool_calls",
+                            tool_calls=(bad,))
+    conversation = [{"role": "user", "content": "What time is it?"}, turn.as_message(),
+                    bad.answer(f"error: {bad.error}")]
+    answer = await provider.generate(conversation, model="m", tools=[WEATHER, CLOCK], max_tokens=3, temperature=0.0)
+    assert answer.completion_tokens == 3

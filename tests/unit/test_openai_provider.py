@@ -15,7 +15,7 @@ import httpx
 import pytest
 import respx
 
-from inference import OpenAIProvider, get_provider, get_provider_for_step
+from inference import OpenAIProvider, ToolCall, get_provider, get_provider_for_step
 from inference.config import SETTINGS
 from inference.exceptions import (
     InferenceError,
@@ -377,6 +377,43 @@ async def test_tool_arguments_nested_too_deep_for_json_are_a_call_error_not_a_re
     result = await provider.generate("Hi", model="m", max_tokens=4, tools=tools)
     assert result.tool_calls is not None and result.finish_reason == "tool_calls"
     assert (result.tool_calls[0].error or "").startswith("the arguments of lookup are not JSON (maximum recursion")
+
+
+LLAMA_SERVER_BAD_ARGUMENTS = {"error": {"code": 500, "type": "server_error", "message": (
+    "Failed to parse tool call arguments as JSON: [json.exception.parse_error.101] parse error at line 1, column 14: "
+    "syntax error while parsing value - invalid string: missing closing quote; last read: '\"Par'")}}
+"""llama-server's answer (b11434, captured) to a history whose call arguments are not JSON."""
+
+
+async def test_a_call_whose_arguments_are_not_json_goes_back_with_empty_arguments(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """Reviewed defect: docs/tools.md's loop (as_message() then answer(error)) sent the bad arguments as written,
+    and llama-server answered 500, so the retry turn failed (a FallbackProvider moved on)."""
+    def answer(request: httpx.Request) -> httpx.Response:  # what llama-server does with a history's calls
+        for message in json.loads(request.content)["messages"]:
+            for call in message.get("tool_calls", ()):
+                try:
+                    arguments = json.loads(call["function"]["arguments"])
+                except ValueError:
+                    arguments = None
+                if not isinstance(arguments, dict):
+                    return httpx.Response(500, json=LLAMA_SERVER_BAD_ARGUMENTS)
+        return completion("Which city?")
+
+    route = mock.post(CHAT).mock(side_effect=answer)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    bad = ToolCall("call_1", "get_weather", {}, '{"city": "Par', "the arguments of get_weather are not JSON")
+    listed = ToolCall("call_2", "get_weather", {}, "[1]", "the arguments of get_weather are JSON but not an object")
+    good = ToolCall("call_3", "get_weather", {"city": "Rome"}, '{"city": "Rome"}')
+    turn = GenerationResult(text="", model="m", adapter_id=None, token_count=None, finish_reason="tool_calls",
+                            tool_calls=(bad, listed, good))
+    conversation = [{"role": "user", "content": "Weather?"}, turn.as_message(), bad.answer(f"error: {bad.error}"),
+                    listed.answer(f"error: {listed.error}"), good.answer("sunny")]
+    result = await provider.generate(conversation, model="m", tools=tools, max_tokens=4)
+    assert result.text == "Which city?"
+    calls = sent(route)["messages"][1]["tool_calls"]  # type: ignore[index]
+    assert [call["function"]["arguments"] for call in calls] == ["{}", "{}", '{"city": "Rome"}']
 
 
 class Pieces(httpx.AsyncByteStream):

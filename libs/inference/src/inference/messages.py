@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from inference.options import Fail, require_utf8
 from inference.tokens import TokenIds
@@ -172,6 +172,17 @@ def _tool_calls(value: object, where: str, fail: Fail) -> list[ToolCallDict]:
         require_utf8(arguments, f"{item}.function.arguments", fail)
         checked.append({"id": call_id, "type": "function", "function": {"name": call_name, "arguments": arguments}})
     return checked
+
+
+def arguments_object(arguments: str) -> dict[str, Any] | None:
+    """A call's ``arguments`` text as a JSON object, ``None`` where it is not one (a call the model wrote badly,
+    sent back with its error so that it can retry). Servers that parse a history's arguments refuse anything but an
+    object, so the server routes send ``{}`` for such a call; the tool message that follows says what went wrong."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def has_tool_turns(messages: Sequence[Message]) -> bool:

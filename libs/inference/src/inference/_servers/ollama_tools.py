@@ -25,7 +25,7 @@ from typing import Any
 
 from inference._core.call_schema import call_schema
 from inference._core.validation import GenerationRequest
-from inference.messages import Message
+from inference.messages import Message, arguments_object
 from inference.results import ToolCall
 from inference.tools import forced_tool, parse_tool_call
 
@@ -52,7 +52,7 @@ def ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
                 "tool_calls": [
                     {"id": call["id"], "function": {
                         "index": index, "name": call["function"]["name"],
-                        "arguments": _arguments_object(call["function"]["arguments"]),
+                        "arguments": arguments_object(call["function"]["arguments"]) or {},
                     }}
                     for index, call in enumerate(calls)
                 ],
@@ -64,14 +64,6 @@ def ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         else:
             converted.append({"role": message["role"], "content": message["content"]})
     return converted
-
-
-def _arguments_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def forced_names(request: GenerationRequest) -> list[str] | None:

@@ -20,6 +20,7 @@ from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference._servers.wire_numbers import logprob, token_count
 from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
+from inference.messages import Message, arguments_object
 from inference.options import (
     NOT_BUILT_YET,
     RESPONSE_FORMAT_AS_JSON_SCHEMA,
@@ -192,7 +193,7 @@ def request_arguments(
     model = request.adapter_id or request.model
     arguments: dict[str, Any] = {"model": model}
     if route == CHAT:
-        arguments["messages"] = request.messages  # the one message rule (GenerationRequest.messages)
+        arguments["messages"] = chat_messages(request.messages)  # the one message rule (GenerationRequest.messages)
     elif request.prompt_token_ids is not None:
         arguments["prompt"] = list(request.prompt_token_ids)  # a TokenIds prompt: the model's whole input
     else:
@@ -246,6 +247,23 @@ def request_arguments(
         arguments["stream"] = True
         arguments["stream_options"] = {"include_usage": True}
     return arguments
+
+
+def chat_messages(messages: Sequence[Message]) -> list[Message]:
+    """The checked conversation as the chat route's ``messages``: a call whose ``arguments`` are not a JSON object
+    (one the model wrote badly, sent back with its error as docs/tools.md's loop does) goes with ``"{}"``:
+    llama-server parses a history's arguments and answers 500 "Failed to parse tool call arguments as JSON" to
+    anything else. The tool message that follows says what went wrong (Ollama's route does the same)."""
+    sent: list[Message] = []
+    for message in messages:
+        if message.get("tool_calls"):
+            message = {**message, "tool_calls": [
+                call if arguments_object(call["function"]["arguments"]) is not None
+                else {**call, "function": {**call["function"], "arguments": "{}"}}
+                for call in message["tool_calls"]
+            ]}
+        sent.append(message)
+    return sent
 
 
 _SAMPLING = (
