@@ -15,8 +15,9 @@ import jsonschema
 import pytest
 import pytest_asyncio
 
+from inference import FakeProvider, FallbackProvider
 from inference._core.scoring import ScoreTokens, Vocabulary, rolling_windows, score_tokens
-from inference.exceptions import InvalidRequestError
+from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.llamacpp_provider import LlamaCppProvider
 
 pytestmark = [
@@ -181,10 +182,21 @@ async def test_sampled_json_always_validates(
         jsonschema.validate(json.loads(result.text), schema)
 
 
-async def test_a_schema_the_grammar_compiler_refuses_is_an_invalid_request(
+async def test_a_schema_the_grammar_compiler_refuses_is_unsupported_here_and_a_fallback_moves_on(
     model_and_provider: tuple[Any, LlamaCppProvider],
 ) -> None:
+    """Reviewed defect: a schema llguidance cannot compile (uniqueItems, oneOf, look-around...) was an
+    InvalidRequestError, so a FallbackProvider never tried the next provider, which may take it."""
     _, provider = model_and_provider
-    with pytest.raises(InvalidRequestError, match="json_schema cannot be compiled"):
+    with pytest.raises(UnsupportedOperationError, match="json_schema cannot be compiled"):
         await provider.generate("x", model="tiny", json_schema={"type": "string", "pattern": "(?<=a)b"})
+    unique = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                         "uniqueItems": True}}, "required": ["tags"]}
+    tool = {"type": "function", "function": {"name": "tag", "parameters": unique}}
+    with pytest.raises(UnsupportedOperationError, match="the parameters of tool 'tag' cannot be compiled"):
+        await provider.generate("x", model="tiny", tools=[tool], tool_choice="required")
+    fallback = FallbackProvider([provider, FakeProvider()], labels=["local", "fake"])
+    answer = await fallback.generate("x", model="tiny", json_schema=unique)
+    assert answer.provider == "fake" and jsonschema.validate(json.loads(answer.text), unique) is None
+    assert fallback.stats()["local"].failed == 1
     assert (await provider.generate("x", model="tiny", max_tokens=2)).completion_tokens == 2

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from inference.exceptions import InvalidRequestError
+from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -440,18 +440,18 @@ async def test_greedy_json_with_logprobs_and_streaming(provider: TransformersPro
     assert final == result and "".join(pieces) == result.text
 
 
-async def test_a_schema_the_compiler_refuses_is_an_invalid_request_and_the_provider_keeps_working(
+async def test_a_schema_the_compiler_refuses_is_unsupported_here_and_the_provider_keeps_working(
     provider: TransformersProvider,
 ) -> None:
     refused = {"type": "string", "pattern": "(?<=a)b"}
-    with pytest.raises(InvalidRequestError, match="json_schema cannot be compiled"):
+    with pytest.raises(UnsupportedOperationError, match="json_schema cannot be compiled"):
         await provider.generate("Hi", model="", json_schema=refused)
     results = await asyncio.gather(
         provider.generate("Hi", model="", json_schema=refused, max_tokens=5, temperature=0),
         provider.generate("Hi", model="", json_schema=SCHEMAS[1], max_tokens=200, temperature=0),
         return_exceptions=True,
     )
-    assert isinstance(results[0], InvalidRequestError)
+    assert isinstance(results[0], UnsupportedOperationError)
     assert not isinstance(results[1], BaseException)
     jsonschema.validate(json.loads(results[1].text), SCHEMAS[1])
 

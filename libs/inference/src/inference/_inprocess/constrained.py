@@ -22,11 +22,15 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inference.exceptions import InvalidRequestError
+from inference.exceptions import UnsupportedOperationError
+from inference.tools import forced_tool
 
-__all__ = ["GrammarRows", "JsonGrammars"]
+if TYPE_CHECKING:
+    from inference._core.validation import GenerationRequest
+
+__all__ = ["GrammarRows", "JsonGrammars", "schema_subject"]
 
 _CACHE_SIZE = 64
 
@@ -47,11 +51,16 @@ class JsonGrammars:
         self.provider = provider
         self._compiled: OrderedDict[str, Any] = OrderedDict()
 
-    def matcher(self, schema: Mapping[str, Any]) -> Any:
+    def matcher(self, schema: Mapping[str, Any], subject: str = "json_schema") -> Any:
         """A matcher at the start of ``schema``'s JSON (compiled once per schema, copied per row).
 
+        Args:
+            schema: The JSON schema.
+            subject: What the schema is, for errors (:func:`schema_subject`).
+
         Raises:
-            InvalidRequestError: The grammar compiler refuses the schema (e.g. a regex with look-around).
+            UnsupportedOperationError: The grammar compiler refuses the schema (e.g. ``uniqueItems``, ``oneOf``, a
+                regex with look-around): a server that compiles JSON schemas its own way may take it.
         """
         key = json.dumps(schema, sort_keys=True, default=str)
         template = self._compiled.get(key)
@@ -61,21 +70,39 @@ class JsonGrammars:
                 grammar = matcher_class.grammar_from_json_schema(dict(schema), overrides={"whitespace_flexible": False})
                 template = matcher_class(self.tokenizer, grammar, log_level=0)
             except (ValueError, TypeError, RuntimeError) as error:
-                raise self._refused(str(error)) from error
+                raise self._refused(str(error), subject) from error
             if template.is_error():
-                raise self._refused(_first_lines(template.get_error()))
+                raise self._refused(_first_lines(template.get_error()), subject)
             self._compiled[key] = template
             if len(self._compiled) > _CACHE_SIZE:
                 self._compiled.popitem(last=False)
         self._compiled.move_to_end(key)
         return template.deep_copy()
 
-    def _refused(self, reason: str) -> InvalidRequestError:
-        return InvalidRequestError(
-            f"json_schema cannot be compiled into a grammar ({reason}): simplify the schema "
-            "(llguidance supports most of JSON schema, but not e.g. regex look-around)",
+    def _refused(self, reason: str, subject: str) -> UnsupportedOperationError:
+        return UnsupportedOperationError(
+            f"{subject} cannot be compiled into a grammar in process ({reason}): simplify the schema (llguidance "
+            "supports most of JSON schema, but not e.g. uniqueItems, oneOf, not, if/then, contains, "
+            "dependentRequired or regex look-around), or send the request to a server that takes it",
             provider=self.provider,
         )
+
+
+def schema_subject(request: GenerationRequest) -> str:
+    """What a request's ``json_schema`` is, as errors name it: the tool of a forced call (whose schema the SDK
+    built from the tool's parameters), else ``"json_schema"``."""
+    if request.tool_choice in (None, "auto", "none"):
+        return "json_schema"
+    named = forced_tool(request.tools, request.tool_choice)
+    names = [named] if named is not None else [str(tool["function"]["name"]) for tool in request.tools]
+    if not names:  # the tools were left out (a template that cannot show them): the call schema names them
+        schema = request.json_schema or {}
+        schema = schema.get("items", schema)  # Mistral: a list of one call
+        names = [str(option.get("properties", {}).get("name", {}).get("const"))
+                 for option in schema.get("anyOf", [schema])]
+    return f"the parameters of tool {names[0]!r}" if len(names) == 1 else (
+        f"the parameters of tools {', '.join(repr(name) for name in names)}"
+    )
 
 
 class GrammarRows:

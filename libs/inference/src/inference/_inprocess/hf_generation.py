@@ -34,7 +34,7 @@ from inference._core.dependencies import import_optional
 from inference._core.validation import GenerationRequest
 from inference._inprocess.base import non_finite_logits, require_prompt
 from inference._inprocess.batching import BatchRow, PendingRequest, RowLimits, RowsCancelled, cut_row, left_pad
-from inference._inprocess.constrained import GrammarRows, JsonGrammars
+from inference._inprocess.constrained import GrammarRows, JsonGrammars, schema_subject
 from inference._inprocess.hf_model import LoadedModel, as_inference_error
 from inference._inprocess.hf_penalties import LogitBias, OpenAIPenalties
 from inference._inprocess.hf_processors import FiniteRows, LogprobRecorder, MethodProcessor, SeededRows, StreamWatch
@@ -239,7 +239,7 @@ class HFGeneration:
         request = first.entry.request
         rows = [
             replace(first, choice=choice, matcher=None if request.json_schema is None else (
-                self._grammars(loaded).matcher(request.json_schema)))
+                self._grammars(loaded).matcher(request.json_schema, schema_subject(request))))
             for choice in choices
         ]
         try:
@@ -407,7 +407,8 @@ class HFGeneration:
                 "tokens: shorten it",
                 limit=(loaded.context or 1) - 1, value=len(ids), kind="context", provider=self.provider,
             )
-        matcher = None if request.json_schema is None else self._grammars(loaded).matcher(request.json_schema)
+        matcher = None if request.json_schema is None else self._grammars(loaded).matcher(
+            request.json_schema, schema_subject(request))
         return Row(entry, ids, min(request.max_tokens, room), matcher)
 
     def _grammars(self, loaded: LoadedModel) -> JsonGrammars:

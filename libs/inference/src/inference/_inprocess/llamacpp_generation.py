@@ -23,6 +23,7 @@ from typing import Any
 
 from inference._core.dependencies import import_optional
 from inference._core.validation import AdapterScales, GenerationRequest
+from inference._inprocess.constrained import schema_subject
 from inference._inprocess.llamacpp_batch import BatchEntry, Branches, Started
 from inference._inprocess.llamacpp_completion import Completion, TokenText
 from inference._inprocess.llamacpp_logits import JsonMask, clear_memory
@@ -222,7 +223,8 @@ class Generation:
         if self._schemas is None or self._schemas_llama is not llama:  # reload mode rebuilt the model
             # llguidance's tokenizer keeps the model's vocabulary pointer, freed with the model it came from.
             self._schemas, self._schemas_llama = SchemaMatchers(self.model.provider, "llamacpp"), llama
-        return JsonMask(numpy, self._schemas.matcher(request.json_schema, lambda _: self._tokenizer(llama)))
+        return JsonMask(numpy, self._schemas.matcher(
+            request.json_schema, lambda _: self._tokenizer(llama), schema_subject(request)))
 
     def _tokenizer(self, llama: Any) -> Any:
         """llguidance's tokenizer for the model's vocabulary."""
