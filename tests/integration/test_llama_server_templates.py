@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.exceptions import InvalidRequestError
+from inference import FakeProvider, FallbackProvider
+from inference.exceptions import UnsupportedOperationError
 from inference.llamacpp_server_provider import LlamaCppServerProvider
 
 pytestmark = pytest.mark.integration
@@ -111,7 +112,10 @@ async def test_a_server_without_jinja_is_refused_template_variables_and_tools_an
                 (PROMPT, {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "clock"}}}),
                 (conversation, {}),
             ]
-            for prompt, options in refusals:
-                with pytest.raises(InvalidRequestError, match=r"--no-jinja.*start it with --jinja"):
+            for prompt, options in refusals:  # the server's start, not the request: another provider may take it
+                with pytest.raises(UnsupportedOperationError, match=r"--no-jinja.*start it with --jinja"):
                     await provider.generate(prompt, model="m", max_tokens=2, **options)
             assert (await provider.generate(PROMPT, model="m", max_tokens=2)).completion_tokens > 0
+            fallback = FallbackProvider([provider, FakeProvider()], labels=["server", "fake"])
+            answer = await fallback.generate(PROMPT, model="m", tools=[tool], tool_choice="required")
+            assert answer.provider == "fake" and [call.name for call in answer.tool_calls or ()] == ["clock"]

@@ -14,7 +14,14 @@ import httpx
 import pytest
 import respx
 
-from inference.exceptions import AdapterNotFoundError, InvalidAdapterError, ProtocolError, ProviderUnavailableError
+from inference import FakeProvider, FallbackProvider
+from inference.exceptions import (
+    AdapterNotFoundError,
+    InvalidAdapterError,
+    ProtocolError,
+    ProviderUnavailableError,
+    UnsupportedOperationError,
+)
 from inference.llamacpp_server_provider import RESTART_ATTEMPTS, LlamaCppServerProvider
 
 URL = "http://llama.test:8080"
@@ -305,3 +312,26 @@ async def test_behind_a_proxy_a_list_that_changed_around_the_answer_drops_it(
         async for event in provider.stream("Hi", model="tiny", adapter_id="style", max_tokens=4):
             pieces.append(event)
     assert pieces == ["a1 again"]  # given before the end showed the list had changed; no result after them
+
+
+async def test_tools_for_a_model_without_a_chat_template_are_unsupported_and_a_fallback_moves_on(
+    mock: respx.MockRouter, provider: LlamaCppServerProvider
+) -> None:
+    """Reviewed defect: tools on a server whose model has no chat template (the plain-text /v1/completions route)
+    were an InvalidRequestError, so a FallbackProvider stopped there, even for tool_choice="none"."""
+    mock.get(f"{URL}/props").mock(return_value=httpx.Response(200, json={
+        "chat_template": "", "model_path": "/models/m.gguf", "bos_token": "", "eos_token": ""}))
+    mock.get(f"{URL}/lora-adapters").mock(return_value=adapters())
+    completions = mock.post(f"{URL}/v1/completions").mock(return_value=httpx.Response(200, json={
+        "choices": [{"text": "Hello", "index": 0, "logprobs": None, "finish_reason": "length"}],
+        "created": 1, "model": "m.gguf", "object": "text_completion", "id": "chatcmpl-1",
+        "usage": {"completion_tokens": 1, "prompt_tokens": 1, "total_tokens": 2}}))
+    clock = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(UnsupportedOperationError, match=r"tools need the chat route .*--chat-template-file"):
+        await provider.generate("Hi", model="m", tools=[clock], max_tokens=2)
+    assert not completions.called
+    fallback = FallbackProvider([provider, FakeProvider()], labels=["server", "fake"])
+    answer = await fallback.generate("Hi", model="m", tools=[clock], tool_choice="required")
+    assert answer.provider == "fake" and [call.name for call in answer.tool_calls or ()] == ["clock"]
+    unasked = await provider.generate("Hi", model="m", tools=[clock], tool_choice="none", max_tokens=2)
+    assert unasked.text == "Hello" and "tools" not in sent(completions)  # "none": the text is the answer

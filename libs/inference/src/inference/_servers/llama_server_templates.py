@@ -10,7 +10,7 @@ from inference._core.validation import GenerationRequest
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
 from inference._servers.routes import RouteChoice
-from inference.exceptions import InvalidRequestError, UnsupportedOperationError
+from inference.exceptions import UnsupportedOperationError
 from inference.messages import has_tool_turns
 
 PROVIDER = "llamacpp-server"
@@ -55,9 +55,9 @@ class LlamaServerTemplates:
         that tool.
 
         Raises:
-            InvalidRequestError: The replica renders without Jinja.
-            UnsupportedOperationError: Its template renders no tool calls, or the request asks for tools with a
-                ``json_schema`` or streams logprobs with them (another provider may: a fallback moves on).
+            UnsupportedOperationError: The replica renders without Jinja, its template renders no tool calls, or the
+                request asks for tools with a ``json_schema`` or streams logprobs with them (another provider may:
+                a fallback moves on).
         """
         await self.require_jinja(
             replica, "it refuses tools, and would render an assistant turn's tool calls as an empty turn"
@@ -112,8 +112,8 @@ class LlamaServerTemplates:
                 json_body=probe, ok_statuses=frozenset({400, 404, 500, 501}),
             )
             jinja = self._jinja[replica.base_url] = response.status_code == 200
-        if not jinja:
-            raise InvalidRequestError(
+        if not jinja:  # the server's start, not the request: another provider may take it
+            raise UnsupportedOperationError(
                 f"llama-server at {replica.root} renders chat templates without Jinja (started with --no-jinja, or "
                 f"too old for /apply-template), so {why}: start it with --jinja (its default), or leave them out",
                 provider=PROVIDER,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from inference._core.validation import GenerationRequest
 from inference._servers.http import ErrorHandlers, ServerAnswer, ServerClient
 from inference._servers.wire_numbers import logprob, token_count
-from inference.exceptions import InferenceError, InvalidRequestError, ProviderError
+from inference.exceptions import InferenceError, ProviderError, UnsupportedOperationError
 from inference.messages import Message, arguments_object
 from inference.options import (
     NOT_BUILT_YET,
@@ -212,12 +212,12 @@ def request_arguments(
         arguments["logprobs"] = request.logprobs
     if request.json_schema is not None:
         arguments["response_format"] = response_format(request.json_schema, schema_style)
-    if request.tools and isinstance(fields["tools"], Sent):
-        if route != CHAT:
-            raise InvalidRequestError(
-                "tools need the chat route (/v1/chat/completions), and this request goes to /v1/completions "
-                "(raw_prompt, the api setting, or a model without a chat template): ask without raw_prompt, or "
-                "give the server's model a chat template",
+    if request.tools and isinstance(fields["tools"], Sent) and not (route != CHAT and request.tool_choice == "none"):
+        if route != CHAT:  # raw_prompt with tools was refused before (InvalidRequestError): this is the server's
+            raise UnsupportedOperationError(
+                "tools need the chat route (/v1/chat/completions), and this request goes to /v1/completions (the "
+                "api setting, or a server model without a chat template): give the server's model a chat template "
+                "(llama-server: --chat-template-file), or send the request to another provider",
                 provider=provider,
             )
         arguments["tools"] = [dict(tool) for tool in request.tools]
