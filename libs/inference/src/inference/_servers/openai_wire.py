@@ -381,7 +381,13 @@ def generation_result(
     """The result of a whole or streamed chat completion; ``None`` prompt tokens make the total unknown too.
 
     The server's ``finish_reason`` is kept as it came (``None``: ``"stop"``), so that one that did not finish the
-    text (vLLM's ``"abort"``) fails the call in the base class instead of passing for a finished answer."""
+    text (vLLM's ``"abort"``) fails the call in the base class instead of passing for a finished answer.
+
+    A named ``tool_choice`` is one call of that tool: where the server wrote more (llama-server ignores
+    ``parallel_tool_calls=false`` and may write calls until ``max_tokens``), the first is kept, and the answer
+    finished with it (``"tool_calls"``)."""
+    if isinstance(request.tool_choice, Mapping) and len(tool_calls) > 1:
+        tool_calls, finish_reason = tool_calls[:1], "tool_calls"
     return GenerationResult(
         text=text,
         model=model,
