@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -377,6 +378,29 @@ async def test_tool_arguments_nested_too_deep_for_json_are_a_call_error_not_a_re
     result = await provider.generate("Hi", model="m", max_tokens=4, tools=tools)
     assert result.tool_calls is not None and result.finish_reason == "tool_calls"
     assert (result.tool_calls[0].error or "").startswith("the arguments of lookup are not JSON (maximum recursion")
+
+
+async def test_calls_a_server_gave_no_id_get_ids_a_next_turn_can_answer(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """A call without an id was named ``call_<its index>``, so every turn's first call was ``call_0``: a loop's
+    second turn then held one id twice, which a conversation may not (each result must answer one call)."""
+    body = completion("").json()
+    body["choices"][0]["message"]["tool_calls"] = [
+        {"type": "function", "function": {"name": "lookup", "arguments": '{"q": "a"}'}},
+        {"id": "", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "b"}'}},
+    ]
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json=body))
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    messages: list[Any] = [{"role": "user", "content": "Look up a and b, twice."}]
+    for _ in range(2):
+        result = await provider.generate(messages, model="m", max_tokens=4, tools=tools)
+        assert result.tool_calls is not None and len(result.tool_calls) == 2
+        messages += [result.as_message(), *(call.answer("found") for call in result.tool_calls)]
+    ids = [call["id"] for message in messages for call in message.get("tool_calls", ())]
+    assert len(set(ids)) == 4 and all(re.fullmatch(r"call_[0-9a-f]{24}", call_id) for call_id in ids)
+    assert (await provider.generate(messages, model="m", max_tokens=4, tools=tools)).tool_calls
 
 
 LLAMA_SERVER_BAD_ARGUMENTS = {"error": {"code": 500, "type": "server_error", "message": (

@@ -183,6 +183,9 @@ async def test_bad_tools_are_invalid_requests_naming_the_item_and_the_provider_k
 # Messages ----------------------------------------------------------------------------------------------------
 
 
+TIME_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+
+
 def conversation(call: Any) -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": "Weather in Paris?"},
@@ -196,9 +199,10 @@ def conversation(call: Any) -> list[dict[str, Any]]:
     [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+        {"id": "call_1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         ToolCall("call_1", "get_weather", {"city": "Paris"}),
     ],
-    ids=["openai-dict", "arguments-as-dict", "ToolCall"],
+    ids=["openai-dict", "arguments-as-dict", "no-type", "ToolCall"],
 )
 def test_tool_turns_are_checked_into_openai_shapes(call: Any) -> None:
     request = GenerationRequest.from_arguments(provider="t", prompt=conversation(call), model="m")
@@ -227,9 +231,20 @@ def test_tool_turns_are_checked_into_openai_shapes(call: Any) -> None:
         (lambda m: m[1].update(tool_calls="call_1"), "prompt[1].tool_calls must be a list of tool calls"),
         (lambda m: m[0].update(tool_call_id="x"), "prompt[0] has keys ['tool_call_id']"),
         (lambda m: m[2].update(content={"t": 1}), "prompt[2] must have string 'content', got dict"),
+        (lambda m: m[1]["tool_calls"][0].update(type="custom"), "prompt[1].tool_calls[0] has type 'custom'"),
+        (lambda m: m[1]["tool_calls"].append(TIME_CALL), "prompt[1].tool_calls[1] has id 'call_1', which "
+                                                         "prompt[1].tool_calls[0] has too"),
+        (lambda m: m.append({"role": "assistant", "content": None, "tool_calls": [TIME_CALL]}),
+         "prompt[3].tool_calls[0] has id 'call_1', which prompt[1].tool_calls[0] has too"),
+        (lambda m: m.append({"role": "tool", "tool_call_id": "call_1", "content": "rainy"}),
+         "prompt[3] answers tool call 'call_1', which prompt[2] answered already"),
     ],
+    ids=["no-tool_call_id", "unknown-call", "answer-first", "no-id", "no-name", "calls-not-a-list", "key-of-tool",
+         "content-dict", "type-not-function", "id-twice-in-a-turn", "id-twice-in-a-conversation", "answered-twice"],
 )
 async def test_bad_tool_turns_are_invalid_requests_naming_the_message(change: Any, message: str) -> None:
+    """Reviewed defect: two calls with one id (or one call answered twice) were accepted, and every result went to the
+    model as the last such call's tool (the weather as get_time's); a call of type 'custom' was taken as a function."""
     messages = conversation(
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     )

@@ -90,13 +90,16 @@ def check_messages(value: Sequence[object], name: str, fail: Fail) -> tuple[Mess
     Raises:
         InvalidRequestError: ``fail(message)`` for an empty list, a message that is not a dict with a known
             ``role`` and a string ``content``, content that UTF-8 cannot encode, a tool call without an id or a
-            name, or a tool message without a ``tool_call_id`` or answering no call of an earlier assistant
-            message; the message names its index.
+            name, a tool call whose ``type`` is not ``"function"``, a call id that an earlier call of the
+            conversation has, or a tool message without a ``tool_call_id``, answering no call of an earlier
+            assistant message, or answering a call that an earlier tool message answered; the message names its
+            index.
     """
     if not value:
         raise fail(f"{name} is an empty list of messages: give at least one message, or a string")
     checked: list[Message] = []
-    calls: dict[str, str] = {}  # id -> tool name, of every call made so far
+    calls: dict[str, str] = {}  # id -> where the call was made, of every call made so far
+    answered: dict[str, str] = {}  # id -> the tool message that answered it
     for index, message in enumerate(value):
         where = f"{name}[{index}]"
         if not isinstance(message, Mapping):
@@ -118,7 +121,14 @@ def check_messages(value: Sequence[object], name: str, fail: Fail) -> tuple[Mess
         require_utf8(content, f"{where}.content", fail)
         if role == "assistant" and tool_calls is not None:
             checked_calls = _tool_calls(tool_calls, f"{where}.tool_calls", fail)
-            calls.update((call["id"], call["function"]["name"]) for call in checked_calls)
+            for call_index, call in enumerate(checked_calls):
+                made_at = f"{where}.tool_calls[{call_index}]"
+                if call["id"] in calls:
+                    raise fail(
+                        f"{made_at} has id {call['id']!r}, which {calls[call['id']]} has too: every tool call of a "
+                        "conversation needs an id of its own, so that its tool message answers it alone"
+                    )
+                calls[call["id"]] = made_at
             checked.append({"role": "assistant", "content": content, "tool_calls": checked_calls})
         elif role == "tool":
             call_id = message.get("tool_call_id")
@@ -133,6 +143,12 @@ def check_messages(value: Sequence[object], name: str, fail: Fail) -> tuple[Mess
                     f"{where} answers tool call {call_id!r}, which no earlier assistant message made (calls made: "
                     f"{known}): put the assistant message with its tool_calls before the tool results"
                 )
+            if call_id in answered:
+                raise fail(
+                    f"{where} answers tool call {call_id!r}, which {answered[call_id]} answered already: give one "
+                    "tool message per call"
+                )
+            answered[call_id] = where
             checked.append({"role": "tool", "content": content, "tool_call_id": call_id})
         else:
             checked.append({"role": role, "content": content})
@@ -157,6 +173,9 @@ def _tool_calls(value: object, where: str, fail: Fail) -> list[ToolCallDict]:
             function = call.get("function")
             if not isinstance(function, Mapping):
                 raise fail(f"{item} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}")
+            kind = call.get("type", "function")  # Ollama's calls have no type
+            if kind != "function":
+                raise fail(f"{item} has type {kind!r}: a tool call is a function call, with type 'function' (or none)")
             call_id, call_name, arguments = call.get("id"), function.get("name"), function.get("arguments", "{}")
             if isinstance(arguments, Mapping):  # Ollama's and the chat templates' form: a dict
                 arguments = json.dumps(arguments, ensure_ascii=False)

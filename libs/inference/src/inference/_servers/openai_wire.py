@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -434,14 +435,20 @@ def tool_calls_of(message: Any, request: GenerationRequest) -> list[ToolCall]:
     """The tool calls of a whole chat answer's ``message.tool_calls``, parsed and checked against the request's tools
     (a call whose arguments do not parse or validate is kept, with its ``error``)."""
     calls = []
-    for index, call in enumerate(_field(message, "tool_calls") or ()):
+    for call in _field(message, "tool_calls") or ():
         function = _field(call, "function") or {}
         name = _field(function, "name")
         if not isinstance(name, str):
             raise TypeError(f"a tool call without a function name: {call!r:.200}")
-        call_id = _field(call, "id") or f"call_{index}"
+        call_id = _field(call, "id") or _new_call_id()
         calls.append(parse_tool_call(str(call_id), name, _field(function, "arguments"), request.tools or None))
     return calls
+
+
+def _new_call_id() -> str:
+    """A call id for a call the server gave none: unique, as a conversation's call ids must be (``call_`` and 24
+    random hex digits, OpenAI's style)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class ToolCallDeltas:
@@ -470,9 +477,9 @@ class ToolCallDeltas:
     def calls(self, request: GenerationRequest) -> list[ToolCall]:
         """The assembled calls, in index order, parsed and checked as a whole answer's are."""
         return [
-            parse_tool_call(str(call["id"] or f"call_{index}"), call["name"], "".join(call["arguments"]),
+            parse_tool_call(str(call["id"] or _new_call_id()), call["name"], "".join(call["arguments"]),
                             request.tools or None)
-            for index, call in sorted(self._calls.items())
+            for _, call in sorted(self._calls.items())
         ]
 
 
