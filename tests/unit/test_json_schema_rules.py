@@ -276,6 +276,28 @@ async def test_a_finished_text_that_does_not_validate_is_a_provider_error(text: 
     assert (await provider.generate("x", model="m")).text == text  # without a schema nothing is checked
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"x": NaN}', r"not strict JSON \(NaN is not JSON\)"),
+        ('{"x": Infinity}', r"not strict JSON \(Infinity is not JSON\)"),
+        ('{"x": -Infinity}', r"not strict JSON \(-Infinity is not JSON\)"),
+        ('{"x": 1, "x": "two"}', r"not strict JSON \(an object holds the key 'x' twice\)"),
+        ('{"x": ' + "1" * 5000 + "}", r"not strict JSON \(Exceeds the limit"),
+    ],
+    ids=["NaN", "Infinity", "-Infinity", "key-twice", "5000-digits"],
+)
+async def test_a_finished_answer_that_is_not_strict_json_is_a_provider_error(text: str, message: str) -> None:
+    """Reviewed defect: json.loads took NaN, Infinity and a key given twice (keeping its last value), so such an
+    answer came back as a result although docs/scores.md promises strict JSON (pydantic refuses it); an integer of
+    5000 digits raised a bare ValueError out of generate."""
+    schema = {"type": "object", "properties": {"x": {"type": ["number", "string"]}}, "required": ["x"]}
+    provider = CuttingProvider(text, "stop")
+    with pytest.raises(ProviderError, match=message):
+        await provider.generate("x", model="m", json_schema=schema)
+    assert (await CuttingProvider('{"x": 1.5}', "stop").generate("x", model="m", json_schema=schema)).text
+
+
 @pytest.mark.parametrize("text", ['{"name"', '{"name": "An', '{"name": "A\\u00', '{"name": "Ann", "age": 1', " ", ""])
 async def test_a_text_cut_by_max_tokens_is_returned_as_length(text: str) -> None:
     result = await CuttingProvider(text, "length").generate("x", model="m", json_schema=PERSON)

@@ -380,6 +380,21 @@ async def test_tool_arguments_nested_too_deep_for_json_are_a_call_error_not_a_re
     assert (result.tool_calls[0].error or "").startswith("the arguments of lookup are not JSON (maximum recursion")
 
 
+async def test_tool_arguments_with_nan_are_a_call_error_not_arguments(
+    mock: respx.MockRouter, provider: OpenAIProvider
+) -> None:
+    """Arguments ``{"n": NaN}`` came back as ``{"n": nan}`` without an error, although NaN is not JSON."""
+    body = completion("").json()
+    body["choices"][0]["message"]["tool_calls"] = [{"id": "call_1", "type": "function", "function": {
+        "name": "lookup", "arguments": '{"n": NaN}'}}]
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    mock.post(CHAT).mock(return_value=httpx.Response(200, json=body))
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    result = await provider.generate("Hi", model="m", max_tokens=4, tools=tools)
+    assert result.tool_calls is not None and result.tool_calls[0].arguments == {}
+    assert (result.tool_calls[0].error or "").startswith("the arguments of lookup are not JSON (NaN is not JSON)")
+
+
 async def test_calls_a_server_gave_no_id_get_ids_a_next_turn_can_answer(
     mock: respx.MockRouter, provider: OpenAIProvider
 ) -> None:

@@ -149,6 +149,28 @@ def test_arguments_that_do_not_validate_are_kept_with_the_error() -> None:
     assert "'city' is a required property" in (call.error or "")
 
 
+@pytest.mark.parametrize(
+    ("template", "text"),
+    [
+        (HERMES_TEMPLATE, '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "city": "Rome"}}'
+                          "</tool_call>"),
+        (LLAMA3_TEMPLATE, '{"name": "get_weather", "parameters": {"city": "Paris", "city": "Rome"}}'),
+        (MISTRAL_TEMPLATE, '[TOOL_CALLS][{"name": "get_time", "arguments": {}}, '
+                           '{"name": "get_weather", "arguments": {"city": "Paris", "city": "Rome"}}]'),
+        (HERMES_TEMPLATE, '<tool_call>{"name": "get_weather", "arguments": {"city": NaN}}</tool_call>'),
+    ],
+    ids=["hermes-key-twice", "json-key-twice", "mistral-key-twice", "hermes-NaN"],
+)
+def test_a_call_that_is_not_strict_json_is_reported_with_its_error(template: str, text: str) -> None:
+    """Reviewed defect: a key written twice was read as its last value (``{"city": "Rome"}``), without an error."""
+    plan = ToolPlan.for_request(request(tools=[WEATHER, TIME]), template, model="m", provider="p")
+    read = plan.read(result(text))
+    call = (read.tool_calls or ())[-1]
+    assert call.name == "get_weather" and call.arguments == {}
+    why = "NaN is not JSON" if "NaN" in text else "an object holds the key 'city' twice"
+    assert why in (call.error or "")
+
+
 def test_text_without_a_call_is_the_answer() -> None:
     plan = ToolPlan.for_request(request(tools=[WEATHER]), HERMES_TEMPLATE, model="m", provider="p")
     read = plan.read(result("It is sunny."))

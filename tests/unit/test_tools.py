@@ -343,6 +343,26 @@ def test_arguments_that_do_not_parse_are_reported_not_dropped() -> None:
     assert parse_tool_call("c5", "get_time", "", None).arguments == {}
 
 
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ('{"city": NaN}', "NaN is not JSON"),
+        ('{"city": Infinity}', "Infinity is not JSON"),
+        ('{"city": "Paris", "city": "Rome"}', "an object holds the key 'city' twice"),
+        ({"city": float("nan")}, "NaN is not JSON"),  # Ollama's arguments, from a body json.loads took NaN in
+    ],
+    ids=["NaN", "Infinity", "key-twice", "dict-with-nan"],
+)
+def test_arguments_that_are_not_strict_json_are_a_call_error(raw: Any, why: str) -> None:
+    """Reviewed defect: arguments with NaN, Infinity or a key twice parsed (the last value kept) as if valid."""
+    tools = GenerationRequest.from_arguments(provider="t", prompt="x", model="m", tools=[WEATHER]).tools
+    call = parse_tool_call("c1", "get_weather", raw, tools)
+    assert call.arguments == {} and call.error == (
+        f"the arguments of get_weather are not JSON ({why}): ToolCall.raw_arguments holds what the model wrote"
+    )
+    assert call.raw_arguments == (raw if isinstance(raw, str) else '{"city": NaN}')
+
+
 class NoTools(FakeProvider):
     options: ClassVar[OptionMap] = {
         **FakeProvider.options,

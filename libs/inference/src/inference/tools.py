@@ -41,6 +41,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from inference._core.json_schemas import strict_json_loads
 from inference.exceptions import InvalidRequestError
 from inference.options import Fail, check_json_schema, require_utf8
 from inference.results import ToolCall
@@ -219,15 +220,11 @@ def parse_tool_call(
     """
     if raw_arguments is None or (isinstance(raw_arguments, str) and not raw_arguments.strip()):
         raw_arguments = "{}"
-    if isinstance(raw_arguments, Mapping):
-        arguments: object = json.loads(json.dumps(raw_arguments))
-        raw = json.dumps(raw_arguments, ensure_ascii=False)
-    else:
-        raw = raw_arguments
-        try:
-            arguments = json.loads(raw)
-        except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
-            return ToolCall(call_id, name, {}, raw, _bad_json(name, error))
+    raw = json.dumps(raw_arguments, ensure_ascii=False) if isinstance(raw_arguments, Mapping) else raw_arguments
+    try:
+        arguments: object = strict_json_loads(raw)  # a dict's NaN (Ollama's JSON parsed leniently) is refused too
+    except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
+        return ToolCall(call_id, name, {}, raw, _bad_json(name, error))
     if not isinstance(arguments, dict):
         return ToolCall(
             call_id, name, {}, raw, f"the arguments of {name} are JSON but not an object: {type(arguments).__name__}"

@@ -27,7 +27,7 @@ from typing import Any
 from inference._core.json_prefix import json_prefix_end
 from inference.exceptions import ProviderError
 
-__all__ = ["MAX_SCHEMA_DEPTH", "check_answer", "checked_schema", "validator"]
+__all__ = ["MAX_SCHEMA_DEPTH", "STRICT_JSON", "check_answer", "checked_schema", "strict_json_loads", "validator"]
 
 MAX_SCHEMA_DEPTH = 64
 """The deepest nesting of objects and arrays a schema may have (Python's own recursion limit allows about 150
@@ -116,6 +116,34 @@ def checked_schema(value: object, name: str, fail: _Fail) -> dict[str, Any]:
     return schema
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise ValueError(f"an object holds the key {key!r} twice")
+        value[key] = item
+    return value
+
+
+STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+"""A decoder of strict JSON (its ``raw_decode`` reads a JSON value that text follows); see :func:`strict_json_loads`."""
+
+
+def strict_json_loads(text: str) -> Any:
+    """``json.loads`` for strict JSON (RFC 8259): ``NaN``, ``Infinity`` and ``-Infinity`` (which ``json.loads`` takes)
+    and an object that holds one key twice (whose last value ``json.loads`` keeps) are refused.
+
+    Raises:
+        ValueError: The text is not JSON (a ``json.JSONDecodeError``), or not strict JSON; the message says which
+            (``NaN is not JSON``, ``an object holds the key 'x' twice``).
+    """
+    return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+
+
 def check_answer(text: str, schema: Mapping[str, Any], finish_reason: str, *, provider: str) -> None:
     """Refuse an answer to a ``json_schema`` request that does not parse (strict JSON) or validate; one cut by
     ``max_tokens`` (``finish_reason`` ``"length"``) must at least be the beginning of a JSON text.
@@ -134,11 +162,17 @@ def check_answer(text: str, schema: Mapping[str, Any], finish_reason: str, *, pr
             )
         return
     try:
-        error = next(iter(validator(schema).iter_errors(json.loads(text))), None)
+        error = next(iter(validator(schema).iter_errors(strict_json_loads(text))), None)
     except json.JSONDecodeError as decode:
         raise ProviderError(
             f"the answer is not complete JSON ({decode.msg} at character {decode.pos}) although the backend "
             f"reported it finished: {shown!r}; the backend did not hold to the json_schema",
+            provider=provider,
+        ) from None
+    except ValueError as strict:  # NaN, a key twice, an integer of more digits than Python converts
+        raise ProviderError(
+            f"the answer is not strict JSON ({strict}) although the backend reported it finished: {shown!r}; the "
+            "backend did not hold to the json_schema",
             provider=provider,
         ) from None
     except RecursionError:

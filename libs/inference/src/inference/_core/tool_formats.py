@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inference._core.call_schema import call_schema
+from inference._core.json_schemas import STRICT_JSON, strict_json_loads
 from inference.exceptions import UnsupportedOperationError
 from inference.tools import forced_tool, parse_tool_call
 
@@ -203,7 +204,7 @@ class ToolPlan:
         if not body.startswith("{"):
             return text, []
         try:
-            value = json.loads(body)
+            value = strict_json_loads(body)
         except ValueError:
             named = re.match(r'\{\s*"name"\s*:\s*(?:"((?:[^"\\]|\\.)*)")?', body)
             if named is None or not (self.forced or named.group(1) in self._names or self._has_arguments(body)):
@@ -228,7 +229,7 @@ class ToolPlan:
     def _calls(self, body: str, *, closed: bool) -> list[ToolCall]:
         """The calls written in one call block (Mistral: a list of them)."""
         try:
-            value = json.loads(body)
+            value = strict_json_loads(body)
         except ValueError as error:
             return [self._unreadable(body, error, closed)]
         return self._read_items([value], closed)
@@ -239,7 +240,7 @@ class ToolPlan:
         if not body.startswith("["):
             return self._calls(rest, closed=closed), ""
         try:
-            value, end = json.JSONDecoder().raw_decode(body)
+            value, end = STRICT_JSON.raw_decode(body)
         except ValueError as error:
             return self._list_items(body[1:], error, closed)
         items = value if isinstance(value, list) else [value]
@@ -249,7 +250,7 @@ class ToolPlan:
         """A call list that does not parse whole (cut by ``max_tokens``, or an item that is not JSON): its finished
         items as calls, then what is left of the list as one unreadable call; and the text after the list's closing
         ``]``, where one follows the finished items."""
-        decoder = json.JSONDecoder()
+        decoder = STRICT_JSON
         items: list[Any] = []
         position = 0
         while True:
