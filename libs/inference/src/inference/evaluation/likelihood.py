@@ -38,16 +38,18 @@ def likelihood_fields(
     - For a multiple-choice row: ``choice_logprobs`` (each choice scored after the prompt), ``predicted`` (the
       highest: lm-eval's ``acc``), ``predicted_norm`` (the highest per character of the choice: lm-eval's
       ``acc_norm``), ``correct`` and ``correct_norm``.
+    - ``error`` (stage ``score``) when one of the scores failed; the figures its other scores give are kept (the
+      expected answer's NLL when only a choice failed, the choices' when only the expected answer did).
     """
+    items = list(items)
     failed = next((item for item in items if not isinstance(item, ScoreResult)), None)
-    if failed is not None:
-        error = failed if isinstance(failed, Exception) else RuntimeError("no score came back")
-        return {"error": row_error("score", error)}
-    scores = [item for item in items if isinstance(item, ScoreResult)]
     result: dict[str, Any] = {}
     if isinstance(prompt.expected, str) and prompt.expected and scorer is not regex_match:  # text to score
-        result["nll_per_token"] = scores.pop(0).nll_per_token
-    if prompt.choices is not None:
+        expected = items.pop(0)
+        if isinstance(expected, ScoreResult):
+            result["nll_per_token"] = expected.nll_per_token
+    scores = [item for item in items if isinstance(item, ScoreResult)]
+    if prompt.choices is not None and len(scores) == len(prompt.choices):  # every choice scored
         sums = [score.logprob for score in scores]
         normalised = [score.logprob / len(choice) for score, choice in zip(scores, prompt.choices, strict=True)]
         predicted, predicted_norm = sums.index(max(sums)), normalised.index(max(normalised))
@@ -58,13 +60,18 @@ def likelihood_fields(
             "correct": predicted == prompt.answer,
             "correct_norm": predicted_norm == prompt.answer,
         }
+    if failed is not None:
+        error = failed if isinstance(failed, Exception) else RuntimeError("no score came back")
+        result["error"] = row_error("score", error)
     return result
 
 
 def with_likelihood(row: dict[str, Any], likelihood: Mapping[str, Any]) -> dict[str, Any]:
-    """``row`` with its log-likelihood fields, or with the scoring error as its error (its generation is kept)."""
-    if "error" in likelihood:
-        row["error"] = likelihood["error"]
-    else:
-        row |= likelihood
+    """``row`` with the log-likelihood figures computed for it, whatever else failed (a failed generation keeps
+    them). A scoring failure is the row's ``error`` (stage ``score``; its generation and score are kept), or, when
+    the row has an error already (its generation failed too), its ``likelihood_error``."""
+    row |= {key: value for key, value in likelihood.items() if key != "error"}
+    failure = likelihood.get("error")
+    if failure is not None:
+        row["likelihood_error" if row.get("error") else "error"] = failure
     return row

@@ -75,7 +75,9 @@ ROW_FIELDS = (
     "score",
     "settings",
 )
-"""The keys of every row, in order. ``error`` is ``null`` or ``{"stage", "type", "message"}``.
+"""The keys of every row, in order. ``error`` is ``null`` or ``{"stage", "type", "message"}``: the stage that failed
+(``load``, ``generate``, ``score``), the figures of the other stages being kept (a row whose generation and scoring
+both failed has the scoring's in a further key, ``likelihood_error``).
 
 ``adapter_path`` is absolute; ``adapter_hash`` and ``prompt_hash`` identify the adapter's files and the prompt's
 text, and ``settings`` the run's provider, base model, generation settings and scorer (see

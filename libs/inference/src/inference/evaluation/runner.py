@@ -49,7 +49,6 @@ from inference.evaluation.scoring import Scorer, resolve_scorer, score_value
 from inference.evaluation.summary import (
     AdapterTimings,
     EvaluationSummary,
-    compare_with_base,
     summarise,
     summary_csv_path,
 )
@@ -395,7 +394,7 @@ async def evaluate_adapters(
         summaries = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
         base_summary = summaries.pop(0) if base else None
         summary = EvaluationSummary(
-            adapters=tuple(compare_with_base(summaries, base_summary)),
+            adapters=tuple(summaries),
             output=Path(output),
             csv_path=summary_csv_path(output),
             rows_total=run.rows_total,
@@ -545,7 +544,7 @@ async def _score_all(
     run: _Run, spec: AdapterSpec, adapter_id: str | None, pending: list[EvalPrompt]
 ) -> dict[str, dict[str, Any]]:
     """Score every pair of ``pending`` in one ``score_batch``; the log-likelihood fields of each row, by prompt id
-    (``{"error": ...}`` for a row one of whose scores failed).
+    (with an ``error`` for a row one of whose scores failed, beside the figures its other scores give).
 
     A score-only run writes each row as soon as its last score arrives. An in-process provider gets all the pairs
     at once (it queues them and batches as it can); a server at most ``max_concurrency`` at a time.
@@ -616,7 +615,7 @@ async def _generate_all(
                 row = _row(run, spec, prompt, latency_s=latency, error=row_error("generate", result))
             else:
                 row = _scored(run.scorer, _row(run, spec, prompt, result=result, latency_s=latency), prompt)
-                row = with_likelihood(row, likelihood.get(prompt.id, {}))
+            row = with_likelihood(row, likelihood.get(prompt.id, {}))  # scored before: kept whatever happened
         run.write(row)
 
     await _all_or_cancel([one(prompt) for prompt in pending])

@@ -6,12 +6,12 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from inference.evaluation.identity import first_row_per_pair
-from inference.evaluation.inputs import AdapterSpec
+from inference.evaluation.inputs import BASE_MODEL_ID, AdapterSpec
 from inference.evaluation.rows import check_file_path, row_key
 from inference.exceptions import ConfigurationError, InvalidRequestError
 
@@ -22,7 +22,6 @@ __all__ = [
     "AdapterSummary",
     "AdapterTimings",
     "EvaluationSummary",
-    "compare_with_base",
     "summarise",
     "summary_csv_path",
     "summary_plot_path",
@@ -41,7 +40,8 @@ METRICS: dict[str, str] = {
 (``"higher"`` or ``"lower"``)."""
 
 COMPARED_METRICS = ("score", "nll_per_token", "acc", "acc_norm")
-"""The figures whose difference from the base model each adapter carries (``score_delta``...)."""
+"""The figures whose difference from the base model each adapter carries (``score_delta``...), each measured over
+the prompts where both have the figure."""
 
 METRIC_LABELS: dict[str, str] = {
     "score": "score",
@@ -81,13 +81,14 @@ class AdapterSummary:
             model).
         adapter_path: Where it was loaded from (absolute); ``None`` for weights in memory and the base model.
         rows: Rows in the results file for this adapter and the prompt set.
-        errors: Rows with an error (load, generation or scoring).
+        errors: Rows with an error (load, generation or scoring), or whose scorer raised.
         load_error: The load error's sentence when the adapter could not be loaded, else ``None``.
-        score: Mean score over the scored rows, or ``None`` when none was scored.
+        score: Mean score over the scored rows (a row whose log-likelihood scoring failed keeps its score), or
+            ``None`` when none was scored.
         scored: Rows with a score.
         mean_latency_s: Mean seconds per successful generation request (``None`` when nothing was generated).
         tokens_per_s: Completion tokens per second of request latency (one request's decoding speed).
-        completion_tokens: Completion tokens over the successful rows.
+        completion_tokens: Completion tokens over the rows whose generation succeeded.
         load_s: Seconds to load it in this run (``None`` if an earlier run did it).
         generate_s: Seconds of generation in this run (``None`` if an earlier run did it).
         unload_s: Seconds to unload it in this run (``None`` if an earlier run did it).
@@ -95,15 +96,19 @@ class AdapterSummary:
             :func:`~inference.evaluation.identity.adapter_hash`); ``None`` for the base model.
         nll_per_token: Mean over the rows that have it of the expected answer's negative log-likelihood per
             token (``None`` when no row has it: no ``expected``, or a provider that cannot score). Lower is better.
+            A row whose generation failed keeps it.
         acc: Multiple-choice accuracy, the choice with the highest log-likelihood (lm-eval's ``acc``), over the
-            rows with ``choices``; ``None`` without such rows.
+            rows with ``choices`` whose choices were all scored; ``None`` without such rows.
         acc_norm: The same with each choice's log-likelihood divided by its length in characters (lm-eval's
             ``acc_norm``).
         score_s: Seconds of scoring (log-likelihoods) in this run (``None`` if an earlier run did it).
-        score_delta: ``score`` minus the base model's (``None`` without a base row or without both figures).
-        nll_per_token_delta: ``nll_per_token`` minus the base model's: negative is better.
-        acc_delta: ``acc`` minus the base model's: positive is better.
-        acc_norm_delta: ``acc_norm`` minus the base model's: positive is better.
+        score_delta: The mean score minus the base model's, both over the prompts where the adapter and the base
+            model both have a score (so a prompt that failed on one side counts on neither; the difference can
+            then differ from ``score`` minus the base's ``score``); ``None`` without a base row or without such
+            prompts.
+        nll_per_token_delta: The same for ``nll_per_token``: negative is better.
+        acc_delta: The same for ``acc``: positive is better.
+        acc_norm_delta: The same for ``acc_norm``: positive is better.
     """
 
     adapter_id: str
@@ -355,20 +360,6 @@ def _direction(metric: str) -> str:
     return METRICS[metric]
 
 
-def compare_with_base(adapters: Sequence[AdapterSummary], base: AdapterSummary | None) -> list[AdapterSummary]:
-    """The adapters with their ``*_delta`` figures set: each of :data:`COMPARED_METRICS` minus the base model's."""
-    if base is None:
-        return list(adapters)
-    compared = []
-    for adapter in adapters:
-        deltas: dict[str, Any] = {}
-        for name in COMPARED_METRICS:
-            value, reference = getattr(adapter, name), getattr(base, name)
-            deltas[f"{name}_delta"] = None if value is None or reference is None else value - reference
-        compared.append(replace(adapter, **deltas))
-    return compared
-
-
 def summarise(
     rows: Iterable[Mapping[str, Any]],
     adapters: Sequence[AdapterSpec],
@@ -379,8 +370,11 @@ def summarise(
     """Summarise the rows of ``adapters`` x ``prompt_ids`` (other rows in the file are ignored).
 
     Each (adapter, prompt) pair counts once: where the file holds a pair twice, its first row
-    (:func:`~inference.evaluation.identity.first_row_per_pair`). ``timings`` and ``hashes`` (by adapter id) fill
-    the fields of the same names.
+    (:func:`~inference.evaluation.identity.first_row_per_pair`). Each figure is averaged over the rows that have it,
+    whatever else failed in them. When the base model (:data:`~inference.evaluation.inputs.BASE_MODEL_ID`) is among
+    ``adapters``, every other adapter's ``*_delta`` figures are set: each over the prompts where both the adapter
+    and the base model have that figure. ``timings`` and ``hashes`` (by adapter id) fill the fields of the same
+    names.
     """
     wanted = set(prompt_ids)
     by_adapter: dict[str, list[Mapping[str, Any]]] = {adapter.id: [] for adapter in adapters}
@@ -389,32 +383,41 @@ def summarise(
         if adapter_id in by_adapter and prompt_id in wanted:
             by_adapter[adapter_id].append(row)
     timings, hashes = timings or {}, hashes or {}
+    base = by_adapter.get(BASE_MODEL_ID)
     return [
-        _summarise_adapter(adapter, by_adapter[adapter.id], timings.get(adapter.id), hashes.get(adapter.id))
+        _summarise_adapter(
+            adapter,
+            by_adapter[adapter.id],
+            timings.get(adapter.id),
+            hashes.get(adapter.id),
+            None if base is None or adapter.id == BASE_MODEL_ID else base,
+        )
         for adapter in adapters
     ]
 
 
 def _summarise_adapter(
-    adapter: AdapterSpec, rows: list[Mapping[str, Any]], timing: AdapterTimings | None, content_hash: str | None
+    adapter: AdapterSpec,
+    rows: list[Mapping[str, Any]],
+    timing: AdapterTimings | None,
+    content_hash: str | None,
+    base: list[Mapping[str, Any]] | None,
 ) -> AdapterSummary:
-    ok = [row for row in rows if not row.get("error")]
     failed = [row for row in rows if row.get("error")]
     load_errors = [row["error"] for row in failed if row["error"].get("stage") == "load"]
-    scores = [float(row["score"]) for row in ok if row.get("score") is not None]
-    timed = [row for row in ok if row.get("latency_s") is not None]  # score-only rows have no latency
+    generated = [row for row in rows if _generated(row)]  # a scoring failure keeps its generation
+    timed = [row for row in generated if row.get("latency_s") is not None]  # score-only rows have no latency
     latency = sum(float(row["latency_s"]) for row in timed)
-    completion = sum(int(row.get("completion_tokens") or 0) for row in ok)
-    nll = [float(row["nll_per_token"]) for row in ok if row.get("nll_per_token") is not None]
-    chosen = [row for row in ok if row.get("correct") is not None]
+    completion = sum(int(row.get("completion_tokens") or 0) for row in generated)
+    figures = [_figures(row) for row in rows]
     return AdapterSummary(
         adapter_id=adapter.id,
         adapter_path=None if adapter.path is None else str(adapter.path),
         rows=len(rows),
-        errors=len(failed) + sum(1 for row in ok if row.get("score_error")),  # a scorer that raised: no score
+        errors=len(failed) + sum(1 for row in rows if not row.get("error") and row.get("score_error")),
         load_error=f"{load_errors[0]['type']}: {load_errors[0]['message']}" if load_errors else None,
-        score=sum(scores) / len(scores) if scores else None,
-        scored=len(scores),
+        score=_mean(figures, "score"),
+        scored=sum("score" in row for row in figures),
         mean_latency_s=latency / len(timed) if timed else None,
         tokens_per_s=completion / latency if latency > 0 else None,
         completion_tokens=completion,
@@ -422,11 +425,49 @@ def _summarise_adapter(
         generate_s=timing.generate_s if timing else None,
         unload_s=timing.unload_s if timing else None,
         adapter_hash=content_hash,
-        nll_per_token=sum(nll) / len(nll) if nll else None,
-        acc=sum(bool(row["correct"]) for row in chosen) / len(chosen) if chosen else None,
-        acc_norm=sum(bool(row["correct_norm"]) for row in chosen) / len(chosen) if chosen else None,
+        nll_per_token=_mean(figures, "nll_per_token"),
+        acc=_mean(figures, "acc"),
+        acc_norm=_mean(figures, "acc_norm"),
         score_s=timing.score_s if timing else None,
+        **(_deltas(rows, base) if base is not None else {}),
     )
+
+
+def _generated(row: Mapping[str, Any]) -> bool:
+    """Whether the row's generation succeeded (no error, or only its scoring failed) in a generating run."""
+    error = row.get("error")
+    return row.get("output") is not None and (not error or error.get("stage") == "score")
+
+
+def _figures(row: Mapping[str, Any]) -> dict[str, float]:
+    """The :data:`COMPARED_METRICS` a row has (``acc`` and ``acc_norm`` as 1.0 or 0.0), whatever else failed."""
+    figures: dict[str, float] = {}
+    for name in ("score", "nll_per_token"):
+        if row.get(name) is not None:
+            figures[name] = float(row[name])
+    if row.get("correct") is not None:
+        figures["acc"] = float(bool(row["correct"]))
+        figures["acc_norm"] = float(bool(row.get("correct_norm")))
+    return figures
+
+
+def _mean(figures: Sequence[Mapping[str, float]], name: str) -> float | None:
+    values = [row[name] for row in figures if name in row]
+    return sum(values) / len(values) if values else None
+
+
+def _deltas(rows: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Each of :data:`COMPARED_METRICS` of ``rows`` minus the base model's, both over the prompts where both have
+    that figure (a prompt that failed on one side is left out of both means)."""
+    mine = {str(row["prompt_id"]): _figures(row) for row in rows}
+    theirs = {str(row["prompt_id"]): _figures(row) for row in base}
+    deltas: dict[str, float | None] = {}
+    for name in COMPARED_METRICS:
+        shared = {prompt for prompt, figures in mine.items() if name in figures and name in theirs.get(prompt, {})}
+        value = _mean([figures for prompt, figures in mine.items() if prompt in shared], name)
+        reference = _mean([figures for prompt, figures in theirs.items() if prompt in shared], name)
+        deltas[f"{name}_delta"] = None if value is None or reference is None else value - reference
+    return deltas
 
 
 def _number(value: float | None, template: str) -> str:
