@@ -15,6 +15,7 @@ import inference
 from inference._core.validation import GenerationRequest
 from inference.cli import build_parser, main
 from inference.evaluation import GENERATION_KEYS, EvalPrompt, evaluate_adapters, generation_settings
+from inference.evaluation.identity import UNRECORDED_SETTINGS
 from inference.exceptions import InvalidRequestError
 from inference.fake_provider import FakeProvider
 from inference.options import OPTIONS, POSITIONAL_OPTIONS, GenerationOptions
@@ -245,9 +246,12 @@ def test_eval_takes_every_option_from_flags_or_set_into_the_results(
     settings += ["--set=stop=END", "--set=stop=STOP"]
     assert main([*argv, "--provider", "fake", "--no-progress", *settings]) == 0
     rows = [json.loads(line) for line in output.read_text().splitlines() if '"adapter_id": "style"' in line]
-    recorded = {name: rows[0]["settings"][name] for name in OPTIONS}
-    # the run's settings: no stop string with a json_schema
-    assert recorded == as_json({**EVERY_OPTION_SET, **AS_CHECKED, "stop": []})
+    recorded = {name: rows[0]["settings"][name] for name in OPTIONS if name not in UNRECORDED_SETTINGS}
+    # the run's settings: no stop string with a json_schema; timeout and return_token_ids are no experiment settings
+    expected = {**EVERY_OPTION_SET, **AS_CHECKED, "stop": []}
+    assert recorded == as_json({name: value for name, value in expected.items() if name not in UNRECORDED_SETTINGS})
+    assert not set(UNRECORDED_SETTINGS) & set(rows[0]["settings"])
+    assert {(request.timeout, request.return_token_ids) for request in seen if request.adapter_id} == {(30.0, True)}
     # What the provider was asked, not its answers: the fake's one-word JSON answers for the two system prompts
     # can coincide, depending on the adapter's (temporary) path it hashes.
     systems = sorted((request.prompt, request.system_prompt) for request in seen if request.adapter_id)

@@ -37,6 +37,7 @@ from inference.exceptions import InvalidRequestError
 
 __all__ = [
     "HASH_LENGTH",
+    "UNRECORDED_SETTINGS",
     "Reconciled",
     "ResultsFileMismatchError",
     "adapter_hash",
@@ -52,6 +53,13 @@ logger = logging.getLogger("inference.evaluation")
 
 HASH_LENGTH = 16
 """Hex digits kept of a SHA-256 (64 bits: no accidental collision among millions of adapters)."""
+
+UNRECORDED_SETTINGS = ("timeout", "return_token_ids")
+"""Generation settings left out of a row's ``settings``: they change neither the answer nor what a row records.
+``timeout`` decides only whether a request fails in time (raising it and running again, once the timed-out rows are
+deleted, is how they are retried); ``return_token_ids`` asks for ids that no row records. Rows of results files that
+recorded them are compared without them. (``logprobs`` stays: on Transformers asking for them changes how the
+logits are processed.)"""
 
 _CHUNK = 1 << 20
 _ADAPTER_SUFFIXES = (".safetensors", ".gguf")
@@ -159,7 +167,8 @@ def run_settings(
     The base model is what the provider object says it serves (``model_path`` for llama.cpp,
     ``model_name`` and ``torch_dtype`` for Transformers, ``base_model`` for Ollama; the server model name
     is the ``model`` generation setting). Connection settings (URL, timeouts) are left out: the same model
-    behind another address gives the same rows. ``generation`` is as
+    behind another address gives the same rows; so are the generation settings of :data:`UNRECORDED_SETTINGS`
+    (``timeout``, ``return_token_ids``). ``generation`` is as
     :func:`~inference.evaluation.runner.generation_settings` returns it (checked and normalised, ``stop`` a
     tuple); a score-only run has only ``model``. Values are as JSON stores them, so they compare equal to what a
     results file holds. ``mode`` is recorded only for score-only runs (``"mode": "score"``): rows of generating
@@ -174,7 +183,7 @@ def run_settings(
             value = os.path.abspath(value) if Path(value).exists() else os.fspath(value)
         base[attribute] = value
     settings: dict[str, Any] = {"provider": str(getattr(provider, "name", type(provider).__name__)), "base_model": base}
-    settings.update(generation)
+    settings.update({key: value for key, value in generation.items() if key not in UNRECORDED_SETTINGS})
     settings["scorer"] = _scorer_name(scorer)
     if mode != "generate":
         settings["mode"] = mode
@@ -335,7 +344,9 @@ def reconcile(
 def _check_settings(rows: list[dict[str, Any]], settings: Mapping[str, Any], output: str | os.PathLike[str]) -> None:
     for row in rows:
         stored = row.get("settings")
-        if isinstance(stored, Mapping) and dict(stored) != dict(settings):
+        if isinstance(stored, Mapping):  # older files recorded a timeout: any timeout resumes them
+            stored = {key: value for key, value in stored.items() if key not in UNRECORDED_SETTINGS}
+        if isinstance(stored, Mapping) and stored != dict(settings):
             raise ResultsFileMismatchError(
                 f"{output} holds rows made with other settings ({_differences(stored, settings)}): a results file "
                 "holds one experiment, so write to a new output file, or run with the settings of the file to "
