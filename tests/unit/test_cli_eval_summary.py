@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from inference.cli import main
-from inference.evaluation import AdapterSummary, EvalPrompt, EvaluationSummary, evaluate_adapters, read_rows
+from inference.evaluation import (
+    AdapterSummary,
+    EvalPrompt,
+    EvaluationSummary,
+    evaluate_adapters,
+    read_rows,
+    summary_csv_path,
+    summary_plot_path,
+)
 from inference.exceptions import ConfigurationError, InvalidRequestError, MissingDependencyError
 
 LINES = [
@@ -211,3 +219,25 @@ def test_importing_inference_and_the_evaluation_imports_no_matplotlib() -> None:
     code = "import sys, inference, inference.evaluation, inference.cli; print('matplotlib' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_two_output_files_never_share_a_summary_or_a_plot(
+    files: tuple[list[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``results`` and ``results.jsonl`` both wrote ``results.summary.csv``: the second run's table replaced the
+    first's. ``X.jsonl`` keeps ``X.summary.csv``; any other name is kept whole."""
+    argv, output = files
+    plain = output.with_name("results")
+    elsewhere = [str(plain) if item == str(output) else item for item in argv]
+    status, out, _ = run([*elsewhere, "--no-plot", "--no-base"], capsys)
+    assert status == 0 and f"summary: {plain.with_name('results-summary.csv')}" in out
+    first = plain.with_name("results-summary.csv").read_text()
+    status, out, _ = run([*argv, "--no-plot"], capsys)
+    assert status == 0 and f"summary: {output.with_name('results.summary.csv')}" in out
+    assert plain.with_name("results-summary.csv").read_text() == first  # not overwritten by the second run
+    assert "(base)" not in first and "(base)" in output.with_name("results.summary.csv").read_text()
+
+    names = ["results", "results.jsonl", "results.json", "results.json.jsonl", "results.summary", "r.x.jsonl", "r.x"]
+    csvs = {summary_csv_path(output.with_name(name)) for name in names}
+    plots = {summary_plot_path(output.with_name(name)) for name in names}
+    assert len(csvs) == len(plots) == len(names)

@@ -224,7 +224,8 @@ async def evaluate_adapters(
             a ``system_prompt`` here is used for the prompts that have none. A score-only run uses ``model`` alone.
         output: The JSONL results file (created, or resumed if it exists): a regular file, locked while the run
             writes it, so a second run on it is refused. The CSV summary is written next to it
-            (``results.jsonl`` -> ``results.summary.csv``).
+            (``results.jsonl`` -> ``results.summary.csv``; another name is kept whole: ``results`` ->
+            ``results-summary.csv``).
         provider: Use this provider instead of the one ``provider_config`` names (its generation settings
             still apply). The caller keeps ownership: it is not closed.
         max_concurrency: Most generation requests in flight at once, per adapter (so up to ``adapters_in_flight *

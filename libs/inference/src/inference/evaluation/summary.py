@@ -138,14 +138,23 @@ class AdapterSummary:
 def summary_csv_path(output: str | os.PathLike[str]) -> Path:
     """Where the CSV summary of ``output`` goes: ``results.jsonl`` -> ``results.summary.csv``.
 
-    Other names keep their suffix (``results.json`` -> ``results.json.summary.csv``).
+    Any other name is kept whole, followed by ``-summary.csv`` (``results`` -> ``results-summary.csv``,
+    ``results.json`` -> ``results.json-summary.csv``): only a ``.jsonl`` file's summary ends in ``.summary.csv``, so
+    two output files never share a summary (``results`` and ``results.jsonl`` did).
+
+    Example:
+        >>> summary_csv_path("out/results.jsonl").name, summary_csv_path("out/results").name
+        ('results.summary.csv', 'results-summary.csv')
     """
-    output = Path(output)  # only .jsonl is dropped, so results.json and results.jsonl do not share one summary
-    return output.with_name(f"{output.stem if output.suffix == '.jsonl' else output.name}.summary.csv")
+    output = Path(output)
+    if output.suffix == ".jsonl":
+        return output.with_name(f"{output.stem}.summary.csv")
+    return output.with_name(f"{output.name}-summary.csv")
 
 
 def summary_plot_path(output: str | os.PathLike[str]) -> Path:
-    """Where the plot of ``output``'s summary goes, beside the CSV: ``results.jsonl`` -> ``results.summary.png``."""
+    """Where the plot of ``output``'s summary goes, beside the CSV: ``results.jsonl`` -> ``results.summary.png``
+    (``results`` -> ``results-summary.png``)."""
     return summary_csv_path(output).with_suffix(".png")
 
 
