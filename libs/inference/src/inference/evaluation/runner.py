@@ -13,7 +13,6 @@ point and started again with the same output skips the (adapter, prompt) pairs a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -43,6 +42,7 @@ from inference.evaluation.inputs import (
     name_weights,
 )
 from inference.evaluation.likelihood import likelihood_fields, score_pairs, with_likelihood
+from inference.evaluation.loading import LoadedAdapter, load_for_turn, unload_after_turn
 from inference.evaluation.progress import Progress
 from inference.evaluation.rows import ResultsWriter, check_file_path, open_results, read_rows, row_error, row_key
 from inference.evaluation.scoring import Scorer, resolve_scorer, score_value
@@ -227,7 +227,10 @@ async def evaluate_adapters(
             (``results.jsonl`` -> ``results.summary.csv``; another name is kept whole: ``results`` ->
             ``results-summary.csv``).
         provider: Use this provider instead of the one ``provider_config`` names (its generation settings
-            still apply). The caller keeps ownership: it is not closed.
+            still apply). The caller keeps ownership: it is not closed, and an adapter it had loaded under an
+            adapter's id, from the same source, is evaluated and left loaded (from another source, it is left as it
+            is and the adapter's rows carry the conflict as their load error; see
+            :mod:`~inference.evaluation.loading`).
         max_concurrency: Most generation requests in flight at once, per adapter (so up to ``adapters_in_flight *
             max_concurrency`` in all); also the scores in flight on a server. An in-process provider gets all of an
             adapter's scores at once, and batches them as it can.
@@ -498,24 +501,19 @@ def _settings_for(settings: dict[str, Any], prompt: EvalPrompt) -> dict[str, Any
 
 
 async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalPrompt]) -> AdapterTimings:
-    provider = run.provider
-    adapter_id = None if spec.id == BASE_MODEL_ID else spec.id  # the base model: nothing to load
+    loaded: LoadedAdapter | None = None  # the base model: nothing to load
     load_s = score_s = generate_s = unload_s = 0.0
-    if adapter_id is not None:
+    if spec.id != BASE_MODEL_ID:
         start = time.perf_counter()
         try:
-            source = spec.weights if spec.weights is not None else os.path.abspath(str(spec.path))
-            await provider.load_adapter(adapter_id, source)
-        except asyncio.CancelledError:  # a load, once the backend has it, finishes before the cancellation
-            with contextlib.suppress(Exception):
-                await provider.unload_adapter(adapter_id)
-            raise
+            loaded = await load_for_turn(run.provider, spec)
         except Exception as error:  # any failure to load is this adapter's result; the run goes on
             logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path or "in memory", error)
             for prompt in pending:
                 run.write(_row(run, spec, prompt, error=row_error("load", error)))
             return AdapterTimings(load_s=time.perf_counter() - start)
         load_s = time.perf_counter() - start
+    adapter_id = None if loaded is None else loaded.adapter_id
     try:
         start = time.perf_counter()
         try:
@@ -531,12 +529,9 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
                 generate_s = time.perf_counter() - start
                 run.generate_s += generate_s
     finally:
-        if adapter_id is not None:
+        if loaded is not None:
             start = time.perf_counter()
-            try:
-                await provider.unload_adapter(adapter_id)
-            except Exception as error:  # the rows are written; a failed unload must not lose the run
-                logger.warning("adapter %s could not be unloaded: %s", spec.id, error)
+            await unload_after_turn(run.provider, loaded)  # not the caller's own: it stays loaded
             unload_s = time.perf_counter() - start
     return AdapterTimings(load_s=load_s, generate_s=generate_s, unload_s=unload_s, score_s=score_s)
 
