@@ -45,6 +45,7 @@ __all__ = [
     "first_row_per_pair",
     "prompt_hash",
     "reconcile",
+    "row_filter",
     "run_settings",
     "settings_mode",
 ]
@@ -327,7 +328,7 @@ def reconcile(
         replace(spec, id=str(adapter_id), path=None if path is None else Path(path))
         for spec, adapter_id, path in zip(specs, ids, paths, strict=True)
     )
-    belongs = _row_filter(final, hashes)
+    belongs = row_filter(final, hashes)
     wanted = {prompt.id for prompt in prompts}
     reused = tuple(first_row_per_pair(row for row in rows if str(row.get("prompt_id")) in wanted and belongs(row)))
     if legacy:
@@ -458,11 +459,12 @@ def _free_id(candidates: list[str], taken: set[str]) -> str:
     return f"{base}-{counter}"
 
 
-def _row_filter(
+def row_filter(
     specs: Sequence[AdapterSpec], hashes: Sequence[str | None]
 ) -> Callable[[Mapping[str, Any]], bool]:
-    """Whether a row answers one of ``specs``: its id, its path, and its hash where it has one (weights in memory:
-    no path, the same hash; the base model: no path, no hash)."""
+    """Whether a row answers one of ``specs`` (with their final ids), whose content hashes are ``hashes``: its id, its
+    path, and its hash where it has one (weights in memory: no path, the same hash; the base model: no path, no
+    hash)."""
     expected = {
         spec.id: (None if spec.path is None else os.path.realpath(spec.path), content)
         for spec, content in zip(specs, hashes, strict=True)

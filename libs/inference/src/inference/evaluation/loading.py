@@ -1,5 +1,18 @@
 """An adapter's turn on the provider during an evaluation run: loaded right before its prompts, unloaded after them.
 
+Its rows carry the content hash of the files that were loaded, not of those found when the run started (the hash
+that checked the results file, see :mod:`~inference.evaluation.identity`): the files are hashed again right before
+the load, and once more right after it.
+
+- Files that changed since the run started are evaluated as they are now, and their rows carry the new hash;
+  unless the results file already holds rows of the earlier files, which rows of the new ones would contradict:
+  then the adapter is not loaded, and its rows carry the change as their load error (and the hash of the earlier
+  files, the one version of it the file holds).
+- Files that changed while they were being loaded leave it unknown which weights would answer: the adapter is
+  unloaded, and its rows carry that as their load error (and the hash taken before the load).
+
+Weights in memory are hashed once, before the run, and must not change while it uses them.
+
 The caller keeps ownership of what it loaded itself. An adapter its caller had loaded on the provider under the
 adapter's id, from the same source, is used as it is (the load does nothing) and left loaded, pinned or not, after
 the run. One loaded under that id from another source (other files, or weights in memory) is never evaluated under
@@ -14,8 +27,9 @@ import logging
 import os
 from dataclasses import dataclass
 
+from inference.evaluation.identity import adapter_hash
 from inference.evaluation.inputs import AdapterSpec
-from inference.exceptions import AdapterAlreadyLoadedError
+from inference.exceptions import AdapterAlreadyLoadedError, InvalidAdapterError
 from inference.provider import InferenceProvider
 
 __all__ = ["LoadedAdapter", "load_for_turn", "unload_after_turn"]
@@ -36,29 +50,43 @@ class LoadedAdapter:
     owned_by_caller: bool
 
 
-async def load_for_turn(provider: InferenceProvider, spec: AdapterSpec) -> LoadedAdapter:
-    """Load ``spec`` under its id for its turn, noting whether the caller had loaded it already.
+async def load_for_turn(
+    provider: InferenceProvider,
+    spec: AdapterSpec,
+    hashes: dict[str, str | None],
+    *,
+    has_rows: bool,
+    output: str | os.PathLike[str],
+) -> LoadedAdapter:
+    """Load ``spec`` under its id for its turn, noting whether the caller had loaded it already, and checking its
+    files' content hash before and after the load.
 
-    A cancellation that arrives once the backend has the adapter unloads it again (unless it is the caller's).
+    ``hashes[spec.id]`` is the hash its rows carry: the one taken when the run started, replaced by the one taken
+    right before the load when the files changed meanwhile (and the results file holds no rows of the adapter yet:
+    ``has_rows`` false). A cancellation that arrives once the backend has the adapter unloads it again (unless it
+    is the caller's).
 
     Raises:
+        InvalidAdapterError: The files changed since the run started and ``output`` holds rows of the earlier
+            ones, or they changed while being loaded.
         AdapterAlreadyLoadedError: The caller loaded another source under this id (nothing is changed).
         Exception: Whatever the provider raised: the adapter could not be loaded.
     """
     adapter_id = spec.id
+    path = None if spec.weights is not None else os.path.abspath(str(spec.path))
+    if path is not None:
+        await _hash_before_load(provider, adapter_id, path, hashes, has_rows=has_rows, output=output)
     owned_by_caller = provider.adapter_stats().get(adapter_id) is not None  # loaded by the caller, not by this run
-    source = spec.weights if spec.weights is not None else os.path.abspath(str(spec.path))
+    source = spec.weights if spec.weights is not None else str(path)
     try:
         await provider.load_adapter(adapter_id, source)
     except asyncio.CancelledError:  # a load, once the backend has it, finishes before the cancellation
-        if not owned_by_caller:
-            with contextlib.suppress(Exception):
-                await provider.unload_adapter(adapter_id)
+        await _unload_quietly(provider, adapter_id, owned_by_caller)
         raise
     except AdapterAlreadyLoadedError as error:
         if not owned_by_caller:
             raise
-        what = "these weights in memory" if spec.weights is not None else str(source)
+        what = "these weights in memory" if spec.weights is not None else source
         raise AdapterAlreadyLoadedError(
             f"adapter id {adapter_id!r} is already loaded on the {provider.name} provider by its caller, from other "
             f"files or weights than {what} (or from files changed since): the evaluation neither answers with "
@@ -66,7 +94,62 @@ async def load_for_turn(provider: InferenceProvider, spec: AdapterSpec) -> Loade
             "one another id (AdapterSpec). The caller's adapter is left as it was",
             provider=provider.name,
         ) from error
+    if path is not None:
+        try:
+            before, after = hashes[adapter_id], await _hash(path)
+            if after != before:
+                raise InvalidAdapterError(
+                    f"the files of adapter {adapter_id!r} at {path} changed while it was being loaded (content "
+                    f"hash {before} before, {after} after), so which weights would answer cannot be told: once they "
+                    f"no longer change, delete the rows of {adapter_id!r} from {os.fspath(output)} and run again",
+                    provider=provider.name,
+                    path=path,
+                )
+        except BaseException:  # changed, unreadable now, or cancelled: not evaluated, so not left loaded
+            await _unload_quietly(provider, adapter_id, owned_by_caller)
+            raise
     return LoadedAdapter(adapter_id, owned_by_caller)
+
+
+async def _hash_before_load(
+    provider: InferenceProvider,
+    adapter_id: str,
+    path: str,
+    hashes: dict[str, str | None],
+    *,
+    has_rows: bool,
+    output: str | os.PathLike[str],
+) -> None:
+    """Hash the files right before the load: the rows carry this hash (see the module docstring)."""
+    started, current = hashes[adapter_id], await _hash(path)
+    if current == started:
+        return
+    if has_rows:
+        raise InvalidAdapterError(
+            f"the files of adapter {adapter_id!r} at {path} changed since this run started (content hash {started}, "
+            f"now {current}), and {os.fspath(output)} holds rows of the earlier files, which rows of these would "
+            "contradict: it was not evaluated. Write to a new output file to evaluate the new version, or delete "
+            f"the rows of {adapter_id!r} from {os.fspath(output)} to replace them",
+            provider=provider.name,
+            path=path,
+        )
+    logger.info(
+        "adapter %s changed since the run started (content hash %s, now %s): evaluating its files as they are now",
+        adapter_id, started, current,
+    )
+    hashes[adapter_id] = current
+
+
+async def _unload_quietly(provider: InferenceProvider, adapter_id: str, owned_by_caller: bool) -> None:
+    """Unload an adapter this turn loaded and will not use (the caller's stays); the error that stopped the turn
+    is the one to see."""
+    if not owned_by_caller:
+        with contextlib.suppress(Exception):
+            await provider.unload_adapter(adapter_id)
+
+
+async def _hash(path: str) -> str:
+    return await asyncio.to_thread(adapter_hash, path)
 
 
 async def unload_after_turn(provider: InferenceProvider, loaded: LoadedAdapter) -> None:

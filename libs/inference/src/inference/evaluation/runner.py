@@ -28,6 +28,7 @@ from inference.evaluation.identity import (
     adapter_hash,
     prompt_hash,
     reconcile,
+    row_filter,
     run_settings,
     settings_mode,
 )
@@ -205,7 +206,8 @@ async def evaluate_adapters(
     A results file holds one experiment: rows are reused only for the same adapter (same path, same content
     hash; for weights in memory the same id and hash), the same prompt text and the same settings (provider, base
     model, generation settings, scorer, mode); anything else is refused before anything runs (see
-    :mod:`~inference.evaluation.identity`).
+    :mod:`~inference.evaluation.identity`). An adapter's files are hashed again right before its load and right
+    after it, so its rows carry the hash of the files that were loaded (see :mod:`~inference.evaluation.loading`).
 
     Args:
         adapters: Adapter directories or GGUF LoRA files, or globs (``"runs/*/adapter"``), or
@@ -394,7 +396,8 @@ async def evaluate_adapters(
                     raise
 
         await _all_or_cancel([evaluate(spec) for spec in specs])
-        rows = [row for row in read_rows(output) if reconciled.belongs(row)]  # still locked: no other run's rows
+        belongs = row_filter(reconciled.specs, [run.adapter_hashes[spec.id] for spec in specs])  # as loaded
+        rows = [row for row in read_rows(output) if belongs(row)]  # still locked: no other run's rows
         summaries = summarise(rows, specs, prompt_ids, timings, run.adapter_hashes)
         base_summary = summaries.pop(0) if base else None
         summary = EvaluationSummary(
@@ -506,7 +509,10 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
     if spec.id != BASE_MODEL_ID:
         start = time.perf_counter()
         try:
-            loaded = await load_for_turn(run.provider, spec)
+            loaded = await load_for_turn(
+                run.provider, spec, run.adapter_hashes, has_rows=len(pending) < len(run.prompts),
+                output=run.writer.path,
+            )  # fmt: skip
         except Exception as error:  # any failure to load is this adapter's result; the run goes on
             logger.warning("adapter %s (%s) could not be loaded: %s", spec.id, spec.path or "in memory", error)
             for prompt in pending:
