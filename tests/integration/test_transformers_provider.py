@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import threading
@@ -714,6 +715,26 @@ async def test_concurrent_requests_for_more_adapters_than_the_capacity_each_get_
         texts = await asyncio.gather(*(ask(fresh, adapter_id) for adapter_id in order))
         assert texts == [adapter_texts[adapter_id] for adapter_id in order]
         assert await fresh.list_adapters() == list(ADAPTERS)
+
+
+async def test_closing_right_after_a_burst_over_the_capacity_logs_no_error(
+    qwen2: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The burst leaves more adapters resident than max_adapters, evicted one after another once its requests end;
+    closing then used to log a traceback (the evictions after the close ran on the closed provider: "this
+    TransformersProvider is closed")."""
+    fresh = TransformersProvider(model_name=str(qwen2.hf_dir), max_adapters=1)
+    ids = [f"{adapter_id}-{n}" for n in range(2) for adapter_id in ADAPTERS]
+    for adapter_id in ids:
+        await fresh.load_adapter(adapter_id, qwen2.adapter_dirs[adapter_id.partition("-")[0]])
+    await asyncio.gather(*(ask(fresh, adapter_id) for adapter_id in ids))
+    assert len(fresh.resident_adapters) >= 3  # over the capacity: at least two evictions to come
+    caplog.clear()
+    await fresh.aclose()
+    for _ in range(20):  # whatever the close left scheduled has its turns
+        await asyncio.sleep(0)
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert fresh.closed
 
 
 async def test_a_pinned_adapter_is_never_evicted(qwen2: Any, adapter_texts: dict[str | None, str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -348,6 +349,44 @@ async def test_a_burst_over_max_adapters_warns_and_comes_back_down_when_its_requ
     assert len(provider._resident) == 2 and sorted(await provider.list_adapters()) == ids
     assert (await provider.generate("p", model="m", adapter_id="r0")).adapter_id == "r0"
     assert len(provider._resident) == 2
+
+
+class ClosesAsInProcess(GatedProvider):
+    """Unloads that take a while and are refused once closed, as the in-process providers' are, and a close in
+    their order: marked closed at once, the backend freed after the work already queued, then the records cleared."""
+
+    async def _unload_adapter(self, adapter_id: str) -> None:
+        self._check_open()
+        await asyncio.sleep(0.01)
+        await super()._unload_adapter(adapter_id)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        trimming = self._adapter_registry._trimming  # an eviction back down to max_adapters, still running
+        if trimming is not None:
+            await asyncio.wait([trimming])
+        self._adapter_registry.clear()
+
+
+async def test_closing_during_the_evictions_after_a_burst_stops_them_without_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    provider = ClosesAsInProcess(max_adapters=1)
+    ids = [f"r{n}" for n in range(4)]
+    for adapter_id in ids:
+        await provider.load_adapter(adapter_id, f"/adapters/{adapter_id}")
+    provider.gate.clear()
+    burst = asyncio.gather(*(provider.generate("p", model="m", adapter_id=a) for a in ids))
+    while provider.started < len(ids):  # every request holds its adapter: all four loaded, over the capacity
+        await asyncio.sleep(0)
+    provider.gate.set()
+    await burst
+    assert len(provider._resident) == 4  # three evictions, one after another, to come
+    caplog.clear()
+    unloads = provider.backend_unloads
+    await provider.aclose()
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert provider.backend_unloads - unloads <= 1  # the one under way when it closed, at most: closing frees the rest
 
 
 async def test_a_request_cancelled_while_evicting_leaves_capacity_consistent() -> None:

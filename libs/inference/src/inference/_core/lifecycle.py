@@ -12,7 +12,7 @@ The registry is the single place that decides:
 - with a capacity (``max_adapters``), the least recently used adapter that is neither pinned nor in use is
   evicted from the backend, stays listed, and is loaded again transparently when a request needs it; a
   replacement's new weights count as a load (they take the id's place, so the cap holds once the old ones
-  are unloaded);
+  are unloaded); once the provider is closed nothing is evicted (closing frees every adapter);
 - a pin belongs to the id: ``pin=True`` on a load or a replacement pins it, ``pin=False`` leaves it as it was,
   an unload forgets it;
 - an adapter keeps the weights it was loaded with until it is replaced: where its files are on this machine,
@@ -137,6 +137,8 @@ class AdapterRegistry:
             already holds (e.g. created by an earlier process), which is then recorded as resident, a
             :class:`Discovered` when the backend holds it under a versioned name, or ``None``.
         versioned: The backend name of an id's ``n``-th replacement (default ``id@n``).
+        closed: Whether the provider is closed (or closing): then nothing is evicted any more (closing frees every
+            adapter; an eviction started after it would only fail on the closed backend).
     """
 
     def __init__(
@@ -147,8 +149,10 @@ class AdapterRegistry:
         capacity: Callable[[], int | None],
         discover: BackendDiscover,
         versioned: VersionedName = default_versioned_name,
+        closed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._provider = provider
+        self._closed = closed
         self._versioned = versioned
         self._next_version = 2  # the number of the next replacement's backend name
         self._load = load
@@ -365,8 +369,20 @@ class AdapterRegistry:
             entry.in_flight -= 1
             if entry.in_flight == 0 and entry.drained is not None:
                 entry.drained.set()
-            if entry.in_flight == 0 and self._over_capacity() and (self._trimming is None or self._trimming.done()):
+            if (
+                entry.in_flight == 0
+                and not self._closed()
+                and self._over_capacity()
+                and (self._trimming is None or self._trimming.done())
+            ):
                 self._trimming = asyncio.ensure_future(self._trim())
+
+    async def finish_evicting(self) -> None:
+        """Wait for the eviction back down to ``max_adapters`` that may still be running after a burst (the provider
+        is closing: none starts any more, and the one running ends after its current adapter); never raises."""
+        trimming = self._trimming
+        if trimming is not None and not trimming.done():
+            await asyncio.wait([trimming])
 
     def clear(self) -> None:
         """Forget every record (the provider is closing and frees its backend itself), and stop evicting."""
@@ -530,7 +546,14 @@ class AdapterRegistry:
         try:
             await self._evict_while(exclude=None, room=0)
         except Exception:
-            logger.warning("%s: evicting adapters back down to max_adapters failed", self._provider, exc_info=True)
+            closing = self._closed()  # closing frees every adapter: nothing was left undone
+            logger.log(
+                logging.DEBUG if closing else logging.WARNING,
+                "%s: evicting adapters back down to max_adapters failed%s",
+                self._provider,
+                " as the provider closed" if closing else "",
+                exc_info=True,
+            )
 
     async def _evict_while(self, *, exclude: str | None, room: int) -> None:
         """Evict least recently used idle adapters until the others holding a place leave ``room`` under
@@ -538,7 +561,7 @@ class AdapterRegistry:
         capacity = self._capacity()
         if capacity is None:
             return
-        while True:
+        while not self._closed():  # a closed provider frees every adapter itself
             holding = self._holding(exclude)
             if len(holding) <= capacity - room:
                 return
@@ -576,11 +599,21 @@ class AdapterRegistry:
         try:
             with self._events.observed(event, adapter_id, entry.backend, entry.path, **detail):
                 loading = event in ("load", "reload")
-                work = self._load(entry.backend, entry.source) if loading else self._unload(entry.backend)
+                if loading:
+                    work = self._load(entry.backend, entry.source)
+                else:
+                    work = self._evict_unless_closed(entry.backend) if event == "evict" else self._unload(entry.backend)
                 await self._finish(entry, work, resident_after=loading, cancelled=cancelled)
         finally:
             if cancelled:  # the caller's, once the event is recorded as what the backend did
                 raise cancelled[0]
+
+    async def _evict_unless_closed(self, name: str) -> None:
+        """The backend unload of an eviction, unless the provider closed since the eviction was decided (it frees
+        every adapter itself, and its backend refuses calls). Checked in the same step as the backend's own check,
+        so a provider that closes meanwhile is never asked."""
+        if not self._closed():
+            await self._unload(name)
 
     async def _drain_and_unload(self, adapter_id: str, entry: _Entry, **detail: object) -> None:
         """Wait for the requests using ``entry`` and for a transition in progress, then unload its weights from the

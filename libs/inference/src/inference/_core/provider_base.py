@@ -105,6 +105,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
             capacity=lambda: self.max_adapters,
             discover=self._discover_adapter,
             versioned=self._versioned_adapter_name,
+            closed=lambda: self.closed,
         )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

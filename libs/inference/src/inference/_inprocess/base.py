@@ -188,7 +188,7 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
         """
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # from here on, the adapter registry evicts nothing more
         try:
             close = self._worker.submit(self._close_blocking)  # after every request queued so far
         finally:
@@ -196,6 +196,7 @@ class InProcessProvider(InferenceProvider, Generic[ResidentT]):
         try:
             await asyncio.shield(close)
         finally:
+            await self._adapter_registry.finish_evicting()  # its unload, queued before the close, has run
             self._adapter_registry.clear()
             self._remove_unused_adapter_weights()
             await super().aclose()
