@@ -237,6 +237,32 @@ async def test_after_replace_unload_and_evict_no_row_uses_a_stale_slot(
         await _agree(stacked, reference, ["a0", "c", "d", "b"])  # evicted ones come back, fresh
 
 
+async def test_a_high_rank_adapter_loaded_and_unloaded_leaves_the_stacks_as_the_others_need(
+    arch: str, tiny_models: dict[str, Any], adapter_dirs: list[Path], tmp_path: Path
+) -> None:
+    """The stacks kept the rank of the largest adapter ever loaded: after one rank-256 adapter came and went, an
+    evaluation's adapters of rank 4 to 16 kept its memory and paid its products in every batch."""
+    model = tiny_models[arch]
+    big = write_random_peft_lora(model.gguf_path, tmp_path / "big", rank=256, alpha=256, targets=TARGETS, seed=99)
+    async with _provider(model, stacking=True) as provider:
+        for number in range(3):
+            await provider.load_adapter(f"a{number}", adapter_dirs[number])
+        choices = ["a0", "a1", "a2", None]
+        before = await _batch(provider, choices)
+        stacks = provider._slots.stacked._stacks
+        assert stacks is not None
+        held = stacks.nbytes
+        await provider.load_adapter("big", big)
+        assert stacks.nbytes > 10 * held
+        await provider.unload_adapter("big")
+        assert stacks.nbytes <= 2 * held  # the others' ranks; the slot it added may stay (slots halve at a quarter)
+        after = await _batch(provider, choices)
+        assert [(row.token_ids, row.logprobs) for row in after] == [(row.token_ids, row.logprobs) for row in before]
+        for number in range(3):
+            await provider.unload_adapter(f"a{number}")
+        assert stacks.nbytes == 0  # no adapter left: the stacks hold nothing
+
+
 def test_an_adapter_served_by_the_stacks_loads_without_importing_peft(tiny_models: Any) -> None:
     """Importing peft costs seconds (with bitsandbytes installed, about 4 s here): an evaluation's first adapter load
     would take that much longer than the others, and its summary would say so. A stackable adapter never needs it."""

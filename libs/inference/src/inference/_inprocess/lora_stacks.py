@@ -6,7 +6,8 @@ Here the adapters' matrices are kept stacked per module (vLLM's LoRA slots and P
 
 - every adapter has a *slot*; slot 0 is "no adapter" (all zeros), for base-model rows;
 - for each adapted module, ``A`` is ``[slots, R, in]``, ``B`` is ``[slots, out, R]`` and each slot has its scaling;
-  ``R`` is the largest rank in the module, smaller ranks are padded with zeros (which add exactly nothing);
+  ``R`` is at least the largest rank of the module's adapters, smaller ranks are padded with zeros (which add
+  exactly nothing);
 - a forward hook on each adapted ``nn.Linear`` adds ``(x @ A[slot]^T @ B[slot]^T) * scaling[slot]`` for each row, for
   all rows at once. The products run in PEFT's order, scaling last: folding the scaling into ``B`` rounds
   differently, and on a sensitive model that alone moves logprobs by 4e-4. A scaling that is a power of two (PEFT's
@@ -21,9 +22,22 @@ How a batch is applied (:class:`_RowPlan`, built once per ``generate`` or forwar
 - many distinct slots: each row's ``A`` and ``B`` gathered, two batched products (``torch.bmm``).
 
 Loads write an adapter's matrices into a free slot (zeroing what a previous adapter left there, in every module),
-unloads free it: no LoRA layer is built or torn down. A weighted combination of adapters (``[("a", 1.0),
-("b", 0.5)]``) is one more slot whose matrices are the parts' side by side, each part's ``B`` times its weight
-(PEFT's ``"cat"`` combination: the delta is exactly the weighted sum).
+unloads free it: no LoRA layer is built or torn down. The stacks give memory back as adapters leave, so that one
+large adapter loaded once does not keep its size (and slow every later batch) for good:
+
+- a module's ``R`` grows to a new adapter's rank, and shrinks to the largest rank still in use once that is half of
+  ``R`` or less (then the padding would be half the memory or more; shrinking at every unload would copy the whole
+  stack back and forth as adapters of two ranks come and go). With no adapter left in a module its matrices hold
+  nothing. The products of a batch use the largest rank of the batch's own adapters, never the padding beyond it;
+- the slots double as adapters arrive and halve once those in use (up to the highest slot in use: slots are not
+  renumbered, a loaded adapter keeps its slot) fit in a quarter of them; a load takes the lowest free slot, so the
+  slots in use stay low;
+- a module no adapter in use targets any more loses its stack and its hook: with no adapter left, the stacks hold
+  nothing and the model runs as it was.
+
+A weighted combination of adapters (``[("a", 1.0), ("b", 0.5)]``) is one more slot whose matrices are the parts'
+side by side, each part's ``B`` times its weight (PEFT's ``"cat"`` combination: the delta is exactly the weighted
+sum).
 
 torch is passed in by the caller (this module imports nothing heavy).
 """
@@ -31,6 +45,7 @@ torch is passed in by the caller (this module imports nothing heavy).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -181,6 +196,12 @@ class _ModuleStack:
             self.b = self.torch.cat([self.b, self.b.new_zeros((extra, *self.b.shape[1:]))])
             self.scale = self.torch.cat([self.scale, self.scale.new_zeros((extra,))])
 
+    def shrink_slots(self, capacity: int) -> None:
+        contiguous = self.torch.contiguous_format
+        self.a = self.a[:capacity].clone(memory_format=contiguous)  # a copy: a view would keep all the memory
+        self.b = self.b[:capacity].clone(memory_format=contiguous)
+        self.scale = self.scale[:capacity].clone(memory_format=contiguous)
+
     def grow_rank(self, rank: int) -> None:
         extra = rank - self.rank
         if extra > 0:
@@ -189,6 +210,19 @@ class _ModuleStack:
             self.a = self.torch.cat([self.a, self.a.new_zeros((slots, extra, in_features))], dim=1)
             self.b = self.torch.cat([self.b, self.b.new_zeros((slots, out_features, extra))], dim=2)
             self.rank = rank
+
+    def fit_rank(self) -> None:
+        """Shrink ``R`` to the largest rank in use once that is half of ``R`` or less (none in use: to 0)."""
+        rank = max(self.ranks.values(), default=0)
+        if 2 * rank <= self.rank:
+            contiguous = self.torch.contiguous_format
+            self.a = self.a[:, :rank].clone(memory_format=contiguous)
+            self.b = self.b[:, :, :rank].clone(memory_format=contiguous)
+            self.rank = rank
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.a.nbytes) + int(self.b.nbytes) + int(self.scale.nbytes)
 
     def write(self, slot: int, a: Any, b: Any, scaling: float) -> None:
         rank = int(a.shape[0])
@@ -205,6 +239,7 @@ class _ModuleStack:
             self.a[slot].zero_()
             self.b[slot].zero_()
             self.scale[slot] = 0
+            self.fit_rank()
 
 
 class _RowPlan:
@@ -235,11 +270,11 @@ class _RowPlan:
             self.single = (a, stack.b[slot, :, :rank].t(), scale)
             return
         self.scale = stack.scale.index_select(0, slots)  # per row; 0 for rows without an adapter here
+        rank = max(stack.ranks[slot] for slot in used)  # the batch's own: the stack's padding beyond adds nothing
         if len(used) <= MASKED_MAX_SLOTS:
-            rank = stack.rank
             index = torch.tensor(used, dtype=torch.long, device=stack.a.device)
-            a = stack.a.index_select(0, index).reshape(len(used) * rank, -1).t()  # [in, U*R]
-            b = stack.b.index_select(0, index).permute(0, 2, 1).reshape(len(used) * rank, -1)  # [U*R, out]
+            a = stack.a[:, :rank].index_select(0, index).reshape(len(used) * rank, -1).t()  # [in, U*R]
+            b = stack.b[:, :, :rank].index_select(0, index).permute(0, 2, 1).reshape(len(used) * rank, -1)  # [U*R, out]
             key = (tuple(used), rank, stack.a.dtype)
             mask = masks.get(key)
             if mask is None:
@@ -249,7 +284,7 @@ class _RowPlan:
                 mask = masks[key] = columns[None, :] == blocks[:, None]  # each row's own block
             self.masked = (a, b, mask)
         else:
-            self.gathered = (stack.a.index_select(0, slots), stack.b.index_select(0, slots))
+            self.gathered = (stack.a[:, :rank].index_select(0, slots), stack.b[:, :, :rank].index_select(0, slots))
 
     def delta(self, x: Any) -> Any:
         """What the rows' adapters add to the module's output for input ``x`` (``[rows, ..., in]``)."""
@@ -293,11 +328,12 @@ class LoraStacks:
         }
         self.dtype = dtype
         self.device = device
-        self._capacity = 1  # slot 0: no adapter
-        self._free: list[int] = []
+        self._capacity = 1  # the slots handed out so far, slot 0 (no adapter) included
+        self._allocated = 2  # the slots every module's stack has room for
+        self._free: list[int] = []  # a heap: the lowest free slot first
         self._used: set[int] = set()
-        self._stacks: dict[str, _ModuleStack] = {}
-        self._hooks: list[Any] = []
+        self._stacks: dict[str, _ModuleStack] = {}  # the modules some adapter in use targets
+        self._hooks: dict[str, Any] = {}
         self._plans: dict[str, _RowPlan] | None = None
         self._slots: Any = None
         self._distinct: list[int] = []
@@ -309,6 +345,11 @@ class LoraStacks:
         """How many slots hold an adapter (or a combination)."""
         return len(self._used)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes the stacked matrices and scalings take (given back as adapters are removed)."""
+        return sum(stack.nbytes for stack in self._stacks.values())
+
     def add(self, weights: Mapping[str, LoraModuleWeights]) -> int:
         """Write an adapter's matrices into a free slot and return the slot (1 or more).
 
@@ -319,8 +360,9 @@ class LoraStacks:
             layer = self.modules.get(module)
             if layer is None or not hasattr(layer, "in_features") or not hasattr(layer, "out_features"):
                 raise ValueError(f"{module} is not a linear layer of the model")
-        with self.torch.inference_mode(False):  # a write inside a forward pass's inference mode makes no
-            slot = self._free.pop() if self._free else self._new_slot()  # inference tensor a later write refuses
+        # A write inside a forward pass's inference mode makes an inference tensor a later write refuses.
+        with self.torch.inference_mode(False):
+            slot = heapq.heappop(self._free) if self._free else self._new_slot()  # the lowest free slot
             self._used.add(slot)
             try:
                 for module, stack in self._stacks.items():
@@ -356,13 +398,28 @@ class LoraStacks:
         return self.add(weights)
 
     def remove(self, slot: int) -> None:
-        """Free ``slot`` (its matrices are zeroed, so no row can ever use them again)."""
+        """Free ``slot`` (its matrices are zeroed, so no row can ever use them again), and give back the memory the
+        adapters still in use do not need (ranks and slots shrink, see the module's docstring)."""
         if slot not in self._used:
             return
-        self._used.discard(slot)
-        for stack in self._stacks.values():
-            stack.clear(slot)
-        self._free.append(slot)
+        with self.torch.inference_mode(False):  # the shrunk copies must not be inference tensors (as in add)
+            self._used.discard(slot)
+            for module, stack in list(self._stacks.items()):
+                stack.clear(slot)
+                if not stack.ranks:  # no adapter in use targets it: no matrices, no hook
+                    del self._stacks[module]
+                    self._hooks.pop(module).remove()
+            top = max(self._used, default=0) + 1  # slots 0 to the highest in use; those above are free
+            self._free = [free for free in (*self._free, slot) if free < top]
+            heapq.heapify(self._free)
+            self._capacity = top
+            allocated = self._allocated
+            while allocated >= 4 and top <= allocated // 4:
+                allocated //= 2
+            if allocated < self._allocated:
+                self._allocated = allocated
+                for stack in self._stacks.values():
+                    stack.shrink_slots(allocated)
 
     @contextlib.contextmanager
     def rows(self, slots: Sequence[int]) -> Iterator[None]:
@@ -384,33 +441,33 @@ class LoraStacks:
 
     def close(self) -> None:
         """Remove the hooks and free the matrices."""
-        for hook in self._hooks:
+        for hook in self._hooks.values():
             hook.remove()
         self._hooks.clear()
         self._stacks.clear()
         self._used.clear()
         self._free.clear()
         self._capacity = 1
+        self._allocated = 2
 
     def _new_slot(self) -> int:
         slot = self._capacity
         self._capacity += 1
-        grown = max(self._capacity, 2 * (self._capacity - 1))
-        for stack in self._stacks.values():
-            if stack.a.shape[0] < self._capacity:
-                stack.grow_slots(grown)
+        if self._capacity > self._allocated:
+            self._allocated *= 2
+            for stack in self._stacks.values():
+                stack.grow_slots(self._allocated)
         return slot
 
     def _stack(self, module: str) -> _ModuleStack:
         stack = self._stacks.get(module)
         if stack is None:
             layer = self.modules[module]
-            capacity = max(self._capacity, 2)
-            stack = _ModuleStack(self.torch, capacity, layer.in_features, layer.out_features, self.dtype, self.device)
+            stack = _ModuleStack(
+                self.torch, self._allocated, layer.in_features, layer.out_features, self.dtype, self.device
+            )
             self._stacks[module] = stack
-            self._hooks.append(layer.register_forward_hook(self._hook(module)))
-        elif stack.a.shape[0] < self._capacity:
-            stack.grow_slots(max(self._capacity, 2 * stack.a.shape[0]))
+            self._hooks[module] = layer.register_forward_hook(self._hook(module))
         return stack
 
     def _hook(self, module: str) -> Any:
