@@ -261,6 +261,40 @@ def test_a_forked_child_has_one_provider_whichever_way_it_asks_for_it() -> None:
     assert done.stdout.splitlines() == ["child True ['child']", "parent 0 ['style']"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_threads_of_a_forked_child_asking_at_once_make_the_provider_again_once() -> None:
+    """Each thread made its own provider (a model each for llama.cpp or Transformers), and all but one were lost."""
+    done = _exits(
+        """
+        import os, threading, time
+        from inference.fake_provider import FakeProvider
+        from inference.sync import SyncProvider
+
+        made = []
+        def rebuild():
+            time.sleep(0.2)  # a model takes a while to load: long enough for every thread to ask meanwhile
+            made.append(FakeProvider())
+            return made[-1]
+
+        provider = SyncProvider(FakeProvider(), rebuild=rebuild)
+        pid = os.fork()
+        if pid == 0:
+            seen = []
+            threads = [threading.Thread(target=lambda: seen.append(provider.provider)) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            print("child", len(made), len({id(item) for item in seen}), seen[0] is made[0], flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("parent", os.waitstatus_to_exitcode(status), len(made), flush=True)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["child 1 1 True", "parent 0 0"]
+
+
 def test_an_unclosed_sync_provider_is_closed_at_exit() -> None:
     done = _run_script(
         """

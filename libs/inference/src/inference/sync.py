@@ -132,10 +132,11 @@ def _running_loop() -> _LoopThread | None:
 def _forget_after_fork() -> None:
     """In a forked child: the parent's loop thread does not exist here; the next call starts one. (The locks are
     new: one held by another thread of the parent at the fork would never be released here.)"""
-    global _loop_lock, _loop_thread, _sync_cache_lock
+    global _loop_lock, _loop_thread, _sync_cache_lock, _rebuild_lock
     _loop_lock = threading.Lock()
     _loop_thread = None
     _sync_cache_lock = threading.Lock()
+    _rebuild_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -193,8 +194,12 @@ class SyncProvider:
                     "wrap a provider made in this process (or use get_sync_provider, which makes it again)",
                     provider=self._provider.name,
                 )
-            self._provider, self._pid, self._closed = self._rebuild(), os.getpid(), False
-            _open.add(self)
+            with _rebuild_lock:  # the child's threads asking at once: one of them makes it again, once
+                if self._pid != os.getpid():
+                    self._provider, self._closed = self._rebuild(), False
+                    self._closing = threading.Lock()  # the parent's could be held by a thread that is not here
+                    self._pid = os.getpid()
+                    _open.add(self)
         return self._provider
 
     def __getattr__(self, name: str) -> Any:
@@ -347,6 +352,8 @@ _open: weakref.WeakSet[SyncProvider] = weakref.WeakSet()
 _open_streams: weakref.WeakSet[_SyncIterator[Any]] = weakref.WeakSet()
 _sync_cache: dict[Any, SyncProvider] = {}
 _sync_cache_lock = threading.Lock()
+_rebuild_lock = threading.Lock()
+"""Held while a sync provider made before a fork makes its provider again in the child."""
 
 
 def _cached(recipe: ProviderRecipe) -> SyncProvider:
