@@ -76,6 +76,10 @@ bench: install models
 	$(PY) scripts/bench_adapter_memory.py
 	$(PY) scripts/bench_token_level.py
 	$(PY) scripts/bench_telemetry.py
+	$(PY) scripts/bench_lora_stacks.py
+	$(PY) scripts/bench_scoring.py
+	$(PY) scripts/bench_llamacpp_scoring.py
+	$(PY) scripts/bench_n.py
 
 # A real vLLM server and vLLM's engine in process (CPU build), in .venv-vllm: figures in docs/benchmarks.md.
 bench-vllm: vllm-venv models

@@ -291,3 +291,11 @@ def test_a_message_list_kept_in_a_variable_is_annotated_for_type_checkers() -> N
         if isinstance(node, ast.AnnAssign) and holds_messages(node.value)
     ]
     assert annotated and set(annotated) == {"list[Message]"}, annotated
+
+
+def test_make_bench_runs_every_benchmark_script() -> None:
+    """benchmarks.md says ``make bench`` runs them all: every ``scripts/bench_*.py`` is in a bench target."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    run = set(re.findall(r"scripts/(bench_\w+\.py)", makefile))
+    scripts = {path.name for path in (ROOT / "scripts").glob("bench_*.py")}
+    assert scripts - run == set(), f"benchmarks no make target runs: {sorted(scripts - run)}"
