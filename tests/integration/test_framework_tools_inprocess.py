@@ -5,6 +5,7 @@ pydantic-ai ``Agent`` with a structured ``output_type`` (its output tool, forced
 The tiny model's own template has no tool support, so these are the forced calls (the model sees no tool
 descriptions; the call is constrained to the schema); an agent whose model may choose ("auto") needs a template that
 renders tools (tests/integration/test_inprocess_tools.py). The unit tests run the same on the fake provider.
+LangChain also gets each of ``n`` completions with its logprobs and token ids from the real model.
 """
 
 from __future__ import annotations
@@ -73,3 +74,27 @@ async def test_langchain_structured_output_and_a_named_tool_on_llamacpp(llamacpp
     named = await chat.bind_tools([get_time], tool_choice="get_time").ainvoke("What time is it?")
     (call,) = named.tool_calls
     assert call["name"] == "get_time" and call["args"]["zone"] in ("CET", "UTC")
+
+
+async def test_langchain_gets_every_completion_of_llamacpp_with_its_logprobs_and_token_ids(
+    llamacpp: InferenceProvider,
+) -> None:
+    """``n``, ``logprobs`` and ``return_token_ids`` were answered by llama.cpp and dropped by ChatInference: now each
+    completion is a generation whose ``response_metadata`` holds its token ids and its logprobs in ChatOpenAI's
+    shape."""
+    from langchain_core.messages import HumanMessage
+
+    from inference.integrations.langchain import ChatInference
+
+    chat = ChatInference(provider=llamacpp, model="tiny", max_tokens=12, temperature=1.0, seed=1)
+    result = await chat.agenerate([[HumanMessage("Hello")]], n=2, logprobs=2, return_token_ids=True)
+    (generations,) = result.generations
+    assert len(generations) == 2 and generations[0].text != generations[1].text
+    for generation in generations:
+        metadata = generation.message.response_metadata
+        content = metadata["logprobs"]["content"]
+        assert len(content) == len(metadata["token_ids"]) > 0
+        assert all(len(entry["top_logprobs"]) == 2 and entry["logprob"] <= 0 for entry in content)
+        for entry in content:  # a token that ends inside a character has no bytes to give (its text shows U+FFFD)
+            assert entry["bytes"] == (None if "\ufffd" in entry["token"] else list(entry["token"].encode()))
+        assert await llamacpp.detokenize(metadata["token_ids"], "tiny") == generation.text

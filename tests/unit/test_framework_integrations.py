@@ -3,7 +3,8 @@
 pydantic-ai: an ``Agent`` with a Python tool and a structured ``output_type`` runs its loop on
 :class:`~inference.integrations.pydantic_ai.InferenceModel`, streamed or not. LangChain: a tool loop with
 ``bind_tools`` and ``with_structured_output`` on :class:`~inference.integrations.langchain.ChatInference`, sync,
-async and streamed. (On llama.cpp in process: tests/integration/test_framework_tools_inprocess.py.)
+async and streamed, and ``n``, ``logprobs`` and ``return_token_ids`` answered where LangChain users read them. (On
+llama.cpp in process: tests/integration/test_framework_tools_inprocess.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, Thinking
 from pydantic_ai.settings import ToolOrOutput
 
 from inference._core.validation import GenerationRequest
-from inference.exceptions import UnsupportedOperationError
+from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.fake_provider import FakeProvider
 from inference.integrations.langchain import ChatInference
 from inference.integrations.pydantic_ai import InferenceModel
@@ -337,6 +338,65 @@ async def test_langchain_streams_text_then_the_calls() -> None:
     assert merged.usage_metadata is not None and merged.usage_metadata["output_tokens"] > 0
     sync_pieces = [chunk.content for chunk in chat.stream("Hi")]
     assert "".join(str(piece) for piece in sync_pieces) == "".join(str(piece) for piece in pieces)
+
+
+def _as_openai_logprobs(result: GenerationResult) -> dict[str, Any]:
+    """The result's logprobs as ChatOpenAI's ``response_metadata["logprobs"]`` holds them."""
+    return {"content": [
+        {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.token.encode()),
+         "top_logprobs": [{"token": token, "logprob": value, "bytes": list(token.encode())}
+                          for token, value in entry.top_logprobs]}
+        for entry in result.logprobs or ()
+    ]}
+
+
+async def test_langchain_returns_every_completion_with_its_logprobs_and_token_ids() -> None:
+    """``n``, ``logprobs`` and ``return_token_ids`` reached the provider, which answered them, but LangChain got one
+    generation, with neither logprobs nor token ids anywhere. Now each completion is a generation, with its logprobs
+    in ChatOpenAI's shape and its ids in ``response_metadata``; ChatOpenAI's ``logprobs=True``/``top_logprobs`` too."""
+    provider = Recording()
+    chat = ChatInference(provider=provider, model="m", max_tokens=6, temperature=1.0, seed=3)
+    asked: dict[str, Any] = {"n": 2, "logprobs": 2, "return_token_ids": True}
+    direct = await provider.generate([{"role": "user", "content": "Hi"}], "m", max_tokens=6, temperature=1.0,
+                                     seed=3, **asked)
+    assert direct.choices is not None and direct.choices[0].text != direct.choices[1].text
+    for result in (await chat.agenerate([[HumanMessage("Hi")]], **asked),
+                   chat.generate([[HumanMessage("Hi")]], **asked)):
+        (generations,) = result.generations
+        assert [generation.text for generation in generations] == [choice.text for choice in direct.choices]
+        for generation, choice in zip(generations, direct.choices, strict=True):
+            metadata = generation.message.response_metadata
+            assert metadata["logprobs"] == _as_openai_logprobs(choice)
+            assert len(metadata["logprobs"]["content"][0]["top_logprobs"]) == 2
+            assert metadata["token_ids"] == list(choice.token_ids or ())
+            assert metadata["finish_reason"] == choice.finish_reason
+            assert generation.generation_info is not None and generation.generation_info["logprobs"]
+            usage = generation.message.usage_metadata  # the whole request's, as ChatOpenAI reports it
+            assert usage is not None and usage["output_tokens"] == direct.completion_tokens
+    # bound, and in ChatOpenAI's spelling: logprobs=True, with top_logprobs alternatives (none without)
+    one = await chat.bind(logprobs=True, top_logprobs=1, return_token_ids=True).ainvoke("Hi")
+    assert one.response_metadata["token_ids"] == list(direct.choices[0].token_ids or ())
+    assert provider.requests[-1].logprobs == 1
+    assert [len(entry["top_logprobs"]) for entry in one.response_metadata["logprobs"]["content"]] == [1] * len(
+        one.response_metadata["logprobs"]["content"])
+    assert provider.requests[-1].n == 1 and one.text == direct.choices[0].text  # invoke: one completion, the first
+    await chat.ainvoke("Hi", logprobs=True)
+    assert provider.requests[-1].logprobs == 0
+    plain = await chat.ainvoke("Hi")
+    assert "logprobs" not in plain.response_metadata and "token_ids" not in plain.response_metadata
+    with pytest.raises(InvalidRequestError, match="top_logprobs"):
+        await chat.ainvoke("Hi", top_logprobs=2)
+    # a stream: on its last chunk
+    merged: AIMessageChunk | None = None
+    async for chunk in chat.astream("Hi", logprobs=2, return_token_ids=True):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None and merged.text == direct.choices[0].text
+    assert merged.response_metadata["logprobs"] == _as_openai_logprobs(direct.choices[0])
+    assert merged.response_metadata["token_ids"] == list(direct.choices[0].token_ids or ())
+    last = list(chat.stream("Hi", logprobs=2, return_token_ids=True))[-1]
+    assert last.response_metadata["token_ids"] == merged.response_metadata["token_ids"]
+    with pytest.raises(InvalidRequestError, match="n is 2"):  # a stream is one message: one completion
+        list(chat.bind(n=2).stream("Hi"))
 
 
 

@@ -24,7 +24,15 @@ every call's error is in the last chunk's ``response_metadata["tool_call_errors"
 thinking model thought (with ``thinking=True``, the result's ``reasoning``) is in
 ``additional_kwargs["reasoning_content"]``, as several LangChain chat models put it (in a stream, in the last
 chunk), so ``message.content_blocks`` starts with a ``reasoning`` block. ``tool_choice`` takes LangChain's values
-too: ``"any"`` and ``True`` are ``"required"``, a tool's name forces that tool. The synchronous methods (``invoke``,
+too: ``"any"`` and ``True`` are ``"required"``, a tool's name forces that tool.
+
+Each of ``n`` completions (``chat.generate([messages], n=3)``) is a generation of its own (``invoke`` returns the
+first; a stream is one completion, so a stream with ``n`` above 1 is refused with ``InvalidRequestError``), and
+every generation's ``usage_metadata`` is the whole request's, as ChatOpenAI reports it. Logprobs (the SDK's
+``logprobs=k``, or ChatOpenAI's ``logprobs=True`` with ``top_logprobs=k``) are in ``response_metadata["logprobs"]``
+in ChatOpenAI's shape, ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}`` (``bytes`` is
+``None`` for a token that ends inside a character), and ``return_token_ids=True``'s ids in
+``response_metadata["token_ids"]``; in a stream both are on the last chunk. The synchronous methods (``invoke``,
 ``stream``) run the provider on the sync facade's background event loop (:func:`inference.sync.run_sync`): drive one
 provider either synchronously or from your own event loop, not both (an HTTP provider's connections belong to one
 loop).
@@ -42,10 +50,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, cast
 
 from inference._core.dependencies import import_optional
-from inference.exceptions import UnsupportedOperationError
+from inference.exceptions import InvalidRequestError, UnsupportedOperationError
 from inference.messages import Message
 from inference.provider import InferenceProvider
-from inference.results import GenerationResult
+from inference.results import GenerationResult, TokenLogprob
 
 import_optional("langchain_core", provider="langchain", extra="langchain")
 
@@ -187,15 +195,7 @@ class ChatInference(BaseChatModel):
     ) -> ChatResult:
         prompt, options = self._arguments(messages, stop, kwargs)
         result = await self.provider.generate(prompt, self.model, self.adapter_id, **options)
-        message = AIMessage(
-            content=result.text,
-            additional_kwargs=_reasoning(result),
-            tool_calls=[_tool_call(call) for call in result.tool_calls or () if call.error is None],
-            invalid_tool_calls=[_invalid_tool_call(call) for call in result.tool_calls or () if call.error is not None],
-            usage_metadata=_usage(result),
-            response_metadata=_metadata(result),
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        return ChatResult(generations=[_generation(choice, result) for choice in result.choices or (result,)])
 
     def _stream(
         self,
@@ -246,7 +246,7 @@ class ChatInference(BaseChatModel):
                             for index, call in enumerate(event.tool_calls or ())
                         ],
                         usage_metadata=_usage(event),
-                        response_metadata=_metadata(event, with_call_errors=True),
+                        response_metadata=_metadata(event, event, with_call_errors=True),
                         chunk_position="last",
                     )
                 )
@@ -262,6 +262,7 @@ class ChatInference(BaseChatModel):
             if key.startswith("ls_"):
                 continue  # LangChain's tracing metadata
             options[key] = value
+        _logprobs_as_the_sdks(options, self.provider.name)
         if stop:
             options["stop"] = stop
         if "tool_choice" in options and options.get("tools"):
@@ -355,6 +356,38 @@ def _invalid_tool_call(call: Any) -> Any:
             "type": "invalid_tool_call"}
 
 
+def _logprobs_as_the_sdks(options: dict[str, Any], provider: str) -> None:
+    """ChatOpenAI's ``logprobs=True`` (with ``top_logprobs=k`` alternatives, else none) as the SDK's ``logprobs=k``;
+    ``logprobs=False`` asks nothing. The SDK's own ``logprobs=k`` is left as it is."""
+    top = options.pop("top_logprobs", None)
+    asked = options.get("logprobs")
+    if isinstance(asked, bool):
+        options["logprobs"] = (top or 0) if asked else None
+    elif top is not None:
+        raise InvalidRequestError(
+            f"top_logprobs={top!r} needs logprobs=True (as ChatOpenAI takes them), got logprobs={asked!r}; or give "
+            "the SDK's logprobs=k alone",
+            provider=provider,
+        )
+
+
+def _generation(choice: GenerationResult, result: GenerationResult) -> ChatGeneration:
+    """One completion (``choice``, one of ``result.choices`` or ``result`` itself) as LangChain's generation. Its
+    usage is the whole request's, as ChatOpenAI gives every generation (LangChain's usage callbacks read the first);
+    its ``generation_info`` holds ChatOpenAI's keys there (``finish_reason``, ``logprobs``)."""
+    metadata = _metadata(choice, result)
+    message = AIMessage(
+        content=choice.text,
+        additional_kwargs=_reasoning(choice),
+        tool_calls=[_tool_call(call) for call in choice.tool_calls or () if call.error is None],
+        invalid_tool_calls=[_invalid_tool_call(call) for call in choice.tool_calls or () if call.error is not None],
+        usage_metadata=_usage(result),
+        response_metadata=metadata,
+    )
+    info: dict[str, Any] = {key: metadata[key] for key in ("finish_reason", "logprobs") if key in metadata}
+    return ChatGeneration(message=message, generation_info=info)
+
+
 def _reasoning(result: GenerationResult) -> dict[str, Any]:
     """The result's reasoning where LangChain reads it (its ``content_blocks`` make it a ``reasoning`` block)."""
     return {"reasoning_content": result.reasoning} if result.reasoning else {}
@@ -366,15 +399,38 @@ def _usage(result: GenerationResult) -> Any:
             "total_tokens": prompt + result.completion_tokens}
 
 
-def _metadata(result: GenerationResult, *, with_call_errors: bool = False) -> dict[str, Any]:
-    """The result's facts for ``response_metadata``; for a stream's last chunk, also ``tool_call_errors`` (call id
-    -> error) where a call has one: LangChain rebuilds a chunk's calls from their argument text, so a call whose
-    arguments parse but do not validate would otherwise pass as valid."""
+def _metadata(
+    choice: GenerationResult, result: GenerationResult, *, with_call_errors: bool = False
+) -> dict[str, Any]:
+    """A completion's facts for ``response_metadata`` (the model, adapter and provider are the ``result``'s): its
+    ``logprobs`` (in ChatOpenAI's shape) and ``token_ids`` where they were asked for; for a stream's last chunk,
+    also ``tool_call_errors`` (call id -> error) where a call has one: LangChain rebuilds a chunk's calls from their
+    argument text, so a call whose arguments parse but do not validate would otherwise pass as valid."""
     metadata: dict[str, Any] = {
-        "finish_reason": result.finish_reason, "model_name": result.model, "adapter_id": result.adapter_id,
+        "finish_reason": choice.finish_reason, "model_name": result.model, "adapter_id": result.adapter_id,
         "provider": result.provider,
     }
-    errors = {call.id: call.error for call in result.tool_calls or () if call.error is not None}
+    if choice.logprobs is not None:
+        metadata["logprobs"] = {"content": [_openai_logprob(entry) for entry in choice.logprobs]}
+    if choice.token_ids is not None:
+        metadata["token_ids"] = list(choice.token_ids)
+    errors = {call.id: call.error for call in choice.tool_calls or () if call.error is not None}
     if with_call_errors and errors:
         metadata["tool_call_errors"] = errors
     return metadata
+
+
+def _openai_logprob(entry: TokenLogprob) -> dict[str, Any]:
+    """A token's logprob as OpenAI's chat API writes it (``token``, ``logprob``, ``bytes``, ``top_logprobs``)."""
+    return {
+        "token": entry.token, "logprob": entry.logprob, "bytes": _utf8(entry.token),
+        "top_logprobs": [
+            {"token": token, "logprob": value, "bytes": _utf8(token)} for token, value in entry.top_logprobs
+        ],
+    }
+
+
+def _utf8(token: str) -> list[int] | None:
+    """The token's bytes; ``None`` where its text holds U+FFFD (a token that ends inside a character shows its bytes
+    decoded with replacement, so they are not known here), as OpenAI writes ``bytes`` it cannot give."""
+    return None if "\ufffd" in token else list(token.encode("utf-8"))
