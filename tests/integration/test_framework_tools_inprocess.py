@@ -5,7 +5,8 @@ pydantic-ai ``Agent`` with a structured ``output_type`` (its output tool, forced
 The tiny model's own template has no tool support, so these are the forced calls (the model sees no tool
 descriptions; the call is constrained to the schema); an agent whose model may choose ("auto") needs a template that
 renders tools (tests/integration/test_inprocess_tools.py). The unit tests run the same on the fake provider.
-LangChain also gets each of ``n`` completions with its logprobs and token ids from the real model.
+LangChain also gets each of ``n`` completions with its logprobs and token ids from the real model, and structured
+output constrained as ``json_schema`` and JSON mode.
 """
 
 from __future__ import annotations
@@ -74,6 +75,27 @@ async def test_langchain_structured_output_and_a_named_tool_on_llamacpp(llamacpp
     named = await chat.bind_tools([get_time], tool_choice="get_time").ainvoke("What time is it?")
     (call,) = named.tool_calls
     assert call["name"] == "get_time" and call["args"]["zone"] in ("CET", "UTC")
+
+
+async def test_langchain_structured_output_as_json_schema_and_json_mode_on_llamacpp(
+    llamacpp: InferenceProvider,
+) -> None:
+    """``method="json_schema"`` and ``"json_mode"`` were forced tool calls: now the text is constrained (llguidance)
+    to the schema, or to a JSON object, and parsed; nothing is sent as a tool."""
+    from inference.integrations.langchain import ChatInference
+
+    chat = ChatInference(provider=llamacpp, model="tiny", max_tokens=80, temperature=1.0)
+    for seed in range(3):
+        structured = chat.with_structured_output(Forecast, method="json_schema", include_raw=True)
+        answer = await structured.ainvoke("Weather in Oslo?", seed=seed)
+        assert isinstance(answer["parsed"], Forecast), answer
+        assert not answer["raw"].tool_calls and Forecast.model_validate_json(answer["raw"].text) == answer["parsed"]
+    for seed in range(3):  # any JSON object: a random model may write one until max_tokens cuts it
+        json_mode = chat.with_structured_output(method="json_mode", include_raw=True)
+        answer = await json_mode.ainvoke("JSON, please.", seed=seed)
+        assert answer["raw"].text.startswith("{") and not answer["raw"].tool_calls
+        if answer["raw"].response_metadata["finish_reason"] == "stop":
+            assert isinstance(answer["parsed"], dict), answer
 
 
 async def test_langchain_gets_every_completion_of_llamacpp_with_its_logprobs_and_token_ids(

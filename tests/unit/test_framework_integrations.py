@@ -327,6 +327,51 @@ def test_langchain_structured_output_synchronously() -> None:
     assert isinstance(chat.with_structured_output(Forecast).invoke("Weather?"), Forecast)
 
 
+async def test_langchain_structured_output_sends_the_method_asked_for() -> None:
+    """``method="json_schema"`` and ``"json_mode"`` were served as a forced tool call all the same (no ``json_schema``
+    sent), and ``method="bogus"`` was accepted: langchain-core's default drops ``method``. Now ``json_schema`` sends
+    the schema as the provider's ``json_schema`` and parses the text, ``json_mode`` asks for any JSON object
+    (``response_format`` ``json_object``), and another method is refused, as ChatOpenAI refuses it (a ValueError)."""
+    provider = Recording()
+    chat = ChatInference(provider=provider, model="m")
+    forecast = await chat.with_structured_output(Forecast, method="json_schema").ainvoke("Weather in Rome?")
+    assert isinstance(forecast, Forecast)
+    sent = provider.requests[-1]
+    assert sent.json_schema is not None and set(sent.json_schema["properties"]) == {"city", "summary", "high"}
+    assert not sent.tools and sent.tool_choice is None
+    as_dict = chat.with_structured_output(Forecast.model_json_schema(), method="json_schema").invoke("Weather?")
+    assert isinstance(as_dict, dict) and set(as_dict) == {"city", "summary", "high"}
+    raw = await chat.with_structured_output(Forecast, method="json_schema", include_raw=True).ainvoke("Weather?")
+    assert isinstance(raw, dict) and isinstance(raw["parsed"], Forecast) and raw["parsing_error"] is None
+    assert Forecast.model_validate_json(raw["raw"].text) == raw["parsed"]
+    streamed = [part async for part in chat.with_structured_output(Forecast, method="json_schema").astream("W?")]
+    assert isinstance(streamed[-1], Forecast)
+    # JSON mode: any JSON object; the model is not held to the schema, so a pydantic schema may not parse
+    anything = await chat.with_structured_output(method="json_mode").ainvoke("Answer in JSON.")
+    assert anything == {} and provider.requests[-1].json_schema == {"type": "object"}
+    unparsed = await chat.with_structured_output(Forecast, method="json_mode", include_raw=True).ainvoke("JSON!")
+    assert isinstance(unparsed, dict) and unparsed["parsed"] is None and unparsed["parsing_error"] is not None
+    # function calling stays the default, a forced call
+    assert isinstance(await chat.with_structured_output(Forecast, method="function_calling").ainvoke("W?"), Forecast)
+    assert provider.requests[-1].tool_choice == "required" and provider.requests[-1].json_schema is None
+    for wrong, message in (({"method": "bogus"}, "bogus"), ({"method": "json_mode", "strict": True}, "strict")):
+        with pytest.raises(InvalidRequestError, match=message) as refused:
+            chat.with_structured_output(Forecast, **wrong)
+        assert isinstance(refused.value, ValueError)
+    with pytest.raises(InvalidRequestError, match="schema"):
+        chat.with_structured_output(None, method="json_schema")
+
+    class NoJsonSchema(FakeProvider):
+        options: ClassVar[OptionMap] = {
+            **FakeProvider.options, "json_schema": Refused("not built yet"), "response_format": Refused("not built")
+        }
+
+    refusing = ChatInference(provider=NoJsonSchema(), model="m")
+    for method in ("json_schema", "json_mode"):  # no silent fallback to a tool call
+        with pytest.raises(UnsupportedOperationError, match="option json_schema"):
+            await refusing.with_structured_output(Forecast, method=method).ainvoke("Weather?")
+
+
 async def test_langchain_streams_text_then_the_calls() -> None:
     chat = ChatInference(provider=FakeProvider(), model="m")
     pieces = [chunk.content async for chunk in chat.astream("Hi")]

@@ -1,8 +1,9 @@
 """LangChain on any provider: :class:`ChatInference`, a LangChain ``BaseChatModel``.
 
 It has ``bind_tools`` (tools as LangChain takes them: OpenAI dicts, Python functions, pydantic classes,
-``BaseTool`` objects) and ``with_structured_output`` (LangChain's function-calling method, built on
-``bind_tools``), sync and async, with streaming::
+``BaseTool`` objects) and ``with_structured_output`` (ChatOpenAI's three methods: ``"function_calling"``, the
+default, a forced call built on ``bind_tools``; ``"json_schema"``, the provider's ``json_schema``; ``"json_mode"``,
+any JSON object), sync and async, with streaming::
 
     from inference import get_provider
     from inference.integrations.langchain import ChatInference
@@ -37,9 +38,11 @@ in ChatOpenAI's shape, ``{"content": [{"token", "logprob", "bytes", "top_logprob
 provider either synchronously or from your own event loop, not both (an HTTP provider's connections belong to one
 loop).
 
-The provider must take tools (``provider.supports_tools``) for ``bind_tools`` and ``with_structured_output``; one
-that cannot refuses with ``UnsupportedOperationError`` naming those that can (docs/tools.md lists them). In process,
-``with_structured_output`` and a named tool are forced calls, constrained to the schema on any model; a model that
+The provider must take tools (``provider.supports_tools``) for ``bind_tools`` and ``with_structured_output``'s
+function calling, and ``json_schema`` (``provider.supports_json_schema``) for its ``"json_schema"`` and
+``"json_mode"``; one that cannot refuses with ``UnsupportedOperationError`` naming those that can (docs/tools.md lists
+them), and nothing falls back to another method. In process, ``with_structured_output`` and a named tool are forced
+calls, constrained to the schema on any model (``"json_schema"`` constrains the text the same way); a model that
 chooses its calls needs a chat template that renders tools.
 """
 
@@ -47,7 +50,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, cast
+from operator import itemgetter
+from typing import Any, Literal, cast
 
 from inference._core.dependencies import import_optional
 from inference.exceptions import InvalidRequestError, UnsupportedOperationError
@@ -71,11 +75,13 @@ from langchain_core.messages import (  # noqa: E402
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult  # noqa: E402
-from langchain_core.runnables import Runnable  # noqa: E402
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough  # noqa: E402
 from langchain_core.tools import BaseTool  # noqa: E402
-from langchain_core.utils.function_calling import convert_to_openai_tool  # noqa: E402
-from pydantic import ConfigDict  # noqa: E402
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool  # noqa: E402
+from langchain_core.utils.pydantic import is_basemodel_subclass  # noqa: E402
+from pydantic import BaseModel, ConfigDict  # noqa: E402
 
 __all__ = ["ChatInference"]
 
@@ -173,6 +179,67 @@ class ChatInference(BaseChatModel):
             bound["tool_choice"] = _tool_choice(tool_choice, converted)
         return self.bind(**bound)
 
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """The model answering with output that follows ``schema``, in ChatOpenAI's three ways.
+
+        Args:
+            schema: A pydantic model class (the answer is an instance of it), or a JSON schema, an OpenAI tool or
+                a ``TypedDict`` class (the answer is a dict); optional with ``"json_mode"`` only.
+            method: ``"function_calling"``: a forced call of a tool whose parameters are the schema (needs
+                ``provider.supports_tools``). ``"json_schema"``: the provider's ``json_schema`` option, the
+                text constrained to the schema and parsed (a provider that cannot refuses with
+                ``UnsupportedOperationError``; nothing falls back to a tool call). ``"json_mode"``: OpenAI's JSON
+                mode, ``response_format={"type": "json_object"}``: any JSON object, which the model is not held to
+                the schema for (describe it in the prompt); the text is parsed into ``schema`` where given.
+            include_raw: Answer ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}``; an answer that does
+                not parse is then ``parsed=None`` with its error, instead of raising it.
+            strict: Taken as ``ChatOpenAI`` takes it and not sent: the SDK checks a forced call's arguments, and
+                constrains ``json_schema``'s text, whatever it is.
+
+        Raises:
+            InvalidRequestError: ``method`` is not one of the three, ``schema`` is missing, ``strict`` is given with
+                ``"json_mode"``, or another keyword is given (a ``ValueError``, as ChatOpenAI raises).
+        """
+        if method not in ("function_calling", "json_schema", "json_mode"):
+            raise self._refusal(
+                f"with_structured_output(method={method!r}) is not a method: give 'function_calling' (the default: "
+                "a forced tool call), 'json_schema' (the provider's json_schema) or 'json_mode' (any JSON object)"
+            )
+        if kwargs:
+            raise self._refusal(
+                f"with_structured_output() takes no {', '.join(map(repr, kwargs))}: set the options of every call on "
+                "ChatInference itself"
+            )
+        if schema is None and method != "json_mode":
+            raise self._refusal(f"with_structured_output(method={method!r}) needs a schema (only 'json_mode' does not)")
+        if method == "function_calling":
+            return super().with_structured_output(cast("dict[str, Any] | type", schema), include_raw=include_raw)
+        if strict is not None and method == "json_mode":
+            raise self._refusal("with_structured_output(strict=...) is not taken with method='json_mode'")
+        pydantic_schema = isinstance(schema, type) and is_basemodel_subclass(schema)
+        bound: dict[str, Any] = (
+            {"json_schema": schema if pydantic_schema else convert_to_json_schema(cast("Any", schema))}
+            if method == "json_schema" else {"response_format": {"type": "json_object"}}
+        )
+        if schema is not None:
+            bound["ls_structured_output_format"] = {"kwargs": {"method": method, "strict": strict}, "schema": schema}
+        parser: Runnable[Any, Any] = (
+            PydanticOutputParser(pydantic_object=cast("type[BaseModel]", schema)) if pydantic_schema
+            else JsonOutputParser()
+        )
+        return _parsed(self.bind(**bound), parser, include_raw=include_raw)
+
+    def _refusal(self, message: str) -> InvalidRequestError:
+        return InvalidRequestError(message, provider=self.provider.name)
+
     # LangChain's hooks ---------------------------------------------------------------------------------------
 
     def _generate(
@@ -268,6 +335,16 @@ class ChatInference(BaseChatModel):
         if "tool_choice" in options and options.get("tools"):
             options["tool_choice"] = _tool_choice(options["tool_choice"], options["tools"])
         return cast("list[Message]", _messages(messages, self.provider.name)), options
+
+
+def _parsed(model: Runnable[Any, Any], parser: Runnable[Any, Any], *, include_raw: bool) -> Runnable[Any, Any]:
+    """``model``'s answer through ``parser``; with ``include_raw``, LangChain's ``{"raw", "parsed", "parsing_error"}``
+    (an answer that does not parse gives ``parsed=None`` and the parser's error)."""
+    if not include_raw:
+        return model | parser
+    parse = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+    unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=model) | parse.with_fallbacks([unparsed], exception_key="parsing_error")
 
 
 def _tool_choice(choice: Any, tools: Sequence[dict[str, Any]]) -> Any:
