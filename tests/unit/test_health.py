@@ -79,6 +79,46 @@ async def test_a_fallback_is_degraded_while_one_of_its_providers_answers() -> No
     assert names == [(f"gpu: {DEAD}", False), ("fake: fake", True)]
 
 
+GRAFANA = httpx.Response(200, text="<html><head><title>Grafana</title></head></html>",
+                         headers={"content-type": "text/html; charset=utf-8"})
+
+
+@pytest.mark.parametrize(
+    ("url", "answer", "said"),
+    [  # what answers at a base URL where no OpenAI API is served; generating there fails
+        ("http://replica-a.test:8100/wrong/v1", httpx.Response(404, json={"detail": "Not Found"}),
+         "HTTP 404 for GET /wrong/v1/models: the server has no such route"),  # vLLM (FastAPI), wrong path
+        (A, GRAFANA, "HTTP 200 for GET /v1/models with an HTML page, not a list of models"),  # another server
+        (A, httpx.Response(200, json={"status": "ok"}), 'with JSON without a "data" list'),
+        (A, httpx.Response(302, headers={"location": "https://sso.test/login"}), "HTTP 302 for GET /v1/models"),
+    ],
+)
+@respx.mock
+async def test_a_base_url_where_no_api_is_served_is_down(url: str, answer: httpx.Response, said: str) -> None:
+    respx.get(f"{url}/models").mock(return_value=answer)
+    health = await VLLMProvider(base_url=url, api="chat").health()
+    assert (health.status, health.exit_code) == ("down", 2)
+    assert said in (health.backends[0].error or "") and "check its host, port and path" in (
+        health.backends[0].error or ""
+    )
+
+
+@respx.mock
+async def test_an_ollama_without_models_is_up_and_lists_none() -> None:
+    """Ollama's ``/v1/models`` answers ``"data": null`` (a Go nil slice) until a model is pulled."""
+    respx.get(f"{A}/models").respond(200, json={"object": "list", "data": None})
+    health = await VLLMProvider(base_url=A, api="chat").health()
+    assert (health.status, health.backends[0].models, health.backends[0].error) == ("up", (), None)
+
+
+@respx.mock
+def test_the_command_exits_2_for_a_base_url_with_a_wrong_path(capsys: pytest.CaptureFixture[str]) -> None:
+    respx.get("http://replica-a.test:8100/wrong/v1/models").respond(404, json={"detail": "Not Found"})
+    status, out, _ = run(["health", "--provider", "vllm", "--base-url", "http://replica-a.test:8100/wrong/v1"],
+                         capsys)
+    assert status == 2 and out.splitlines()[0] == "vllm: down (0 of 1 backends up)"
+
+
 def test_the_command_exits_0_when_up(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = run(["health", "--provider", "fake"], capsys)
     assert (status, err) == (0, "")

@@ -97,9 +97,11 @@ async def probe_servers(
     """``GET /models`` on each server, at once, with no retry: whether it answers, how fast, what it serves.
 
     The generic check of a server provider (``InferenceProvider._health``); a provider that knows more about its
-    servers (replicas marked down, adapters placed) reports that instead. Any answer below 500 but 401/403 means
-    the server is up (a 404 names no models: some servers list none at that route); a 5xx, a refused key, a
-    connection that fails or no answer within ``timeout`` seconds means it is down.
+    servers (replicas marked down, adapters placed) reports that instead. A server is up when it answers 2xx with
+    an OpenAI model list (a JSON object whose ``data`` is a list; Ollama's ``null`` when it has no model). Anything
+    else means it is down: no such route (a base URL with a wrong path), a 2xx that is no model list (a web page:
+    another server at that port), a refused key (401, 403), a 5xx or any other status, a connection that fails or
+    no answer within ``timeout`` seconds. Generating would fail at each of these.
 
     Args:
         provider: The provider type, for messages.
@@ -114,7 +116,7 @@ async def probe_servers(
         import httpx
 
         from inference._core.deadlines import within
-        from inference._servers.http import api_base, base_url_query
+        from inference._servers.http import api_base, base_url_query, is_route_missing
     except ImportError as error:  # a server provider's extra brings httpx
         from inference._core.dependencies import missing_dependency
 
@@ -149,29 +151,53 @@ async def probe_servers(
             return BackendHealth(shown, False, latency, error=f"HTTP {status}: the server refused the API key")
         if status >= 500:
             return BackendHealth(shown, False, latency, error=f"HTTP {status}: the server failed")
-        models, adapters = _listed(response) if status < 300 else ((), ())
-        note = None if status < 300 else f"HTTP {status} for GET /models: the server answers but lists no models"
-        return BackendHealth(shown, True, latency, models, adapters, error=note)
+        asked = f"GET {response.request.url.path}"
+        if is_route_missing(response):
+            problem = f"HTTP {status} for {asked}: the server has no such route"
+        elif not 200 <= status < 300:
+            problem = f"HTTP {status} for {asked}, not a list of models"
+        elif (listed := _listed(response)) is None:
+            problem = f"HTTP {status} for {asked} with {_what(response)}, not a list of models"
+        else:
+            return BackendHealth(shown, True, latency, *listed)
+        hint = "no OpenAI-compatible API is served at this base URL; check its host, port and path (often ending /v1)"
+        return BackendHealth(shown, False, latency, error=f"{problem}: {hint}")
 
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:  # no proxy, as the providers
         return list(await asyncio.gather(*(probe(client, url) for url in base_urls)))
 
 
-def _listed(response: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _listed(response: Any) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The models and adapters of an OpenAI-compatible ``/models`` answer (vLLM lists an adapter with a
-    ``parent``: its base model)."""
+    ``parent``: its base model); ``None`` when the answer is not such a list: not JSON, or no ``data`` list in it.
+    Ollama's ``/v1/models`` answers ``"data": null`` while it has no model: a list of none."""
     try:
-        entries = response.json().get("data")
-    except (ValueError, AttributeError):
-        return (), ()
+        body = response.json()
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(body, Mapping) or "data" not in body:
+        return None
+    entries = body["data"] if body["data"] is not None else []
     if not isinstance(entries, list):
-        return (), ()
+        return None
     models: list[str] = []
     adapters: list[str] = []
     for entry in entries:
         if isinstance(entry, Mapping) and isinstance(entry.get("id"), str):
             (adapters if entry.get("parent") else models).append(entry["id"])
     return tuple(models), tuple(adapters)
+
+
+def _what(response: Any) -> str:
+    """What an answer that is not a model list holds, in a few words (``an HTML page``, ``JSON without "data"``)."""
+    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if not response.content:
+        return "an empty body"
+    if kind == "text/html" or response.content.lstrip()[:1] == b"<":
+        return "an HTML page"
+    if "json" in kind or response.content.lstrip()[:1] in (b"{", b"["):
+        return 'JSON without a "data" list'
+    return f"a {kind or 'body'} that is not JSON"
 
 
 def _first_line(error: BaseException) -> str:
