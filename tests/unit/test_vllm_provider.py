@@ -1214,6 +1214,75 @@ async def test_all_replicas_down_is_unavailable_naming_every_url(
     assert (await replicated.generate("Hi", model="base-model")).text == "back"
 
 
+BUSY = vllm_error(
+    503,
+    "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.",
+    "Service Unavailable",
+)  # vLLM's QueueOverflowError (a GracefulHTTPError): its 503 to a request it will not take
+NGINX_502 = httpx.Response(
+    502,
+    text="<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+    "</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n",
+    headers={"content-type": "text/html"},
+)  # a proxy in front of a vLLM server that stopped
+
+
+@pytest.mark.parametrize("refusal", [BUSY, NGINX_502], ids=["vllm-503", "proxy-502"])
+async def test_a_replica_answering_503_or_502_is_down_and_every_request_goes_to_the_other(
+    refusal: httpx.Response, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    def answer_a(request: httpx.Request) -> httpx.Response:
+        return sse_response(["from a"]) if json.loads(request.content).get("stream") else completion("from a")
+
+    caplog.set_level(logging.INFO, logger="inference.replicas")
+    mock.post(f"{REPLICA_A}/chat/completions").mock(side_effect=answer_a)
+    chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(return_value=refusal)
+    # replica_down_s=0: the failing replica is tried in its turn at every call, not left alone for 5 s
+    async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B], max_retries=0, replica_down_s=0) as vllm:
+        texts = [(await vllm.generate("Hi", model="base-model")).text for _ in range(4)]
+        streamed = []
+        for _ in range(4):
+            streamed.append([event async for event in vllm.stream("Hi", model="base-model")][-1])
+    assert texts == ["from a"] * 4
+    assert [result.text for result in streamed if isinstance(result, GenerationResult)] == ["from a"] * 4
+    assert chat_b.call_count == 4  # tried first at every other call (round-robin), answered by a each time
+    (down,) = [record for record in caplog.records if getattr(record, "replica_event", None) == "down"]
+    assert (down.levelname, down.url, down.error) == ("WARNING", REPLICA_B, f"HTTP {refusal.status_code}")
+
+
+async def test_a_replica_answering_503_is_left_alone_while_it_is_down(
+    replicated: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(return_value=completion("from a"))
+    chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(return_value=BUSY)
+    texts = [(await replicated.generate("Hi", model="base-model")).text for _ in range(4)]
+    assert texts == ["from a"] * 4
+    assert chat_a.call_count == 4 and chat_b.call_count <= 1  # tried at most once, then last for 5 s
+
+
+async def test_every_replica_answering_503_is_the_servers_error(
+    replicated: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(return_value=BUSY)
+    chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(return_value=BUSY)
+    with pytest.raises(ServerResponseError) as caught:
+        await replicated.generate("Hi", model="base-model")
+    assert caught.value.status_code == 503 and "cannot accept new requests" in str(caught.value)
+    assert not isinstance(caught.value, ProviderUnavailableError)
+    assert (chat_a.call_count, chat_b.call_count) == (1, 1)
+
+
+async def test_a_500_is_not_sent_to_another_replica(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
+    """A 500 may be about the request (vLLM answers 500 for what its worker refuses): it is the answer."""
+    failed = vllm_error(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                        "InternalServerError")
+    chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(return_value=failed)
+    chat_b = mock.post(f"{REPLICA_B}/chat/completions").mock(return_value=failed)
+    with pytest.raises(ServerResponseError) as caught:
+        await replicated.generate("Hi", model="base-model")
+    assert caught.value.status_code == 500 and chat_a.call_count + chat_b.call_count == 1
+
+
 async def test_a_timeout_is_not_retried_on_another_replica(replicated: VLLMProvider, mock: respx.MockRouter) -> None:
     """The request reached a server, which may still be generating: sending it again would run it twice."""
     chat_a = mock.post(f"{REPLICA_A}/chat/completions").mock(side_effect=httpx.ReadTimeout("slow"))

@@ -212,8 +212,8 @@ class VLLMProvider(OpenAICompatibleProvider):
             :class:`~inference.exceptions.ConfigurationError` saying what to set.
         api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``VLLM_API``;
             else ``"auto"``.
-        replica_down_s: Seconds a replica that refused a connection is tried after the others (then in turn
-            again); else ``VLLM_REPLICA_DOWN_S``; else 5.
+        replica_down_s: Seconds a replica that is down (refused a connection, or answered 502/503/504) is tried
+            after the others (then in turn again); else ``VLLM_REPLICA_DOWN_S``; else 5.
 
     Example:
         >>> provider = VLLMProvider(base_url="http://127.0.0.1:8100/v1", api_key="secret")

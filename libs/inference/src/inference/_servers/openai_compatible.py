@@ -4,7 +4,8 @@
 ``/v1/completions`` requests of plain text where its route choice says so (vLLM, for a model without a chat
 template), as JSON over the pooled :class:`~inference._servers.http.ServerClient` (not through the ``openai``
 client, whose request transforms and response models cost more than the rest of a call), spreads them over one or
-more servers (replicas), skips a replica that refuses connections, and maps every failure into the error tree.
+more servers (replicas), skips a replica that refuses connections or answers 502/503/504, and maps every failure
+into the error tree.
 
 A provider is assembled from parts, each with one job, set by its constructor; the generation path below asks each
 part at its step, and a part left out is skipped:
@@ -56,7 +57,7 @@ from inference._servers.openai_wire import (
     token_counts,
     tool_calls_of,
 )
-from inference._servers.replicas import Replica, ReplicaDown, ReplicaLacks, ReplicaSet, connect_failure_is_down
+from inference._servers.replicas import Replica, ReplicaDown, ReplicaLacks, ReplicaSet, unavailable_is_down
 from inference._servers.routes import RouteChoice
 from inference._servers.served_adapters import ServedAdapters
 from inference.exceptions import (
@@ -306,8 +307,9 @@ class OpenAICompatibleProvider(InferenceProvider):
     async def _chat(self, request: GenerationRequest, *, stream: bool) -> AsyncIterator[tuple[Replica, str, Any]]:
         """Send the request to a replica on its route and hold it there until the caller is done with the answer.
 
-        Replicas are tried least-busy first (round-robin among equals); one that cannot be reached, or that cannot
-        serve the request (:class:`~inference._servers.replicas.ReplicaLacks`), is skipped. A stream is closed on
+        Replicas are tried least-busy first (round-robin among equals); one that cannot be reached or answers
+        502/503/504 before the answer starts (marked down), or that cannot serve the request
+        (:class:`~inference._servers.replicas.ReplicaLacks`), is skipped. A stream is closed on
         exit, which makes the server abort the generation.
         """
         failures: list[tuple[Replica, InferenceError]] = []
@@ -323,7 +325,7 @@ class OpenAICompatibleProvider(InferenceProvider):
                     if request.raw_prompt or request.prompt_token_ids is not None:
                         route = COMPLETIONS  # a raw prompt (text or token ids) goes there, whatever the api
                     else:
-                        with connect_failure_is_down():  # finding out may ask the replica (llama-server's /props)
+                        with unavailable_is_down():  # finding out may ask the replica (llama-server's /props)
                             route = await self._route_choice.route(replica, request)
                     arguments = self._arguments(replica, request, route, stream=stream)
                     try:
@@ -414,7 +416,8 @@ class OpenAICompatibleProvider(InferenceProvider):
         replica remembers it.
 
         Raises:
-            ReplicaDown: The replica did not accept the connection (another may take the request).
+            ReplicaDown: The replica did not accept the connection, or answered 502/503/504 (another may take the
+                request).
             InvalidRequestError: The server could not use the ``json_schema`` (a 400 or 422 about it).
             InferenceError: Any other failure, mapped by :meth:`_generation_handlers`.
         """
@@ -447,10 +450,11 @@ class OpenAICompatibleProvider(InferenceProvider):
         """One chat request on ``replica``, as it is.
 
         Raises:
-            ReplicaDown: The replica did not accept the connection (another may take the request).
+            ReplicaDown: The replica did not accept the connection, or answered 502/503/504 (another may take the
+                request).
             InferenceError: Any other failure, mapped by :meth:`_generation_handlers`.
         """
-        with connect_failure_is_down():
+        with unavailable_is_down():
             return await self._call(replica, request, arguments)
 
     async def _call(

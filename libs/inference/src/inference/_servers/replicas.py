@@ -3,9 +3,9 @@
 A server provider holds a :class:`ReplicaSet`: one :class:`Replica` per base URL, each with its pooled
 :class:`~inference._servers.http.ServerClient` and what is known about it (requests in flight, whether it refused a
 connection lately, its context size). The set decides the order requests try them in (least busy first,
-round-robin among equals, a replica that refused a connection last), finds the first that answers
-(:meth:`ReplicaSet.first_reachable`), asks every replica at once (:meth:`ReplicaSet.gather`), and says when none
-accepts connections (:meth:`ReplicaSet.all_down`).
+round-robin among equals, a replica that refused a connection, or answered that it cannot serve, last), finds the
+first that answers (:meth:`ReplicaSet.first_reachable`), asks every replica at once (:meth:`ReplicaSet.gather`), and
+says when none can serve (:meth:`ReplicaSet.all_down`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,28 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from inference._servers.http import ServerClient, api_base, is_connect_failure, server_root
 from inference._servers.openai_wire import CHAT, COMPLETIONS
-from inference.exceptions import InferenceError, ProviderUnavailableError
+from inference.exceptions import InferenceError, ProviderUnavailableError, ServerResponseError
 
 if TYPE_CHECKING:
     from inference._servers.openai_compatible import OpenAICompatibleProvider
 
-__all__ = ["DOWN_SECONDS", "Replica", "ReplicaDown", "ReplicaLacks", "ReplicaSet", "connect_failure_is_down"]
+__all__ = [
+    "DOWN_SECONDS",
+    "UNAVAILABLE_STATUSES",
+    "Replica",
+    "ReplicaDown",
+    "ReplicaLacks",
+    "ReplicaSet",
+    "unavailable_is_down",
+]
 
 DOWN_SECONDS = 5.0
-"""A replica that refused a connection is tried last for this long (it is still tried if all are down)."""
+"""A replica that is down is tried last for this long (it is still tried if all are down)."""
+
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+"""Answers that say the server cannot serve now, whatever was asked (vLLM's 503 while its queue is full, llama-server's
+503 while it loads its model, a proxy's 502/504 with no server behind it): the replica is down for a request that
+got one (after the transport's retries) before it started generating, and another replica may take the request."""
 
 _T = TypeVar("_T")
 
@@ -66,9 +79,9 @@ class Replica:
         self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
 
     def mark_down(self, error: InferenceError | None = None) -> None:
-        """The replica refused a connection: try it last for ``down_seconds`` (the provider's ``replica_down_s``,
-        default :data:`DOWN_SECONDS`). Its going down is logged once
-        (a warning with the fields ``replica_event="down"``, ``url``, ``error``), not at every failed try."""
+        """The replica refused a connection, or answered 502/503/504 (:data:`UNAVAILABLE_STATUSES`): try it last for
+        ``down_seconds`` (the provider's ``replica_down_s``, default :data:`DOWN_SECONDS`). Its going down is logged
+        once (a warning with the fields ``replica_event="down"``, ``url``, ``error``), not at every failed try."""
         now = time.monotonic()
         self.down_until = now + self.down_seconds
         if self.down_since is None:
@@ -103,13 +116,24 @@ class Replica:
 
 
 def failure_name(error: InferenceError) -> str:
-    """What failed, for an operator: the type of what caused ``error`` (``ConnectError``, ``ConnectTimeout``), else
-    its own type."""
+    """What failed, for an operator: the status of an error answer (``HTTP 503``), else the type of what caused
+    ``error`` (``ConnectError``, ``ConnectTimeout``), else its own type."""
+    if isinstance(error, ServerResponseError) and error.status_code is not None:
+        return f"HTTP {error.status_code}"
     return type(error.__cause__ or error).__name__
 
 
+def is_unavailable(error: InferenceError) -> bool:
+    """True when ``error`` says its replica cannot serve, whatever was asked: a failure to connect (the request
+    never reached it), or a 502/503/504 answer (:data:`UNAVAILABLE_STATUSES`)."""
+    return is_connect_failure(error) or (
+        isinstance(error, ServerResponseError) and error.status_code in UNAVAILABLE_STATUSES
+    )
+
+
 class ReplicaDown(Exception):
-    """A request could not reach a replica (connect failure): another replica may take it."""
+    """A replica cannot serve a request it has not started on (a connect failure, a 502/503/504 answer): another
+    replica may take it."""
 
     def __init__(self, error: InferenceError) -> None:
         super().__init__(str(error))
@@ -126,13 +150,18 @@ class ReplicaLacks(Exception):
 
 
 @contextlib.contextmanager
-def connect_failure_is_down() -> Iterator[None]:
-    """A failure to connect inside the block becomes :class:`ReplicaDown`: the request never reached the replica,
-    so another one may take it (any other error passes as it is)."""
+def unavailable_is_down() -> Iterator[None]:
+    """A failure to connect, or a 502/503/504 answer, inside the block becomes :class:`ReplicaDown`: the replica
+    cannot serve, so another one may take the request (any other error passes as it is; so does a timeout, as the
+    caller's time is spent on it).
+
+    Only around a request that has not started generating: a whole answer, or a stream's status line (an error
+    status comes before any event).
+    """
     try:
         yield
     except InferenceError as error:
-        if is_connect_failure(error):
+        if is_unavailable(error):
             raise ReplicaDown(error) from error
         raise
 
@@ -175,8 +204,8 @@ class ReplicaSet(Sequence[Replica]):
         return iter(self._replicas)
 
     def in_order(self) -> list[Replica]:
-        """The replicas to try, in order: those up, least busy first (round-robin among equals), then those that
-        refused a connection lately."""
+        """The replicas to try, in order: those up, least busy first (round-robin among equals), then those marked
+        down lately."""
         count = len(self._replicas)
         start = next(self._cursor) % count
         rotated = self._replicas[start:] + self._replicas[:start]
@@ -245,9 +274,13 @@ class ReplicaSet(Sequence[Replica]):
         return answered
 
     def all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
-        """The error when no replica could be reached: the one failure, or one naming every URL."""
+        """The error when no replica could serve: the one failure; else the first error answer (a 503: the server
+        there says why); else one naming every URL that refused connections."""
         if len(failures) == 1:
             return failures[0][1]
+        answered = [error for _, error in failures if isinstance(error, ServerResponseError)]
+        if answered:
+            return answered[0]
         said = ", ".join(f"{replica.http.shown_url} ({failure_name(error)})" for replica, error in failures)
         return ProviderUnavailableError(
             f"none of the {len(failures)} {self.server} replicas accepts connections ({said}): start them, "
