@@ -4,6 +4,7 @@ then both; and the in-process llama.cpp provider before and after its model load
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from inference import LlamaCppProvider
+from inference.exceptions import ModelLoadError
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +64,48 @@ async def test_in_process_health_says_whether_the_model_is_loaded(tiny_models: d
 
     status, report, _ = health("--provider", "llamacpp", "--model-path", str(tmp_path / "missing.gguf"))
     assert status == 2 and "does not exist" in report["backends"][0]["error"]
+
+
+async def test_a_llamacpp_model_that_failed_to_load_is_down_until_a_load_succeeds(
+    tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "base.gguf"
+    path.write_bytes(b"GGUF" + bytes(64))  # a GGUF header and nothing else: llama.cpp cannot load it
+    async with LlamaCppProvider(path, n_ctx=256) as provider:
+        assert (await provider.health()).status == "up"  # not loaded yet: loads on the first request
+        for _ in range(2):
+            with pytest.raises(ModelLoadError):
+                await provider.generate("Hi", model="", max_tokens=1)
+            health = await provider.health()
+            assert (health.status, health.exit_code, health.backends[0].model_loaded) == ("down", 2, False)
+            said = health.backends[0].error or ""
+            assert said.startswith(f"the model failed to load: llama.cpp could not load {path}")
+        shutil.copyfile(tiny_models["qwen2"].gguf_path, path)  # the file fixed: the next request loads it
+        await provider.generate("Hi", model="", max_tokens=1)
+        health = await provider.health()
+        assert (health.status, health.backends[0].model_loaded, health.backends[0].error) == ("up", True, None)
+
+
+async def test_a_transformers_model_that_failed_to_load_is_down_until_a_load_succeeds(
+    tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    from inference import TransformersProvider
+
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_text("{}")  # a directory that looks saved, but names no model type
+    async with TransformersProvider(str(directory)) as provider:
+        assert (await provider.health()).status == "up"
+        with pytest.raises(ModelLoadError):
+            await provider.generate("Hi", model="", max_tokens=1)
+        health = await provider.health()
+        assert (health.status, health.backends[0].model_loaded) == ("down", False)
+        assert (health.backends[0].error or "").startswith("the model failed to load: transformers could not load")
+        shutil.rmtree(directory)
+        shutil.copytree(tiny_models["qwen2"].hf_dir, directory)
+        await provider.generate("Hi", model="", max_tokens=1)
+        health = await provider.health()
+        assert (health.status, health.backends[0].model_loaded, health.backends[0].error) == ("up", True, None)
 
 
 async def test_a_killed_and_restarted_replica_logs_its_down_and_back_events_with_fields(

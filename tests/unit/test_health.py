@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -117,6 +118,25 @@ def test_the_command_exits_2_for_a_base_url_with_a_wrong_path(capsys: pytest.Cap
     status, out, _ = run(["health", "--provider", "vllm", "--base-url", "http://replica-a.test:8100/wrong/v1"],
                          capsys)
     assert status == 2 and out.splitlines()[0] == "vllm: down (0 of 1 backends up)"
+
+
+@pytest.mark.parametrize(
+    ("provider", "given", "said"),
+    [  # paths that exist, but that the backend cannot load: generating would fail
+        ("llamacpp", ".", "is a directory, not a GGUF file"),  # llama.cpp loads a GGUF file
+        ("transformers", ".", "holds no config.json"),  # transformers a saved model directory, a .gguf file, a Hub id
+        ("transformers", "weights.bin", "is a file but not a .gguf file"),
+    ],
+)
+def test_an_in_process_model_path_the_backend_cannot_load_is_down(
+    provider: str, given: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 64)
+    model = tmp_path / given
+    status, out, _ = run(["health", "--provider", provider, "--model-path", str(model), "--json"], capsys)
+    report = json.loads(out)
+    assert (status, report["status"], report["backends"][0]["model_loaded"]) == (2, "down", False)
+    assert said in report["backends"][0]["error"]
 
 
 def test_the_command_exits_0_when_up(capsys: pytest.CaptureFixture[str]) -> None:

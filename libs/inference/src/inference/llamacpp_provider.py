@@ -62,6 +62,7 @@ from inference._inprocess.llamacpp_model import (
     LlamaSettings,
     ResidentAdapter,
     convert_peft,
+    gguf_model_problem,
 )
 from inference._inprocess.llamacpp_native import set_thread_log_mode
 from inference._inprocess.llamacpp_prefix_cache import cached_rows
@@ -195,6 +196,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
     supports_adapter_scales = True
     loads_hub_ids = True
     _backend_label = "llama.cpp"
+    _model_path_problem = staticmethod(gguf_model_problem)  # a GGUF file (a directory is none)
 
     def __init__(
         self,
@@ -263,7 +265,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
             for capability in ("hot_swaps_adapters", "supports_adapter_scales"):
                 setattr(self, capability, False)
         # The parts; their state is touched only from inside self._worker.run calls.
-        self._model = LlamaCppModel(LlamaSettings.of(settings), _PROVIDER)
+        self._model = LlamaCppModel(LlamaSettings.of(settings), _PROVIDER, self._model_loads)
         self._prompts = LlamaPrompts(self._model)
         self._prefix_cache = PrefixCache(int(settings["prefix_cache_tokens"]))  # capacity 0: off, still counting
         self._generation = Generation(self._model, self._prompts, seed=seed, require_prompt=self._require_prompt)

@@ -39,7 +39,13 @@ from inference._inprocess import hf_tokens
 from inference._inprocess.base import InProcessProvider
 from inference._inprocess.batching import BatchQueue, PendingRequest
 from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check_seed
-from inference._inprocess.hf_model import LoadedModel, empty_cuda_cache, load_model, loaded_model
+from inference._inprocess.hf_model import (
+    LoadedModel,
+    empty_cuda_cache,
+    load_model,
+    loaded_model,
+    model_name_problem,
+)
 from inference._inprocess.hf_prefix_cache import PrefixCache
 from inference._inprocess.hf_prompt import model_chat_template
 from inference._inprocess.hf_scoring import PASSES_PER_BATCH, HFScoring, ScoreCall
@@ -149,6 +155,7 @@ class TransformersProvider(InProcessProvider[str]):
     supports_next_token_logprobs = True
     supports_token_prompts = True
     loads_hub_ids = True
+    _model_path_problem = staticmethod(model_name_problem)  # a model directory, a .gguf file, a Hub id
 
     def __init__(
         self,
@@ -309,8 +316,9 @@ class TransformersProvider(InProcessProvider[str]):
             name = self.model_name or str(getattr(model, "name_or_path", "") or type(model).__name__)
             self._loaded = loaded_model(Path(name).name, model.eval(), tokenizer, model.device, provider=self.name)
         if self._loaded is None:
-            self._loaded = load_model(self.model_name, self.device, self.torch_dtype, provider=self.name,
-                                      model_kwargs=self.model_kwargs)
+            with self._model_loads.attempt():  # a failure is what health reports until a load succeeds
+                self._loaded = load_model(self.model_name, self.device, self.torch_dtype, provider=self.name,
+                                          model_kwargs=self.model_kwargs)
         return self._loaded
 
     def _serve(self, entry: PendingRequest[GenerationRequest, GenerationResult]) -> None:

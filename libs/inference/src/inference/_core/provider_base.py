@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from inference._core.hub import HUB_GGUF
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
+from inference._core.model_loads import ModelLoads
 from inference._core.paths import HUB_ID, normalise_path, path_text_problem
 from inference._core.telemetry import observed_adapter_hook
 from inference._core.validation import GenerationRequest, ScoreRequest, TokenRequest, validate_adapter_id
@@ -95,6 +96,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         }
         self._settings: dict[str, Any] = resolve_settings(self.name, given) if keys else {}
         self._closed = False
+        self._model_loads = ModelLoads()  # an in-process model's last load failure, for health
         self._token_vocabularies: dict[str, TokenVocabulary] = {}  # model name -> its vocabulary, asked once
         self._token_batcher_instance: TokenBatcher | None = None
         self._adapter_weights = AdapterWeightsStore(self.name, self, parent=self._adapter_weights_dir)
@@ -347,7 +349,9 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
 
         This default: a provider with a ``base_url`` setting asks each of its URLs ``GET /models``
         (:func:`inference.health.probe_servers`: up, latency, models and adapters listed); any other one reports
-        its model (the setting that names it; loaded or not, from :meth:`_model_loaded`) with the adapters resident.
+        its model (the setting that names it; loaded or not, from :meth:`_model_loaded`) with the adapters resident:
+        down while it is not loaded and its last load failed (``self._model_loads``, until a load succeeds), or
+        its path is one the provider cannot load (:meth:`_model_path_problem`).
         Override it to report what the provider knows better, e.g. a server provider with replicas: each replica's
         own state (marked down since when, its adapters placed), and a probe of those not known to be down. Report
         a backend that is down with its ``error``; never raise for it.
@@ -366,12 +370,16 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         model = self._settings.get(key) if key else None
         loaded = self._model_loaded()
         error = None
+        failure = None if loaded else self._model_loads.failure
+        from_hub = self.loads_hub_ids and not Path(str(model)).exists() and bool(
+            HUB_ID.fullmatch(str(model)) or HUB_GGUF.fullmatch(str(model))  # from the Hugging Face cache
+        )
         if setting is not None and not model:
             error = f"no model configured: give {setting.key}, or set {setting.env_var}"
-        elif setting is not None and setting.kind == "path" and not loaded and not Path(str(model)).exists() and not (
-            self.loads_hub_ids and (HUB_ID.fullmatch(str(model)) or HUB_GGUF.fullmatch(str(model)))  # from the cache
-        ):
-            error = f"the model file {model} does not exist"
+        elif failure is not None:
+            error = f"the model failed to load: {failure}"
+        elif setting is not None and setting.kind == "path" and not loaded and not from_hub:
+            error = self._model_path_problem(str(model))
         resident = tuple(sorted(entry.adapter_id for entry in self.adapter_stats().adapters
                                 if entry.state == "resident"))
         return [BackendHealth(str(model or self.name), error is None, models=(str(model),) if model else (),
@@ -380,6 +388,13 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
     def _model_loaded(self) -> bool | None:
         """Whether the model is in memory now, for :meth:`health` (``None``: not a model this process loads)."""
         return None
+
+    @staticmethod
+    def _model_path_problem(model: str) -> str | None:
+        """Why ``model`` (the model setting: a path, or a Hub id the provider does not load) is nothing this provider
+        can load, for :meth:`health` before the model loads; ``None`` when it may load. This default: it does not
+        exist. A provider with a stricter rule (a file, a directory) states its own."""
+        return None if Path(model).exists() else f"the model file {model} does not exist"
 
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         """Load the adapter into the backend under ``adapter_id`` (its backend name), from ``source``: a path, or

@@ -21,7 +21,14 @@ from inference._inprocess.constrained import JsonGrammars
 from inference._inprocess.hf_prompt import scoring_vocabulary
 from inference.exceptions import ConfigurationError, InferenceError, ModelLoadError, ProviderError
 
-__all__ = ["LoadedModel", "OverflowWatch", "as_inference_error", "empty_cuda_cache", "load_model"]
+__all__ = [
+    "LoadedModel",
+    "OverflowWatch",
+    "as_inference_error",
+    "empty_cuda_cache",
+    "load_model",
+    "model_name_problem",
+]
 
 OVERFLOW = 1e18
 """A hidden-state value beyond which a float32 (or bfloat16) square is infinite, or nearly: the final norm's output
@@ -125,6 +132,25 @@ class LoadedModel:
 
 TOKENIZER_KEYWORDS = ("trust_remote_code", "revision", "token", "cache_dir", "subfolder")
 """The keywords of ``model_kwargs`` the tokenizer's ``from_pretrained`` gets too."""
+
+
+def model_name_problem(model: str) -> str | None:
+    """Why ``model`` (the ``model_name`` setting) names nothing :func:`load_model` could load, checked without
+    loading it (for health); ``None`` when it may load: a model directory (with its ``config.json``), a ``.gguf``
+    file, or a Hub id (``ORG/NAME``) where no such path exists."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        if HUB_ID.fullmatch(model):
+            return None
+        return f"the model {model} does not exist, and is no Hugging Face Hub id (ORG/NAME)"
+    if path.is_dir() and not (path / "config.json").is_file():
+        return (
+            f"the model directory {model} holds no config.json: give the directory transformers saved the model "
+            "in, a .gguf file, or a Hub id"
+        )
+    if not path.is_dir() and path.suffix.lower() != ".gguf":
+        return f"the model {model} is a file but not a .gguf file: give a model directory, a GGUF file or a Hub id"
+    return None
 
 
 def load_model(

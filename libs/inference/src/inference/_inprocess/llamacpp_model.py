@@ -19,6 +19,7 @@ module keeps which of them are applied now.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -28,6 +29,7 @@ from typing import Any
 from inference._core.dependencies import import_optional
 from inference._core.hub import hub_file, hub_gguf
 from inference._core.lifecycle import FilesState, files_state
+from inference._core.model_loads import ModelLoads
 from inference._core.validation import AdapterScales
 from inference._inprocess.chat_templates import ChatTemplate
 from inference._inprocess.llamacpp_native import (
@@ -125,6 +127,8 @@ class LlamaCppModel:
     Args:
         settings: What the ``Llama`` is built with.
         provider: The provider's name, for errors.
+        load_record: Where a failure to load the base model (not one built with an adapter, in reload mode) is
+            remembered until a load succeeds: the provider's, which its health reports.
 
     Attributes:
         llama: The loaded ``Llama``; ``None`` before the first load (and in reload mode, between a rebuild's close
@@ -137,9 +141,10 @@ class LlamaCppModel:
         loads: How many times the base model was loaded.
     """
 
-    def __init__(self, settings: LlamaSettings, provider: str) -> None:
+    def __init__(self, settings: LlamaSettings, provider: str, load_record: ModelLoads | None = None) -> None:
         self.settings = settings
         self.provider = provider
+        self.load_record = load_record if load_record is not None else ModelLoads()
         self.llama: Any = None
         self.info: ModelInfo | None = None
         self.formatter: ChatTemplate | None = None
@@ -181,6 +186,19 @@ class LlamaCppModel:
             self.llama.close()
             self.llama = None
             self.active = ()
+        # A failure with an adapter baked in (reload mode) may be the adapter's: the model may still load without it
+        with self.load_record.attempt() if lora_path is None else contextlib.nullcontext():
+            llama = self._build(llama_cpp, lora_path)
+        self.loads += 1
+        self.llama = llama
+        self._lora_path = lora_path
+        if self.info is None:
+            self.info = ModelInfo.read(llama)
+            self.formatter = chat_formatter(self.info)
+        return llama
+
+    def _build(self, llama_cpp: Any, lora_path: Path | None) -> Any:
+        """A new ``Llama`` of the GGUF file (with ``lora_path`` baked in, in reload mode)."""
         settings = self.settings
         model_path = self.file()
         if not model_path.is_file():
@@ -211,12 +229,6 @@ class LlamaCppModel:
                 provider=self.provider,
                 path=str(model_path),
             ) from error
-        self.loads += 1
-        self.llama = llama
-        self._lora_path = lora_path
-        if self.info is None:
-            self.info = ModelInfo.read(llama)
-            self.formatter = chat_formatter(self.info)
         return llama
 
     def model_info(self) -> ModelInfo:
@@ -359,6 +371,20 @@ def gguf_name(model_path: Path) -> str:
     """The model's name for a ``model_path`` setting: the GGUF file's stem (a Hub id's file too)."""
     hub = hub_gguf(os.fspath(model_path))
     return Path(hub[1]).stem if hub is not None else model_path.stem
+
+
+def gguf_model_problem(model: str) -> str | None:
+    """Why ``model`` (the ``model_path`` setting) names no GGUF file llama.cpp could load, checked without loading
+    it (for health); ``None`` when it may load: a file, or ``ORG/NAME:FILE.gguf`` of the Hub (resolved at load)."""
+    path = Path(model)
+    if path.is_file() or hub_gguf(model) is not None:
+        return None
+    if path.is_dir():
+        return (
+            f"the model path {model} is a directory, not a GGUF file: set model_path (LLAMACPP_MODEL_PATH) to "
+            "the .gguf file"
+        )
+    return f"the model file {model} does not exist"
 
 
 def missing_model(model_path: Path, provider: str, consequence: str = "") -> ModelLoadError:
