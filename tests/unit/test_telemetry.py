@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inference import FakeProvider, InvalidRequestError
+from inference import FakeProvider, GenerationResult, InvalidRequestError
 from inference._core import telemetry
 from inference.metrics import enable_prometheus, serve_prometheus
 
@@ -117,6 +117,22 @@ async def test_streams_record_the_first_piece_and_a_stream_left_early_is_cancell
     assert whole.attributes["inference.outcome"] == "ok" and whole.attributes["inference.completion_tokens"] == 5
     assert 0 <= whole.attributes["inference.time_to_first_piece_s"] <= (whole.end_time - whole.start_time) / 1e9
     assert left.attributes["inference.outcome"] == "cancelled"
+
+
+async def test_a_stream_left_on_its_final_result_is_ok_not_cancelled(spans: InMemorySpanExporter) -> None:
+    """The stream docstring's own loop returns on the GenerationResult: the generator is closed at that yield, after
+    the generation completed."""
+    before = points()
+    async with contextlib.aclosing(FakeProvider().stream("Hello", model="m", max_tokens=5)) as events:
+        async for event in events:
+            if isinstance(event, GenerationResult):
+                break
+    (span,) = by_name(spans, "inference.stream")
+    assert (span.attributes["inference.outcome"], span.attributes["inference.completion_tokens"]) == ("ok", 5)
+    assert span.status.is_ok
+    labels = {"provider": "fake", "operation": "stream"}
+    assert delta(before, "inference.requests", **labels, outcome="ok") == 1
+    assert delta(before, "inference.requests", **labels, outcome="cancelled") == 0
 
 
 async def test_scoring_and_adapter_loads_are_recorded_and_a_reload_is_a_child_of_its_request(

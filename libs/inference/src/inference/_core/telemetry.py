@@ -110,8 +110,8 @@ def _sink_failed(sink: str) -> None:
 class Observation:
     """One request's span and metric points (a context manager around the public method's body)."""
 
-    __slots__ = ("_current", "_start", "_token", "completion_tokens", "finish_reason", "first_piece_s", "operation",
-                 "prompt_tokens", "provider", "scored_tokens", "span")
+    __slots__ = ("_current", "_start", "_token", "completed", "completion_tokens", "finish_reason", "first_piece_s",
+                 "operation", "prompt_tokens", "provider", "scored_tokens", "span")
 
     def __init__(self, provider: str, operation: str, *, current: bool = True) -> None:
         self.provider = provider
@@ -124,6 +124,7 @@ class Observation:
         self.scored_tokens: int | None = None
         self.finish_reason: str | None = None
         self.first_piece_s: float | None = None
+        self.completed = False
 
     def __enter__(self) -> Observation:
         otel = _otel if _otel is not None else _opentelemetry()
@@ -159,10 +160,12 @@ class Observation:
     def result(
         self, prompt_tokens: int | None, completion_tokens: int | None, finish_reason: str | None = None
     ) -> None:
-        """What a generation produced."""
+        """What a generation produced: it completed. A stream the caller leaves after this (it returns on the final
+        result, and the generator is closed at that ``yield``) counts as ``ok``, not ``cancelled``."""
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
         self.finish_reason = finish_reason
+        self.completed = True
 
     def scored(self, tokens: int) -> None:
         """How many tokens a scoring call scored."""
@@ -175,7 +178,8 @@ class Observation:
         if exc_type is None:
             outcome, error = "ok", None
         elif issubclass(exc_type, (asyncio.CancelledError, GeneratorExit)):
-            outcome, error = "cancelled", None  # the caller stopped waiting (or left the stream)
+            # the caller stopped waiting (or left the stream); after the result, it had all there was
+            outcome, error = ("ok" if self.completed else "cancelled"), None
         else:
             outcome, error = "error", exc_type.__name__
         if self.span is not None:
