@@ -1603,12 +1603,26 @@ async def test_listing_with_replicas_is_the_union_of_what_answers(
 
     models_b.mock(side_effect=httpx.ConnectError("Connection refused"))
     assert await replicated.list_adapters() == ["a1"]
-    assert f"vLLM replica {REPLICA_B} did not list its adapters" in caplog.text
+    assert f"vLLM replica {REPLICA_B} is down (ConnectError)" in caplog.text
 
     mock.get(f"{REPLICA_A}/models").mock(side_effect=httpx.ConnectError("Connection refused"))
-    with pytest.raises(ProviderUnavailableError) as caught:
+    with pytest.raises(ProviderUnavailableError) as caught:  # b, marked down, is asked too: a did not answer
         await replicated.list_adapters()
     assert REPLICA_A in str(caught.value) and REPLICA_B in str(caught.value)
+
+
+async def test_listing_leaves_a_replica_known_down_alone_and_warns_once(
+    replicated: VLLMProvider, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="inference")
+    mock.get(f"{REPLICA_A}/models").mock(return_value=vllm_models(("a1", "/adapters/a1")))
+    models_b = mock.get(f"{REPLICA_B}/models").mock(side_effect=httpx.ConnectError("Connection refused"))
+    for _ in range(5):
+        assert await replicated.list_adapters() == ["a1"]
+    assert models_b.call_count == 1  # asked once, then left alone while it is marked down (5 s)
+    warnings = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert [(record.name, getattr(record, "replica_event", None), getattr(record, "url", None))
+            for record in warnings] == [("inference.replicas", "down", REPLICA_B)]
 
 
 async def test_listing_when_the_server_refuses_the_key_is_its_error(mock: respx.MockRouter) -> None:

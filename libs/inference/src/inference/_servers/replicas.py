@@ -247,30 +247,44 @@ class ReplicaSet(Sequence[Replica]):
     async def answers(self, work: Callable[[Replica], Awaitable[_T]], what: str) -> list[_T]:
         """Run ``work`` on every replica at once; the outcomes of those that answered, in configuration order.
 
-        A replica that failed is left out with a warning saying it did not do ``what`` (one that refused connections
-        is marked down too), as long as another one answered: replicas started alike say the same.
+        A replica marked down is left alone while it is (as generations try it last), unless no other answers. A
+        replica that failed is left out, as long as another one answered: replicas started alike say the same. One
+        that refused connections or answered 502/503/504 is marked down (logged once, when it goes down: see
+        :meth:`Replica.mark_down`; each later miss only at debug level); one that failed otherwise is logged as a
+        warning saying it did not do ``what``.
 
         Raises:
             ProviderUnavailableError: No replica accepts connections.
             InferenceError: No replica answered, and one failed otherwise (its error, e.g. a refused key).
         """
+        now = time.monotonic()
+        first = [replica for replica in self._replicas if replica.down_until <= now] or list(self._replicas)
+        outcomes = dict(zip(first, await self.gather(work, first), strict=True))
+        if not any(not isinstance(outcome, BaseException) for outcome in outcomes.values()):
+            rest = [replica for replica in self._replicas if replica not in outcomes]
+            outcomes.update(zip(rest, await self.gather(work, rest), strict=True))
         answered: list[_T] = []
         failures: list[tuple[Replica, InferenceError]] = []
-        for replica, outcome in zip(self._replicas, await self.gather(work), strict=True):
+        for replica in self._replicas:
+            if replica not in outcomes:
+                continue
+            outcome = outcomes[replica]
             if isinstance(outcome, InferenceError):
-                if is_connect_failure(outcome):
+                if is_unavailable(outcome):
                     replica.mark_down(outcome)
                 failures.append((replica, outcome))
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
+                replica.mark_up()
                 answered.append(outcome)
         if not answered:
             other = [error for _, error in failures if not isinstance(error, ProviderUnavailableError)]
             raise other[0] if other else self.all_down(failures)
         for replica, error in failures:
-            logger.warning("%s replica %s did not %s (%s); using the others' answers", self.server,
-                           replica.http.shown_url, what, error)
+            logger.log(logging.DEBUG if is_unavailable(error) else logging.WARNING,
+                       "%s replica %s did not %s (%s); using the others' answers", self.server,
+                       replica.http.shown_url, what, error)
         return answered
 
     def all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
