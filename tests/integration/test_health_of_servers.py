@@ -108,6 +108,22 @@ async def test_a_transformers_model_that_failed_to_load_is_down_until_a_load_suc
         assert (health.status, health.backends[0].model_loaded, health.backends[0].error) == ("up", True, None)
 
 
+
+async def test_a_transformers_provider_given_a_loaded_model_is_up(tiny_models: dict[str, Any]) -> None:
+    """A model handed over as an object needs no model_name: health names it and says it is in memory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from inference import TransformersProvider
+
+    hf_dir = tiny_models["qwen2"].hf_dir
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(hf_dir), AutoTokenizer.from_pretrained(hf_dir)
+    async with TransformersProvider(model=model, tokenizer=tokenizer) as provider:
+        health = await provider.health()
+        assert (health.status, health.exit_code, health.backends[0].model_loaded) == ("up", 0, True)
+        assert health.backends[0].error is None and health.backends[0].name == hf_dir.name
+        await provider.generate("Hi", model="", max_tokens=1)
+        assert (await provider.health()).status == "up"
+
 async def test_a_killed_and_restarted_replica_logs_its_down_and_back_events_with_fields(
     start_llama_server: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:

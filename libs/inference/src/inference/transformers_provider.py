@@ -211,7 +211,13 @@ class TransformersProvider(InProcessProvider[str]):
         return None if self._loaded is None else self._loaded.model
 
     def _model_loaded(self) -> bool:
-        return self._loaded is not None
+        return self._loaded is not None or self._given is not None
+
+    def _given_model_name(self) -> str | None:
+        if self._given is None:
+            return None
+        model = self._given[0]
+        return Path(self.model_name or str(getattr(model, "name_or_path", "") or type(model).__name__)).name
 
     @property
     def recent_batch_sizes(self) -> tuple[int, ...]:
@@ -313,8 +319,8 @@ class TransformersProvider(InProcessProvider[str]):
     def _ensure_loaded(self) -> LoadedModel:
         if self._loaded is None and self._given is not None:
             model, tokenizer = self._given
-            name = self.model_name or str(getattr(model, "name_or_path", "") or type(model).__name__)
-            self._loaded = loaded_model(Path(name).name, model.eval(), tokenizer, model.device, provider=self.name)
+            self._loaded = loaded_model(str(self._given_model_name()), model.eval(), tokenizer, model.device,
+                                        provider=self.name)
         if self._loaded is None:
             with self._model_loads.attempt():  # a failure is what health reports until a load succeeds
                 self._loaded = load_model(self.model_name, self.device, self.torch_dtype, provider=self.name,

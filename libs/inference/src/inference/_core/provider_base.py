@@ -367,7 +367,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         spec = PROVIDERS.get(self.name)
         key = spec.model_setting if spec is not None else None
         setting = next((setting for setting in spec.settings if setting.key == key), None) if spec else None
-        model = self._settings.get(key) if key else None
+        model = (self._settings.get(key) if key else None) or self._given_model_name()
         loaded = self._model_loaded()
         error = None
         failure = None if loaded else self._model_loads.failure
@@ -387,6 +387,11 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
 
     def _model_loaded(self) -> bool | None:
         """Whether the model is in memory now, for :meth:`health` (``None``: not a model this process loads)."""
+        return None
+
+    def _given_model_name(self) -> str | None:
+        """The name of a model handed to the provider as an object (no model setting needed), for :meth:`health`;
+        ``None`` when none was."""
         return None
 
     @staticmethod
