@@ -33,7 +33,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
@@ -50,8 +50,8 @@ from inference._servers.answer_reading import (
     redirect_problem,
     server_message,
     shown_request,
-    utf8_lines,
 )
+from inference._servers.event_lines import ErrorLine, json_items
 from inference._servers.transport import (
     CONNECT_TIMEOUT_MAX,
     ONE_CONNECTION,
@@ -430,7 +430,7 @@ class ServerClient:
         try:
             return await within(self.timeout, read_whole(response))
         except asyncio.TimeoutError:
-            raise self._timeout_error(operation, None) from None
+            raise self.timeout_error(operation, None) from None
         except AnswerTooLarge as error:
             raise self.protocol_error(operation, f"an answer of {error}") from None
         except httpx.HTTPError as error:
@@ -490,7 +490,7 @@ class ServerClient:
         if isinstance(cause, httpx.TimeoutException) or (
             openai is not None and isinstance(error, openai.APITimeoutError)
         ):
-            return self._timeout_error(operation, cause)
+            return self.timeout_error(operation, cause)
         if isinstance(cause, (httpx.TransportError, OSError)) or (
             openai is not None and isinstance(error, openai.APIConnectionError)
         ):
@@ -510,7 +510,8 @@ class ServerClient:
             f"{self.where} failed during {operation}: {type(error).__name__}: {error}",
         )
 
-    def _timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
+    def timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
+        """The error for no answer (``cause`` ``None``), or no connection, within the timeout."""
         if isinstance(cause, httpx.ConnectTimeout):
             what = f"accept a connection within {self.httpx_timeout.connect:g} s"
         else:
@@ -549,7 +550,7 @@ class ServerClient:
         operation: str,
         json_body: Any = None,
         handlers: ErrorHandlers | None = None,
-        error_line: Callable[[str, httpx.Response], InferenceError] | None = None,
+        error_line: ErrorLine | None = None,
         sse: bool = False,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """Send one request and read its answer as JSON lines (NDJSON), each parsed as it arrives.
@@ -577,7 +578,7 @@ class ServerClient:
                     raise self.error_from_response(answer, operation=operation, handlers=handlers)
                 if (redirect := redirect_problem(response)) is not None:
                     raise self.protocol_error(operation, redirect)
-                lines = self._json_lines(response, operation, error_line, sse)
+                lines = json_items(self, response, operation, error_line, sse)
                 try:
                     yield lines
                 finally:
@@ -586,55 +587,6 @@ class ServerClient:
             raise
         except httpx.HTTPError as error:
             raise self.error_from_exception(error, operation=operation) from error
-
-    async def _json_lines(
-        self,
-        response: httpx.Response,
-        operation: str,
-        error_line: Callable[[str, httpx.Response], InferenceError] | None,
-        sse: bool = False,
-    ) -> AsyncGenerator[Any, None]:
-        lines = utf8_lines(response)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        while True:
-            try:  # the next item within the timeout: httpx's is per read, and a line dripped byte by byte, or
-                # comments (": ping") sent for ever, would never end
-                line = await within(max(deadline - loop.time(), 0.0), lines.__anext__())
-            except StopAsyncIteration:
-                return
-            except asyncio.TimeoutError:
-                raise self._timeout_error(operation, None) from None
-            except UnicodeDecodeError as error:  # as a whole answer's body: never text with bytes replaced
-                raise self.protocol_error(operation, f"text that is not UTF-8 ({error.reason})") from error
-            except AnswerTooLarge as error:
-                raise self.protocol_error(operation, f"a stream of {error} (it did not end)") from None
-            if sse:
-                if not line.startswith("data:"):
-                    continue
-                line = line[5:].strip()
-                if line == "[DONE]":
-                    return
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except (ValueError, RecursionError) as error:  # RecursionError: JSON nested thousands deep
-                raise self.protocol_error(operation, f"a line that is not JSON ({error})") from error
-            if isinstance(item, dict) and item.get("error"):  # "error": null is a serializer's empty field
-                message = hide_request_secrets(server_message(item), response.request)
-                if error_line is not None:
-                    raise error_line(message, response)
-                response.request = shown_request(response.request)
-                raise ServerResponseError(
-                    f"{self.where} failed during {operation}: {message}. The server failed; its log says why",
-                    request=response.request,
-                    response=response,
-                    provider=self.provider,
-                    url=self.shown_url,
-                )
-            yield item
-            deadline = loop.time() + self.timeout  # the caller's time between items is not the server's
 
     def error_from_response(
         self, response: httpx.Response, *, operation: str, handlers: ErrorHandlers | None = None
