@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -391,3 +391,69 @@ async def test_llamacpp_n_threads_bounds_the_prompt_decodes_too(tiny_models: dic
             await provider.generate("Hello", model="m", max_tokens=1)
             context = provider._llama.ctx
             assert (llama_cpp.llama_n_threads(context), llama_cpp.llama_n_threads_batch(context)) == (1, 1)
+
+
+# Server streams (llama.cpp's own llama-server) --------------------------------------------------------------
+
+
+@pytest.fixture
+def llama_server_process(tiny_models: dict[str, Any], tmp_path: Path) -> Iterator[Any]:
+    """A real ``llama-server`` on the tiny Qwen2 (skipped without ``make llama-server``)."""
+    from test_llamacpp_server_provider import LlamaCppServer, require_llama_server
+
+    server = LlamaCppServer(require_llama_server(), tiny_models["qwen2"].gguf_path, [], tmp_path / "server.log")
+    yield server
+    server.stop()
+
+
+async def cancel_twice(stream: AsyncIterator[Any], steps: int) -> None:
+    """Consume ``stream`` in a task; at its first piece cancel the task, and cancel it again ``steps`` event-loop
+    steps later, while the first cancellation is still closing the stream (a consumer cancelled again, a timeout
+    striking during the clean-up)."""
+    first_piece = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in stream:
+            first_piece.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first_piece.wait(), 120)
+    task.cancel()
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 120)
+
+
+SECOND_CANCEL_STEPS = range(6)  # before the fix, the second cancellation after 1 step left the connection half closed
+
+
+async def test_llamacpp_server_a_stream_cancelled_twice_leaves_its_connection_usable(
+    llama_server_process: Any,
+) -> None:
+    """The llamacpp-server provider sends a request and its adapter list over one kept connection. A second
+    cancellation during the first one's close used to leave that connection counted as in use: the next call waited
+    the whole timeout for it (``ProviderTimeoutError: ... did not answer within 5 s (list the server's LoRA
+    adapters)``). The next call must now be answered."""
+    from inference.llamacpp_server_provider import LlamaCppServerProvider
+
+    async with LlamaCppServerProvider(base_url=llama_server_process.url, max_retries=0, timeout=5) as provider:
+        for steps in SECOND_CANCEL_STEPS:
+            await cancel_twice(provider.stream(PROMPT, model="tiny", max_tokens=400, temperature=0), steps)
+            result = await provider.generate(PROMPT, model="tiny", max_tokens=SHORT, temperature=0)
+            assert result.completion_tokens == SHORT, steps
+
+
+async def test_openai_a_stream_cancelled_twice_closes_its_connection(llama_server_process: Any) -> None:
+    """Through the pooled client, a second cancellation during the first one's close used to leave the connection
+    open and counted as in use: the server went on generating for nobody, and enough such streams exhausted the pool
+    (``ProviderTimeoutError`` from httpx's pool timeout). The connection must now be closed."""
+    from test_http_faults import connection_open_to, wait_for
+
+    from inference.openai_provider import OpenAIProvider
+
+    for steps in SECOND_CANCEL_STEPS:
+        async with OpenAIProvider(base_url=f"{llama_server_process.url}/v1", max_retries=0, timeout=5) as provider:
+            await cancel_twice(provider.stream(PROMPT, model="tiny", max_tokens=400, temperature=0), steps)
+            await wait_for(lambda: not connection_open_to(llama_server_process.port), f"closed ({steps} steps)", 20)

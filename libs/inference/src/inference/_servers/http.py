@@ -349,13 +349,18 @@ class ServerClient:
         For a sequence of requests that must reach one server process (read a server's state, then send a request
         that depends on it): compare :attr:`connection` after each answer. The connection is made again only when
         it was closed (by the server, a restart, a keep-alive limit), which then shows as another
-        :attr:`connection`. The client is kept for a later call, with its connection open.
+        :attr:`connection`. The client is kept for a later call, with its connection open, when the block ended
+        without an error and left the connection idle; otherwise it is closed (a connection left in use would make the
+        next call wait its whole timeout).
         """
         client = self._kept.pop() if self._kept else self._single_connection_client()
+        clean = False
         try:
             yield client
+            clean = True
         finally:
-            if len(self._kept) < ONE_CONNECTION_CLIENTS_KEPT:
+            transport = client._transport
+            if clean and (transport is None or transport.at_rest()) and len(self._kept) < ONE_CONNECTION_CLIENTS_KEPT:
                 self._kept.append(client)
             else:
                 await client.aclose()

@@ -4,7 +4,8 @@ Like httpx's own ``_transports/``, this is the layer a request passes through on
 :class:`PooledTransport` sends through several connection pools in turn and retries connect errors and the statuses
 429, 502, 503 and 504 (:class:`RetryPolicy`: exponential backoff, ``Retry-After`` capped), in this one place, for
 requests sent by the providers and by the ``openai`` client alike. Nothing here logs a header; every URL logged is
-redacted first.
+redacted first. A request is sent, and its answer read and closed, so that a cancellation reaches httpcore at most
+once (:mod:`inference._servers.cancel_once`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import httpx
 
 from inference._core.redaction import redact_url
+from inference._servers.cancel_once import CancelOnceStream, apart, close_for_sure
 
 __all__ = [
     "CONNECT_TIMEOUT_MAX",
@@ -138,7 +140,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
         retry_number = 0
         while True:
             try:
-                response = await self._next_pool().handle_async_request(request)
+                response = await apart(self._next_pool().handle_async_request(request), _close)
             except httpx.ConnectError as error:  # the request never reached the server: safe to resend
                 if retry_number >= self._policy.max_retries:
                     raise
@@ -149,12 +151,14 @@ class PooledTransport(httpx.AsyncBaseTransport):
                     raise
                 delay, reason = self._policy.delay(retry_number), f"a dropped connection ({error})"
             else:
+                if isinstance(response.stream, httpx.AsyncByteStream):
+                    response.stream = CancelOnceStream(response.stream)
                 self.last_connection = response.extensions.get("network_stream")
                 if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
                     return response
                 delay = self._policy.delay(retry_number, response.headers.get("retry-after"))
                 reason = f"status {response.status_code}"
-                await response.aclose()
+                await close_for_sure(response.aclose())
             retry_number += 1
             self._logger.info(
                 "retrying %s %s in %.2f s after %s (retry %d of %d)",
@@ -167,6 +171,18 @@ class PooledTransport(httpx.AsyncBaseTransport):
             )
             await asyncio.sleep(delay)
 
+    def at_rest(self) -> bool:
+        """Whether no connection is in use: every one is idle or closed (none left half closed by a failure)."""
+        return all(
+            connection.is_idle() or connection.is_closed()
+            for pool in self._pools
+            for connection in pool._pool.connections
+        )
+
     async def aclose(self) -> None:
         for pool in self._pools:
             await pool.aclose()
+
+
+async def _close(response: httpx.Response) -> None:
+    await response.aclose()
