@@ -603,3 +603,23 @@ async def test_a_post_after_an_idle_pause_goes_out_on_a_fresh_connection() -> No
     finally:
         await client.aclose()
         server.close()
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        # a UTF-8 byte order mark before the first event: that event used to be dropped without a word
+        [b'\xef\xbb\xbfdata: {"t": "a"}\n\n', b'data: {"t": "b"}\n\ndata: [DONE]\n\n'],
+        # one event over several data lines, joined with newlines (the SSE spec): used to be refused as not JSON
+        [b'data: {"t":\ndata: "a"}\n\n', b'event: x\ndata: {"t": "b"}\n\n', b"data: [DONE]\n\n"],
+        # the same with CR LF line ends, one split between two reads
+        [b'data: {"t":\r', b'\ndata: "a"}\r\n\r\n', b'data:{"t": "b"}\r\n\r\ndata: [DONE]\r\n\r\n'],
+    ],
+    ids=["bom", "multiline", "multiline-crlf-split"],
+)
+async def test_server_sent_events_follow_the_spec(chunks: list[bytes]) -> None:
+    client = make_client()
+    with respx.mock:
+        respx.post(f"{BASE}/chat").mock(return_value=httpx.Response(200, stream=LineStream(chunks)))
+        assert await read_all(client, f"{BASE}/chat", sse=True) == [{"t": "a"}, {"t": "b"}]
+    await client.aclose()

@@ -90,8 +90,7 @@ def redirect_problem(response: httpx.Response) -> str | None:
 async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
     """The lines of a streamed answer, decoded as UTF-8 whatever charset its headers name (JSON lines and
     server-sent events are UTF-8), strictly: bytes that are not UTF-8 raise ``UnicodeDecodeError`` rather than
-    becoming U+FFFD in the text. A CR LF split between two reads gives an extra blank line (blank lines are
-    skipped).
+    becoming U+FFFD in the text. A CR LF split between two reads ends one line (a blank line ends an event).
 
     Raises:
         AnswerTooLarge: The lines went over :data:`MAX_ANSWER_BYTES` (their bytes as received): a stream that does
@@ -100,11 +99,16 @@ async def utf8_lines(response: httpx.Response) -> AsyncIterator[str]:
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     pending: list[str] = []  # the line so far, in pieces: joined only once it ends (never again per piece)
     pending_bytes, limit, total = 0, MAX_ANSWER_BYTES, 0
+    after_cr = False  # the last read ended with CR: an LF that starts the next one ends no second line
     async for chunk in response.aiter_bytes():
         total += len(chunk)
         if total > limit:  # the caller keeps what the lines say (the text so far): a stream that never ends
             raise AnswerTooLarge(limit)
         text = decoder.decode(chunk)
+        if after_cr and text.startswith("\n"):
+            text = text[1:]
+        if text:
+            after_cr = text.endswith("\r")
         if _LINE_END.search(text) is None:
             pending.append(text)
             pending_bytes += len(chunk)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -28,7 +28,7 @@ from inference.exceptions import InferenceError, ServerResponseError
 if TYPE_CHECKING:
     from inference._servers.http import ServerClient
 
-__all__ = ["ErrorLine", "json_items"]
+__all__ = ["ErrorLine", "json_items", "sse_data"]
 
 ErrorLine = Callable[[str, httpx.Response], InferenceError]
 """Builds the error an ``{"error": ...}`` item means, from the server's message and the response."""
@@ -41,10 +41,10 @@ async def json_items(
     error_line: ErrorLine | None,
     sse: bool = False,
 ) -> AsyncGenerator[Any, None]:
-    """The parsed items of ``response``: each JSON line, or with ``sse`` the JSON of each ``data:`` line until
-    ``data: [DONE]``; errors carry ``http``'s provider, server and URL (see
+    """The parsed items of ``response``: each JSON line, or with ``sse`` the JSON of each event's data
+    (:func:`sse_data`) until ``data: [DONE]``; errors carry ``http``'s provider, server and URL (see
     :meth:`~inference._servers.http.ServerClient.stream_json_lines`)."""
-    lines = utf8_lines(response)
+    lines = sse_data(utf8_lines(response)) if sse else utf8_lines(response)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + http.timeout
     while True:
@@ -59,12 +59,8 @@ async def json_items(
             raise http.protocol_error(operation, f"text that is not UTF-8 ({error.reason})") from error
         except AnswerTooLarge as error:
             raise http.protocol_error(operation, f"a stream of {error} (it did not end)") from None
-        if sse:
-            if not line.startswith("data:"):
-                continue
-            line = line[5:].strip()
-            if line == "[DONE]":
-                return
+        if sse and line.strip() == "[DONE]":
+            return
         if not line.strip():
             continue
         try:
@@ -85,3 +81,25 @@ async def json_items(
             )
         yield item
         deadline = loop.time() + http.timeout  # the caller's time between items is not the server's
+
+
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The data of each server-sent event in ``lines``, as the SSE spec reads it: the values of an event's ``data:``
+    lines (one space after the colon dropped) joined with newlines, the event ending at a blank line; other fields
+    (``event:``, ``id:``) and comments (``: ping``) are skipped, and a byte order mark before the first line is
+    dropped. Data left without its blank line when the answer ends is given too."""
+    data: list[str] = []
+    first = True
+    async for line in lines:
+        if first:
+            line, first = line.removeprefix("\ufeff"), False
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
