@@ -226,6 +226,16 @@ def test_dora_is_refused(adapter_copy: Path, tiny_models: dict[str, TinyModel], 
     assert not (tmp_path / "out.gguf").exists()
 
 
+def test_layer_replication_is_refused_naming_the_key(
+    adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """The converted adapter applied to the original layers: 12.5 nats from PEFT, and convert-adapter exited 0."""
+    _edit_config(adapter_copy, layer_replication=[[1, 2], [0, 1]])
+    with pytest.raises(InvalidAdapterError, match=r"uses layer_replication \(PEFT builds a deeper model"):
+        convert_peft_to_gguf(adapter_copy, tiny_models["qwen2"].gguf_path, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
 def test_trained_biases_are_refused(adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:
     _edit_config(adapter_copy, bias="all")
     with pytest.raises(InvalidAdapterError, match="bias"):

@@ -430,6 +430,24 @@ async def test_a_failed_first_adapter_leaves_the_plain_model_intact(qwen2: Any, 
         assert await fresh.list_adapters() == ["good"]
 
 
+async def test_a_layer_replication_adapter_is_refused_and_the_base_model_keeps_its_layers(
+    qwen2: Any, tmp_path: Path
+) -> None:
+    """PEFT's layer_replication copies the shared model's layers in place: requests naming no adapter answered
+    differently after the load, and still after unload_adapter."""
+    def replicate(config: dict[str, Any]) -> None:  # PEFT's model: layer 1, then layer 0 (so a0's weights fit)
+        config["layer_replication"] = [[1, 2], [0, 1]]
+
+    replicated = copy_adapter(qwen2.adapter_dirs["a0"], tmp_path / "replicated", replicate)
+    async with TransformersProvider(model_name=str(qwen2.hf_dir)) as fresh:
+        expected = (await fresh.generate(PROMPTS[2], model="", max_tokens=12, temperature=0)).text
+        with pytest.raises(InvalidAdapterError, match=r"uses layer_replication \(PEFT builds a deeper model"):
+            await fresh.load_adapter("replicated", replicated)
+        assert await fresh.list_adapters() == []
+        assert (await fresh.generate(PROMPTS[2], model="", max_tokens=12, temperature=0)).text == expected
+        assert len(fresh.model.model.layers) == 2
+
+
 async def test_lifecycle_errors_are_typed(provider: TransformersProvider, qwen2: Any) -> None:
     with pytest.raises(AdapterNotFoundError, match="not loaded"):
         await provider.generate(PROMPTS[0], model="", adapter_id="nope", max_tokens=4)

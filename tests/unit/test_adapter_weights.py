@@ -114,6 +114,7 @@ async def test_replacing_weights_removes_the_old_directory_and_each_weights_obje
         (AdapterWeights(tensors(), {**CONFIG, "rank_pattern": {"(q_proj": 2}}), "not a valid regular expression"),
         (AdapterWeights(tensors(), {**CONFIG, "alpha_pattern": {"q_proj": "big"}}), "alpha_pattern\\['q_proj'\\]"),
         (AdapterWeights(tensors(), {**CONFIG, "target_modules": r".*\.q_proj"}), "not among target_modules"),
+        (AdapterWeights(tensors(), {**CONFIG, "layer_replication": [[0, 1], [0, 1]]}), "uses layer_replication \\("),
         # a config no adapter_config.json can hold (a TypeError from json.dumps at save)
         (AdapterWeights(tensors(), {**CONFIG, "task_type": object()}), "holds a value that is not JSON"),
     ],

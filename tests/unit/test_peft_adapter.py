@@ -148,6 +148,9 @@ def test_an_init_that_leaves_the_base_alone_is_accepted(tmp_path: Path, init: An
         ("velora_config", {"rank": 4}, "VeLoRA"),
         ("monteclora_config", {"n_samples": 2}, "MonteCLoRA"),
         ("kasa_config", {"r": 4}, "KaSA"),
+        # PEFT copies the shared base model's layers in place: requests without the adapter changed too
+        ("layer_replication", [[0, 2], [1, 2]], "PEFT builds a deeper model from copies of the base model's layers"),
+        ("target_parameters", ["mlp.experts.down_proj"], "LoRA on parameters"),
     ],
 )
 def test_a_variant_whose_forward_pass_is_not_plain_lora_is_refused(
@@ -155,6 +158,12 @@ def test_a_variant_whose_forward_pass_is_not_plain_lora_is_refused(
 ) -> None:
     error = refusal(make_adapter(tmp_path, **{key: value}))
     assert f"uses {key} ({what}" in str(error) and "train a plain LoRA" in str(error)
+
+
+def test_target_parameters_are_refused_by_name_not_as_missing_target_modules(tmp_path: Path) -> None:
+    """PEFT saves ``target_modules: []`` beside ``target_parameters``: the refusal names the key that is set."""
+    error = refusal(make_adapter(tmp_path, target_modules=[], target_parameters=["self_attn.q_proj.weight"]))
+    assert "uses target_parameters (" in str(error) and "no usable target_modules" not in str(error)
 
 
 @pytest.mark.parametrize("bias", ["all", "lora_only"])

@@ -142,6 +142,7 @@ def check_lora_config(
     """Refuse a LoRA config no backend here can serve; return its rank, alpha and target modules.
 
     Checks: ``peft_type`` is ``LORA``; no DoRA, no variant whose forward pass is not plain LoRA (aLoRA...), no
+    ``layer_replication`` (a deeper model made of copies of the base's layers), no ``target_parameters``; no
     ``init_lora_weights`` that rewrites the base weights (PiSSA, CorDA, OLoRA, LoftQ); ``bias`` is ``"none"``; no
     ``modules_to_save``; ``r`` is a positive integer; ``lora_alpha`` is a finite number float32 can hold;
     ``target_modules`` is a list of names or one regular expression (as PEFT takes it); ``rank_pattern`` maps
@@ -210,8 +211,14 @@ _FORWARD_CHANGING = {
     "velora_config": "VeLoRA compresses the activations",
     "monteclora_config": "MonteCLoRA samples the adapter's weights",
     "kasa_config": "KaSA adapts with singular values",
+    "layer_replication": (
+        "PEFT builds a deeper model from copies of the base model's layers, and makes them in the shared base model "
+        "itself, so requests without the adapter would change too"
+    ),
+    "target_parameters": "LoRA on parameters such as MoE experts' weights, not on linear layers",
 }
-"""LoRA variants whose forward pass is not ``scaling * B @ A @ x``, and what they do instead."""
+"""LoRA variants and options whose adapted model is not its linear layers plus ``scaling * B @ A @ x``, and what
+they do instead."""
 
 
 def _fits_float32(value: object) -> bool:
