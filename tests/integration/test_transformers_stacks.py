@@ -10,7 +10,9 @@ after a replacement, an unload or an eviction (no row ever uses a stale slot).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -235,6 +237,23 @@ async def test_after_replace_unload_and_evict_no_row_uses_a_stale_slot(
             await provider.load_adapter("c", adapter_dirs[10])
             await provider.load_adapter("d", adapter_dirs[11])  # max_adapters=4: two are evicted
         await _agree(stacked, reference, ["a0", "c", "d", "b"])  # evicted ones come back, fresh
+
+
+async def test_weights_of_a_layer_the_config_leaves_out_are_ignored_as_peft_ignores_them(
+    arch: str, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """``layers_to_transform=0`` (one layer number, which PEFT takes) over a file that also holds layer 1's weights:
+    the stacks applied layer 1 too, where PEFT builds no layer for it and ignores them."""
+    model = tiny_models[arch]
+    adapter = tmp_path / "layer0"
+    shutil.copytree(model.adapter_dirs["a0"], adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "layers_to_transform": 0}))
+    async with _provider(model, stacking=True) as stacked, _provider(model, stacking=False) as reference:
+        for provider in (stacked, reference):
+            await provider.load_adapter("layer0", adapter)
+            await provider.load_adapter("a0", model.adapter_dirs["a0"])
+        await _agree(stacked, reference, ["layer0", "a0", None, "layer0"])
 
 
 async def test_a_high_rank_adapter_loaded_and_unloaded_leaves_the_stacks_as_the_others_need(

@@ -115,6 +115,11 @@ async def test_replacing_weights_removes_the_old_directory_and_each_weights_obje
         (AdapterWeights(tensors(), {**CONFIG, "alpha_pattern": {"q_proj": "big"}}), "alpha_pattern\\['q_proj'\\]"),
         (AdapterWeights(tensors(), {**CONFIG, "target_modules": r".*\.q_proj"}), "not among target_modules"),
         (AdapterWeights(tensors(), {**CONFIG, "layer_replication": [[0, 1], [0, 1]]}), "uses layer_replication \\("),
+        # weights PEFT would ignore: for a module the config's exclude_modules or layers_to_transform leave out
+        (AdapterWeights(tensors(), {**CONFIG, "exclude_modules": ["v_proj"]}),
+         "v_proj, which is excluded by exclude_modules=\\[v_proj\\]"),
+        (AdapterWeights(tensors(), {**CONFIG, "layers_to_transform": [1]}),
+         "q_proj, which is in layer 0, which layers_to_transform=\\[1\\] leaves out"),
         # a config no adapter_config.json can hold (a TypeError from json.dumps at save)
         (AdapterWeights(tensors(), {**CONFIG, "task_type": object()}), "holds a value that is not JSON"),
     ],

@@ -254,6 +254,19 @@ def test_a_rank_the_weights_do_not_have_is_refused_from_the_header(
         ({"alpha_pattern": {"q_proj": None}}, "alpha_pattern['q_proj'] = None"),
         ({"alpha_pattern": "q_proj"}, "alpha_pattern that is a str"),
         ({"target_modules": ".*(q_proj"}, "target_modules entry '.*(q_proj' that is not a valid regular expression"),
+        # the keys that select which modules PEFT adapts, as PEFT takes them
+        ({"layers_to_transform": "1"}, "layers_to_transform='1': expected a layer number or a list of them"),
+        ({"layers_to_transform": [0, True]}, "expected a layer number or a list of them"),
+        ({"layers_to_transform": [1], "layers_pattern": 3}, "layers_pattern=3: expected the name of the module list"),
+        ({"layers_to_transform": [1], "layers_pattern": "(layers"}, "layers_pattern entry '(layers' that is not"),
+        ({"layers_to_transform": [1], "layers_pattern": "(?P<index>x)"}, "not a valid regular expression"),
+        ({"layers_to_transform": [1], "layers_pattern": ["h", "(a+)+"]}, "repeats a repetition"),
+        ({"layers_pattern": "layers"}, "sets layers_pattern without layers_to_transform, which PEFT's LoraConfig"),
+        ({"target_modules": ".*q_proj", "layers_to_transform": [1]}, "sets layers_to_transform with target_modules as"),
+        ({"target_modules": "all-linear", "layers_pattern": "layers"}, "sets layers_pattern with target_modules"),
+        ({"exclude_modules": "(q_proj"}, "exclude_modules entry '(q_proj' that is not a valid regular expression"),
+        ({"exclude_modules": [""]}, "exclude_modules=['']: expected module names or one regular expression"),
+        ({"exclude_modules": {"q_proj": 1}}, "exclude_modules={'q_proj': 1}: expected module names"),
     ],
 )
 def test_bad_numbers_and_patterns_are_refused_with_a_sentence(
@@ -261,6 +274,21 @@ def test_bad_numbers_and_patterns_are_refused_with_a_sentence(
 ) -> None:
     message = str(refusal(make_adapter(tmp_path, **changes)))
     assert hint in message and message.startswith("adapter at ")
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [
+        {"layers_to_transform": [1], "layers_pattern": "layers"},
+        {"layers_to_transform": 0},
+        {"layers_to_transform": [], "layers_pattern": ["h", "layers"]},
+        {"exclude_modules": ["model.layers.0.self_attn.q_proj"]},
+        {"exclude_modules": r".*\.0\..*", "target_modules": r".*_proj"},
+        {"exclude_modules": [], "layers_pattern": "", "layers_to_transform": None},
+    ],
+)
+def test_a_module_selection_peft_takes_is_accepted(tmp_path: Path, selection: dict[str, Any]) -> None:
+    assert read_peft_adapter(make_adapter(tmp_path, **selection)).rank == 8
 
 
 def test_a_regex_target_string_is_accepted_as_peft_takes_it(tmp_path: Path) -> None:

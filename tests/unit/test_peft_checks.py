@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from inference._inprocess.peft_slots import slot_shape
-from inference.adapters.peft import PeftAdapter, check_layer_shapes, check_target_modules
+from inference.adapters.peft import PeftAdapter, check_layer_shapes, check_target_modules, targets_module
 from inference.exceptions import InvalidAdapterError
 
 MODULES = ["", "model", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj", "lm_head"]
@@ -113,3 +113,43 @@ def test_adapters_of_one_lora_shape_share_a_slot_and_others_do_not() -> None:
     assert slot_shape(dict(config, use_dora=True)) is None  # a slot with more than LoRA matrices is never reused
     assert slot_shape(dict(config, bias="all")) is None
     assert slot_shape(dict(config, modules_to_save=["lm_head"])) is None
+
+
+
+L0_Q = "base_model.model.model.layers.0.self_attn.q_proj"
+L1_Q = "base_model.model.model.layers.1.self_attn.q_proj"
+L1_UP = "model.layers.1.mlp.up_proj"
+
+
+@pytest.mark.parametrize(
+    ("selection", "module", "adapted"),
+    [
+        # layers_to_transform: the first numbered segment of the name, or the one after layers_pattern
+        ({"layers_to_transform": [1]}, L0_Q, False),
+        ({"layers_to_transform": [1]}, L1_Q, True),
+        ({"layers_to_transform": 0}, L1_Q, False),  # one layer number, 0 included
+        ({"layers_to_transform": 0}, L0_Q, True),
+        ({"layers_to_transform": []}, L0_Q, True),  # an empty list selects every layer, as in PEFT
+        ({"layers_to_transform": [1], "layers_pattern": "layers"}, L0_Q, False),
+        ({"layers_to_transform": [1], "layers_pattern": ["h", "layers"]}, L1_Q, True),
+        ({"layers_to_transform": [0], "layers_pattern": "blocks"}, L0_Q, False),  # no blocks.<n>. in the name
+        ({"layers_to_transform": [0], "target_modules": ["lm_head"]}, "model.lm_head", False),  # in no numbered layer
+        ({"layers_to_transform": [0], "target_modules": ["lm_head"]}, "lm_head", True),  # a whole name: any layer
+        ({"layers_to_transform": [0], "target_modules": ["model.layers.1.self_attn.q_proj"]}, L1_Q, True),
+        # exclude_modules: names to equal or end with, or one regular expression the whole name matches
+        ({"exclude_modules": ["model.layers.0.self_attn.q_proj"]}, L0_Q, False),
+        ({"exclude_modules": ["layers.0.self_attn.q_proj"]}, L1_Q, True),
+        ({"exclude_modules": r".*\.0\..*"}, L0_Q, False),
+        ({"exclude_modules": r".*\.0\..*"}, L1_Q, True),
+        ({"exclude_modules": ["up_proj"]}, L1_UP, False),
+        ({}, L1_UP, True),
+        ({"target_modules": ["q_proj"]}, L1_UP, False),
+        ({"target_modules": r".*\.1\.mlp\..*", "exclude_modules": ["up_proj"]}, L1_UP, False),
+    ],
+)
+def test_the_modules_peft_adapts_are_the_ones_its_config_selects(
+    selection: dict[str, Any], module: str, adapted: bool
+) -> None:
+    """As PEFT's check_target_module_exists: the weights of a module it does not adapt, PEFT ignores on load."""
+    config = {"target_modules": ["q_proj", "v_proj", "up_proj"], **selection}
+    assert targets_module(config, module) is adapted

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from inference._core.dependencies import import_optional
 from inference._inprocess.hf_model import LoadedModel
 from inference._inprocess.lora_stacks import LoraStacks, lora_module_weights, not_stackable_reason
+from inference.adapters.peft_targets import untargeted_reason
 
 __all__ = ["StackedAdapters"]
 
@@ -116,12 +116,9 @@ def _layer_selection(config: Mapping[str, Any]) -> str | None:
 
 
 def _check_targeted(config: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
-    """Refuse weights for a module that ``target_modules`` does not name: PEFT builds no layer for it."""
-    targets = config.get("target_modules")
+    """Refuse weights for a module the config does not select (PEFT builds no layer for it and ignores them): PEFT
+    serves such an adapter, as it loads it."""
     for module in weights:
-        if isinstance(targets, str):
-            targeted = re.fullmatch(targets, module) is not None
-        else:
-            targeted = any(module == target or module.endswith(f".{target}") for target in targets or ())
-        if not targeted:
-            raise ValueError(f"weights for {module}, which target_modules does not name")
+        reason = untargeted_reason(config, module)
+        if reason is not None:
+            raise ValueError(f"weights for {module}, which {reason}")

@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 #: Part of every cache key: bump when the output of a conversion changes.
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 
 #: The ``general.*`` metadata that says what weights do; the rest of ``general.*`` only describes the file (its
 #: ``name`` is the directory it was converted from).

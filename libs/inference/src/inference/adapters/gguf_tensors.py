@@ -118,7 +118,9 @@ def gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider
     missing: list[str] = []
     for module in sorted(pairs):
         if not targets_module(config, module):
-            continue  # PEFT builds no LoRA layer for a module its target_modules do not name: it ignores these
+            # PEFT builds no LoRA layer for a module its config does not select (target_modules, exclude_modules,
+            # layers_to_transform, layers_pattern), and ignores its weights on load: so does the conversion.
+            continue
         pair = pairs[module]
         if set(pair) != {"A", "B"}:
             raise refuse(f"module {module} has lora_{next(iter(pair))} without its partner matrix")

@@ -20,6 +20,7 @@ from typing import Any
 
 from inference._core.paths import expand_path, path_identity
 from inference._core.validation import FLOAT32_MAX, is_real_number, listed
+from inference.adapters.peft_targets import layer_pattern, targets_module
 from inference.adapters.regex_safety import repeats_a_repetition
 from inference.exceptions import InvalidAdapterError
 
@@ -145,7 +146,8 @@ def check_lora_config(
     ``layer_replication`` (a deeper model made of copies of the base's layers), no ``target_parameters``; no
     ``init_lora_weights`` that rewrites the base weights (PiSSA, CorDA, OLoRA, LoftQ); ``bias`` is ``"none"``; no
     ``modules_to_save``; ``r`` is a positive integer; ``lora_alpha`` is a finite number float32 can hold;
-    ``target_modules`` is a list of names or one regular expression (as PEFT takes it); ``rank_pattern`` maps
+    ``target_modules`` is a list of names or one regular expression (as PEFT takes it), and ``exclude_modules``,
+    ``layers_to_transform`` and ``layers_pattern`` are what PEFT takes; ``rank_pattern`` maps
     regular expressions to positive integers and ``alpha_pattern`` to numbers float32 can hold.
     ``refuse(reason)`` builds the error (its message starts with what the adapter is).
     """
@@ -184,6 +186,7 @@ def check_lora_config(
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
         shown = listed(targets) if isinstance(targets, list) else repr(targets)[:100]
         raise refuse(f"has no usable target_modules ({shown}): give module names or one regular expression")
+    _check_module_selection(config, refuse)
     for name, rule, valid in (
         ("rank_pattern", "a positive integer", lambda value: isinstance(value, int) and not isinstance(value, bool)
          and value >= 1),
@@ -197,6 +200,47 @@ def check_lora_config(
             if not valid(value):
                 raise refuse(f"has {name}[{key[:100]!r}] = {repr(value)[:100]}: expected {rule}")
     return rank, float(alpha), targets
+
+
+def _check_module_selection(config: dict[str, Any], refuse: Callable[[str], InvalidAdapterError]) -> None:
+    """Refuse ``exclude_modules``, ``layers_to_transform`` and ``layers_pattern`` values PEFT could not use, and the
+    combinations its ``LoraConfig`` refuses (see :mod:`inference.adapters.peft_targets` for what they select)."""
+    excluded = config.get("exclude_modules")
+    if isinstance(excluded, str) and excluded:
+        _require_pattern(excluded, "exclude_modules", excluded, refuse)
+    elif excluded and (not isinstance(excluded, list) or not all(isinstance(name, str) and name for name in excluded)):
+        raise refuse(
+            f"has exclude_modules={repr(excluded)[:100]}: expected module names or one regular expression"
+        )
+    layers = config.get("layers_to_transform")
+    if layers is not None and not (
+        _is_layer_number(layers) or (isinstance(layers, list) and all(_is_layer_number(number) for number in layers))
+    ):
+        raise refuse(f"has layers_to_transform={repr(layers)[:100]}: expected a layer number or a list of them")
+    patterns = config.get("layers_pattern")
+    if patterns is not None:
+        entries = [patterns] if isinstance(patterns, str) else patterns
+        if not isinstance(entries, list) or not all(isinstance(entry, str) for entry in entries):
+            raise refuse(
+                f"has layers_pattern={repr(patterns)[:100]}: expected the name of the module list its layers are "
+                "numbered in (such as 'layers'), or a list of them"
+            )
+        for entry in entries:
+            if entry:
+                _require_pattern(entry, "layers_pattern", layer_pattern(entry), refuse)
+    targets = config.get("target_modules")
+    for key in ("layers_to_transform", "layers_pattern"):
+        if isinstance(targets, str) and config.get(key) is not None:
+            raise refuse(
+                f"sets {key} with target_modules as one regular expression ({targets[:100]!r}), which PEFT's "
+                "LoraConfig refuses: list the target module names instead"
+            )
+    if patterns and layers is None:
+        raise refuse("sets layers_pattern without layers_to_transform, which PEFT's LoraConfig refuses: give both")
+
+
+def _is_layer_number(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _FLOAT32_RULE = f"that float32 can hold (at most {FLOAT32_MAX:.4g} in size)"
@@ -251,17 +295,6 @@ def pattern_key(patterns: Mapping[str, Any], module: str) -> str | None:
     """
     name = module.removeprefix("base_model.model.")
     return next((key for key in patterns if re.match(rf"(.*\.)?({key})$", name)), None)
-
-
-def targets_module(config: Mapping[str, Any], module: str) -> bool:
-    """Whether ``target_modules`` covers ``module`` (a state-dict module name), as PEFT decides: a string is a
-    regular expression the whole name must match (``"all-linear"``: every linear layer), a list holds names
-    the module's name equals or ends with (after a ``.``)."""
-    targets = config.get("target_modules")
-    name = module.removeprefix("base_model.model.")
-    if isinstance(targets, str):
-        return targets == "all-linear" or re.fullmatch(targets, name) is not None
-    return any(name == target or name.endswith("." + target) for target in targets or ())
 
 
 def check_ranks(

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference._core.validation import FLOAT32_MAX, listed
-from inference.adapters.peft import CONFIG_NAME, check_lora_config, check_ranks, targets_module
+from inference._core.validation import FLOAT32_MAX
+from inference.adapters.peft import CONFIG_NAME, check_lora_config, check_ranks
+from inference.adapters.peft_targets import untargeted_reason
 from inference.exceptions import ConfigurationError, InvalidAdapterError, MissingDependencyError
 
 __all__ = ["AdapterWeights"]
@@ -119,10 +120,9 @@ class AdapterWeights:
             if found != {"A", "B"}:
                 missing = "lora_B" if "A" in found else "lora_A"
                 raise refuse(f"hold no {module}.{missing}.weight for its pair")
-            if not targets_module(config, module):
-                targets = config["target_modules"]
-                shown = repr(targets[:100]) if isinstance(targets, str) else f"[{listed(targets)}]"
-                raise refuse(f"hold {module}, which is not among target_modules={shown}")
+            reason = untargeted_reason(config, module)
+            if reason is not None:  # PEFT would build no layer for it, and ignore these weights
+                raise refuse(f"hold {module}, which {reason}")
         check_ranks(config, shapes, refuse)
         for name, tensor in self.tensors.items():
             problem = _value_problem(tensor)
