@@ -226,6 +226,37 @@ def test_dora_is_refused(adapter_copy: Path, tiny_models: dict[str, TinyModel], 
     assert not (tmp_path / "out.gguf").exists()
 
 
+def test_a_save_during_a_conversion_never_leaves_a_cached_file_named_for_other_weights(
+    tiny_models: dict[str, TinyModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adapter_copy: Path
+) -> None:
+    """A training loop saving into the adapter directory between the cache's digest and the conversion's read left a
+    file named for a0's weights holding a1's; the cache is never pruned, so every later load of a0 got a1."""
+    from inference.adapters.gguf import lora_content_digest
+
+    model = tiny_models["qwen2"]
+    weights = adapter_copy / "adapter_model.safetensors"
+    a0_bytes, a1_bytes = weights.read_bytes(), (model.adapter_dirs["a1"] / "adapter_model.safetensors").read_bytes()
+    expected = {
+        name: lora_content_digest(convert_peft_to_gguf(path, model.gguf_path, tmp_path / f"{name}.gguf"), provider="t")
+        for name, path in (("a0", adapter_copy), ("a1", model.adapter_dirs["a1"]))
+    }
+    original = gguf_conversion.gguf_lora_tensors
+
+    def saved_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        weights.write_bytes(a1_bytes)  # the next step's save lands while the conversion starts
+        return original(*args, **kwargs)
+
+    cache = tmp_path / "cache"
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf_conversion, "gguf_lora_tensors", saved_meanwhile)
+        raced = convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache)
+    assert lora_content_digest(raced, provider="t") == expected["a0"]  # the weights it read are the ones it names
+    for name, content in (("a0", a0_bytes), ("a1", a1_bytes)):  # later loads of each content get that content
+        weights.write_bytes(content)
+        cached = convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache)
+        assert lora_content_digest(cached, provider="t") == expected[name], name
+
+
 def test_layer_replication_is_refused_naming_the_key(
     adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path
 ) -> None:

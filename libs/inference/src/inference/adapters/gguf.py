@@ -29,9 +29,11 @@ weights :mod:`inference.adapters.peft_arrays`. Every public name of the first tw
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from inference._core.paths import directory_problem, expand_path
@@ -43,7 +45,7 @@ from inference.adapters.gguf_layout import (
 )
 from inference.adapters.gguf_tensors import file_alpha, gguf_lora_tensors, import_gguf, permute_llama_rows
 from inference.adapters.peft import PeftAdapter, check_base_model, read_peft_adapter
-from inference.adapters.peft_arrays import read_chunks
+from inference.adapters.peft_arrays import read_chunks, read_weights
 from inference.exceptions import AdapterConversionError, ConfigurationError
 
 __all__ = [
@@ -173,9 +175,12 @@ def convert_peft_to_gguf_cached(
 ) -> Path:
     """Like :func:`convert_peft_to_gguf`, into a content-addressed cache: each adapter converts once.
 
-    The file name is a digest of the adapter's ``adapter_config.json`` and weight bytes, the base model's
-    architecture and tensor layout, and the converter version. A second call with the same inputs returns
-    the cached file without converting; a changed adapter or another base gets a new file.
+    The file name is a digest of the adapter's config and weight bytes, the base model's architecture and tensor
+    layout, and the converter version. A second call with the same inputs returns the cached file without
+    converting; a changed adapter or another base gets a new file. A conversion reads the weights once, and names
+    its file by the digest of exactly the bytes it converted: an adapter saved again while it converts (a training
+    loop writing into the same directory) gets the file of whichever content was read, never one named for the
+    other.
 
     Args:
         peft_dir: The PEFT LoRA adapter directory.
@@ -223,21 +228,28 @@ def convert_peft_to_gguf_for_layout_cached(
     adapter = _read_adapter(peft_dir, layout, provider=provider)
     directory = expand_path(cache_dir)
     _require_writable_directory(directory, "adapter cache directory", provider=provider)
-    target = directory / _cached_name(adapter, layout, provider=provider)
+    # A hit is found by streaming the weights through the digest (memory stays flat however large they are).
+    target = directory / _cached_name(adapter, layout, read_chunks(adapter.weights_path, adapter, provider))
+    if target.is_file():
+        return target
+    # A miss converts the bytes it names the file by: read once, so that a save into the adapter directory meanwhile
+    # (a training loop) cannot leave a file named for one content holding another, which every later load of that
+    # content would get. The conversion holds the whole file in memory anyway.
+    weights = read_weights(adapter, provider)
+    target = directory / _cached_name(adapter, layout, [weights])
     if not target.is_file():
-        _convert(adapter, layout, target, provider=provider)
+        _convert(adapter, layout, target, provider=provider, weights=weights)
     return target
 
 
-def _cached_name(adapter: PeftAdapter, layout: BaseModelLayout, *, provider: str) -> str:
-    """``<directory name>-<digest>.gguf``: a digest of the converter version, the layout's fingerprint and the
-    adapter's config and weight bytes."""
+def _cached_name(adapter: PeftAdapter, layout: BaseModelLayout, weights: Iterable[bytes]) -> str:
+    """``<directory name>-<digest>.gguf``: a digest of the converter version, the layout's fingerprint, the
+    adapter's config (as read and converted) and its weights' bytes."""
     digest = hashlib.sha256()
     digest.update(f"inference-gguf-lora-{CONVERTER_VERSION}\0{layout.fingerprint()}\0".encode())
-    for part in (adapter.path / "adapter_config.json", adapter.weights_path):
-        for chunk in read_chunks(part, adapter, provider):
-            digest.update(chunk)
-        digest.update(b"\0")
+    digest.update(json.dumps(adapter.config, sort_keys=True).encode() + b"\0")
+    for chunk in weights:
+        digest.update(chunk)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", adapter.path.resolve().name) or "adapter"
     return f"{stem}-{digest.hexdigest()[:24]}.gguf"
 
@@ -264,9 +276,12 @@ def _same_file(path: Path, other: Path) -> bool:
         return False
 
 
-def _convert(adapter: PeftAdapter, layout: BaseModelLayout, destination: Path, *, provider: str) -> None:
-    """Write the adapter's GGUF LoRA tensors for ``layout`` into ``destination``, atomically."""
-    tensors = gguf_lora_tensors(adapter, layout, provider=provider)
+def _convert(
+    adapter: PeftAdapter, layout: BaseModelLayout, destination: Path, *, provider: str, weights: bytes | None = None
+) -> None:
+    """Write the adapter's GGUF LoRA tensors for ``layout`` into ``destination``, atomically (from ``weights``, the
+    weights file's bytes, when given)."""
+    tensors = gguf_lora_tensors(adapter, layout, provider=provider, weights=weights)
     gguf = import_gguf(provider)
 
     def refuse(message: str) -> AdapterConversionError:

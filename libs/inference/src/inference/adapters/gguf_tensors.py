@@ -52,8 +52,13 @@ def permute_llama_rows(rows: Any, n_head: int) -> Any:
     return rows.reshape(n_head, 2, half_head, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-def gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider: str) -> dict[str, Any]:
+def gguf_lora_tensors(
+    adapter: PeftAdapter, layout: BaseModelLayout, *, provider: str, weights: bytes | None = None
+) -> dict[str, Any]:
     """Map the adapter's PEFT tensors onto the base's GGUF tensors: ``{"<base tensor>.lora_a" | ".lora_b": array}``.
+
+    ``weights`` are the weights file's bytes when the caller has read them already (the cache names the output by
+    their digest); ``None`` reads the file.
 
     Raises:
         InvalidAdapterError: The weights are unreadable, hold non-finite values, or do not match its ranks.
@@ -89,18 +94,18 @@ def gguf_lora_tensors(adapter: PeftAdapter, layout: BaseModelLayout, *, provider
     arch_enum = next((key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == layout.architecture), None)
     if arch_enum is None:
         raise refuse(f"the installed gguf package has no tensor name map for the architecture {layout.architecture!r}")
-    weights = read_lora_arrays(adapter, provider)
+    arrays = read_lora_arrays(adapter, provider, weights)
 
     def refuse_invalid(reason: str) -> InvalidAdapterError:
         return InvalidAdapterError(f"adapter at {adapter.path} {reason}", provider=provider, path=str(adapter.path))
 
-    check_ranks(adapter.config, {key: tuple(array.shape) for key, array in weights.items()}, refuse_invalid)
+    check_ranks(adapter.config, {key: tuple(array.shape) for key, array in arrays.items()}, refuse_invalid)
     # Map layer numbers past the base's last block too, so that they are reported as missing by name.
-    layer_numbers = [int(number) for key in weights for number in re.findall(r"\.layers\.(\d+)\.", key)]
+    layer_numbers = [int(number) for key in arrays for number in re.findall(r"\.layers\.(\d+)\.", key)]
     name_map = gguf.get_tensor_name_map(arch_enum, max([layout.block_count, *(n + 1 for n in layer_numbers)]))
 
     pairs: dict[str, dict[str, Any]] = {}
-    for key, array in weights.items():
+    for key, array in arrays.items():
         match = _PEFT_KEY.fullmatch(key)
         if match is None:
             if "lora_embedding" in key:

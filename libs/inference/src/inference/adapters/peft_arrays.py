@@ -7,6 +7,7 @@ that says to save the adapter again.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Iterator
@@ -16,22 +17,41 @@ from typing import Any
 from inference.adapters.peft import PeftAdapter
 from inference.exceptions import AdapterConversionError, InvalidAdapterError
 
-__all__ = ["read_chunks", "read_lora_arrays"]
+__all__ = ["read_chunks", "read_lora_arrays", "read_weights"]
 
 _SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 
 
-def read_lora_arrays(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
+def read_lora_arrays(adapter: PeftAdapter, provider: str, data: bytes | None = None) -> dict[str, Any]:
     """Every tensor of the adapter's weights file, by its state-dict key, as a float32 numpy array.
+
+    Args:
+        adapter: The adapter.
+        provider: The provider asking, for errors.
+        data: The weights file's bytes, already read (:func:`read_weights`); ``None`` reads the file.
 
     Raises:
         InvalidAdapterError: The file is unreadable, corrupt or truncated.
         AdapterConversionError: A tensor is stored in a type other than F32, F16, BF16 or F64, or the file is a
             PyTorch pickle and torch is not installed.
     """
+    if data is None:
+        data = read_weights(adapter, provider)
     if adapter.weights_path.suffix == ".safetensors":
-        return _read_safetensors(adapter, provider)
-    return _read_torch_bin(adapter, provider)
+        return _read_safetensors(adapter, provider, data)
+    return _read_torch_bin(adapter, provider, data)
+
+
+def read_weights(adapter: PeftAdapter, provider: str) -> bytes:
+    """The bytes of the adapter's weights file, read once: what is hashed is then what is converted.
+
+    Raises:
+        InvalidAdapterError: The file is unreadable.
+    """
+    try:
+        return adapter.weights_path.read_bytes()
+    except OSError as error:
+        raise _corrupt(adapter, f"unreadable: {error}", provider) from error
 
 
 def read_chunks(path: Path, adapter: PeftAdapter, provider: str) -> Iterator[bytes]:
@@ -58,14 +78,10 @@ def _unconvertible(adapter: PeftAdapter, problem: str, provider: str) -> Adapter
     return AdapterConversionError(message, provider=provider, path=str(adapter.path))
 
 
-def _read_safetensors(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
-    """Read a safetensors file into float32-compatible numpy arrays (also bf16, which numpy lacks)."""
+def _read_safetensors(adapter: PeftAdapter, provider: str, data: bytes) -> dict[str, Any]:
+    """Read a safetensors file's bytes into float32-compatible numpy arrays (also bf16, which numpy lacks)."""
     import numpy as np
 
-    try:
-        data = adapter.weights_path.read_bytes()
-    except OSError as error:
-        raise _corrupt(adapter, f"unreadable: {error}", provider) from error
     if len(data) < 8:
         raise _corrupt(adapter, "shorter than a safetensors header", provider)
     header_size = int.from_bytes(data[:8], "little")
@@ -127,7 +143,7 @@ def _require_one_after_another(
         raise _corrupt(adapter, f"its tensors cover {position} of its {size} data bytes", provider)
 
 
-def _read_torch_bin(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
+def _read_torch_bin(adapter: PeftAdapter, provider: str, data: bytes) -> dict[str, Any]:
     try:
         import torch
     except ImportError as error:
@@ -138,7 +154,7 @@ def _read_torch_bin(adapter: PeftAdapter, provider: str) -> dict[str, Any]:
             provider,
         ) from error
     try:
-        state = torch.load(adapter.weights_path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises pickle, zip and runtime errors on a bad file
         raise _corrupt(adapter, str(error), provider) from error
     if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
