@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -632,3 +634,56 @@ async def test_files_changed_in_place_are_never_served_under_the_id_without_a_re
     assert provider.adapter_stats().get("step").replacements == 1  # type: ignore[union-attr]
     await provider.load_adapter("step", path)  # unchanged since: nothing to do
     assert provider.backend_loads == 3
+
+
+def keep_times(path: Path, like: Path) -> None:
+    """Give ``path`` the access and modification times of ``like`` (what cp -p and rsync -t do)."""
+    info = like.stat()
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def rewrite_keeping_times(saved: Path, content: bytes) -> None:
+    """Write ``content`` into ``saved`` in place and set its times back: only its status change time tells."""
+    before = saved.stat()
+    for _ in range(5000):
+        saved.write_bytes(content)
+        os.utime(saved, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = saved.stat()
+        assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+        if after.st_ctime_ns != before.st_ctime_ns:  # the kernel stamps it from a clock that ticks every few ms
+            return
+        time.sleep(0.001)
+    pytest.skip("this filesystem keeps no status change time that a write moves")
+
+
+@pytest.mark.parametrize("how", ["rewritten in place", "symbolic link moved"])
+async def test_files_changed_with_their_sizes_and_times_kept_are_not_served_under_the_id(
+    tmp_path: Path, how: str
+) -> None:
+    """A save that keeps each file's size and modification time (cp -p, rsync -t, a filesystem with 1 s times), or
+    a link moved to a directory whose files look the same: after an eviction the id served the other weights."""
+    provider = FakeProvider(max_adapters=1)
+    first = write_adapter(tmp_path / "step1", b"weights of step 1")
+    second = write_adapter(tmp_path / "step2", b"weights of step 2")  # the same sizes
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        keep_times(Path(second) / name, Path(first) / name)
+    path = first
+    if how == "symbolic link moved":
+        path = str(tmp_path / "current")
+        os.symlink(first, path)
+    await provider.load_adapter("step", path)
+
+    if how == "rewritten in place":
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            rewrite_keeping_times(Path(first) / name, (Path(second) / name).read_bytes())
+    else:
+        os.symlink(second, tmp_path / "next")
+        os.replace(tmp_path / "next", path)
+
+    await provider.load_adapter("other", "/adapters/other")  # max_adapters=1: "step" is evicted
+    with pytest.raises(InvalidAdapterError, match=r"changed since it was loaded.*replace=True"):
+        await provider.generate("p", model="m", adapter_id="step")
+    with pytest.raises(AdapterAlreadyLoadedError, match=r"replace=True"):  # a link now names another directory
+        await provider.load_adapter("step", path)
+    await provider.load_adapter("step", path, replace=True)  # the new files, as any replace
+    assert (await provider.generate("p", model="m", adapter_id="step")).adapter_id == "step"
