@@ -35,6 +35,8 @@ class GatedProvider(FakeProvider):
         self.active = 0
         self.most_active = 0
         self.load_delay = 0.0
+        self.load_gate = asyncio.Event()  # backend loads wait for it
+        self.load_gate.set()
         self.stream_closed = False
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
@@ -57,6 +59,7 @@ class GatedProvider(FakeProvider):
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         adapter_path = source.path
         await asyncio.sleep(self.load_delay)
+        await self.load_gate.wait()
         if "corrupt" in adapter_path:
             raise InvalidAdapterError(f"adapter at {adapter_path} is corrupt", provider=self.name)
         await super()._load_adapter(adapter_id, source)
@@ -492,6 +495,38 @@ async def test_requests_that_started_before_the_switch_finish_on_the_old_weights
     assert (await new_request).text == await expected_text("a", "/v2/a", "p")
     await replacing
     assert provider.resident_adapters == ["a@2"]
+
+
+async def listed(provider: FakeProvider, adapter_ids: list[str]) -> None:
+    """Return once ``list_adapters()`` is ``adapter_ids``."""
+    while await provider.list_adapters() != adapter_ids:
+        await asyncio.sleep(0.001)
+
+
+async def test_an_unload_during_a_replace_while_a_request_holds_the_old_weights_returns() -> None:
+    """unload_adapter called while a replacement loads and a request still holds the old weights used to wait for
+    ever once that request ended (the replacement, waiting for the same request, took its wake-up), and so did the
+    loads of the id behind it."""
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/v1/a")
+    provider.gate.clear()
+    old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
+    await asyncio.sleep(0)
+    provider.load_gate.clear()
+    replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
+    await asyncio.sleep(0)  # the new weights are loading
+    unloading = asyncio.create_task(provider.unload_adapter("a"))
+    await asyncio.wait_for(listed(provider, []), timeout=5)  # the unload waits for the old request
+    provider.load_gate.set()
+    await asyncio.wait_for(listed(provider, ["a"]), timeout=5)  # switched: the replacement waits for it too
+    provider.gate.set()
+    await asyncio.wait_for(asyncio.gather(replacing, unloading), timeout=5)
+    assert (await old_request).text == await expected_text("a", "/v1/a", "p")
+    held = [stats.backend_name for stats in provider.adapter_stats().adapters if stats.resident]
+    assert provider.resident_adapters == held and "a" not in held  # the old weights are gone, the record agrees
+    await asyncio.wait_for(provider.load_adapter("a", "/v2/a"), timeout=5)
+    after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    assert after.text == await expected_text("a", "/v2/a", "p")
 
 
 async def test_200_generations_through_20_replacements_half_of_them_bad_never_fail_or_mix() -> None:

@@ -368,7 +368,8 @@ class AdapterRegistry:
         finally:
             entry.in_flight -= 1
             if entry.in_flight == 0 and entry.drained is not None:
-                entry.drained.set()
+                entry.drained.set()  # wakes every drainer (an unload_adapter and a replacement's retirement)
+                entry.drained = None
             if (
                 entry.in_flight == 0
                 and not self._closed()
@@ -617,9 +618,11 @@ class AdapterRegistry:
 
     async def _drain_and_unload(self, adapter_id: str, entry: _Entry, **detail: object) -> None:
         """Wait for the requests using ``entry`` and for a transition in progress, then unload its weights from the
-        backend where they are."""
-        if entry.in_flight:
-            entry.drained = asyncio.Event()
+        backend where they are. Several may drain one entry at once (an unload of an id whose replacement retires
+        the same weights): they share its ``drained`` event, and the first to wake unloads."""
+        while entry.in_flight:
+            if entry.drained is None:
+                entry.drained = asyncio.Event()
             await entry.drained.wait()
         while entry.transition is not None:
             await asyncio.shield(entry.transition)
