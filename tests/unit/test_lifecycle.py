@@ -503,6 +503,12 @@ async def listed(provider: FakeProvider, adapter_ids: list[str]) -> None:
         await asyncio.sleep(0.001)
 
 
+async def holding(provider: FakeProvider, backend_names: list[str]) -> None:
+    """Return once the backend holds exactly ``backend_names``."""
+    while provider.resident_adapters != backend_names:
+        await asyncio.sleep(0.001)
+
+
 async def test_an_unload_during_a_replace_while_a_request_holds_the_old_weights_returns() -> None:
     """unload_adapter called while a replacement loads and a request still holds the old weights used to wait for
     ever once that request ended (the replacement, waiting for the same request, took its wake-up), and so did the
@@ -527,6 +533,27 @@ async def test_an_unload_during_a_replace_while_a_request_holds_the_old_weights_
     await asyncio.wait_for(provider.load_adapter("a", "/v2/a"), timeout=5)
     after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
     assert after.text == await expected_text("a", "/v2/a", "p")
+
+
+async def test_an_id_loaded_again_while_its_replaced_weights_drain_keeps_the_weights_it_loaded() -> None:
+    """A replaced id unloaded while a request still held its old weights, then loaded again, used to load under the
+    name those old weights held: their unload, once the request ended, removed the new weights, and the id, still
+    listed, failed every request."""
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/v1/a")
+    provider.gate.clear()
+    old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
+    await asyncio.sleep(0)
+    replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
+    await asyncio.wait_for(holding(provider, ["a", "a@2"]), timeout=5)  # switched; the old weights drain
+    await provider.unload_adapter("a")
+    await provider.load_adapter("a", "/v3/a")
+    provider.gate.set()
+    await asyncio.wait_for(asyncio.gather(old_request, replacing), timeout=5)
+    after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    assert after.text == await expected_text("a", "/v3/a", "p") and await provider.list_adapters() == ["a"]
+    held = [stats.backend_name for stats in provider.adapter_stats().adapters if stats.resident]
+    assert provider.resident_adapters == held and len(held) == 1  # the old weights are gone, the new ones stay
 
 
 async def test_200_generations_through_20_replacements_half_of_them_bad_never_fail_or_mix() -> None:

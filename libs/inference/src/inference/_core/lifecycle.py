@@ -23,7 +23,8 @@ The registry is the single place that decides:
 Backends only do the real work through two callables, ``load(name, source)`` and ``unload(name)``, which the
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
 the id itself until it is first replaced, then ``versioned(id, n)`` (``use()`` yields it, and requests are sent to
-the backend under it).
+the backend under it); an id loaded again while its replaced weights still drain under the id itself gets a
+``versioned(id, n)`` name too.
 
 Every backend load, unload, eviction and reload is counted (:meth:`AdapterRegistry.stats`), logged and traced
 (:mod:`inference._core.lifecycle_events`). The names of replaced weights are in :mod:`inference._core.backend_names`,
@@ -276,16 +277,22 @@ class AdapterRegistry:
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
+                # replaced weights of an earlier load may still drain under the id itself: never load over them
+                backend = self._new_version(adapter_id) if adapter_id in self._by_backend else adapter_id
                 entry = _Entry(
-                    source=source, backend=adapter_id, identity=identity, pinned=pin, files=source_files_state(source)
+                    source=source, backend=backend, identity=identity, pinned=pin, files=source_files_state(source)
                 )
                 self._entries[adapter_id] = entry
+                if backend != adapter_id:
+                    self._by_backend[backend] = entry
                 try:
                     await self._make_resident(adapter_id, entry)
                 except BaseException:
                     # A cancelled caller may leave the backend holding the adapter: keep the record then.
                     if not entry.resident and self._entries.get(adapter_id) is entry:
                         del self._entries[adapter_id]
+                        if backend != adapter_id:
+                            del self._by_backend[backend]
                         self._events.forget_unloaded(adapter_id)
                     raise
                 return
@@ -427,10 +434,9 @@ class AdapterRegistry:
         Returns the cancellation that arrived after the backend had loaded the new weights (the switch is made
         anyway: the backend holds them), else ``None``. A failed load raises with ``old`` untouched.
         """
-        version, self._next_version = self._next_version, self._next_version + 1
         new = _Entry(
             source=source,
-            backend=self._versioned(adapter_id, version),
+            backend=self._new_version(adapter_id),
             identity=identity,
             pinned=old.pinned or pin,
             files=source_files_state(source),
@@ -452,6 +458,11 @@ class AdapterRegistry:
         self._events.replaced(adapter_id)
         logger.info("%s: adapter %r now serves %s (was %s)", self._provider, adapter_id, source.path, old.path)
         return interrupted
+
+    def _new_version(self, adapter_id: str) -> str:
+        """A backend name for new weights of ``adapter_id`` that no weights in the backend have."""
+        version, self._next_version = self._next_version, self._next_version + 1
+        return self._versioned(adapter_id, version)
 
     async def _retire(self, adapter_id: str, old: _Entry) -> None:
         """Unload replaced weights after the requests still using them."""
