@@ -693,7 +693,20 @@ def test_derived_names_are_valid_ollama_names_that_decode_back(adapter_id: str) 
     assert namespace == DERIVED_NAMESPACE
     assert re.fullmatch(_OLLAMA_NAMESPACE, namespace) and re.fullmatch(_OLLAMA_PART, model)
     assert re.fullmatch(_OLLAMA_PART, tag) and tag == base_model_digest("llama3.2")
-    assert parse_derived_model_name(name) == (adapter_id, tag)
+    assert parse_derived_model_name(name) == (adapter_id, tag, 1)
+
+
+@pytest.mark.parametrize("adapter_id", ["x", "x_", "X", "x.replaced", "x.replaced-2", "a0.9"])
+def test_a_replacements_model_is_a_valid_name_no_id_can_take_and_decodes_to_its_id(adapter_id: str) -> None:
+    """The backend name of an id's 2nd weights (``id@2``) gets a model of its own; an id ending like a replacement
+    (``x.replaced-2`` was the name of x's) must not share it."""
+    name = derived_model_name(f"{adapter_id}@2", "llama3.2")
+    namespace, rest = name.split("/")
+    model, tag = rest.split(":")
+    assert namespace == DERIVED_NAMESPACE and re.fullmatch(_OLLAMA_PART, model) and ".." not in model
+    assert parse_derived_model_name(name) == (adapter_id, tag, 2)
+    lookalikes = [f"{adapter_id}{end}" for end in (".replaced-2", "_.replaced-2", "_replaced-2", "-2", "_2")]
+    assert name not in {derived_model_name(lookalike, "llama3.2") for lookalike in lookalikes}
 
 
 def test_ids_that_differ_in_case_get_different_models() -> None:
@@ -969,6 +982,23 @@ async def test_replace_swaps_the_model(
     assert await adapters.list_adapters() == ["a0"]
 
 
+async def test_a_replacement_never_takes_the_model_of_an_id_named_like_it(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any]
+) -> None:
+    """Replacing 'x' used to create its new model under the name of the user's adapter 'x.replaced-2' (its weights
+    were overwritten), and unloading 'x' deleted it: that adapter stayed listed and every request for it failed."""
+    await adapters.load_adapter("x.replaced-2", tiny_models["qwen2"].adapter_dirs["a2"])
+    theirs = server.creates[-1]["adapters"]
+    await adapters.load_adapter("x", qwen_lora)
+    await adapters.load_adapter("x", tiny_models["qwen2"].adapter_dirs["a1"], replace=True)
+    result = await adapters.generate("Hi", model=BASE_MODEL, adapter_id="x.replaced-2")
+    assert server.models[result.model]["adapters"] == theirs  # still its own weights
+    await adapters.unload_adapter("x")
+    assert await adapters.list_adapters() == ["x.replaced-2"]
+    result = await adapters.generate("Hi", model=BASE_MODEL, adapter_id="x.replaced-2")
+    assert result.adapter_id == "x.replaced-2" and server.models[result.model]["adapters"] == theirs
+
+
 async def test_200_generations_through_20_replacements_half_of_them_bad_never_fail_or_mix(
     adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -1071,6 +1101,34 @@ async def test_a_new_provider_finds_adapters_an_earlier_one_created(
         await second.load_adapter("Style_B", qwen_lora)
         assert server.creates[-1]["adapters"] == {"a0.gguf": digest_of(qwen_lora.read_bytes())}
     assert all(model in server.models for model in USER_MODELS)
+
+
+async def test_a_new_provider_sees_a_replaced_adapter_under_its_id(
+    server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """A replaced id's model, found on the server by a new process, is that id (it was listed as the id
+    'x.replaced-2'): requests for the id use it, a replacement made there is numbered after it, and an unload
+    deletes it."""
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL, adapter_cache_dir=tmp_path) as first:
+        await first.load_adapter("x", qwen_lora)
+        await first.load_adapter("x", tiny_models["qwen2"].adapter_dirs["a1"], replace=True)
+        replaced = server.creates[-1]["model"]
+    assert [name for name in server.models if name not in USER_MODELS] == [replaced]
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL, adapter_cache_dir=tmp_path) as second:
+        assert await second.list_adapters() == ["x"]
+        result = await second.generate("Hi", model=BASE_MODEL, adapter_id="x")
+        assert (result.adapter_id, result.model) == ("x", replaced)
+        await second.load_adapter("x", tiny_models["qwen2"].adapter_dirs["a2"], replace=True)
+        newest = server.creates[-1]["model"]
+        assert newest not in (replaced, derived_model_name("x", BASE_MODEL))
+        assert [name for name in server.models if name not in USER_MODELS] == [newest]
+        assert (await second.generate("Hi", model=BASE_MODEL, adapter_id="x")).model == newest
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL, adapter_cache_dir=tmp_path) as third:
+        assert (await third.generate("Hi", model=BASE_MODEL, adapter_id="x")).model == newest  # found
+        await third.load_adapter("x", qwen_lora)  # created again from these files, in place of the one found
+        assert await third.list_adapters() == ["x"]
+        await third.unload_adapter("x")
+        assert await third.list_adapters() == [] and set(server.models) == set(USER_MODELS)
 
 
 async def test_a_new_provider_prefers_the_derived_model_on_its_own_base(

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
+from inference._core.backend_names import Discovered, parse_versioned_name
 from inference._core.deadlines import within
 from inference._core.paths import directory_problem, expand_path
 from inference._core.redaction import redact_url
@@ -213,7 +214,7 @@ class OllamaProvider(InferenceProvider):
                 provider=self.name,
             )
         self._models = OllamaModels(self._http, self.native_url, self.adapter_cache_dir)
-        self._adapter_models: dict[str, _AdapterModel] = {}  # adapter id -> its derived model
+        self._adapter_models: dict[str, _AdapterModel] = {}  # backend name (id, or id@n once replaced) -> model
         # Per event loop (a cached provider may serve several asyncio.run calls, and a lock is bound to the loop
         # it was first awaited on): "load:<id>" serialises that id's load_adapter calls, "heal" the recreations.
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
@@ -295,7 +296,7 @@ class OllamaProvider(InferenceProvider):
         async with self._lock(f"load:{adapter_id}"):
             registry = self._adapter_registry
             known = registry.path_of(adapter_id)
-            record = self._adapter_models.get(adapter_id)
+            record = self._adapter_models.get(registry.backend_name(adapter_id))
             if (
                 known is not None
                 and record is not None
@@ -304,7 +305,12 @@ class OllamaProvider(InferenceProvider):
                 and os.fspath(adapter_path) != known
                 and registry.in_flight(adapter_id) == 0
             ):
-                registry.forget(adapter_id)  # found on the server: create it again from the files the caller names
+                # found on the server: create it again from the files the caller names, under its name, or for a
+                # replaced id's model (another name) as a replacement, which deletes the model found
+                if registry.backend_name(adapter_id) == adapter_id:
+                    registry.forget(adapter_id)
+                else:
+                    replace = True
             current_base = record.base if record is not None else None
             if known is not None and current_base is not None and not _same_model(current_base, base):
                 # The registry compares paths only; another base model is another derived model.
@@ -374,28 +380,34 @@ class OllamaProvider(InferenceProvider):
             logger.info("Ollama model %r of adapter %r was already gone", name, adapter_id)
         self._adapter_models.pop(adapter_id, None)
 
-    async def _discover_adapter(self, adapter_id: str) -> str | None:
-        """Find a derived model made by an earlier provider (``/api/tags``); prefer the one on our base.
+    async def _discover_adapter(self, adapter_id: str) -> str | Discovered | None:
+        """Find a derived model made by an earlier provider (``/api/tags``); prefer the one on our base, then the
+        newest weights (a replaced id's ``_.replaced-n`` model).
 
         Returns:
-            The derived model's name, which the registry records as the adapter's path.
+            The derived model's name, which the registry records as the adapter's path (in a :class:`Discovered`
+            with its backend name ``id@n`` for a replaced id's model).
         """
         candidates = [
-            (parsed[1], name)
+            (parsed, name)
             for name in await self._models.tags()
-            if (parsed := parse_derived_model_name(name)) is not None and parsed[0] == adapter_id
+            if (parsed := parse_derived_model_name(name)) is not None and parsed.adapter_id == adapter_id
         ]
         if not candidates:
             return None
         preferred = base_model_digest(self.base_model) if self.base_model else None
-        name = next((name for tag, name in candidates if tag == preferred), candidates[0][1])
-        self._adapter_models[adapter_id] = _AdapterModel(name)
-        return name
+        found, name = max(candidates, key=lambda pair: (pair[0].base_digest == preferred, pair[0].version))
+        self._adapter_models[found.backend_name] = _AdapterModel(name)
+        if found.version == 1:
+            return name
+        return Discovered(path=name, backend=found.backend_name, version=found.version)
 
     async def _list_adapters(self) -> list[str]:
         loaded = set(self._adapter_registry.ids())
-        being_unloaded = {adapter_id for adapter_id in self._adapter_models if adapter_id not in loaded}
-        on_server = {parsed[0] for name in await self._models.tags() if (parsed := parse_derived_model_name(name))}
+        held = {(parse_versioned_name(name) or (name, 1))[0] for name in self._adapter_models}  # backend names' ids
+        being_unloaded = held - loaded
+        derived = [parse_derived_model_name(name) for name in await self._models.tags()]
+        on_server = {model.adapter_id for model in derived if model is not None}
         return sorted(loaded | (on_server - being_unloaded))
 
     async def _recreating(self, request: GenerationRequest, send: Callable[[str], Awaitable[_T]]) -> tuple[str, _T]:
@@ -420,11 +432,6 @@ class OllamaProvider(InferenceProvider):
         return model, await send(model)
 
     # Generation -------------------------------------------------------------------------------------------
-
-    def _versioned_adapter_name(self, adapter_id: str, version: int) -> str:
-        """``id.replaced-N``: Ollama model names cannot hold the default ``@`` (an id of that form is the user's
-        to avoid)."""
-        return f"{adapter_id}.replaced-{version}"
 
     def _model_for(self, request: GenerationRequest) -> str:
         if request.adapter_id is not None:

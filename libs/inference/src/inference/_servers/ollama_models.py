@@ -3,10 +3,11 @@
 Ollama has no runtime adapter loading: a LoRA exists only baked into a model created ``FROM`` a base model.
 This module does that work for :class:`~inference.ollama_provider.OllamaProvider`:
 
-- :func:`derived_model_name` names the model ``inference-lora/<encoded adapter id>:<base digest>``. The
-  namespace is reserved for the SDK, so a derived model never collides with a user's model, and the name
-  decodes back to the adapter id (:func:`parse_derived_model_name`), so ``/api/tags`` tells a new process
-  which adapters exist.
+- :func:`derived_model_name` names the model ``inference-lora/<encoded adapter id>:<base digest>``, and the
+  weights of a replaced id (backend name ``id@n``) ``inference-lora/<encoded id>_.replaced-<n>:<base digest>``,
+  a name no id's model can take. The namespace is reserved for the SDK, so a derived model never collides with
+  a user's model, and the name decodes back to the adapter id and its replacement number
+  (:func:`parse_derived_model_name`), so ``/api/tags`` tells a new process which adapters exist.
 - :meth:`OllamaModels.adapter_files` turns what the user gave (a GGUF LoRA file, or a PEFT directory) into
   the files Ollama takes for that base: PEFT safetensors as they are for ``llama``/``gemma2`` bases (Ollama
   converts those itself), else a GGUF LoRA converted here against the base's layout from ``/api/show``.
@@ -24,10 +25,11 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
+from inference._core.backend_names import default_versioned_name, parse_versioned_name
 from inference._servers.http import ServerAnswer, ServerClient
 from inference.exceptions import (
     AdapterConversionError,
@@ -42,6 +44,7 @@ __all__ = [
     "DERIVED_NAMESPACE",
     "OLLAMA_SAFETENSORS_ARCHITECTURES",
     "AdapterFile",
+    "DerivedName",
     "OllamaModels",
     "base_model_digest",
     "derived_model_name",
@@ -55,6 +58,8 @@ OLLAMA_SAFETENSORS_ARCHITECTURES = frozenset({"llama", "gemma2"})
 """Base architectures for which Ollama converts a PEFT safetensors adapter itself (``convert.ConvertAdapter``)."""
 
 _NAME_PART_MAX = 80  # Ollama's limit for the namespace, model and tag parts of a name
+_REPLACED = "_.replaced-"  # '_' then '.' is never in an encoded id ('_' is written '__'): no id ends this way
+_MODEL_PART = re.compile(r"((?:[a-z0-9.-]|_[a-z_])+)(?:_\.replaced-([1-9][0-9]*))?")
 _CHUNK = 1 << 20
 _DEFAULT_PREFIXES = ("registry.ollama.ai/library/", "library/")
 
@@ -75,6 +80,26 @@ def decode_adapter_id(model_part: str) -> str | None:
     return re.sub(r"_([a-z_])", lambda match: "_" if match[1] == "_" else match[1].upper(), model_part)
 
 
+class DerivedName(NamedTuple):
+    """What the name of a derived model says (:func:`parse_derived_model_name`).
+
+    Attributes:
+        adapter_id: The id of the adapter it holds.
+        base_digest: The tag: the digest of the base model's name (:func:`base_model_digest`).
+        version: 1 for the model of the id itself, ``n`` for the weights it was replaced with under the backend
+            name ``id@n``.
+    """
+
+    adapter_id: str
+    base_digest: str
+    version: int
+
+    @property
+    def backend_name(self) -> str:
+        """The name the adapter registry knows these weights by: the id, or ``id@n``."""
+        return self.adapter_id if self.version == 1 else default_versioned_name(self.adapter_id, self.version)
+
+
 def base_model_digest(base_model: str) -> str:
     """Twelve hex digits naming a base model (``llama3.2`` and ``llama3.2:latest`` give the same)."""
     canonical = base_model.strip().lower()
@@ -89,25 +114,36 @@ def base_model_digest(base_model: str) -> str:
 def derived_model_name(adapter_id: str, base_model: str, *, provider: str = "ollama") -> str:
     """The Ollama model that holds ``adapter_id`` on ``base_model``: ``inference-lora/<id>:<base digest>``.
 
+    ``adapter_id`` may be the backend name ``id@n`` of a replaced id's weights: their model is
+    ``inference-lora/<id>_.replaced-<n>:<base digest>``.
+
     Example:
         >>> derived_model_name("Support_v2", "llama3.2")
         'inference-lora/_support__v2:17177962e713'
+        >>> derived_model_name("Support_v2@3", "llama3.2")
+        'inference-lora/_support__v2_.replaced-3:17177962e713'
 
     Raises:
         InvalidRequestError: The encoded id is longer than Ollama's 80 characters for a model name.
     """
-    model_part = encode_adapter_id(adapter_id)
+    versioned = parse_versioned_name(adapter_id)
+    if versioned is None:
+        model_part = encode_adapter_id(adapter_id)
+    else:
+        adapter_id, version = versioned
+        model_part = f"{encode_adapter_id(adapter_id)}{_REPLACED}{version}"
     if len(model_part) > _NAME_PART_MAX:
         raise InvalidRequestError(
             f"adapter id {adapter_id!r} is too long for an Ollama model name ({len(model_part)} characters once "
-            f"encoded, at most {_NAME_PART_MAX}; each uppercase letter and '_' takes two): use a shorter id",
+            f"encoded{' with its replacement number' if versioned else ''}, at most {_NAME_PART_MAX}; each "
+            "uppercase letter and '_' takes two): use a shorter id",
             provider=provider,
         )
     return f"{DERIVED_NAMESPACE}/{model_part}:{base_model_digest(base_model)}"
 
 
-def parse_derived_model_name(name: str) -> tuple[str, str] | None:
-    """``(adapter id, base digest)`` of a derived model's name, or ``None`` for any other model."""
+def parse_derived_model_name(name: str) -> DerivedName | None:
+    """``(adapter id, base digest, version)`` of a derived model's name, or ``None`` for any other model."""
     for prefix in ("registry.ollama.ai/",):
         if name.lower().startswith(prefix):
             name = name[len(prefix) :]
@@ -115,8 +151,11 @@ def parse_derived_model_name(name: str) -> tuple[str, str] | None:
     if not slash or namespace.lower() != DERIVED_NAMESPACE:
         return None
     model_part, _, tag = rest.partition(":")
-    adapter_id = decode_adapter_id(model_part)
-    return (adapter_id, tag or "latest") if adapter_id else None
+    parts = _MODEL_PART.fullmatch(model_part)
+    adapter_id = decode_adapter_id(parts[1]) if parts is not None else None
+    if parts is None or adapter_id is None or parts[2] == "1":
+        return None
+    return DerivedName(adapter_id, tag or "latest", int(parts[2] or 1))
 
 
 @dataclass(frozen=True)
