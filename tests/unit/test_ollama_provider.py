@@ -982,6 +982,22 @@ async def test_replace_swaps_the_model(
     assert await adapters.list_adapters() == ["a0"]
 
 
+async def test_derived_model_and_the_base_check_follow_a_replaced_id(
+    adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any]
+) -> None:
+    """derived_model('x') of a replaced id used to name its first model, which the replacement deleted; and loading
+    it again on another base did nothing instead of asking for replace=True."""
+    server.bases["tiny-qwen2-copy"] = server.bases[BASE_MODEL]
+    await adapters.load_adapter("x", qwen_lora)
+    replacement = tiny_models["qwen2"].adapter_dirs["a1"]
+    await adapters.load_adapter("x", replacement, replace=True)
+    result = await adapters.generate("Hi", model=BASE_MODEL, adapter_id="x")
+    assert adapters.derived_model("x") == result.model and result.model in server.models
+    with pytest.raises(AdapterAlreadyLoadedError, match="already applied to base model 'tiny-qwen2'"):
+        await adapters.load_adapter("x", replacement, base_model="tiny-qwen2-copy")
+    assert [create["from"] for create in server.creates] == [BASE_MODEL, BASE_MODEL]
+
+
 async def test_a_replacement_never_takes_the_model_of_an_id_named_like_it(
     adapters: OllamaProvider, server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any]
 ) -> None:

@@ -241,7 +241,8 @@ class OllamaProvider(InferenceProvider):
         return locks.setdefault(name, asyncio.Lock())
 
     def derived_model(self, adapter_id: str, base_model: str | None = None) -> str:
-        """The name of the Ollama model that holds ``adapter_id`` (loaded, or as it would be named).
+        """The name of the Ollama model that serves ``adapter_id`` now (loaded, a replaced id's newest, or as it
+        would be named).
 
         Args:
             adapter_id: The adapter id.
@@ -250,10 +251,14 @@ class OllamaProvider(InferenceProvider):
         Raises:
             ConfigurationError: The adapter is not loaded and no base model is known.
         """
-        record = self._adapter_models.get(adapter_id)
+        return self._model_of(self._adapter_registry.backend_name(adapter_id), base_model)  # id@n once replaced
+
+    def _model_of(self, name: str, base_model: str | None = None) -> str:
+        """The derived model of a backend name: an id, or ``id@n`` (weights an id was replaced with)."""
+        record = self._adapter_models.get(name)
         if record is not None:
             return record.name
-        return derived_model_name(adapter_id, self._base_for(adapter_id, base_model), provider=self.name)
+        return derived_model_name(name, self._base_for(name, base_model), provider=self.name)
 
     # Adapters ---------------------------------------------------------------------------------------------
 
@@ -375,7 +380,7 @@ class OllamaProvider(InferenceProvider):
                 )
 
     async def _unload_adapter(self, adapter_id: str) -> None:
-        name = self.derived_model(adapter_id)
+        name = self._model_of(adapter_id)
         if not await self._models.delete(name):
             logger.info("Ollama model %r of adapter %r was already gone", name, adapter_id)
         self._adapter_models.pop(adapter_id, None)
@@ -435,7 +440,7 @@ class OllamaProvider(InferenceProvider):
 
     def _model_for(self, request: GenerationRequest) -> str:
         if request.adapter_id is not None:
-            return self.derived_model(request.adapter_id)
+            return self._model_of(request.adapter_id)
         if not request.model:
             raise InvalidRequestError(
                 "Ollama needs a model name: pass model= (e.g. 'llama3.2'; `ollama list` shows what is pulled)",
