@@ -280,10 +280,26 @@ async def test_a_hub_id_loads_offline_from_the_cache_with_engine_arguments_from_
     hub = seen["hub"]
     assert hub["greedy"]["tokens"] == seen["greedy"][f"None|{PROMPTS[0]}"]["tokens"]
     assert hub["greedy"]["text"] == seen["greedy"][f"None|{PROMPTS[0]}"]["text"]
-    assert hub["max_num_seqs"] == 3
+    assert hub["max_num_seqs"] == 4
     assert hub["same_provider"]  # a mapping and its JSON text are one setting
     assert hub["not_cached"]["type"] == "ModelLoadError"
     assert "not in the local Hugging Face cache" in hub["not_cached"]["message"]
+
+
+async def test_base_requests_in_a_step_with_adapters_filling_every_slot_are_the_base_model(
+    seen: dict[str, Any],
+) -> None:
+    """With every one of the ``max_loras`` slots filled by an adapter, base-model requests (a generation, a score, a
+    next-token distribution) in the same engine step answer as the base model alone. vLLM's CPU kernels read a
+    request without an adapter from the last slot: they answered with the adapter's output."""
+    import numpy as np
+
+    case = seen["base_mixed"]
+    assert case["a0"] != case["alone"]["ids"]  # the adapter changes the answer
+    assert case["mixed"]["ids"] == case["alone"]["ids"] and case["a0_mixed"] == case["a0"]
+    assert case["mixed"]["score"] == pytest.approx(case["alone"]["score"], abs=1e-3)
+    assert float(np.abs(np.asarray(case["mixed"]["next"]) - np.asarray(case["alone"]["next"])).max()) < 1e-3
+    assert case["listed"] == ["a0"]  # the base model's own adapter is not one of the provider's
 
 
 async def test_the_engine_starts_off_the_event_loop_and_closes(seen: dict[str, Any]) -> None:

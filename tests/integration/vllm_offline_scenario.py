@@ -284,9 +284,9 @@ async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(HUB_REVISION)
     step = {"provider": "vllm-offline", "model_name": "tiny-org/tiny-vllm", "dtype": "float32", "max_model_len": 512,
-            "max_lora_rank": 8, "engine_args": {"max_num_seqs": 3}}
+            "max_lora_rank": 8, "max_loras": 1, "engine_args": {"max_num_seqs": 4}}
     provider = get_provider_for_step(step)
-    same = get_provider_for_step({**step, "engine_args": '{"max_num_seqs": 3}'})  # equal settings, one provider
+    same = get_provider_for_step({**step, "engine_args": '{"max_num_seqs": 4}'})  # equal settings, one provider
     missing = get_provider_for_step({**step, "model_name": "tiny-org/not-cached"})
     async with provider, missing:
         engine = await provider._engine()
@@ -297,6 +297,34 @@ async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
                                                          logprobs=2)),
             "not_cached": await error_of(missing.start()),
         }
+        out["base_mixed"] = await base_among_adapters(provider, engine)
+
+
+async def base_among_adapters(provider: VLLMOfflineProvider, engine: Any) -> dict[str, Any]:
+    """Base-model requests (a generation, a score, a next-token distribution) alone, and again in one engine step
+    with a request for an adapter that fills every one of the ``max_loras=1`` slots (vLLM's CPU kernels read a
+    request without an adapter from the last slot)."""
+
+    def base() -> list[Any]:
+        return [provider.generate(PROMPTS[0], model="tiny", max_tokens=8, temperature=0, return_token_ids=True),
+                provider.score(*SCORE_PAIRS[0], model="tiny"),
+                provider.next_token_logprobs([9, 8, 7, 6], "tiny")]
+
+    def seen(results: list[Any]) -> dict[str, Any]:
+        return {"ids": list(results[0].token_ids or ()), "score": results[1].logprob, "next": results[2].tolist()}
+
+    alone = seen([await work for work in base()])
+    await provider.load_adapter("a0", build_vllm_model().adapter_dirs["a0"])
+    a0 = await provider.generate(PROMPTS[0], model="tiny", adapter_id="a0", max_tokens=8, temperature=0,
+                                 return_token_ids=True)
+    await engine.llm.pause_generation(mode="keep", clear_cache=False)  # all four reach the engine's first step
+    tasks = [asyncio.ensure_future(work) for work in [*base(), provider.generate(
+        PROMPTS[0], model="tiny", adapter_id="a0", max_tokens=8, temperature=0, return_token_ids=True)]]
+    await until(lambda: engine.llm.get_num_unfinished_requests() == 4, "the four requests in the engine")
+    await engine.llm.resume_generation()
+    mixed = await asyncio.gather(*tasks)
+    return {"alone": alone, "mixed": seen(list(mixed[:3])), "a0": list(a0.token_ids or ()),
+            "a0_mixed": list(mixed[3].token_ids or ()), "listed": await provider.list_adapters()}
 
 
 async def until(condition: Any, what: str) -> None:

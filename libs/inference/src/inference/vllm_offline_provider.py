@@ -29,7 +29,7 @@ from inference._inprocess.vllm_engine import (
     Engine,
     sampling_params,
     shut_down,
-    start_engine,
+    started_engine,
     token_logprobs,
 )
 from inference.adapters.peft import read_peft_adapter
@@ -185,7 +185,7 @@ class VLLMOfflineProvider(InferenceProvider):
             engine = await asyncio.shield(starting)
         except Exception:
             return  # it never started
-        await shut_down(engine.llm)
+        await shut_down(engine)
 
     # Generation ---------------------------------------------------------------------------------------------
 
@@ -368,7 +368,7 @@ class VLLMOfflineProvider(InferenceProvider):
         Leaving early (a cancelled caller, a stream closed) aborts the engine's request: vLLM's ``generate``
         does it when its generator is closed.
         """
-        lora = self._loras.get(adapter_id) if adapter_id is not None else None
+        lora = self._loras.get(adapter_id) if adapter_id is not None else engine.base_lora  # vllm_base_slot
         request_id = f"inference-{next(self._request_ids)}"
         outputs = engine.llm.generate(prompt, params, request_id, lora_request=lora)
         try:
@@ -486,8 +486,7 @@ class VLLMOfflineProvider(InferenceProvider):
                 **({"max_model_len": self.max_model_len} if self.max_model_len is not None else {}),
                 **self._engine_arguments,
             }
-            engine = asyncio.to_thread(start_engine, self.model_name, settings)
-            starting = self._starting = asyncio.ensure_future(engine)
+            starting = self._starting = asyncio.ensure_future(started_engine(self.model_name, settings))
         try:
             return await asyncio.shield(starting)
         except Exception:

@@ -17,6 +17,13 @@ from inference._core.scoring import Vocabulary
 from inference._core.validation import GenerationRequest
 from inference._inprocess.hf_prompt import scoring_vocabulary
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
+from inference._inprocess.vllm_base_slot import (
+    BASE_ADAPTER_ID,
+    BASE_ADAPTER_NAME,
+    needs_base_adapter,
+    remove_base_adapter,
+    write_base_adapter,
+)
 from inference.exceptions import InvalidRequestError, ModelLoadError, TokenLimitError
 from inference.options import GenerationOptions
 from inference.results import TokenLogprob
@@ -42,6 +49,11 @@ class Engine:
     refusals: tuple[type[Exception], ...] = (ValueError, TypeError)
     """What vLLM raises for a request it refuses (its ``VLLMClientError``, the errors of a 4xx on its server):
     an :class:`~inference.exceptions.InvalidRequestError`, never an engine failure."""
+    base_lora: Any = None
+    """The ``LoRARequest`` requests on the base model carry (:mod:`~inference._inprocess.vllm_base_slot`; on vLLM's
+    CPU build), else ``None``."""
+    base_lora_directory: str | None = None
+    """Where that adapter lies, removed when the engine shuts down."""
 
 
 def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
@@ -89,10 +101,15 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
         ),
         **settings,
     }
+    base_directory = None
+    if needs_base_adapter(arguments):  # a slot of its own for the base model (vLLM's CPU kernels read slot -1)
+        arguments["max_loras"] = int(arguments.get("max_loras", 1)) + 1
+        base_directory = write_base_adapter()
     try:
         with spawning_without_unguarded_main():  # an unguarded script must not run again there
             llm = async_llm.AsyncLLM.from_engine_args(arg_utils.AsyncEngineArgs(**arguments))
     except Exception as error:
+        remove_base_adapter(None if base_directory is None else str(base_directory))
         raise ModelLoadError(
             f"vLLM could not start on {model_name!r}: {type(error).__name__}: {_one_line(error)}",
             provider=PROVIDER,
@@ -109,7 +126,29 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
         max_model_len=int(llm.model_config.max_model_len),
         vocab_size=int(llm.model_config.get_vocab_size()),
         refusals=(ValueError, TypeError, client_error),
+        base_lora=None if base_directory is None else lora_request(
+            BASE_ADAPTER_NAME, BASE_ADAPTER_ID, str(base_directory)
+        ),
+        base_lora_directory=None if base_directory is None else str(base_directory),
     )
+
+
+async def started_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
+    """:func:`start_engine` in a worker thread, then the base model's adapter registered with the engine (where
+    there is one), so a start that cannot serve base requests fails here rather than at the first of them."""
+    engine = await asyncio.to_thread(start_engine, model_name, settings)
+    if engine.base_lora is not None:
+        try:
+            await engine.llm.add_lora(engine.base_lora)
+        except Exception as error:
+            await shut_down(engine)
+            raise ModelLoadError(
+                f"vLLM could not register the base model's zero adapter on {model_name!r}: "
+                f"{type(error).__name__}: {_one_line(error)}",
+                provider=PROVIDER,
+                path=model_name,
+            ) from error
+    return engine
 
 
 def sampling_params(engine: Engine, request: GenerationRequest, prompt_length: int, *, stream: bool) -> Any:
@@ -161,14 +200,16 @@ SHUTDOWN_SECONDS: float = 60.0
 too short on a busy machine: the kill leaves shared memory behind and warnings on stderr)."""
 
 
-async def shut_down(llm: Any) -> None:
+async def shut_down(engine: Engine) -> None:
     """Stop vLLM's engine so that nothing is printed, now or at exit.
 
     Its output handler task is stopped first (else it sees the dead engine and logs ``EngineDeadError``); requests
     still waiting get that error (our callers see a :class:`ProviderError`); the processes get
     :data:`SHUTDOWN_SECONDS` to exit; and the ``AsyncLLM``'s destructor, which would shut down again at interpreter
-    exit, when vLLM's module globals are already gone (a ``TypeError``), is left nothing to do.
+    exit, when vLLM's module globals are already gone (a ``TypeError``), is left nothing to do. The base model's
+    adapter directory goes too.
     """
+    llm = engine.llm
     handler = getattr(llm, "output_handler", None)
     if isinstance(handler, asyncio.Task) and not handler.done() and handler.get_loop() is asyncio.get_running_loop():
         handler.cancel()
@@ -177,6 +218,7 @@ async def shut_down(llm: Any) -> None:
     await asyncio.to_thread(llm.shutdown, SHUTDOWN_SECONDS)
     _fail_waiting_requests(llm)  # any request that registered while the engine shut down
     llm.shutdown = _already_shut_down
+    remove_base_adapter(engine.base_lora_directory)
 
 
 def _fail_waiting_requests(llm: Any) -> None:
