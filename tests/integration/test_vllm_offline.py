@@ -302,6 +302,19 @@ async def test_base_requests_in_a_step_with_adapters_filling_every_slot_are_the_
     assert case["listed"] == ["a0"]  # the base model's own adapter is not one of the provider's
 
 
+async def test_an_adapter_for_another_base_model_is_refused_and_a_failed_replace_keeps_the_old_one(
+    seen: dict[str, Any],
+) -> None:
+    """An adapter whose matrices do not fit the model's layers (vLLM registered it and served garbage) is an
+    InvalidAdapterError naming the layer; as a replacement it leaves the adapter that was loaded serving."""
+    checks = seen["adapter_checks"]
+    for case in ("other_base", "replaced"):
+        assert checks[case]["type"] == "InvalidAdapterError", checks[case]
+        assert "trained for another base model" in checks[case]["message"]
+        assert "does not fit" in checks[case]["message"]
+    assert checks["listed"] == ["a0"] and checks["a0_kept"]
+
+
 async def test_the_engine_starts_off_the_event_loop_and_closes(seen: dict[str, Any]) -> None:
     # A ticker on the event loop ran while vLLM loaded the model (a start that blocked the loop leaves it at 0);
     # not a rate: how many 50 ms sleeps fit in the start depends on the machine's load.

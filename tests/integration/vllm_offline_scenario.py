@@ -298,6 +298,7 @@ async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
             "not_cached": await error_of(missing.start()),
         }
         out["base_mixed"] = await base_among_adapters(provider, engine)
+        out["adapter_checks"] = await adapter_checks(provider)
 
 
 async def base_among_adapters(provider: VLLMOfflineProvider, engine: Any) -> dict[str, Any]:
@@ -325,6 +326,27 @@ async def base_among_adapters(provider: VLLMOfflineProvider, engine: Any) -> dic
     mixed = await asyncio.gather(*tasks)
     return {"alone": alone, "mixed": seen(list(mixed[:3])), "a0": list(a0.token_ids or ()),
             "a0_mixed": list(mixed[3].token_ids or ()), "listed": await provider.list_adapters()}
+
+
+async def adapter_checks(provider: VLLMOfflineProvider) -> dict[str, Any]:
+    """Adapters vLLM's engine would register and serve as garbage: one trained for a smaller base model (its
+    matrices cut to half the layers' sizes, the rank kept), loaded and as a replacement of ``a0``."""
+    a0 = build_vllm_model().adapter_dirs["a0"]
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    before = await provider.generate(PROMPTS[0], adapter_id="a0", **greedy)
+    with tempfile.TemporaryDirectory() as scratch:
+        other = Path(scratch) / "otherbase"
+        shutil.copytree(a0, other)
+        weights = load_file(str(other / "adapter_model.safetensors"))
+        for name, tensor in weights.items():
+            weights[name] = tensor[:, : tensor.shape[1] // 2] if ".lora_A." in name else tensor[: tensor.shape[0] // 2]
+        save_file(weights, str(other / "adapter_model.safetensors"), metadata={"format": "pt"})
+        result = {
+            "other_base": await error_of(provider.load_adapter("other", other)),
+            "replaced": await error_of(provider.load_adapter("a0", other, replace=True)),
+        }
+    after = await provider.generate(PROMPTS[0], adapter_id="a0", **greedy)
+    return {**result, "listed": await provider.list_adapters(), "a0_kept": before.token_ids == after.token_ids}
 
 
 async def until(condition: Any, what: str) -> None:

