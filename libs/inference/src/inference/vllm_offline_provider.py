@@ -491,7 +491,8 @@ class VLLMOfflineProvider(InferenceProvider):
             }
             starting = self._starting = asyncio.ensure_future(started_engine(self.model_name, settings))
         try:
-            return await asyncio.shield(starting)
+            with self._model_loads.attempt():  # health reports a failed start until one succeeds
+                return await asyncio.shield(starting)
         except Exception:
             if self._starting is starting and starting.done():
                 self._starting = None
