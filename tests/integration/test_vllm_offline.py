@@ -315,6 +315,15 @@ async def test_an_adapter_for_another_base_model_is_refused_and_a_failed_replace
     assert checks["listed"] == ["a0"] and checks["a0_kept"]
 
 
+async def test_sampling_settings_a_request_leaves_unset_are_the_model_s(seen: dict[str, Any]) -> None:
+    """A request without a temperature decodes greedily on a model whose generation config has no ``do_sample``
+    (Transformers' rule), and samples with the model's own settings where it has one (here ``top_k=1``: the greedy
+    tokens, whatever the seed). vLLM's defaults (temperature 1, every token) sampled at random instead."""
+    greedy = seen["greedy"][f"None|{PROMPTS[0]}"]["tokens"]
+    assert seen["unset_temperature"] == greedy
+    assert seen["hub"]["model_sampling"] == seen["hub"]["greedy"]["tokens"] == greedy
+
+
 async def test_the_engine_starts_off_the_event_loop_and_closes(seen: dict[str, Any]) -> None:
     # A ticker on the event loop ran while vLLM loaded the model (a start that blocked the loop leaves it at 0);
     # not a rate: how many 50 ms sleeps fit in the start depends on the machine's load.

@@ -51,6 +51,8 @@ TOOL_REQUEST: dict[str, Any] = {  # a forced tool call, run on Transformers too 
 }
 
 HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
+MODEL_SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 1, "top_p": 0.8}
+"""The Hub copy's generation config: sampling, but among the one best token (greedy tokens, whatever the seed)."""
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 SCORE_PAIRS = [
     ("the quick brown fox", " jumps over the dog"),
@@ -112,6 +114,9 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
         for a in ADAPTERS
         for prompt in PROMPTS
     }
+
+    unset = await provider.generate(PROMPTS[0], model="tiny", max_tokens=8, seed=5, return_token_ids=True)
+    out["unset_temperature"] = list(unset.token_ids or ())  # the model's config has no do_sample: greedy
 
     work = [(PROMPTS[index % 3], ADAPTERS[(index // 3) % 3]) for index in range(64)]
     single = {
@@ -281,6 +286,8 @@ async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
     cache = Path(os.environ["HF_HUB_CACHE"])
     repo = cache / "models--tiny-org--tiny-vllm"
     shutil.copytree(directory, repo / "snapshots" / HUB_REVISION)
+    generation_config = repo / "snapshots" / HUB_REVISION / "generation_config.json"  # the model's own sampling
+    generation_config.write_text(json.dumps({**json.loads(generation_config.read_text()), **MODEL_SAMPLING}))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(HUB_REVISION)
     step = {"provider": "vllm-offline", "model_name": "tiny-org/tiny-vllm", "dtype": "float32", "max_model_len": 512,
@@ -296,6 +303,8 @@ async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
             "greedy": generation(await provider.generate(PROMPTS[0], model="tiny", max_tokens=8, temperature=0,
                                                          logprobs=2)),
             "not_cached": await error_of(missing.start()),
+            "model_sampling": list((await provider.generate(PROMPTS[0], model="tiny", max_tokens=8, seed=11,
+                                                            return_token_ids=True)).token_ids or ()),
         }
         out["base_mixed"] = await base_among_adapters(provider, engine)
         out["adapter_checks"] = await adapter_checks(provider)

@@ -11,9 +11,8 @@ from inference._inprocess import vllm_engine
 from inference.exceptions import ModelLoadError
 from inference.vllm_offline_provider import VLLMOfflineProvider
 
-pytestmark = pytest.mark.asyncio
 
-
+@pytest.mark.asyncio
 async def test_health_is_down_after_a_failed_engine_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -35,3 +34,30 @@ async def test_health_is_down_after_a_failed_engine_start(
     assert health.status == "down"
     assert health.backends[0].error is not None and "max_lora_rank (12)" in health.backends[0].error
     await provider.aclose()
+
+
+def _engine(defaults: dict[str, object], *, samples: bool) -> vllm_engine.Engine:
+    from types import SimpleNamespace
+
+    sampling = SimpleNamespace(RequestOutputKind=SimpleNamespace(DELTA="delta", FINAL_ONLY="final"),
+                               SamplingParams=lambda **arguments: arguments)
+    return vllm_engine.Engine(llm=None, sampling=sampling, lora_request=None, tokenizer=None, vocabulary=None,  # type: ignore[arg-type]
+                              max_model_len=512, vocab_size=16, sampling_defaults=defaults, samples_by_default=samples)
+
+
+def test_unset_sampling_settings_are_the_model_s_and_greedy_without_do_sample() -> None:
+    """vLLM's engine sampled at temperature 1 over every token where a request left the settings unset; the model's
+    generation config decides, by Transformers' rule (no ``do_sample``: greedy)."""
+    from inference._core.validation import GenerationRequest
+
+    unset, hot = GenerationRequest("Hi", "m"), GenerationRequest("Hi", "m", temperature=0.9, top_k=5)
+    plain = vllm_engine.sampling_params(_engine({}, samples=False), unset, 3, stream=False)
+    assert plain["temperature"] == 0.0
+    model = _engine({"temperature": 0.7, "top_k": 1, "top_p": 0.8, "repetition_penalty": 1.1}, samples=True)
+    sampled = vllm_engine.sampling_params(model, unset, 3, stream=False)
+    assert (sampled["temperature"], sampled["top_k"], sampled["top_p"], sampled["repetition_penalty"]) == (
+        0.7, 1, 0.8, 1.1)
+    chosen = vllm_engine.sampling_params(model, hot, 3, stream=False)
+    assert (chosen["temperature"], chosen["top_k"], chosen["top_p"]) == (0.9, 5, 0.8)
+    greedy = vllm_engine.sampling_params(_engine({"repetition_penalty": 1.1}, samples=False), unset, 3, stream=False)
+    assert greedy["temperature"] == 0.0 and greedy["repetition_penalty"] == 1.1  # as Transformers' greedy rows

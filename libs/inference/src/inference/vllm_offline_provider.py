@@ -26,8 +26,8 @@ from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.streaming import tokens_of_text
 from inference._inprocess.vllm_adapter_check import check_adapter_fits
 from inference._inprocess.vllm_engine import (
-    GREEDY,
     Engine,
+    is_greedy,
     sampling_params,
     shut_down,
     started_engine,
@@ -290,13 +290,13 @@ class VLLMOfflineProvider(InferenceProvider):
         """A request for ``n`` completions: one engine request with vLLM's ``n`` (its children share the prompt's
         cached blocks, choice ``k`` seeded ``seed + k``: the choices of ``n`` requests with those seeds), answered
         once all are done. Greedy, which vLLM refuses with ``n > 1``: ``n`` requests of one completion."""
-        if request.temperature is not None and request.temperature < GREEDY:
+        engine = await self._engine()
+        if is_greedy(engine, request):
             from inference._core.batches import all_or_none
 
             seeds = [None if request.seed is None else request.seed + index for index in range(request.n)]
             ones = [dataclasses.replace(request, n=1, seed=seed) for seed in seeds]
             return GenerationResult.from_choices(await all_or_none([self._generate(one) for one in ones]))
-        engine = await self._engine()
         ids = prompt_token_ids(engine.tokenizer, request, provider=self.name)
         if not ids:
             raise InvalidRequestError("the prompt has no tokens: give some text", provider=self.name)

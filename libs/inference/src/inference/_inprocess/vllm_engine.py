@@ -54,6 +54,12 @@ class Engine:
     layer_features: Mapping[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     """The decoder's linear layers by last name -> ``(in_features, out_features)``, from the model's config
     (:func:`~inference._inprocess.vllm_adapter_check.layer_features`): what an adapter's matrices must fit."""
+    sampling_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The model's own sampling settings (``generation_config.json``, as vLLM reads them: ``temperature``,
+    ``top_p``, ``top_k``, ``repetition_penalty``...), for what a request leaves unset."""
+    samples_by_default: bool = False
+    """The model's generation config sets ``do_sample``; without it an unset temperature decodes greedily, as on
+    Transformers."""
     base_lora: Any = None
     """The ``LoRARequest`` requests on the base model carry (:mod:`~inference._inprocess.vllm_base_slot`; on vLLM's
     CPU build), else ``None``."""
@@ -132,6 +138,9 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
         vocab_size=int(llm.model_config.get_vocab_size()),
         refusals=(ValueError, TypeError, client_error),
         layer_features=layer_features(llm.model_config.hf_text_config),
+        sampling_defaults={name: value for name, value in llm.model_config.get_diff_sampling_param().items()
+                           if name in MODEL_DEFAULTS},
+        samples_by_default=bool(llm.model_config.try_get_generation_config().get("do_sample")),
         base_lora=None if base_directory is None else lora_request(
             BASE_ADAPTER_NAME, BASE_ADAPTER_ID, str(base_directory)
         ),
@@ -157,8 +166,23 @@ async def started_engine(model_name: str, settings: Mapping[str, Any]) -> Engine
     return engine
 
 
+MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                  "min_p")
+"""The sampling settings a request may leave to the model's generation config (vLLM's ``get_diff_sampling_param``,
+which its own ``LLM`` class and server use too)."""
+
+
+def is_greedy(engine: Engine, request: GenerationRequest) -> bool:
+    """Whether the request decodes greedily: a temperature below :data:`GREEDY`, or none on a model whose generation
+    config does not set ``do_sample`` (Transformers' rule, so that both give the same tokens)."""
+    if request.temperature is not None:
+        return request.temperature < GREEDY
+    return not engine.samples_by_default
+
+
 def sampling_params(engine: Engine, request: GenerationRequest, prompt_length: int, *, stream: bool) -> Any:
-    """vLLM's ``SamplingParams`` for the request, ``max_tokens`` within the context."""
+    """vLLM's ``SamplingParams`` for the request, ``max_tokens`` within the context; what it leaves unset is the
+    model's (:data:`MODEL_DEFAULTS`, and greedy by :func:`is_greedy`), else vLLM's."""
     room = engine.max_model_len - prompt_length
     if room < 1:
         raise TokenLimitError(
@@ -187,8 +211,11 @@ def sampling_params(engine: Engine, request: GenerationRequest, prompt_length: i
     for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "logprobs", "presence_penalty",
                  "frequency_penalty", "min_p"):
         value = getattr(request, name)
+        value = engine.sampling_defaults.get(name) if value is None else value  # the model's, as Transformers
         if value is not None:
             arguments[name] = value
+    if is_greedy(engine, request):
+        arguments["temperature"] = 0.0
     if request.stop:
         arguments["stop"] = list(request.stop)
     if request.logit_bias:
