@@ -61,3 +61,27 @@ def test_unset_sampling_settings_are_the_model_s_and_greedy_without_do_sample() 
     assert (chosen["temperature"], chosen["top_k"], chosen["top_p"]) == (0.9, 5, 0.8)
     greedy = vllm_engine.sampling_params(_engine({"repetition_penalty": 1.1}, samples=False), unset, 3, stream=False)
     assert greedy["temperature"] == 0.0 and greedy["repetition_penalty"] == 1.1  # as Transformers' greedy rows
+
+
+@pytest.mark.asyncio
+async def test_an_adapter_with_nan_weights_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    """vLLM registered NaN weights, and once such an adapter had held a slot, other adapters answered garbage."""
+    import json
+
+    import numpy
+    from safetensors.numpy import save_file
+
+    from inference.exceptions import InvalidAdapterError
+
+    adapter = tmp_path / "nan"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "bias": "none"}))
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": numpy.zeros((2, 8), numpy.float32),
+               name: numpy.full((8, 2), numpy.nan, numpy.float32)}, str(adapter / "adapter_model.safetensors"))
+    provider = VLLMOfflineProvider(model_name=str(tmp_path / "no-model"))
+    with pytest.raises(InvalidAdapterError, match=f"NaN or infinite values in {name}"):
+        await provider.load_adapter("nan", adapter)
+    assert await provider.list_adapters() == []
+    await provider.aclose()

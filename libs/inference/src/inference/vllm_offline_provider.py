@@ -24,7 +24,7 @@ from inference._core.validation import GenerationRequest, ScoreRequest, TokenReq
 from inference._inprocess.hf_prompt import model_chat_template, prompt_token_ids
 from inference._inprocess.options import IN_PROCESS_OPTIONS
 from inference._inprocess.streaming import tokens_of_text
-from inference._inprocess.vllm_adapter_check import check_adapter_fits
+from inference._inprocess.vllm_adapter_check import check_adapter_fits, check_finite_weights
 from inference._inprocess.vllm_engine import (
     Engine,
     is_greedy,
@@ -451,9 +451,12 @@ class VLLMOfflineProvider(InferenceProvider):
                 provider=self.name,
                 path=adapter_path,
             )
+        def refuse(reason: str) -> InvalidAdapterError:
+            return InvalidAdapterError(f"adapter at {adapter_path} {reason}", provider=self.name, path=adapter_path)
+
+        await asyncio.to_thread(check_finite_weights, adapter, refuse)  # reads every weight: off the event loop
         engine = await self._engine()
-        check_adapter_fits(adapter, engine.layer_features, self.model_name, refuse=lambda reason: InvalidAdapterError(
-            f"adapter at {adapter_path} {reason}", provider=self.name, path=adapter_path))
+        check_adapter_fits(adapter, engine.layer_features, self.model_name, refuse)
         lora = engine.lora_request(adapter_id, next(self._lora_ids), str(directory))
         try:
             await engine.llm.add_lora(lora)

@@ -5,7 +5,8 @@ model (other hidden or intermediate sizes) registers, and then serves garbage. T
 engine's process, so the layers' sizes are read from its config (``hf_config``): the usual decoder projections
 (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``up_proj``, ``down_proj``) and ``lm_head``, for
 the models that name them so. Matrices of other modules (and of vision towers and experts, whose sizes differ) are
-left to vLLM.
+left to vLLM. Every weight must be finite: vLLM registers NaN weights, and once such an adapter has held a slot,
+other adapters that worked answer garbage (read from the weights file; the other backends check this too).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from inference.adapters.peft import PeftAdapter, check_layer_shapes, read_safetensors_shapes
 from inference.exceptions import InvalidAdapterError
 
-__all__ = ["check_adapter_fits", "layer_features"]
+__all__ = ["check_adapter_fits", "check_finite_weights", "layer_features"]
 
 _MATRIX = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_[AB](?:\.[^.]+)?\.weight$")
 _OTHER_TOWERS = ("vision", "visual", "audio", "encoder", "tower", "expert", "projector")
@@ -80,3 +81,31 @@ def check_adapter_fits(
         if leaf in features and not any(part in module for part in _OTHER_TOWERS):
             checked[key], layers[module] = shape, features[leaf]
     check_layer_shapes(adapter, checked, layers, model, refuse)
+
+
+def check_finite_weights(adapter: PeftAdapter, refuse: Callable[[str], InvalidAdapterError]) -> None:
+    """Refuse an adapter with a NaN or infinite weight, naming the first such tensor.
+
+    Args:
+        adapter: The adapter, as :func:`~inference.adapters.peft.read_peft_adapter` read it.
+        refuse: Builds the error from a reason.
+
+    Raises:
+        InvalidAdapterError: A tensor holds a NaN or an infinity (or the weights file cannot be read).
+    """
+    import torch
+
+    path = adapter.weights_path
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as weights:
+                tensors = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
+        else:
+            tensors = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise refuse(f"has weights that cannot be read ({type(error).__name__}: {error})") from error
+    for name, tensor in sorted(tensors.items()):
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise refuse(f"has NaN or infinite values in {name}: they would spoil the engine's adapter slots")
