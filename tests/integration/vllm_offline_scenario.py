@@ -197,7 +197,9 @@ async def scenario(out: dict[str, Any], scratch: Path) -> None:
     out["scores"] = scores
 
     # A stop string the JSON holds must not cut it (vLLM would apply it to structured output too).
-    structured = await provider.generate("Give me JSON", model="tiny", max_tokens=60, json_schema=SCHEMA, stop=":")
+    structured = await provider.generate(  # sampled: greedy, the tiny model's JSON ran to max_tokens
+        "Give me JSON", model="tiny", max_tokens=60, json_schema=SCHEMA, stop=":", temperature=1.0, seed=1
+    )
     out["json"] = generation(structured)
 
     # The request options of issue 25, each as token ids (compared with Transformers by the test).
