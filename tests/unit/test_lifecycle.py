@@ -449,11 +449,7 @@ async def expected_text(adapter_id: str, path: str, prompt: str) -> str:
 
 
 async def test_a_replace_serves_the_old_weights_until_the_new_ones_are_loaded() -> None:
-    provider = GatedProvider()
-    await provider.load_adapter("a", "/v1/a")
-    provider.gate.clear()
-    old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
-    await asyncio.sleep(0)
+    provider, old_request = await a_request_on_the_old_weights()
     provider.load_delay = 0.05
     replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
     await asyncio.sleep(0.01)
@@ -479,12 +475,18 @@ async def test_a_replace_that_fails_leaves_the_old_adapter_serving() -> None:
     assert (await provider.generate("p", model="m", adapter_id="a", max_tokens=6)).text == before.text
 
 
-async def test_requests_that_started_before_the_switch_finish_on_the_old_weights_then_they_are_unloaded() -> None:
+async def a_request_on_the_old_weights() -> tuple[GatedProvider, asyncio.Task[GenerationResult]]:
+    """A provider with adapter ``a`` loaded from ``/v1/a``, and a request on it held at the gate."""
     provider = GatedProvider()
     await provider.load_adapter("a", "/v1/a")
     provider.gate.clear()
     old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
     await asyncio.sleep(0)
+    return provider, old_request
+
+
+async def test_requests_that_started_before_the_switch_finish_on_the_old_weights_then_they_are_unloaded() -> None:
+    provider, old_request = await a_request_on_the_old_weights()
     replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
     await asyncio.sleep(0.01)
     assert not replacing.done() and sorted(provider.resident_adapters) == ["a", "a@2"]  # the old one drains
@@ -513,11 +515,7 @@ async def test_an_unload_during_a_replace_while_a_request_holds_the_old_weights_
     """unload_adapter called while a replacement loads and a request still holds the old weights used to wait for
     ever once that request ended (the replacement, waiting for the same request, took its wake-up), and so did the
     loads of the id behind it."""
-    provider = GatedProvider()
-    await provider.load_adapter("a", "/v1/a")
-    provider.gate.clear()
-    old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
-    await asyncio.sleep(0)
+    provider, old_request = await a_request_on_the_old_weights()
     provider.load_gate.clear()
     replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
     await asyncio.sleep(0)  # the new weights are loading
@@ -539,11 +537,7 @@ async def test_an_id_loaded_again_while_its_replaced_weights_drain_keeps_the_wei
     """A replaced id unloaded while a request still held its old weights, then loaded again, used to load under the
     name those old weights held: their unload, once the request ended, removed the new weights, and the id, still
     listed, failed every request."""
-    provider = GatedProvider()
-    await provider.load_adapter("a", "/v1/a")
-    provider.gate.clear()
-    old_request = asyncio.create_task(provider.generate("p", model="m", adapter_id="a", max_tokens=6))
-    await asyncio.sleep(0)
+    provider, old_request = await a_request_on_the_old_weights()
     replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
     await asyncio.wait_for(holding(provider, ["a", "a@2"]), timeout=5)  # switched; the old weights drain
     await provider.unload_adapter("a")
