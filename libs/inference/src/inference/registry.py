@@ -269,7 +269,7 @@ _SPECS = (
         target="inference.vllm_offline_provider:VLLMOfflineProvider",
         summary="vLLM's engine in this process: batches that mix LoRA adapters, no server to manage",
         extra="vllm-offline",
-        packages=("vllm", "huggingface_hub"),
+        packages=("vllm", "huggingface_hub", "torch", "safetensors"),
         model_setting="model_name",
         settings=(
             Setting("model_name", "VLLM_OFFLINE_MODEL_NAME", "", "path",
