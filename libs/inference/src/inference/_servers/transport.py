@@ -1,11 +1,11 @@
 """The transport under every server client: pooled connections, bounded retries of transient failures.
 
 Like httpx's own ``_transports/``, this is the layer a request passes through on its way to the network:
-:class:`PooledTransport` sends through several connection pools, filled in order, and retries connect errors and
-the statuses 429, 502, 503 and 504 (:class:`RetryPolicy`: exponential backoff, ``Retry-After`` capped), in this one
-place, for requests sent by the providers and by the ``openai`` client alike. Nothing here logs a header; every URL
-logged is redacted first. A request is sent, and its answer read and closed, so that a cancellation reaches
-httpcore at most once (:mod:`inference._servers.cancel_once`).
+:class:`PooledTransport` sends through several connection pools in turn and retries connect errors and the statuses
+429, 502, 503 and 504 (:class:`RetryPolicy`: exponential backoff, ``Retry-After`` capped), in this one place, for
+requests sent by the providers and by the ``openai`` client alike. Nothing here logs a header; every URL logged is
+redacted first. A request is sent, and its answer read and closed, so that a cancellation reaches httpcore at most
+once (:mod:`inference._servers.cancel_once`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
+import itertools
 import logging
 import math
 import random
@@ -43,11 +44,10 @@ CONNECT_TIMEOUT_MAX = 10.0
 """Seconds to wait for a TCP connection, at most, whatever the read timeout is."""
 
 POOL_SHARDS = 32
-"""Connection pools per client. httpcore's pool does work proportional to its connections and queued requests on
-every request, so one pool of hundreds of connections costs O(n^2) CPU at high concurrency (at 256 requests in
-flight, one pool gave about a quarter of the openai client's own throughput); 32 small pools keep that cost low (see
-``scripts/bench_http_overhead.py``). They are filled in order (:meth:`PooledTransport.pool_index`), so that requests
-one after another reuse one kept-alive connection instead of opening one per pool."""
+"""Connection pools per client, used in turn. httpcore's pool does work proportional to its connections
+and queued requests on every request, so one pool of hundreds of connections costs O(n^2) CPU at high
+concurrency (at 256 requests in flight, one pool gave about a quarter of the openai client's own
+throughput); 32 small pools keep that cost low (see ``scripts/bench_http_overhead.py``)."""
 
 KEEPALIVE_SECONDS = 4.0
 """How long an idle connection is kept for the next request: under the 5 s after which uvicorn (vLLM's server)
@@ -113,8 +113,8 @@ _IDEMPOTENT = frozenset({"GET", "HEAD"})
 
 
 class PooledTransport(httpx.AsyncBaseTransport):
-    """Sends through several connection pools, filled in order; retries connect errors and 429/502/503/504, and a
-    GET whose connection dropped before the answer.
+    """Sends through several connection pools in turn; retries connect errors and 429/502/503/504, and a GET whose
+    connection dropped before the answer.
 
     Attributes:
         last_connection: The connection (httpcore's network stream) the last answer came on, ``None`` when the
@@ -131,8 +131,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
     ) -> None:
         context = ssl_context()
         self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=context) for _ in range(shards)]
-        self._in_flight = [0] * shards  # requests sent through each pool whose answer is not closed yet
-        self._fill = max(limits.max_keepalive_connections or 1, 1)
+        self._next_pool = itertools.cycle(self._pools).__next__
         self._policy = policy
         self._logger = logger
         self.last_connection: object | None = None
@@ -141,7 +140,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
         retry_number = 0
         while True:
             try:
-                response = await self._send(request)
+                response = await apart(self._next_pool().handle_async_request(request), _close)
             except httpx.ConnectError as error:  # the request never reached the server: safe to resend
                 if retry_number >= self._policy.max_retries:
                     raise
@@ -152,6 +151,8 @@ class PooledTransport(httpx.AsyncBaseTransport):
                     raise
                 delay, reason = self._policy.delay(retry_number), f"a dropped connection ({error})"
             else:
+                if isinstance(response.stream, httpx.AsyncByteStream):
+                    response.stream = CancelOnceStream(response.stream)
                 self.last_connection = response.extensions.get("network_stream")
                 if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
                     return response
@@ -169,34 +170,6 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 self._policy.max_retries,
             )
             await asyncio.sleep(delay)
-
-    def pool_index(self) -> int:
-        """The pool for the next request: the first with fewer requests in flight than it keeps connections alive
-        (it has an idle connection, or may keep one more), else the least busy."""
-        in_flight = self._in_flight
-        for index, count in enumerate(in_flight):
-            if count < self._fill:
-                return index
-        return in_flight.index(min(in_flight))
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        """One attempt through the chosen pool, counted in flight until its answer is closed."""
-        index = self.pool_index()
-        self._in_flight[index] += 1
-
-        def closed() -> None:
-            self._in_flight[index] -= 1
-
-        try:
-            response = await apart(self._pools[index].handle_async_request(request), _close)
-        except BaseException:
-            closed()
-            raise
-        if isinstance(response.stream, httpx.AsyncByteStream):
-            response.stream = CancelOnceStream(response.stream, closed)
-        else:  # pragma: no cover - httpx's transport always answers with an async stream here
-            closed()
-        return response
 
     def at_rest(self) -> bool:
         """Whether no connection is in use: every one is idle or closed (none left half closed by a failure)."""
