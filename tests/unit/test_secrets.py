@@ -298,3 +298,67 @@ async def test_httpx_s_own_request_records_hide_the_credentials_of_the_url(caplo
     shown = "HTTP Request: POST http://***@gateway.test:8000/v1/chat/completions?api_key=***&key=***&model=m&token=***"
     assert requests and all(shown in message for message in requests)
     assert not [message for message in caplog.messages if SECRET in message]
+
+
+def test_a_password_holding_a_quote_is_hidden_whole(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An apostrophe is allowed unencoded in a password (RFC 3986 sub-delims): the repr, httpx's INFO record of the
+    request and ``inference providers`` showed ``http://admin:PW'***@``, the password's part before it in clear."""
+    from inference.cli import main
+
+    caplog.set_level(logging.INFO)
+    first, last = "sk-do-not", "leak-7f3a9c"
+    url = f"http://admin:{first}'{last}@gateway.test:8000/v1"
+    with respx.mock() as mock:
+        mock.route(method="POST", host="gateway.test", path="/v1/chat/completions").mock(
+            return_value=httpx.Response(200, json={"choices": [{"index": 0, "message": {"content": "Hi"},
+                                                                "finish_reason": "stop"}]})
+        )
+        provider = build("openai", base_url=url, max_retries=0)
+
+        async def generate() -> str:
+            async with provider:
+                return (await provider.generate("hello", model="m")).text
+
+        assert asyncio.run(generate()) == "Hi"
+        assert mock.calls.last.request.headers["authorization"].startswith("Basic ")  # the password is still sent
+    assert repr(provider) == "OpenAIProvider(base_url='http://***@gateway.test:8000/v1', api_key=None)"
+    requests = [record.getMessage() for record in caplog.records if record.name == "httpx"]
+    assert requests and all("POST http://***@gateway.test:8000/v1/chat/completions" in line for line in requests)
+    assert main(["providers", "--vllm-url", url.replace("gateway.test:8000", f"127.0.0.1:{_closed_port()}"),
+                 "--timeout", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert '"base_url": "http://***@127.0.0.1:' in captured.out
+    shown = [repr(provider), *caplog.messages, captured.out, captured.err]
+    assert not [text for text in shown if first in text or last in text]
+
+
+@pytest.mark.parametrize("cut", ["#", "/", "?", ","])
+def test_a_password_a_parser_cuts_short_is_refused_without_showing_any_of_it(
+    cut: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unencoded ``#``, ``/`` or ``?`` ends the URL's host part where the password goes on, and a ``,`` splits
+    it into two replicas: the URL is refused, and the error (``str`` and ``error.url``) quoted the password whole
+    (or its part before the comma). As given by argument, by variable and with ``--set``, it shows ``http://***@``."""
+    from inference.cli import main
+
+    first, last = "sk-do-not", "leak-7f3a9c"
+    url = f"http://admin:{first}{cut}{last}@gpu.test:8100/v1"
+    errors = []
+    with pytest.raises(ConfigurationError) as caught:
+        build("vllm", base_url=url)
+    errors.append(caught.value)
+    monkeypatch.setenv("VLLM_BASE_URL", url)
+    with pytest.raises(ConfigurationError) as caught:
+        get_provider("vllm")
+    errors.append(caught.value)
+    for error in errors:
+        assert "'http://***@gpu.test:8100/v1' is not a valid base URL" in str(error)
+        assert "is written %2C, %2F, %3F or %23" in str(error)  # why a password ends a URL too soon
+        assert error.url == "http://***@gpu.test:8100/v1"
+    assert main(["generate", "hi", "--provider", "openai", "--set", f"base_url={url}"]) == 2
+    captured = capsys.readouterr()
+    assert "--set base_url='http://***@gpu.test:8100/v1'" in captured.err
+    texts = [*(text for error in errors for text in _texts_of(error)), captured.out, captured.err]
+    assert not [text for text in texts if first in text or last in text]

@@ -1,7 +1,8 @@
 """What may be shown of a URL or an API key: credentials are hidden wherever a URL is printed, logged or raised.
 
 A base URL can carry credentials (``http://user:KEY@host/v1``, ``...?api_key=KEY``); :func:`redact_url` is the one
-function every ``repr``, error message, log line and ``inference providers`` line passes a URL through.
+function every ``repr``, error message, log line and ``inference providers`` line passes a URL through, and
+:func:`redact_written_url` the one a message about a URL that does not parse passes it through.
 :func:`secret_problem` says why a key cannot be sent in a header, without quoting it. This module imports nothing
 of the SDK, so the error tree can use it.
 """
@@ -12,14 +13,27 @@ import logging
 import re
 from urllib.parse import unquote
 
-__all__ = ["HIDDEN", "hide_credentials_in_logs", "redact_url", "secret_problem", "sensitive_parameter"]
+__all__ = [
+    "HIDDEN",
+    "hide_credentials_in_logs",
+    "redact_url",
+    "redact_written_url",
+    "secret_problem",
+    "sensitive_parameter",
+]
 
 HIDDEN = "***"
 """What stands in for a hidden credential."""
 
-_USERINFO = re.compile(r"(?P<lead>://)(?P<userinfo>[^/?#'\"]*@)|(?P<start>^|(?<=[\s,'\"(]))[^/?#\s,'\"]*@")
-"""The ``user:password@`` of a URL: after its scheme (whatever it holds, whitespace too), or at the start of a URL
-written without one."""
+_USERINFO = re.compile(
+    r"(?P<lead>://)(?P<userinfo>(?:[^/?#'\"]|['\"](?![\s,]|$))*@)|(?P<start>^|(?<=[\s,'\"(]))[^/?#\s,'\"]*@"
+)
+"""The ``user:password@`` of a URL: after its scheme, as :func:`urllib.parse.urlsplit` reads it (up to the last
+``@`` before the path, query or fragment; whatever it holds, whitespace and quotes too, but for a quote that closes
+a quoted URL in a text: one followed by a blank, a comma or the end), or at the start of a URL written without one."""
+
+_NEXT_URL = re.compile(r"(,\s*)(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
+"""Where the next URL of a comma-separated list written with schemes starts (the comma and blanks before it)."""
 
 _PARAMETER = re.compile(r"(?P<lead>[?&;#])(?P<name>[^=&;#\s,'\"]+)=(?P<value>[^&;#\s,'\"]*)")
 """A ``name=value`` of a query (or of a fragment, where OAuth puts ``access_token``)."""
@@ -39,6 +53,31 @@ def redact_url(url: str) -> str:
         return url
     hidden = _USERINFO.sub(lambda match: f"{match['lead'] or ''}{HIDDEN}@", url)
     return _PARAMETER.sub(_hide_parameter, hidden)
+
+
+def redact_written_url(url: str) -> str:
+    """``url`` as it was written, a URL that may not parse (the reason it is shown), with its credentials hidden.
+
+    A password may hold an unencoded ``#``, ``/``, ``?`` or ``,`` (the reason the URL is refused), so what a parser
+    would take for its path or for the next URL of a list cannot show where it ends: everything between ``://`` and
+    the last ``@`` before the next ``scheme://`` is hidden (from the start, where there is no scheme), then the
+    credential parameters. Error messages about a URL as given show it through this function.
+
+    Example:
+        >>> redact_written_url("http://admin:pa#ss,wo/rd@gpu:8100/v1")
+        'http://***@gpu:8100/v1'
+    """
+    if not isinstance(url, str):
+        return url
+    pieces = _NEXT_URL.split(url)  # the URLs, with the separators between them at odd positions
+    for index in range(0, len(pieces), 2):
+        piece = pieces[index]
+        at = piece.rfind("@")
+        if at >= 0:
+            scheme_end = piece.find("://")
+            start = scheme_end + 3 if 0 <= scheme_end < at else 0
+            pieces[index] = f"{piece[:start]}{HIDDEN}{piece[at:]}"
+    return _PARAMETER.sub(_hide_parameter, "".join(pieces))
 
 
 class _HiddenURLCredentials(logging.Filter):

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from inference._core.hub import HUB_GGUF
 from inference._core.paths import HUB_ID, directory_problem, expand_path, path_text_problem
-from inference._core.redaction import redact_url, secret_problem
+from inference._core.redaction import redact_url, redact_written_url, secret_problem
 from inference.exceptions import ConfigurationError
 
 __all__ = ["Setting", "SettingKind", "refuse_two_credentials", "validate_base_url"]
@@ -40,7 +40,7 @@ def _replicas(items: list[Any] | tuple[Any, ...], *, source: str) -> str:
     twice = next((url for index, url in enumerate(urls) if keys[index] in keys[:index]), None)
     if twice is not None:
         raise ConfigurationError(
-            f"{source} names the replica {redact_url(repr(twice))} twice: give each server's base URL once",
+            f"{source} names the replica {redact_url(twice)!r} twice: give each server's base URL once",
             url=redact_url(twice),
         )
     return ",".join(urls)
@@ -59,62 +59,73 @@ def validate_base_url(url: str, *, source: str, several: bool = True) -> str:
     """Return ``url`` without surrounding blanks and trailing slash if it is an http(s) URL with a host, else raise.
 
     A comma-separated list of URLs (replicas) is checked item by item and returned joined by commas, where
-    ``several`` (a provider that spreads requests over replicas).
+    ``several`` (a provider that spreads requests over replicas). Messages show the value as it was written, with
+    its credentials hidden (:func:`~inference._core.redaction.redact_written_url`), never one item of it: a comma
+    in a password cuts the URL in two there.
 
     Raises:
         ConfigurationError: A URL has no ``http://``/``https://`` scheme or no host, a port that is not a
             number, whitespace, or text that cannot be encoded as UTF-8; or there are several and not ``several``.
     """
     if not several and _url_count(url) > 1:  # a stray comma ("http://a, ") is still one URL
+        hidden = redact_written_url(url if isinstance(url, str) else ",".join(map(str, url)))
         raise ConfigurationError(
-            f"{source} {redact_url(repr(url))} holds several URLs, but this provider talks to one server "
+            f"{source} {hidden!r} holds several URLs, but this provider talks to one server "
             "(it has no replicas): give one base URL",
-            url=redact_url(str(url)),
+            url=hidden,
         )
     if not isinstance(url, str):
         if isinstance(url, (list, tuple)) and url:
             return _replicas(url, source=source)
         raise ConfigurationError(f"{source} must be a URL string or a list of URLs, got {redact_url(repr(url))}")
-    if "," in url:
-        items = [item.strip() for item in url.split(",") if item.strip()]
-        if not items:
-            raise ConfigurationError(
-                f"{source} {redact_url(repr(url))} holds no URL: give one base URL, or several separated by commas",
-                url=url,
-            )
-        return _replicas(items, source=source)
-    url = url.strip()
-    shown = redact_url(repr(url))  # the URL as messages show it: credentials hidden
+    hidden = redact_written_url(url.strip())  # the URL as messages show it: credentials hidden
+    items = [item.strip() for item in url.split(",") if item.strip()] if "," in url else [url.strip()]
+    if not items:
+        raise ConfigurationError(
+            f"{source} {hidden!r} holds no URL: give one base URL, or several separated by commas", url=hidden
+        )
+    for position, item in enumerate(items, start=1):
+        problem = _base_url_problem(item)
+        if problem is None:
+            continue
+        if len(items) > 1:
+            problem = f"URL {position} of its {len(items)} (separated by commas): {problem}"
+        if "@" in url and not _has_user_information(item):  # cut short where a password was meant to go on
+            problem += " (a ',', '/', '?' or '#' in a user name or password is written %2C, %2F, %3F or %23)"
+        raise ConfigurationError(
+            f"{source} {hidden!r} is not a valid base URL: {problem}; write it like 'http://localhost:8100/v1'",
+            url=hidden,
+        )
+    return _replicas(items, source=source) if len(items) > 1 else items[0].rstrip("/")
+
+
+def _has_user_information(url: str) -> bool:
+    try:
+        return urlsplit(url).username is not None
+    except ValueError:
+        return False
+
+
+def _base_url_problem(url: str) -> str | None:
+    """Why ``url`` (one, stripped) is not an http(s) base URL any HTTP client can send to; ``None`` if it is one."""
     try:
         parts = urlsplit(url)
     except ValueError as error:  # e.g. "Invalid IPv6 URL" for 'http://[::1/v1'
-        raise ConfigurationError(
-            f"{source} {shown} is not a valid base URL ({error}): write it like 'http://localhost:8100/v1'",
-            url=url,
-        ) from None
+        return f"it cannot be read as a URL ({error})"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigurationError(
-            f"{source} {shown} is not a valid base URL: write it with a scheme and host, "
-            "for example 'http://localhost:8100/v1'",
-            url=url,
-        )
+        return "it needs an http:// or https:// scheme and a host"
     problem = _url_problem(url)
-    if problem is None:
-        try:
-            port = parts.port  # raises ValueError for a port that is not a number in [0, 65535]
-        except ValueError:
-            problem = "its port is not a number from 1 to 65535"
-        else:
-            if port == 0:
-                problem = "port 0 is outside 1-65535"
-            elif not _host_is_valid(parts.hostname):
-                problem = f"{parts.hostname!r} is not a host name or address"
     if problem is not None:
-        raise ConfigurationError(
-            f"{source} {shown} is not a valid base URL: {problem}; write it like 'http://localhost:8100/v1'",
-            url=url,
-        )
-    return url.rstrip("/")
+        return problem
+    try:
+        port = parts.port  # raises ValueError for a port that is not a number in [0, 65535]
+    except ValueError:
+        return "its port is not a number from 1 to 65535"
+    if port == 0:
+        return "port 0 is outside 1-65535"
+    if not _host_is_valid(parts.hostname):
+        return f"{parts.hostname!r} is not a host name or address"
+    return None
 
 
 def refuse_two_credentials(base_url: str, authorization: str | None, *, env_prefix: str) -> None:
@@ -126,7 +137,7 @@ def refuse_two_credentials(base_url: str, authorization: str | None, *, env_pref
     """
     if authorization and any(urlsplit(url.strip()).username is not None for url in base_url.split(",")):
         raise ConfigurationError(
-            f"the base URL {redact_url(repr(base_url))} (base_url or {env_prefix}_BASE_URL) holds user:password@ and "
+            f"the base URL {redact_url(base_url)!r} (base_url or {env_prefix}_BASE_URL) holds user:password@ and "
             f"an API key is set too (api_key or {env_prefix}_API_KEY): both would be the Authorization header, and "
             "the URL's would replace the key. Give the credentials one way: the API key, or the URL's user:password@",
             url=redact_url(base_url),

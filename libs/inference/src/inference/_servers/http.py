@@ -175,7 +175,7 @@ def check_base_url(base_url: str, *, provider: str, env_prefix: str) -> None:
     try:
         validate_base_url(base_url, source=f"{env_prefix}_BASE_URL (or base_url)")
     except ConfigurationError as error:
-        raise ConfigurationError(str(error), provider=provider, url=base_url) from None
+        raise ConfigurationError(str(error), provider=provider, url=error.url) from None  # hidden as written
 
 
 def api_base(base_url: str) -> str:

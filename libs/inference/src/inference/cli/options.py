@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from inference._core.redaction import redact_url
+from inference._core.redaction import redact_written_url
 from inference.cli.running import _UsageError
 from inference.config import SETTINGS, resolve_provider_type
 from inference.exceptions import AdapterNotFoundError, InferenceError
@@ -53,7 +53,7 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
             try:
                 config[key] = settings[key].check(text)  # an argument: its message names --set, not a variable
             except ValueError as error:  # a key is never shown, nor the credentials of a URL
-                shown = "(not shown)" if settings[key].kind == "secret" else redact_url(repr(text))
+                shown = "(not shown)" if settings[key].kind == "secret" else repr(redact_written_url(text))
                 raise _UsageError(f"--set {key}={shown}: {error}") from None
         elif generation_keys and key in _GENERATION_TYPES:
             try:
