@@ -1869,6 +1869,39 @@ async def test_weights_from_memory_are_written_where_the_server_reads_them(
         assert sent(unload) == {"lora_name": "step-1"} and not written.exists()  # removed once unloaded
 
 
+async def test_the_shared_adapter_dir_is_checked_when_the_provider_is_built_and_sent_absolute(
+    mock: respx.MockRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``~`` was not expanded and a relative path was sent as it was (vLLM resolves ``lora_path`` against its own
+    working directory, or takes it for a Hub id); a missing directory or a file failed at the first
+    ``load_adapter`` with a bare FileNotFoundError or NotADirectoryError."""
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for directory in (tmp_path / "home" / "shared", tmp_path / "relative"):
+        directory.mkdir(parents=True)
+    for written, expected in (("~/shared", tmp_path / "home" / "shared"), ("relative", tmp_path / "relative")):
+        async with VLLMProvider(base_url=BASE, adapter_dir=written) as provider:
+            assert provider.adapter_dir == str(expected)
+            await provider.load_adapter("step-1", _weights())
+            assert Path(sent(load)["lora_path"]).parent == expected  # absolute: the server reads this path
+    (tmp_path / "a-file").write_text("x")
+    for written, problem in (("missing", "does not exist"), ("a-file", "exists but is not a directory")):
+        with pytest.raises(ConfigurationError, match=f"adapter_dir=.*{tmp_path / written} {problem}") as caught:
+            VLLMProvider(base_url=BASE, adapter_dir=written)
+        assert caught.value.path == str(tmp_path / written)
+        monkeypatch.setenv("VLLM_ADAPTER_DIR", written)
+        with pytest.raises(ConfigurationError, match=f"VLLM_ADAPTER_DIR=.*{problem}"):
+            VLLMProvider(base_url=BASE)
+        monkeypatch.delenv("VLLM_ADAPTER_DIR")
+    assert not (tmp_path / "missing").exists()  # checked, not created: a shared volume is mounted, not made here
+    (tmp_path / "unmounted").mkdir()
+    async with VLLMProvider(base_url=BASE, adapter_dir="unmounted") as provider:
+        (tmp_path / "unmounted").rmdir()  # gone after the provider was built
+        with pytest.raises(ConfigurationError, match=f"cannot write adapter weights into the directory {tmp_path}"):
+            await provider.load_adapter("step-2", _weights())
+
+
 async def test_weights_from_memory_without_a_shared_directory_say_what_to_set(
     provider: VLLMProvider, mock: respx.MockRouter
 ) -> None:

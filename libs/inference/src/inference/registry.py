@@ -127,7 +127,7 @@ _SPECS = (
                               api_key="vLLM --api-key"),
             Setting("max_lora_rank", "VLLM_MAX_LORA_RANK", 16, "int",
                     "Largest adapter rank accepted before sending (match the server's --max-lora-rank)", minimum=1),
-            Setting("adapter_dir", "VLLM_ADAPTER_DIR", None, "str",
+            Setting("adapter_dir", "VLLM_ADAPTER_DIR", None, "shared-directory",
                     "A directory this process writes and the vLLM servers read at the same path, for adapters "
                     "loaded from memory (AdapterWeights)", none_means="adapters from memory are refused"),
             Setting("api", "VLLM_API", "auto", "str",

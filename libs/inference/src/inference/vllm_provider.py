@@ -209,7 +209,8 @@ class VLLMProvider(OpenAICompatibleProvider):
         adapter_dir: A directory this process writes and every server reads at the same path (a shared volume),
             where adapters given as :class:`~inference.AdapterWeights` are written for the servers to load; else
             ``VLLM_ADAPTER_DIR``; without one, ``load_adapter`` of weights in memory raises
-            :class:`~inference.exceptions.ConfigurationError` saying what to set.
+            :class:`~inference.exceptions.ConfigurationError` saying what to set. It must exist and be writable
+            (checked here; ``~`` is expanded, a relative path made absolute).
         api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``VLLM_API``;
             else ``"auto"``.
         replica_down_s: Seconds a replica that is down (refused a connection, or answered 502/503/504) is tried

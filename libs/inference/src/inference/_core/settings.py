@@ -173,12 +173,15 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-SettingKind = Literal["str", "secret", "int", "float", "bool", "url", "urls", "path", "directory", "json"]
+SettingKind = Literal[
+    "str", "secret", "int", "float", "bool", "url", "urls", "path", "directory", "shared-directory", "json"
+]
 """What a setting's values are: text, a secret (an API key: checked to be sendable in a header, never shown), an
 integer, a finite number, a switch (``true``/``false``), a base URL, base URLs (one, or several: replicas), a file
-path, a directory that files are written into (checked to be creatable and writable, nothing created), or a JSON
-object (a mapping, or its JSON text; kept as canonical JSON text, sorted keys, so that equal settings make one
-cached provider)."""
+path, a directory that files are written into (checked to be creatable and writable, nothing created), a directory
+shared with a server at the same path (checked to exist and be writable: this process cannot create it where the
+server would see it), or a JSON object (a mapping, or its JSON text; kept as canonical JSON text, sorted keys, so
+that equal settings make one cached provider)."""
 
 _ENV_FILE = "env-file:"
 """How an origin names a ``.env`` file: ``env-file:/srv/app/.env`` (see :mod:`inference._core.env_file`)."""
@@ -192,6 +195,7 @@ _KIND_RULES: dict[SettingKind, str] = {
     "urls": "an http(s) base URL, or several separated by commas",
     "path": "a file path",
     "directory": "a directory this process can create or write into",
+    "shared-directory": "an existing directory this process can write into",
     "secret": "printable ASCII without whitespace at its ends",
     "json": "a JSON object, such as {\"enforce_eager\": true}",
 }
@@ -225,7 +229,7 @@ class Setting:
         env_var: The environment variable that sets it.
         default: The value when neither an argument nor the variable gives one.
         kind: What the values are (:data:`SettingKind`). Numbers are never booleans; ``float`` values are
-            finite; ``path`` and ``directory`` values have ``~`` expanded and are made absolute from the current
+            finite; ``path`` and directory values have ``~`` expanded and are made absolute from the current
             directory (a ``path`` that is a Hugging Face Hub id naming no local path stays as it is).
         description: What it means, for ``.env.example`` and the docs.
         minimum: The smallest number allowed, if any.
@@ -316,7 +320,7 @@ class Setting:
             if isinstance(value, str) and value.strip().lower() in _BOOLEANS:
                 return _BOOLEANS[value.strip().lower()]
             raise self._invalid(value, origin, provider)
-        if self.kind in ("path", "directory"):
+        if self.kind in ("path", "directory", "shared-directory"):
             return self._path(value, origin, provider)
         if self.kind == "json":
             return self._json(value, origin, provider)
@@ -390,8 +394,10 @@ class Setting:
         if problem is not None:
             raise self._invalid(value, origin, provider, reason=f"the path {problem}")
         expanded = _absolute(expand_path(text), hub_id=self.kind == "path")
-        if self.kind == "directory":
+        if self.kind in ("directory", "shared-directory"):
             problem = directory_problem(expanded)
+            if problem is None and self.kind == "shared-directory" and not expanded.is_dir():
+                problem = "does not exist (it is shared with the servers: mount or create it there first)"
             if problem is not None:
                 raise self._invalid(value, origin, provider, reason=f"directory {expanded} {problem}", path=expanded)
         return str(expanded)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 import weakref
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from inference._core.paths import normalise_path
 from inference._core.scratch import owned_prefix, sweep_abandoned
 from inference.adapters.source import AdapterSource
+from inference.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from inference.adapters.weights import AdapterWeights
@@ -72,7 +74,17 @@ class AdapterWeightsStore:
             self._swept = True
             for abandoned in sweep_abandoned(parent):
                 logger.info("removed %s, left behind by a process that is gone", abandoned)
-        directory = tempfile.mkdtemp(prefix=owned_prefix(), dir=parent)
+        try:
+            directory = tempfile.mkdtemp(prefix=owned_prefix(), dir=parent)
+        except OSError as error:
+            if parent is None:
+                raise
+            raise ConfigurationError(  # it went away, or became a file, since the setting was checked
+                f"cannot write adapter weights into the directory {parent}: {error.strerror or error}",
+                provider=self._provider,
+                path=parent,
+            ) from error
+        directory = os.path.abspath(directory)  # a server given a relative path resolves it against its own cwd
         owner = self._owner()
         remove = weakref.finalize(owner if owner is not None else self, shutil.rmtree, directory, ignore_errors=True)
         try:
