@@ -7,6 +7,7 @@ The Llama case is the proof of the q/k row permutation: without it the adapter l
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,6 +218,26 @@ def test_the_cache_converts_once_per_adapter_and_base(
     changed = convert_peft_to_gguf_cached(adapter_copy, model.gguf_path, cache)
     assert changed not in (first, other_base)
     assert len(list(cache.glob("*.gguf"))) == 3
+
+
+def test_an_adapter_directory_with_a_long_name_converts_into_the_cache(
+    tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """A directory name of 250 characters (file systems allow 255) made a cached file name of 280 and a temporary
+    one of 294: loading the adapter on llama.cpp, llama-server or Ollama failed with "File name too long" and a
+    hint to check the cache directory's free space. The name is cut to its first 200 characters; the digest keeps
+    two adapters apart, and a short name is kept whole."""
+    model = tiny_models["qwen2"]
+    cache = tmp_path / "cache"
+    converted = []
+    for adapter, last in (("a0", "x"), ("a1", "y")):
+        directory = tmp_path / ("a" * 249 + last)
+        shutil.copytree(model.adapter_dirs[adapter], directory)
+        converted.append(convert_peft_to_gguf_cached(directory, model.gguf_path, cache))
+    assert converted[0] != converted[1] and all(path.is_file() for path in converted)
+    assert all(re.fullmatch(r"a{200}-[0-9a-f]{24}\.gguf", path.name) for path in converted)
+    short = convert_peft_to_gguf_cached(model.adapter_dirs["a0"], model.gguf_path, cache)
+    assert re.fullmatch(r"a0-[0-9a-f]{24}\.gguf", short.name)
 
 
 def test_dora_is_refused(adapter_copy: Path, tiny_models: dict[str, TinyModel], tmp_path: Path) -> None:

@@ -242,15 +242,21 @@ def convert_peft_to_gguf_for_layout_cached(
     return target
 
 
+_STEM_MAX = 200
+"""The longest directory name a cached file name starts with, in characters (ASCII: as many bytes). The name adds
+``-<24 hex>.gguf`` (30) and its temporary file ``.<name>.<8 random>.tmp`` (14 more), which stays under the 255
+bytes most file systems allow a name; a longer directory name is cut, and the digest keeps the names apart."""
+
+
 def _cached_name(adapter: PeftAdapter, layout: BaseModelLayout, weights: Iterable[bytes]) -> str:
     """``<directory name>-<digest>.gguf``: a digest of the converter version, the layout's fingerprint, the
-    adapter's config (as read and converted) and its weights' bytes."""
+    adapter's config (as read and converted) and its weights' bytes; the name cut to its first 200 characters."""
     digest = hashlib.sha256()
     digest.update(f"inference-gguf-lora-{CONVERTER_VERSION}\0{layout.fingerprint()}\0".encode())
     digest.update(json.dumps(adapter.config, sort_keys=True).encode() + b"\0")
     for chunk in weights:
         digest.update(chunk)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", adapter.path.resolve().name) or "adapter"
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", adapter.path.resolve().name)[:_STEM_MAX] or "adapter"
     return f"{stem}-{digest.hexdigest()[:24]}.gguf"
 
 
