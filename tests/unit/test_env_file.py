@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,22 @@ def test_the_process_environment_beats_the_file_and_arguments_beat_both(
     assert FakeProvider(max_adapters=9).max_adapters == 9  # argument
     monkeypatch.setenv("FAKE_MAX_ADAPTERS", "")  # empty counts as not set: the file's value applies
     assert resolve_settings("fake", {})["max_adapters"] == 3
+
+
+def test_a_dotenv_file_replaced_by_one_of_the_same_size_and_time_is_read_again(workdir: Path) -> None:
+    """A deploy that puts a new ``.env`` in place (``os.replace`` of a file copied with ``cp -p`` or ``rsync -t``, or
+    written in the same clock tick) keeps the size and the modification time: the old values were kept."""
+    env = workdir / ".env"
+    env.write_text("FAKE_MAX_ADAPTERS=3\n")
+    assert resolve_settings("fake", {})["max_adapters"] == 3
+    before = env.stat()
+    new = workdir / "new.env"
+    new.write_text("FAKE_MAX_ADAPTERS=4\n")
+    os.utime(new, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(new, env)
+    after = env.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert resolve_settings("fake", {})["max_adapters"] == 4
 
 
 def test_the_process_environment_wins_inside_an_expansion_too(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,7 +28,7 @@ __all__ = ["ENV_FILE_VAR", "SettingsEnvironment", "env_file_path", "settings_env
 ENV_FILE_VAR = "INFERENCE_ENV_FILE"
 """The process environment variable that names the ``.env`` file to read instead of ``./.env``."""
 
-_cache: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
+_cache: dict[str, tuple[tuple[int, ...], dict[str, str]]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -125,7 +125,9 @@ def _values(path: Path) -> dict[str, str]:
         info = path.stat()
     except OSError as error:
         raise _unreadable(path, error) from None
-    stamp = (info.st_mtime_ns, info.st_size)
+    # A file put in its place (os.replace, a deploy, `cp -p` or `rsync -t` keeping size and time) is another inode,
+    # and any write or rename changes the inode's ctime, which no tool sets back.
+    stamp = (info.st_mtime_ns, info.st_size, info.st_ctime_ns, info.st_dev, info.st_ino)
     key = str(path)
     with _cache_lock:
         cached = _cache.get(key)
