@@ -70,6 +70,26 @@ def test_a_dotenv_file_replaced_by_one_of_the_same_size_and_time_is_read_again(w
     assert resolve_settings("fake", {})["max_adapters"] == 4
 
 
+@pytest.mark.parametrize("blank", [" ", "\t", "  \n"])
+def test_a_blank_variable_counts_as_not_set_as_an_empty_one_does(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    """``VLLM_API_KEY=" "`` in the process environment silently dropped the key of ``.env`` (it was read as a value,
+    which a setting that may be empty takes for none), and a blank variable with no value in the file was refused
+    for a setting that may not be empty, where an empty one gives the default."""
+    (workdir / ".env").write_text("VLLM_API_KEY=sk-from-the-file\nVLLM_MAX_LORAS=3\nVLLM_HOST=gpu\n"
+                                  "VLLM_BASE_URL=http://${VLLM_HOST}:8100/v1\n")
+    for variable in ("VLLM_API_KEY", "VLLM_MAX_LORAS"):
+        monkeypatch.setenv(variable, blank)
+    settings = resolve_settings("vllm", {})
+    assert (settings["api_key"], settings["max_loras"]) == ("sk-from-the-file", 3)  # the file's, as for ""
+    for variable in ("VLLM_HOST", "VLLM_TIMEOUT", "INFERENCE_PROVIDER"):  # in an expansion; no value in the file
+        monkeypatch.setenv(variable, blank)
+    settings = resolve_settings("vllm", {})
+    assert settings["base_url"] == "http://gpu:8100/v1" and settings["timeout"] == 120.0
+    assert resolve_provider_type(None) == "vllm"
+
+
 def test_the_process_environment_wins_inside_an_expansion_too(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``${OTHER}`` reads OTHER by the same precedence as a setting: the process environment over the file (an
     empty variable counts as not set), and a file's variable above the line."""

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from inference._core.env_file import ENV_FILE_VAR, SettingsEnvironment, settings_environment
+from inference._core.env_file import ENV_FILE_VAR, SettingsEnvironment, is_set, settings_environment
 from inference._core.settings import Setting, SettingKind, validate_base_url
 from inference.exceptions import ConfigurationError, UnknownProviderError
 from inference.options import OPTIONS
@@ -71,7 +71,7 @@ def resolve_sdk_setting(key: str, value: Any = None, environ: SettingsEnvironmen
     if value is not None:
         return setting.check(value)
     environ = _environment() if environ is None else environ
-    if environ.get(setting.env_var, "") != "":
+    if is_set(environ.get(setting.env_var)):
         return setting.check(environ[setting.env_var], origin=environ.origin(setting.env_var))
     return setting.check(setting.default, origin="default")
 
@@ -119,7 +119,8 @@ def resolve_provider_type(provider_type: str | None, environ: Mapping[str, str] 
     """
     if provider_type is None:
         environ = _environment() if environ is None else environ
-        chosen = environ.get(PROVIDER_ENV_VAR) or DEFAULT_PROVIDER
+        named = environ.get(PROVIDER_ENV_VAR)
+        chosen = named if is_set(named) else DEFAULT_PROVIDER
     else:
         chosen = provider_type
     normalised = chosen.strip().lower() if isinstance(chosen, str) else None
@@ -166,7 +167,7 @@ def resolve_settings(
     for setting in settings:
         if overrides.get(setting.key) is not None:
             value = setting.check(overrides[setting.key], origin="argument", provider=provider_type)
-        elif environ is not None and environ.get(setting.env_var, "") != "":
+        elif environ is not None and is_set(environ.get(setting.env_var)):
             origin = environ.origin(setting.env_var) if isinstance(environ, SettingsEnvironment) else "environment"
             value = setting.check(environ[setting.env_var], origin=origin, provider=provider_type)
         else:

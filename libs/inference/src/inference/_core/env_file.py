@@ -23,13 +23,20 @@ from pathlib import Path
 from inference._core.paths import expand_path
 from inference.exceptions import ConfigurationError
 
-__all__ = ["ENV_FILE_VAR", "SettingsEnvironment", "env_file_path", "settings_environment"]
+__all__ = ["ENV_FILE_VAR", "SettingsEnvironment", "env_file_path", "is_set", "settings_environment"]
 
 ENV_FILE_VAR = "INFERENCE_ENV_FILE"
 """The process environment variable that names the ``.env`` file to read instead of ``./.env``."""
 
 _cache: dict[str, tuple[tuple[int, ...], dict[str, str]]] = {}
 _cache_lock = threading.Lock()
+
+
+def is_set(text: str | None) -> bool:
+    """Whether a variable's text sets its setting: an empty or blank one (``VLLM_API_KEY=" "``) counts as not set,
+    in the process environment as in the ``.env`` file, as :meth:`~inference._core.settings.Setting.check` reads a
+    blank value of a setting that may be empty as none."""
+    return text is not None and text.strip() != ""
 
 
 class SettingsEnvironment(Mapping[str, str]):
@@ -46,7 +53,7 @@ class SettingsEnvironment(Mapping[str, str]):
 
     def __getitem__(self, key: str) -> str:
         value = self._process.get(key, "")
-        if value != "":
+        if is_set(value):
             return value
         if key in self._file:
             return self._file[key]
@@ -63,7 +70,7 @@ class SettingsEnvironment(Mapping[str, str]):
 
     def origin(self, key: str) -> str:
         """``"environment"`` for a value of the process environment, ``"env-file:PATH"`` for one of the file."""
-        if self._process.get(key, "") == "" and key in self._file and self.path is not None:
+        if not is_set(self._process.get(key)) and key in self._file and self.path is not None:
             return f"env-file:{self.path}"
         return "environment"
 
@@ -82,13 +89,13 @@ def settings_environment(process: Mapping[str, str] | None = None) -> SettingsEn
 
 def _expanded(raw: Mapping[str, str], process: Mapping[str, str]) -> dict[str, str]:
     """The file's values with ``${OTHER}`` (and ``${OTHER:-default}``) expanded as the settings are read: a variable
-    of the process environment wins over the file's (an empty one counts as not set), and a file's variable is seen
-    by the lines below it."""
+    of the process environment wins over the file's (an empty or blank one counts as not set), and a file's
+    variable is seen by the lines below it."""
     from dotenv.variables import parse_variables
 
     values: dict[str, str] = {}
     for key, value in raw.items():
-        seen = ChainMap({name: text for name, text in process.items() if text != ""}, values)
+        seen = ChainMap({name: text for name, text in process.items() if is_set(text)}, values)
         values[key] = "".join(atom.resolve(seen) for atom in parse_variables(value))
     return values
 

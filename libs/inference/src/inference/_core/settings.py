@@ -235,7 +235,7 @@ class Setting:
         minimum: The smallest number allowed, if any.
         maximum: The largest number allowed, if any.
         exclusive_minimum: ``minimum`` itself is not allowed (a timeout must be above 0).
-        none_means: When set, ``None`` (or an empty string) is a valid value meaning this ("no limit").
+        none_means: When set, ``None`` (or an empty or blank string) is a valid value meaning this ("no limit").
         choices: The allowed texts, compared stripped and lower-cased (the value is returned that way).
         pattern: A regular expression the whole text must match, stripped and lower-cased.
         hint: How the allowed texts read in messages, where ``pattern`` alone would not say it.

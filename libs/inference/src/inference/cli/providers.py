@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from inference._core.env_file import settings_environment
+from inference._core.env_file import is_set, settings_environment
 from inference._core.redaction import redact_url
 from inference.cli.options import SERVER_PROVIDERS
 from inference.cli.running import _print_json
@@ -72,7 +72,7 @@ def _provider_report(name: str, url: str | None) -> dict[str, Any]:
     if spec.server:
         report["base_url"] = settings["base_url"]
         base_url_setting = next(setting for setting in spec.settings if setting.key == "base_url")
-        configured = settings_environment().get(base_url_setting.env_var)  # the process's, else the .env file's
+        configured = is_set(settings_environment().get(base_url_setting.env_var))  # the process's, else .env's
         if not url and not configured and not _on_this_machine(settings["base_url"]):
             report["base_url"] = None  # a remote default (https://api.openai.com/v1): not contacted unasked
             report["detail"] = (
