@@ -1,14 +1,16 @@
-"""How an evaluation run treats the adapters on the provider: those its caller loaded stay the caller's, and rows
-carry the content hash of the files that were loaded; on the fake provider."""
+"""How an evaluation run treats the adapters on the provider: those its caller loaded stay the caller's, runs at once
+on one provider share theirs, and rows carry the content hash of the files that were loaded; on the fake provider."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from inference._core.validation import GenerationRequest
 from inference.adapters.source import AdapterSource
 from inference.evaluation import (
     EvalPrompt,
@@ -19,6 +21,8 @@ from inference.evaluation import (
     read_rows,
 )
 from inference.fake_provider import FakeProvider
+from inference.fallback import FallbackProvider
+from inference.results import GenerationResult
 
 PROMPTS = [EvalPrompt("q1", "hello", expected="x"), EvalPrompt("q2", "world", expected="y")]
 
@@ -56,12 +60,149 @@ async def test_an_id_the_caller_loaded_from_other_files_is_a_load_error_and_stay
     rows = [row for row in read_rows(tmp_path / "r.jsonl") if row["adapter_id"] == "a1"]
     assert [row["error"]["stage"] for row in rows] == ["load", "load"] and all(row["output"] is None for row in rows)
     assert rows[0]["error"]["type"] == "AdapterAlreadyLoadedError"
-    assert f"already loaded on the fake provider by its caller, from other files or weights than {a1}" in (
-        rows[0]["error"]["message"]
-    )
+    assert (
+        "already loaded on the fake provider, by its caller or by another evaluation run on it, from other files "
+        f"or weights than {a1}"
+    ) in rows[0]["error"]["message"]
     assert summary.adapters[0].load_error is not None and "AdapterSpec" in summary.adapters[0].load_error
     assert await provider.list_adapters() == ["a1"]  # the caller's adapter, from its own files, as before
     assert (await provider.generate("hello", "", adapter_id="a1")).text == before
+
+
+# Runs at once on one provider, and the user loading meanwhile: nobody unloads what another uses --------------------
+
+
+def task(name: str, count: int) -> list[EvalPrompt]:
+    return [EvalPrompt(f"q{index}", f"task {name} question {index}", expected="x") for index in range(count)]
+
+
+def outputs(path: Path) -> dict[tuple[str, str], tuple[object, object]]:
+    return {(row["adapter_id"], row["prompt_id"]): (row["output"], row["error"]) for row in read_rows(path)}
+
+
+async def test_two_tasks_at_once_with_one_provider_config_get_the_rows_each_gets_alone(tmp_path: Path) -> None:
+    """The same provider_config gives both runs the same cached provider: the short task's run used to unload each
+    adapter at the end of its turn while the long task's run still answered with it (100 or 120 of 120 rows errors
+    in 9 tries of 10: which run loads an adapter first depends on the threads that hash it)."""
+    adapters = [adapter(tmp_path / f"a{index}") for index in range(6)]
+    short, long = task("A", 2), task("B", 20)
+    config = {"provider": "fake"}
+    alone = [
+        await evaluate_adapters(adapters, prompts, config, tmp_path / f"alone-{name}.jsonl", provider=FakeProvider())
+        for name, prompts in (("a", short), ("b", long))
+    ]
+    both = await asyncio.gather(
+        evaluate_adapters(adapters, short, config, tmp_path / "a.jsonl"),
+        evaluate_adapters(adapters, long, config, tmp_path / "b.jsonl"),
+    )
+    assert [summary.errors for summary in both] == [0, 0]
+    for summary, reference in zip(both, alone, strict=True):
+        assert outputs(summary.output) == outputs(reference.output)
+        assert [entry.score for entry in summary.adapters] == [entry.score for entry in reference.adapters]
+
+
+async def test_two_runs_at_once_through_a_fallback_provider_hold_the_adapters_on_each_backend(tmp_path: Path) -> None:
+    """A provider that loads through others passes a run's hold on: each backend unloads an adapter once both runs
+    are done with it. (Before, every row of a run on a FallbackProvider was a load error: its adapter_stats raises.)"""
+    adapters = [adapter(tmp_path / f"a{index}") for index in range(3)]
+    provider = FallbackProvider([FakeProvider(), FakeProvider()])
+    both = await asyncio.gather(
+        evaluate_adapters(adapters, task("A", 2), {}, tmp_path / "a.jsonl", provider=provider),
+        evaluate_adapters(adapters, task("B", 20), {}, tmp_path / "b.jsonl", provider=provider),
+    )
+    assert [summary.errors for summary in both] == [0, 0]
+    assert [await backend.list_adapters() for backend in provider.providers] == [[], []]
+
+
+class GatedByTask(FakeProvider):
+    """Holds each task's adapter requests until its gate opens, and counts those waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates = {"A": asyncio.Event(), "B": asyncio.Event()}
+        self.waiting = {"A": 0, "B": 0}
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        name = next((name for name in self.gates if str(request.prompt).startswith(f"task {name} ")), None)
+        if request.adapter_id is not None and name is not None:
+            self.waiting[name] += 1
+            await self.gates[name].wait()
+            self.waiting[name] -= 1
+        return await super()._generate(request)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+async def test_a_run_that_ends_first_leaves_the_adapter_to_the_run_still_using_it(tmp_path: Path) -> None:
+    """Run A loads a1, run B starts using it, A ends its turn first: a1 stays loaded until B is done with it."""
+    a1 = adapter(tmp_path / "a1")
+    provider = GatedByTask()
+    options = {"provider": provider, "base": False, "warmup": False, "max_concurrency": 1}
+    run_a = asyncio.create_task(
+        evaluate_adapters([a1], task("A", 2), {"provider": "fake"}, tmp_path / "a.jsonl", **options)
+    )
+    await until(lambda: provider.waiting["A"] == 1)  # A loaded a1 and asks with it
+    run_b = asyncio.create_task(
+        evaluate_adapters([a1], task("B", 6), {"provider": "fake"}, tmp_path / "b.jsonl", **options)
+    )
+    await until(lambda: provider.waiting["B"] == 1)  # B found a1 loaded and asks with it too
+    provider.gates["A"].set()
+    await until(lambda: run_a.done() or provider.adapter_stats().get("a1") is None)  # A's turn ended
+    provider.gates["B"].set()
+    summary_a, summary_b = await asyncio.gather(run_a, run_b)
+    assert (summary_a.errors, summary_b.errors) == (0, 0)
+    assert outputs(summary_b.output) == outputs(
+        (await evaluate_adapters([a1], task("B", 6), {"provider": "fake"}, tmp_path / "alone.jsonl", base=False)).output
+    )
+    assert await provider.list_adapters() == []  # the last run out unloaded it
+    assert provider.adapter_stats().loads == 1  # loaded once for both
+
+
+@pytest.mark.parametrize("pin", [True, False])
+async def test_an_adapter_the_caller_loads_while_a_run_uses_it_stays_loaded(tmp_path: Path, pin: bool) -> None:
+    """A serving loop on the provider loads the adapter the run is evaluating (the same files): it is the caller's
+    from then on, and the run leaves it loaded, pinned as the caller asked (it was unloaded and the pin lost)."""
+    a1 = adapter(tmp_path / "a1")
+    provider = GatedByTask()
+    run = asyncio.create_task(
+        evaluate_adapters(
+            [a1], task("A", 3), {"provider": "fake"}, tmp_path / "r.jsonl", provider=provider, base=False,
+            max_concurrency=1,
+        )
+    )  # fmt: skip
+    await until(lambda: provider.waiting["A"] == 1)
+    await provider.load_adapter("a1", str(a1), pin=pin)  # the caller's own load: the run has it loaded already
+    provider.gates["A"].set()
+    assert (await run).errors == 0
+    assert await provider.list_adapters() == ["a1"]
+    stats = provider.adapter_stats().get("a1")
+    assert stats is not None and stats.pinned is pin
+    assert (await provider.generate("hello", "", adapter_id="a1")).text  # the caller's requests are served
+
+
+async def test_a_run_cancelled_while_another_shares_its_adapter_leaves_it_to_that_run(tmp_path: Path) -> None:
+    """A cancelled run gives its holds back: the other run goes on with the adapter, then unloads it."""
+    a1 = adapter(tmp_path / "a1")
+    provider = GatedByTask()
+    options = {"provider": provider, "base": False, "warmup": False, "max_concurrency": 1}
+    run_a = asyncio.create_task(
+        evaluate_adapters([a1], task("A", 2), {"provider": "fake"}, tmp_path / "a.jsonl", **options)
+    )
+    await until(lambda: provider.waiting["A"] == 1)
+    run_b = asyncio.create_task(
+        evaluate_adapters([a1], task("B", 4), {"provider": "fake"}, tmp_path / "b.jsonl", **options)
+    )
+    await until(lambda: provider.waiting["B"] == 1)
+    run_b.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run_b
+    assert await provider.list_adapters() == ["a1"]  # A still holds it
+    provider.gates["A"].set()
+    assert (await run_a).errors == 0
+    assert await provider.list_adapters() == []  # nobody holds it any more: unloaded
 
 
 # The content hash rows carry: of the files that were loaded ----------------------------------------------------

@@ -18,7 +18,10 @@ The registry is the single place that decides:
 - an adapter keeps the weights it was loaded with until it is replaced: where its files are on this machine,
   their sizes and modification times are noted at load, and files changed in place since are never loaded
   under the id by an eviction's reload (an error says to replace it) nor ignored by a repeated load (which
-  needs ``replace=True``, and then loads them as any replacement).
+  needs ``replace=True``, and then loads them as any replacement);
+- a load or unload with a ``holder`` (an evaluation run's turn) takes or gives back that holder's hold instead:
+  the adapter is unloaded when the last hold is given back, unless the user loaded it (before or meanwhile), see
+  :mod:`inference._core.adapter_holds`.
 
 Backends only do the real work through two callables, ``load(name, source)`` and ``unload(name)``, which the
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
@@ -34,13 +37,12 @@ the check of files changed in place in :mod:`inference._core.adapter_files`.
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
+from inference._core.adapter_entry import AdapterState, Entry
 from inference._core.adapter_files import FilesState, files_changed, files_state, source_files_state
 from inference._core.backend_names import Discovered, VersionedName, default_versioned_name, parse_versioned_name
 from inference._core.lifecycle_events import LifecycleEvents
@@ -68,62 +70,6 @@ logger = logging.getLogger("inference.adapters")
 BackendLoad = Callable[[str, AdapterSource], Awaitable[None]]
 BackendUnload = Callable[[str], Awaitable[None]]
 BackendDiscover = Callable[[str], Awaitable["str | Discovered | None"]]
-
-
-class AdapterState(enum.Enum):
-    """Where one adapter is in its lifecycle (``docs/architecture.md`` draws the transitions).
-
-    ``LOADING`` -> ``RESIDENT``: the backend load finished (a failed load forgets the adapter).
-    ``RESIDENT`` -> ``EVICTING`` -> ``EVICTED``: capacity reached, nothing uses it, it is not pinned.
-    ``EVICTED`` -> ``LOADING``: a request needs it again (loaded from its remembered path).
-    ``RESIDENT``/``EVICTED`` -> ``UNLOADING``: ``unload_adapter``; requests in flight finish first, then the
-    backend unload runs and the adapter is forgotten.
-    """
-
-    LOADING = "loading"
-    RESIDENT = "resident"
-    EVICTING = "evicting"
-    EVICTED = "evicted"
-    UNLOADING = "unloading"
-
-
-@dataclass
-class _Entry:
-    """The record of one adapter id.
-
-    The state is derived from three flags and the transition in progress (see :attr:`state`); the three
-    waitables let callers wait for a transition (``transition``), for requests in flight to finish
-    (``drained``) and for an unload to complete (``unloaded``).
-    """
-
-    source: AdapterSource
-    backend: str = ""
-    identity: str = ""
-    pinned: bool = False
-    resident: bool = False
-    in_flight: int = 0
-    last_used: int = 0
-    unloading: bool = False
-    transition: asyncio.Future[None] | None = None
-    drained: asyncio.Event | None = None
-    unloaded: asyncio.Future[None] | None = None
-    evicting: bool = False
-    files: FilesState = None
-
-    @property
-    def path(self) -> str:
-        """Where the adapter was loaded from (the label of weights kept in memory)."""
-        return self.source.path
-
-    @property
-    def state(self) -> AdapterState:
-        if self.unloading:
-            return AdapterState.UNLOADING
-        if self.evicting:
-            return AdapterState.EVICTING
-        if self.resident:
-            return AdapterState.RESIDENT
-        return AdapterState.LOADING if self.transition is not None else AdapterState.EVICTED
 
 
 class AdapterRegistry:
@@ -160,8 +106,8 @@ class AdapterRegistry:
         self._unload = unload
         self._capacity = capacity
         self._discover = discover
-        self._entries: dict[str, _Entry] = {}
-        self._by_backend: dict[str, _Entry] = {}  # backend name -> entry, for replaced ids and draining versions
+        self._entries: dict[str, Entry] = {}
+        self._by_backend: dict[str, Entry] = {}  # backend name -> entry, for replaced ids and draining versions
         self._replacing: dict[str, asyncio.Lock] = {}
         self._retiring: set[asyncio.Future[None]] = set()  # retirements left to run by a cancelled replace
         self._trimming: asyncio.Future[None] | None = None  # evictions back down to capacity after a burst
@@ -257,7 +203,7 @@ class AdapterRegistry:
         if entry is not None:
             self._refuse_changed(self._id_of(name, entry), entry)
 
-    def _refuse_changed(self, adapter_id: str, entry: _Entry) -> None:
+    def _refuse_changed(self, adapter_id: str, entry: Entry) -> None:
         if files_changed(entry.path, entry.files):
             raise InvalidAdapterError(
                 f"adapter {adapter_id!r} must be loaded again and its files at {entry.path} changed since it was "
@@ -271,15 +217,44 @@ class AdapterRegistry:
         """Drop the record without touching the backend (the backend lost the adapter itself)."""
         self._entries.pop(adapter_id, None)
 
-    async def load(self, adapter_id: str, source: AdapterSource, *, replace: bool = False, pin: bool = False) -> None:
-        """Load ``adapter_id`` from ``source`` (see the module docstring for the rules)."""
+    async def load(
+        self,
+        adapter_id: str,
+        source: AdapterSource,
+        *,
+        replace: bool = False,
+        pin: bool = False,
+        holder: object | None = None,
+    ) -> None:
+        """Load ``adapter_id`` from ``source`` (see the module docstring for the rules), for the user, or for
+        ``holder``, which then holds it (also when cancelled once the backend has it: its clean-up gives it back)."""
+        try:
+            await self._load_entry(adapter_id, source, replace=replace, pin=pin)
+        except asyncio.CancelledError:
+            entry = self._entries.get(adapter_id)
+            if entry is not None and entry.transition is None:  # a load still running is another caller's
+                self._claim(adapter_id, source, holder)
+            raise
+        self._claim(adapter_id, source, holder)
+
+    def _claim(self, adapter_id: str, source: AdapterSource, holder: object | None) -> None:
+        """Record who loaded ``adapter_id`` from ``source``, if the id holds it now: ``holder``, or the user."""
+        entry = self._entries.get(adapter_id)
+        if entry is None or entry.unloading or entry.identity != source.identity:
+            return
+        if holder is None:
+            entry.user = True
+        else:
+            entry.holders.add(holder)
+
+    async def _load_entry(self, adapter_id: str, source: AdapterSource, *, replace: bool, pin: bool) -> None:
         identity, path = source.identity, source.path
         while True:
             entry = self._entries.get(adapter_id)
             if entry is None:
                 # replaced weights of an earlier load may still drain under the id itself: never load over them
                 backend = self._new_version(adapter_id) if adapter_id in self._by_backend else adapter_id
-                entry = _Entry(
+                entry = Entry(
                     source=source, backend=backend, identity=identity, pinned=pin, files=source_files_state(source)
                 )
                 self._entries[adapter_id] = entry
@@ -327,8 +302,16 @@ class AdapterRegistry:
             await self._replace(adapter_id, entry, source, identity, pin=pin)
             return
 
-    async def unload(self, adapter_id: str) -> None:
-        """Unload ``adapter_id`` once its requests in flight have finished."""
+    async def unload(self, adapter_id: str, *, holder: object | None = None) -> None:
+        """Unload ``adapter_id`` once its requests in flight have finished; for ``holder``, give its hold back
+        instead, unloading only what nobody else holds and the user never loaded (a hold not taken: nothing)."""
+        if holder is not None:
+            held = self._entries.get(adapter_id)
+            if held is None or holder not in held.holders:
+                return
+            held.holders.discard(holder)
+            if held.holders or held.user or held.unloading:
+                return
         entry = self._entries.get(adapter_id) or await self._discovered(adapter_id)
         if entry is None or entry.unloading:
             raise self._not_found(adapter_id)
@@ -401,7 +384,7 @@ class AdapterRegistry:
 
     # Internals ------------------------------------------------------------------------------------------
 
-    async def _replace(self, adapter_id: str, old: _Entry, source: AdapterSource, identity: str, *, pin: bool) -> None:
+    async def _replace(self, adapter_id: str, old: Entry, source: AdapterSource, identity: str, *, pin: bool) -> None:
         """Load ``source`` under a new backend name beside the old weights, switch the id to it, then unload the
         old weights once the requests that use them have finished.
 
@@ -415,7 +398,7 @@ class AdapterRegistry:
             # (another replacement, an eviction or an unload ran meanwhile: start over with what the id is now)
             interrupted = None if restart else await self._load_beside(adapter_id, old, source, identity, pin=pin)
         if restart:
-            await self.load(adapter_id, source, replace=True, pin=pin)
+            await self._load_entry(adapter_id, source, replace=True, pin=pin)
             return
         if interrupted is not None:
             # the caller is gone; finish without it
@@ -424,7 +407,7 @@ class AdapterRegistry:
         await self._retire(adapter_id, old)
 
     async def _load_beside(
-        self, adapter_id: str, old: _Entry, source: AdapterSource, identity: str, *, pin: bool
+        self, adapter_id: str, old: Entry, source: AdapterSource, identity: str, *, pin: bool
     ) -> BaseException | None:
         """Load ``source`` under a new backend name while ``old`` serves, then switch the id to it.
 
@@ -434,7 +417,7 @@ class AdapterRegistry:
         Returns the cancellation that arrived after the backend had loaded the new weights (the switch is made
         anyway: the backend holds them), else ``None``. A failed load raises with ``old`` untouched.
         """
-        new = _Entry(
+        new = Entry(
             source=source,
             backend=self._new_version(adapter_id),
             identity=identity,
@@ -464,7 +447,7 @@ class AdapterRegistry:
         version, self._next_version = self._next_version, self._next_version + 1
         return self._versioned(adapter_id, version)
 
-    async def _retire(self, adapter_id: str, old: _Entry) -> None:
+    async def _retire(self, adapter_id: str, old: Entry) -> None:
         """Unload replaced weights after the requests still using them."""
         old.unloading = True
         try:
@@ -481,7 +464,7 @@ class AdapterRegistry:
                 self._by_backend.pop(old.backend, None)
             self._retiring = {task for task in self._retiring if not task.done()}
 
-    async def _make_resident(self, adapter_id: str, entry: _Entry) -> None:
+    async def _make_resident(self, adapter_id: str, entry: Entry) -> None:
         self._refuse_changed(adapter_id, entry)
         async with self._transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
@@ -490,7 +473,7 @@ class AdapterRegistry:
 
     @staticmethod
     async def _finish(
-        entry: _Entry, work: Awaitable[None], *, resident_after: bool, cancelled: list[asyncio.CancelledError]
+        entry: Entry, work: Awaitable[None], *, resident_after: bool, cancelled: list[asyncio.CancelledError]
     ) -> None:
         """Run a backend load or unload to its end even if the caller is cancelled meanwhile (each cancellation
         goes into ``cancelled``, for the caller to raise once the event is recorded as what the backend did).
@@ -511,7 +494,7 @@ class AdapterRegistry:
         task.result()  # the backend's own error, if it failed
 
     @asynccontextmanager
-    async def _transition(self, entry: _Entry) -> AsyncIterator[None]:
+    async def _transition(self, entry: Entry) -> AsyncIterator[None]:
         """Mark ``entry`` busy (synchronously, before any await) while a backend load or unload runs.
 
         Other callers wait on ``entry.transition`` and then look at the entry again; a failure is raised
@@ -604,7 +587,7 @@ class AdapterRegistry:
             finally:
                 entry.evicting = False
 
-    async def _backend(self, event: str, adapter_id: str, entry: _Entry, **detail: object) -> None:
+    async def _backend(self, event: str, adapter_id: str, entry: Entry, **detail: object) -> None:
         """Run the backend's load (``load``, ``reload``) or unload (``unload``, ``evict``) of ``entry`` to its end,
         counted, logged and traced (``detail`` adds to the record)."""
         cancelled: list[asyncio.CancelledError] = []
@@ -627,7 +610,7 @@ class AdapterRegistry:
         if not self._closed():
             await self._unload(name)
 
-    async def _drain_and_unload(self, adapter_id: str, entry: _Entry, **detail: object) -> None:
+    async def _drain_and_unload(self, adapter_id: str, entry: Entry, **detail: object) -> None:
         """Wait for the requests using ``entry`` and for a transition in progress, then unload its weights from the
         backend where they are. Several may drain one entry at once (an unload of an id whose replacement retires
         the same weights): they share its ``drained`` event, and the first to wake unloads."""
@@ -641,11 +624,11 @@ class AdapterRegistry:
             async with self._transition(entry):
                 await self._backend("unload", adapter_id, entry, **detail)
 
-    async def _wait_unloaded(self, adapter_id: str, entry: _Entry) -> None:
+    async def _wait_unloaded(self, adapter_id: str, entry: Entry) -> None:
         if entry.unloaded is not None:
             await asyncio.shield(entry.unloaded)
 
-    async def _discovered(self, adapter_id: str) -> _Entry | None:
+    async def _discovered(self, adapter_id: str) -> Entry | None:
         found = await self._discover(adapter_id)
         if found is None:
             return None
@@ -654,7 +637,7 @@ class AdapterRegistry:
         entry = self._entries.get(adapter_id)
         if entry is None:
             source = AdapterSource(found.path)
-            entry = _Entry(source=source, backend=found.backend, identity=source.identity, resident=True)
+            entry = Entry(source=source, backend=found.backend, identity=source.identity, resident=True, user=True)
             self._entries[adapter_id] = entry
             if found.backend != adapter_id:
                 self._by_backend[found.backend] = entry
@@ -662,15 +645,15 @@ class AdapterRegistry:
         entry.last_used = next(self._clock)
         return entry
 
-    def _listed(self) -> dict[str, _Entry]:
+    def _listed(self) -> dict[str, Entry]:
         """The entries of the ids the user loaded, not those being unloaded."""
         return {adapter_id: entry for adapter_id, entry in self._entries.items() if not entry.unloading}
 
-    def _find(self, name: str) -> _Entry | None:
+    def _find(self, name: str) -> Entry | None:
         """The entry of an adapter id, or of a backend name in use now (a replaced id's, or one still draining)."""
         return self._entries.get(name) or self._by_backend.get(name)
 
-    def _id_of(self, name: str, entry: _Entry) -> str:
+    def _id_of(self, name: str, entry: Entry) -> str:
         """The id ``entry`` is listed under; ``name`` for weights no longer listed (replaced, still draining)."""
         return next((key for key, value in self._entries.items() if value is entry), name)
 

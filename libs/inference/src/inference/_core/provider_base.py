@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from inference._core.adapter_holds import current_holder
 from inference._core.hub import HUB_GGUF
 from inference._core.lifecycle import AdapterRegistry, Discovered, default_versioned_name
 from inference._core.model_loads import ModelLoads
@@ -171,7 +172,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
             source = AdapterSource(self._adapter_path_argument(adapter_path), base_model=base_model)
             self._require_adapter_support("load_adapter")
             self._check_open()
-            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin)
+            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin, holder=current_holder())
             return
         self._require_adapter_support("load_adapter")
         self._check_open()  # before anything is copied or written for a provider that cannot load it
@@ -185,7 +186,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         if base_model is not None:
             source = dataclasses.replace(source, base_model=base_model)
         try:
-            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin)
+            await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin, holder=current_holder())
         except AdapterAlreadyLoadedError:  # the registry's words name a private directory the caller never saw
             loaded = self._adapter_registry.path_of(adapter_id) or ""
             private = loaded in self._adapter_weights.directories() or loaded.startswith("<adapter weights")
@@ -214,7 +215,7 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         self._require_adapter_support("unload_adapter")
         self._check_open()
         try:
-            await self._adapter_registry.unload(adapter_id)
+            await self._adapter_registry.unload(adapter_id, holder=current_holder())
         finally:
             self._remove_unused_adapter_weights()
 

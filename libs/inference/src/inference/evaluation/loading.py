@@ -13,10 +13,13 @@ the load, and once more right after it.
 
 Weights in memory are hashed once, before the run, and must not change while it uses them.
 
-The caller keeps ownership of what it loaded itself. An adapter its caller had loaded on the provider under the
-adapter's id, from the same source, is used as it is (the load does nothing) and left loaded, pinned or not, after
-the run. One loaded under that id from another source (other files, or weights in memory) is never evaluated under
-the adapter's name, nor replaced: the load is refused with an error that says so, which becomes the adapter's rows.
+A turn does not load and unload the adapter for itself: it takes a hold on it and gives the hold back after (see
+:mod:`inference._core.adapter_holds`), so that the provider's user, and other runs on the same provider, keep what
+they use. An adapter the caller loaded on the provider under the adapter's id, from the same source, before the run
+or while it runs, is used as it is (the load does nothing) and left loaded, pinned or not, after the run; one that
+another run on the provider holds is shared, and unloaded by the last run that gives its hold back. One loaded
+under that id from another source (other files, or weights in memory) is never evaluated under the adapter's name,
+nor replaced: the load is refused with an error that says so, which becomes the adapter's rows.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from inference._core.adapter_holds import holding
 from inference.evaluation.identity import adapter_hash
 from inference.evaluation.inputs import AdapterSpec
 from inference.exceptions import AdapterAlreadyLoadedError, InvalidAdapterError
@@ -39,15 +43,16 @@ logger = logging.getLogger("inference.evaluation")
 
 @dataclass(frozen=True)
 class LoadedAdapter:
-    """An adapter loaded for its turn.
+    """An adapter held for its turn.
 
     Attributes:
         adapter_id: The id it is loaded under.
-        owned_by_caller: The caller had loaded it before the run (from the same source): it stays loaded.
+        hold: The turn's hold on it, given back after the turn (it is unloaded unless someone else holds it, or
+            the caller loaded it).
     """
 
     adapter_id: str
-    owned_by_caller: bool
+    hold: object
 
 
 async def load_for_turn(
@@ -58,40 +63,40 @@ async def load_for_turn(
     has_rows: bool,
     output: str | os.PathLike[str],
 ) -> LoadedAdapter:
-    """Load ``spec`` under its id for its turn, noting whether the caller had loaded it already, and checking its
-    files' content hash before and after the load.
+    """Load ``spec`` under its id for its turn, holding it (see the module docstring), and check its files'
+    content hash before and after the load.
 
     ``hashes[spec.id]`` is the hash its rows carry: the one taken when the run started, replaced by the one taken
     right before the load when the files changed meanwhile (and the results file holds no rows of the adapter yet:
-    ``has_rows`` false). A cancellation that arrives once the backend has the adapter unloads it again (unless it
-    is the caller's).
+    ``has_rows`` false). A cancellation that arrives once the backend has the adapter gives the hold back.
 
     Raises:
         InvalidAdapterError: The files changed since the run started and ``output`` holds rows of the earlier
             ones, or they changed while being loaded.
-        AdapterAlreadyLoadedError: The caller loaded another source under this id (nothing is changed).
+        AdapterAlreadyLoadedError: The caller, or another run, loaded another source under this id (nothing is
+            changed).
         Exception: Whatever the provider raised: the adapter could not be loaded.
     """
     adapter_id = spec.id
     path = None if spec.weights is not None else os.path.abspath(str(spec.path))
     if path is not None:
         await _hash_before_load(provider, adapter_id, path, hashes, has_rows=has_rows, output=output)
-    owned_by_caller = provider.adapter_stats().get(adapter_id) is not None  # loaded by the caller, not by this run
+    loaded = LoadedAdapter(adapter_id, hold=object())
     source = spec.weights if spec.weights is not None else str(path)
     try:
-        await provider.load_adapter(adapter_id, source)
+        with holding(loaded.hold):
+            await provider.load_adapter(adapter_id, source)
     except asyncio.CancelledError:  # a load, once the backend has it, finishes before the cancellation
-        await _unload_quietly(provider, adapter_id, owned_by_caller)
+        await _release_quietly(provider, loaded)
         raise
     except AdapterAlreadyLoadedError as error:
-        if not owned_by_caller:
-            raise
         what = "these weights in memory" if spec.weights is not None else source
         raise AdapterAlreadyLoadedError(
-            f"adapter id {adapter_id!r} is already loaded on the {provider.name} provider by its caller, from other "
-            f"files or weights than {what} (or from files changed since): the evaluation neither answers with "
-            "those weights under this adapter's name nor replaces them; unload that adapter first, or give this "
-            "one another id (AdapterSpec). The caller's adapter is left as it was",
+            f"adapter id {adapter_id!r} is already loaded on the {provider.name} provider, by its caller or by "
+            f"another evaluation run on it, from other files or weights than {what} (or from files changed "
+            "since): the evaluation neither answers with those weights under this adapter's name nor replaces "
+            "them; unload that adapter first (or wait for the other run), or give this one another id "
+            "(AdapterSpec). The adapter loaded is left as it was",
             provider=provider.name,
         ) from error
     if path is not None:
@@ -106,9 +111,9 @@ async def load_for_turn(
                     path=path,
                 )
         except BaseException:  # changed, unreadable now, or cancelled: not evaluated, so not left loaded
-            await _unload_quietly(provider, adapter_id, owned_by_caller)
+            await _release_quietly(provider, loaded)
             raise
-    return LoadedAdapter(adapter_id, owned_by_caller)
+    return loaded
 
 
 async def _hash_before_load(
@@ -140,12 +145,11 @@ async def _hash_before_load(
     hashes[adapter_id] = current
 
 
-async def _unload_quietly(provider: InferenceProvider, adapter_id: str, owned_by_caller: bool) -> None:
-    """Unload an adapter this turn loaded and will not use (the caller's stays); the error that stopped the turn
-    is the one to see."""
-    if not owned_by_caller:
-        with contextlib.suppress(Exception):
-            await provider.unload_adapter(adapter_id)
+async def _release_quietly(provider: InferenceProvider, loaded: LoadedAdapter) -> None:
+    """Give back the hold of a turn that will not use the adapter; the error that stopped the turn is the one to
+    see."""
+    with contextlib.suppress(Exception), holding(loaded.hold):
+        await provider.unload_adapter(loaded.adapter_id)
 
 
 async def _hash(path: str) -> str:
@@ -153,11 +157,10 @@ async def _hash(path: str) -> str:
 
 
 async def unload_after_turn(provider: InferenceProvider, loaded: LoadedAdapter) -> None:
-    """Unload an adapter after its turn, unless the caller had loaded it; a failure is logged (its rows are
-    written: a failed unload must not lose the run)."""
-    if loaded.owned_by_caller:
-        return
+    """Give back the turn's hold on its adapter: it is unloaded unless another run holds it or the caller loaded
+    it; a failure is logged (its rows are written: a failed unload must not lose the run)."""
     try:
-        await provider.unload_adapter(loaded.adapter_id)
+        with holding(loaded.hold):
+            await provider.unload_adapter(loaded.adapter_id)
     except Exception as error:
         logger.warning("adapter %s could not be unloaded: %s", loaded.adapter_id, error)

@@ -537,7 +537,7 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
     finally:
         if loaded is not None:
             start = time.perf_counter()
-            await unload_after_turn(run.provider, loaded)  # not the caller's own: it stays loaded
+            await unload_after_turn(run.provider, loaded)  # unless the caller or another run uses it
             unload_s = time.perf_counter() - start
     return AdapterTimings(load_s=load_s, generate_s=generate_s, unload_s=unload_s, score_s=score_s)
 
