@@ -309,3 +309,15 @@ def test_the_sync_facade_wraps_a_fallback_provider() -> None:
     with wrap(FallbackProvider([Failing(ProviderUnavailableError("down")), FakeProvider()])) as sync:
         result: Any = sync.generate("Hi", model="m", max_tokens=2)
     assert result.provider == "fake#1"
+
+
+async def test_adapter_stats_is_refused_with_where_to_ask_instead_of_an_attribute_error() -> None:
+    """It raised AttributeError ('_adapter_registry'), which made every row of an evaluation on a fallback provider
+    a load error while evaluation still read it."""
+    first, second = FakeProvider(), FakeProvider()
+    fallback = FallbackProvider([first, second], labels=["local", "spare"])
+    await fallback.load_adapter("a", "/adapters/a")
+    with pytest.raises(UnsupportedOperationError, match=r"providers\[i\]\.adapter_stats\(\).*local, spare"):
+        fallback.adapter_stats()
+    assert first.adapter_stats().get("a") is not None and second.adapter_stats().get("a") is not None
+    assert (await fallback.generate("hi", model="m", adapter_id="a", max_tokens=2)).adapter_id == "a"

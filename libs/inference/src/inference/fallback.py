@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import Unpack
 
+    from inference.adapters.stats import ProviderAdapterStats
     from inference.adapters.weights import AdapterWeights
     from inference.health import ProviderHealth
     from inference.options import RequestOptions
@@ -349,6 +350,20 @@ class FallbackProvider(InferenceProvider):
                     raise
                 logger.warning("fallback: %s could not list its adapters: %s", self.labels[index], error)
         return sorted(ids)
+
+    def adapter_stats(self) -> ProviderAdapterStats:
+        """Refused: each provider keeps its own adapters' state, which one view cannot merge (an id may be resident on
+        one and evicted on another).
+
+        Raises:
+            UnsupportedOperationError: Always; the message names ``providers[i].adapter_stats()``.
+        """
+        holders = [self.labels[index] for index in self._with("supports_adapters", operation="adapter stats")]
+        raise UnsupportedOperationError(
+            "FallbackProvider keeps no adapters of its own: ask each provider, fallback.providers[i].adapter_stats() "
+            f"(those that load adapters: {', '.join(holders)})",
+            provider=self.name,
+        )
 
     async def health(self, *, timeout: float = 5.0) -> ProviderHealth:
         """Every provider's backends, each named after its label (``"primary: http://..."``): up when all are,
