@@ -241,6 +241,21 @@ async def test_a_server_that_never_answers_times_out_then_recovers(stub: StubSer
         assert (result.text, result.token_count) == ("at last", 5)
 
 
+async def test_a_call_that_timed_out_during_the_route_probe_leaves_no_failed_probe_behind(stub: StubServer) -> None:
+    """The first call on a new provider (``api="auto"``) gives up (its own ``timeout``) while the shared question
+    about the chat template (``POST /tokenize``) waits for a hung server; that question then fails too (the
+    provider's timeout). Before, the failed question stayed cached, so the next call, with the server back, failed
+    at once with its stale "did not answer within 3 s (find out whether the server's model has a chat template)"."""
+    async with VLLMProvider(base_url=stub.base_url, timeout=3, max_retries=0) as provider:
+        with pytest.raises(ProviderTimeoutError, match=r"within timeout=0\.1 s"):
+            await provider.generate("Hello", model=MODEL, max_tokens=4, timeout=0.1)
+        [replica] = provider._replicas
+        await wait_for(lambda: replica.route is None or replica.route.done(), "the probe to give up")
+        stub.hang = False
+        result = await provider.generate("Hello", model=MODEL, max_tokens=4)
+        assert result.text == "at last"
+
+
 @slow_server
 async def test_cancelling_generate_batch_or_stream_closes_the_connection(
     start_llama_server: Callable[..., Any],

@@ -93,6 +93,14 @@ class ChatUntilRefused(RouteChoice):
         )
 
 
+def _forget_failed(replica: Replica, probe: asyncio.Future[str]) -> None:
+    """A probe that failed (server down, a timeout) found nothing out: the next request asks again, even when every
+    request that waited for this one had stopped waiting (the caller's own timeout) before it failed."""
+    failed = probe.cancelled() or probe.exception() is not None  # retrieved: asyncio logs no "never retrieved"
+    if failed and replica.route is probe:
+        replica.route = None
+
+
 class ChatTemplateProbe(RouteChoice):
     """The ``api`` setting; with ``"auto"``, what each replica's model needs, asked once per replica.
 
@@ -117,12 +125,8 @@ class ChatTemplateProbe(RouteChoice):
         probe = replica.route
         if probe is None:
             probe = replica.route = asyncio.ensure_future(self._find_route(replica))
-        try:
-            return await asyncio.shield(probe)
-        except BaseException:
-            if probe.done() and replica.route is probe:
-                replica.route = None  # not found out (server down, a timeout): ask again next time
-            raise
+            probe.add_done_callback(lambda done: _forget_failed(replica, done))
+        return await asyncio.shield(probe)
 
     async def _find_route(self, replica: Replica) -> str:
         """:data:`CHAT` when the replica can render a chat message (``POST /tokenize`` of one), else
