@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inference.exceptions import AdapterAlreadyLoadedError
 from inference.vllm_provider import VLLMProvider
 from replacing import after_rounds, bad_adapter_paths, replace_alternately
 
@@ -118,3 +119,46 @@ async def test_a_replaced_adapter_scores_and_answers_under_its_id(vllm_server: A
         result = await provider.generate("Dear diary", model="tiny", adapter_id="scored", max_tokens=2)
         assert (result.model, result.adapter_id) == ("scored", "scored")
         await provider.unload_adapter("scored")
+
+
+async def test_an_id_the_server_serves_from_another_path_is_reported_and_never_answered(vllm_server: Any) -> None:
+    """A restarted server got the name of an adapter this provider loaded (from a0) with other weights (a1: another
+    client's load, ``--lora-modules``, a resolver plugin) before this provider loaded it again. Before,
+    ``reconcile_adapters()`` said ok and the id answered with a1's weights; now the report names it
+    ``mismatched``, and the id's requests are refused, naming both paths, until the server serves it from a0 again.
+
+    The state a restart and the other client's load leave is made here by that client's unload and load: a
+    restart of this engine takes a minute, and the server's state after it is the same."""
+    from inference.testing.vllm_model import build_vllm_model
+
+    model = build_vllm_model()
+    a0, a1 = str(model.adapter_dirs["a0"]), str(model.adapter_dirs["a1"])
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "temperature": 0}
+
+    def other_client(route: str, **body: str) -> None:
+        answer = httpx.post(f"{vllm_server.base_url}/{route}_lora_adapter", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+
+    async with VLLMProvider(base_url=vllm_server.base_url) as provider:
+        await provider.load_adapter("swapped", a0)
+        await provider.load_adapter("a1-here", a1)
+        from_a0 = (await provider.generate(PROMPTS[1], adapter_id="swapped", **greedy)).text
+        from_a1 = (await provider.generate(PROMPTS[1], adapter_id="a1-here", **greedy)).text
+        assert from_a0 != from_a1
+        await provider.unload_adapter("a1-here")
+        other_client("unload", lora_name="swapped")
+        other_client("load", lora_name="swapped", lora_path=a1)
+
+        report = await provider.reconcile_adapters()
+        assert not report.ok
+        assert report.mismatched == ["swapped"] and report.replicas[0].mismatched == ("swapped",)
+        assert "swapped" not in report.reloaded + report.unexpected
+        with pytest.raises(AdapterAlreadyLoadedError) as refused:
+            await provider.generate(PROMPTS[1], adapter_id="swapped", **greedy)
+        assert f"from {a1!r}, not from {a0!r}" in str(refused.value)
+
+        other_client("unload", lora_name="swapped")  # the other weights gone: reconcile loads this provider's again
+        report = await provider.reconcile_adapters()
+        assert report.ok and report.reloaded == ["swapped"] and report.mismatched == []
+        assert (await provider.generate(PROMPTS[1], adapter_id="swapped", **greedy)).text == from_a0
+        await provider.unload_adapter("swapped")

@@ -491,10 +491,15 @@ async def test_load_other_400_stays_a_plain_server_error(provider: VLLMProvider,
     assert "same as the base model" in str(caught.value)
 
 
-def served_models(*adapters: str) -> httpx.Response:
-    """``GET /v1/models`` as vLLM answers it: the base (parent null), then one entry per LoRA adapter."""
+def served_models(*adapters: str, roots: dict[str, str] | None = None) -> httpx.Response:
+    """``GET /v1/models`` as vLLM answers it: the base (parent null), then one entry per LoRA adapter, whose ``root``
+    is the path it was loaded from (``roots``: by name; else ``/adapters/<name>``)."""
+    roots = roots or {}
     data = [{"id": "base-model", "object": "model", "root": "/models/base", "parent": None}]
-    data += [{"id": name, "object": "model", "root": f"/adapters/{name}", "parent": "base-model"} for name in adapters]
+    data += [
+        {"id": name, "object": "model", "root": roots.get(name, f"/adapters/{name}"), "parent": "base-model"}
+        for name in adapters
+    ]
     return httpx.Response(200, json={"object": "list", "data": data})
 
 
@@ -997,8 +1002,35 @@ async def test_a_heal_that_finds_the_adapter_loaded_again_by_another_client_coun
     mock.post(LOAD).mock(side_effect=[httpx.Response(200, text="Success"), already])
     mock.post(CHAT).mock(side_effect=[vllm_error(404, LOST_A1, "NotFoundError", "model"), completion("ok", model="a1")])
     await provider.load_adapter("a1", "/adapters/a1")
+    mock.get(f"{BASE}/models").mock(return_value=served_models("a1"))  # the other client's, from the same path
     assert (await provider.generate("Hi", model="base-model", adapter_id="a1")).text == "ok"
     assert (provider.adapter_stats().loads, provider.adapter_stats().reloads) == (1, 0)
+
+
+async def test_a_heal_that_finds_the_name_loaded_from_another_path_serves_none_of_those_weights(
+    provider: VLLMProvider, mock: respx.MockRouter
+) -> None:
+    """The server lost a1 (it restarted), and another client loaded other weights under the name 'a1' before this
+    provider's reload (the race a real server cannot be made to run on cue). Before, the heal took "already loaded"
+    as healed and the retried request answered with the other weights, labelled a1. Now the request fails naming
+    both paths, and later ones are not sent while the server's model list says so; once it serves a1 from its path
+    again, they are."""
+    already = vllm_error(400, "The lora adapter 'a1' has already been loaded.", "InvalidUserInput")
+    mock.post(LOAD).mock(side_effect=[httpx.Response(200, text="Success"), already])
+    chat = mock.post(CHAT).mock(
+        side_effect=[vllm_error(404, LOST_A1, "NotFoundError", "model"), completion("answered", model="a1")]
+    )
+    await provider.load_adapter("a1", "/adapters/a1")
+    listing = mock.get(f"{BASE}/models").mock(return_value=served_models("a1", roots={"a1": "/adapters/other"}))
+    with pytest.raises(ServerAdapterAlreadyLoadedError) as healing:
+        await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert "serves adapter 'a1' from '/adapters/other', not from '/adapters/a1'" in str(healing.value)
+    with pytest.raises(AdapterAlreadyLoadedError, match=r"from '/adapters/other', not from '/adapters/a1'"):
+        await provider.generate("Hi", model="base-model", adapter_id="a1")
+    assert chat.call_count == 1  # only the first request's, answered 404: no answer from the other weights
+    listing.mock(return_value=served_models("a1"))  # the server serves a1 from its path again
+    assert (await provider.generate("Hi", model="base-model", adapter_id="a1")).text == "answered"
+    assert chat.call_count == 2
 
 
 async def test_a_lost_adapter_is_healed_for_a_stream_too(provider: VLLMProvider, mock: respx.MockRouter) -> None:
@@ -1018,11 +1050,13 @@ REPLICA_A = "http://vllm-a.test:8100/v1"
 REPLICA_B = "http://vllm-b.test:8100/v1"
 
 
-def model_list(*loras: str, base: str = "base-model") -> httpx.Response:
-    """``GET /v1/models`` as vLLM answers it: the base model (parent null) and one entry per LoRA."""
+def model_list(*loras: str, base: str = "base-model", roots: dict[str, str] | None = None) -> httpx.Response:
+    """``GET /v1/models`` as vLLM answers it: the base model (parent null) and one entry per LoRA, whose ``root`` is
+    the path it was loaded from (``roots``: by name; else ``/adapters/<name>``)."""
     entry = {"object": "model", "created": 1700000000, "owned_by": "vllm", "max_model_len": 2048}
     data = [{"id": base, "root": f"/models/{base}", "parent": None, **entry}]
-    data += [{"id": name, "root": f"/adapters/{name}", "parent": base, **entry} for name in loras]
+    roots = roots or {}
+    data += [{"id": name, "root": roots.get(name, f"/adapters/{name}"), "parent": base, **entry} for name in loras]
     return httpx.Response(200, json={"object": "list", "data": data})
 
 
@@ -1056,7 +1090,7 @@ async def test_reconcile_reports_a_replaced_adapter_by_its_id(mock: respx.MockRo
     }
     for url in (REPLICA_A, REPLICA_B):
         mock.post(f"{url}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
-    mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1@2"))
+    mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1@2", roots={"a1@2": "/adapters/a1-v2"}))
     mock.get(f"{REPLICA_B}/models").mock(return_value=model_list())  # restarted: lost everything
     async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B]) as vllm:
         await vllm.load_adapter("a1", "/adapters/a1")

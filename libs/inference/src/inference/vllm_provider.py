@@ -170,7 +170,8 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     Self-healing: when a server answers that it does not know an adapter this provider loaded (it was
     restarted), the provider loads it again from the remembered path on that server and retries the
-    request once. :meth:`reconcile_adapters` does the same for every adapter at once.
+    request once; a server that got the name from another path first is refused, never answered with those
+    weights. :meth:`reconcile_adapters` does the same for every adapter at once.
 
     Replicas: give several base URLs (a list, or comma-separated) to spread generations over several
     independent vLLM servers serving the same model. Adapter loads and unloads go to every replica; a
@@ -346,8 +347,9 @@ class VLLMProvider(OpenAICompatibleProvider):
 
         Reads each replica's ``GET /v1/models`` (LoRA entries are those with a ``parent``), loads again the
         adapters a replica lost (a restarted server forgets runtime-loaded adapters), and lists the LoRA
-        adapters a replica serves that this provider did not load (left alone). A replica that cannot be
-        reached is reported, not raised.
+        adapters a replica serves that this provider did not load (left alone), and those it serves under the
+        name of one loaded here from another path (``mismatched``: left alone, and sent none of that adapter's
+        requests while it does). A replica that cannot be reached is reported, not raised.
 
         Returns:
             One :class:`ReplicaReconciliation` per replica.

@@ -371,7 +371,8 @@ class OpenAICompatibleProvider(InferenceProvider):
         return arguments
 
     async def _create(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> Any:
-        """One request on ``replica``, within the server's limits, its adapter placed there first (the parts').
+        """One request on ``replica``, within the server's limits, its adapter placed there first (the parts'); not
+        sent to a replica found serving other weights under its adapter's name.
 
         The first refusal of ``max_tokens`` teaches the replica its ``max_model_len`` (vLLM's sentence
         ``max_tokens=N cannot be greater than max_model_len=M``); a default ``max_tokens`` is then sent again
@@ -383,6 +384,7 @@ class OpenAICompatibleProvider(InferenceProvider):
             limits.fit(replica, request, arguments)
         if self._lora is not None:
             await self._lora.place_for(replica, request)
+            await self._lora.refuse_other_weights(replica, request)
         try:
             return await self._create_healing(replica, request, arguments)
         except ServerResponseError as error:

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inference._core.paths import path_identity
 from inference._servers.http import ErrorHandler, ErrorHandlers, ServerAnswer
 from inference._servers.replicas import Replica
 from inference.exceptions import (
@@ -25,7 +26,14 @@ from inference.exceptions import (
     ServerResponseError,
 )
 
-__all__ = ["LoRARoutes", "RuntimeLoRA", "absolute_if_local", "already_loaded", "shared_adapter_dir"]
+__all__ = [
+    "LoRARoutes",
+    "RuntimeLoRA",
+    "absolute_if_local",
+    "already_loaded",
+    "same_adapter_path",
+    "shared_adapter_dir",
+]
 
 
 def _no_handlers(adapter_id: str, adapter_path: str) -> ErrorHandlers:
@@ -102,10 +110,14 @@ class RuntimeLoRA:
 
     async def load(self, replica: Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> bool:
         """Load ``adapter_path`` under ``adapter_id`` on ``replica``; ``False`` when, ``healing``, the server had an
-        adapter of that name already (another client loaded it again first), so that this call loaded nothing.
+        adapter of that name from that path already (another client loaded it again first), so that this call
+        loaded nothing.
 
         A server that already has an adapter of that name from that very path (a retried POST found the load it
-        had made) has loaded it.
+        had made) has loaded it. While healing, one that lists it from another path serves other weights under the
+        name (after a restart, another client, ``--lora-modules`` or a resolver plugin gave the name first): refused,
+        naming both paths; one that does not list it (some vLLM versions do not list runtime-loaded adapters)
+        cannot say whose it is, and counts as healed.
 
         Raises:
             RuntimeLoRADisabledError: The server has no runtime LoRA routes.
@@ -116,16 +128,35 @@ class RuntimeLoRA:
         body = {"lora_name": adapter_id, "lora_path": adapter_path}
         try:
             await self._post(replica, routes.load_path, "load", body, routes.load_refusals(adapter_id, adapter_path))
-        except ServerAdapterAlreadyLoadedError:
-            if healing:
-                return False  # another client reloaded it first: the server has it again, which healing wants
-            # A retried POST (after a 504 from a proxy, say) finds the load it already made: when the server
-            # serves this very name from this very path, the load succeeded.
+        except ServerAdapterAlreadyLoadedError as taken:
+            served: str | None = None
             with contextlib.suppress(InferenceError):
-                if (await self.served(replica)).get(adapter_id) == adapter_path:
-                    return True
-            raise
+                served = (await self.served(replica)).get(adapter_id) or None
+            if served is not None and same_adapter_path(adapter_path, served):
+                return not healing  # a retried load found its own; a heal found another client's of the same path
+            if not healing:
+                raise
+            if served is None:
+                return False  # the server has the name again, which healing wants; it cannot say from where
+            raise self._other_weights(replica, taken, adapter_id, adapter_path, served) from taken
         return True
+
+    def _other_weights(
+        self, replica: Replica, taken: ServerAdapterAlreadyLoadedError, adapter_id: str, adapter_path: str,
+        served: str,
+    ) -> ServerAdapterAlreadyLoadedError:
+        """The refusal of a heal whose name the server serves from another path."""
+        return ServerAdapterAlreadyLoadedError(
+            f"{replica.http.where} serves adapter {adapter_id!r} from {served!r}, not from {adapter_path!r}: "
+            "other weights under the name (given to it by another client, --lora-modules or a resolver plugin, "
+            f"as after a restart): unload_adapter({adapter_id!r}) unloads the server's, then load yours again, or "
+            "load yours under another id",
+            request=taken.request,
+            response=taken.response,
+            provider=taken.provider,
+            url=taken.url,
+            path=adapter_path,
+        )
 
     async def unload(self, replica: Replica, adapter_id: str) -> None:
         """Unload ``adapter_id`` from ``replica``; a server that no longer has it (restarted) counts as done.
@@ -198,6 +229,13 @@ def already_loaded(answer: ServerAnswer, adapter_id: str, adapter_path: str) -> 
         "unload it first or choose another id",
         path=adapter_path,
     )
+
+
+def same_adapter_path(loaded: str, served: str) -> bool:
+    """Whether ``served``, the path a server names for an adapter (``root`` in its model list), is ``loaded``, the
+    one it was loaded from here: the same text, or two spellings of one place (``a/b/`` and ``a/b``; on this
+    machine, a symlink and its target)."""
+    return served == loaded or path_identity(served) == path_identity(loaded)
 
 
 def absolute_if_local(path: str) -> str:

@@ -12,7 +12,10 @@ decision that spans replicas, and leaves each single request to :class:`~inferen
 - **healing**: a replica that answers it does not know an adapter loaded here (it restarted) gets it again from
   the remembered path, and the request is retried once (the provider's generation path calls :meth:`reload_lost`);
 - **reconcile**: every replica's model list compared with the record, lost adapters loaded again, unexpected
-  ones reported (:class:`ReconcileReport`);
+  ones reported, and so are ids a replica serves from another path than the one loaded here (:class:`ReconcileReport`);
+- **other weights under an id**: a replica found serving an id from another path (by a heal or a reconcile: after a
+  restart, another client, ``--lora-modules`` or a resolver plugin gave the name first) is not sent that id's
+  requests while its model list says so (:meth:`ServedAdapters.refuse_other_weights`);
 - **discovery**: what the servers list (from an earlier process, ``--lora-modules``) can be used and unloaded by
   id from a new provider; a replaced id (``id@n``) is found under its newest name.
 """
@@ -29,9 +32,10 @@ from inference._core.validation import GenerationRequest
 from inference._servers.http import ServerAnswer
 from inference._servers.openai_wire import quoted_model
 from inference._servers.placement import AdapterPlacement
-from inference._servers.replicas import Replica, ReplicaDown, ReplicaSet
-from inference._servers.runtime_lora import RuntimeLoRA
+from inference._servers.replicas import Replica, ReplicaDown, ReplicaLacks, ReplicaSet, unavailable_is_down
+from inference._servers.runtime_lora import RuntimeLoRA, same_adapter_path
 from inference.exceptions import (
+    AdapterAlreadyLoadedError,
     InferenceError,
     ProviderUnavailableError,
     ServerAdapterAlreadyLoadedError,
@@ -53,6 +57,9 @@ class ReplicaReconciliation:
         failed: Adapters the server had lost that could not be loaded again (the log says why), by id.
         unexpected: LoRA adapters the server serves that this provider did not load (``--lora-modules``,
             a resolver plugin, another client); left alone.
+        mismatched: Adapters the provider loaded that the server serves under the same name from another path
+            (it restarted and another client, ``--lora-modules`` or a resolver plugin gave the name other weights),
+            by id; left alone, and requests for them are not sent to this replica while it does.
         error: Why the replica could not be reconciled (e.g. it is down), else ``None``.
     """
 
@@ -60,6 +67,7 @@ class ReplicaReconciliation:
     reloaded: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
+    mismatched: tuple[str, ...] = ()
     error: str | None = None
 
 
@@ -84,9 +92,16 @@ class ReconcileReport:
         return sorted({adapter_id for replica in self.replicas for adapter_id in replica.unexpected})
 
     @property
+    def mismatched(self) -> list[str]:
+        """Adapters some replica serves from another path than the one loaded here, sorted."""
+        return sorted({adapter_id for replica in self.replicas for adapter_id in replica.mismatched})
+
+    @property
     def ok(self) -> bool:
-        """True when every replica answered and holds every adapter the provider loaded."""
-        return all(replica.error is None and not replica.failed for replica in self.replicas)
+        """True when every replica answered and holds every adapter the provider loaded, from its path."""
+        return all(
+            replica.error is None and not replica.failed and not replica.mismatched for replica in self.replicas
+        )
 
 
 def _ms_since(started: float) -> float:
@@ -122,6 +137,7 @@ class ServedAdapters:
         self._placing: dict[str, asyncio.Lock] = {}  # replica URL -> one placement change at a time there
         self._healing: dict[tuple[str, str], asyncio.Lock] = {}  # (replica URL, name) -> one heal at a time
         self._heals: dict[tuple[str, str], int] = {}  # (replica URL, name) -> heals done (waiters see one happened)
+        self._other_weights: set[tuple[str, str]] = set()  # (replica URL, name): served there from another path
 
     # Generation: which replicas, the adapter's name on the wire, its loss ---------------------------------
 
@@ -155,6 +171,36 @@ class ServedAdapters:
             if path is not None:  # placed here now; else the server says it lacks it
                 await self._place_on(replica, adapter_id, path, spread=True)
 
+    async def refuse_other_weights(self, replica: Replica, request: GenerationRequest) -> None:
+        """Refuse to send ``request`` to a replica found serving its adapter from another path (by a heal or a
+        reconcile), as long as the replica's model list still says so; once it no longer does (the name was
+        unloaded there, or loaded again from this path), requests go there again.
+
+        Raises:
+            ReplicaLacks: The replica serves other weights under the adapter's name (another replica may serve it).
+            ReplicaDown: The replica did not accept the connection.
+        """
+        adapter_id, key = request.adapter_id, (replica.base_url, request.adapter_id or "")
+        if adapter_id is None or key not in self._other_weights:
+            return
+        path = self._registry.path_of(adapter_id)
+        with unavailable_is_down():
+            served = (await self.lora.served(replica)).get(adapter_id)
+        if path is None or not served or same_adapter_path(path, served):
+            self._other_weights.discard(key)
+            return
+        raise ReplicaLacks(
+            AdapterAlreadyLoadedError(
+                f"{replica.http.where} serves adapter {adapter_id!r} from {served!r}, not from {path!r} where it was "
+                "loaded from here: other weights under the name (given to it by another client, --lora-modules or "
+                f"a resolver plugin after a restart); unload_adapter({adapter_id!r}) unloads the server's, then "
+                "load yours again, or load yours under another id",
+                provider=self._replicas.provider,
+                url=replica.http.shown_url,
+                path=path,
+            )
+        )
+
     def model_for(self, request: GenerationRequest) -> str:
         """The ``model`` a request sends: its adapter's name as the server takes it, else the model."""
         if request.adapter_id is None:
@@ -179,8 +225,10 @@ class ServedAdapters:
             started, where = time.perf_counter(), replica.http.shown_url
             try:
                 loaded = await self._load_on(replica, adapter_id, path, healing=True)
-            except Exception:
+            except Exception as error:
                 self._registry.note("reload", adapter_id, _ms_since(started), ok=False, healed=True, replica=where)
+                if isinstance(error, ServerAdapterAlreadyLoadedError):  # it serves other weights under the name
+                    raise ReplicaLacks(error) from error
                 raise
             self._heals[key] = heals + 1
             if loaded:
@@ -255,14 +303,29 @@ class ServedAdapters:
                     outcomes[index] = None
                 if not isinstance(outcomes[index], BaseException):
                     self.placement.removed(adapter_id, replica)
+        for replica, outcome in zip(replicas, outcomes, strict=True):
+            if not isinstance(outcome, BaseException):
+                self._other_weights.discard((replica.base_url, adapter_id))
         failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
         if failures:
             raise failures[0]  # the adapter stays recorded: unloading again retries where it failed
 
     async def _load_on(self, replica: Replica, adapter_id: str, adapter_path: str, *, healing: bool = False) -> bool:
-        """Load on one replica (see :meth:`RuntimeLoRA.load`: ``False`` when, ``healing``, it had it already)."""
+        """Load on one replica (see :meth:`RuntimeLoRA.load`: ``False`` when, ``healing``, it had it already).
+
+        A replica found serving the name from another path (:class:`ServerAdapterAlreadyLoadedError`) is remembered
+        (:meth:`refuse_other_weights`); one that now holds it from this path is forgotten there.
+        """
         self._registry.refuse_changed(adapter_id)  # a heal, a placement or a reconcile: the same weights
-        return await self.lora.load(replica, adapter_id, adapter_path, healing=healing)
+        key = (replica.base_url, adapter_id)
+        try:
+            loaded = await self.lora.load(replica, adapter_id, adapter_path, healing=healing)
+        except ServerAdapterAlreadyLoadedError:
+            if healing:
+                self._other_weights.add(key)
+            raise
+        self._other_weights.discard(key)
+        return loaded
 
     async def _roll_back(self, replicas: list[Replica], adapter_id: str) -> None:
         outcomes = await self._replicas.gather(lambda replica: self.lora.unload(replica, adapter_id), replicas)
@@ -370,31 +433,49 @@ class ServedAdapters:
         """Load on ``replica`` what it lacks of ``expected`` (backend name -> path); report by adapter id (``ids``:
         backend name -> id; a replaced adapter is served as ``id@n``, but the user knows it as ``id``)."""
         try:
-            served = set(await self.lora.served(replica))
+            served = await self.lora.served(replica)
         except InferenceError as error:
             return ReplicaReconciliation(base_url=replica.http.shown_url, error=str(error))
         reloaded: list[str] = []
         failed: list[str] = []
-        for name in sorted(set(expected) - served):
+        mismatched: list[str] = []
+        for name in sorted(expected):
             path = expected[name]
             if path is None:
                 continue
+            if served.get(name):  # held: from this path, or other weights under the name
+                if same_adapter_path(path, served[name]):
+                    self._other_weights.discard((replica.base_url, name))
+                else:
+                    self._other_weights.add((replica.base_url, name))
+                    mismatched.append(ids.get(name, name))
+                    self._logger.error(
+                        "%s serves adapter %r from %s, not from %s where it was loaded from here: its requests are "
+                        "not sent there while it does", replica.http.where, ids.get(name, name), served[name], path,
+                    )
+                continue
+            if name in served:
+                continue  # listed without a path: nothing says whose it is
             try:
                 started = time.perf_counter()
-                await self._load_on(replica, name, path)
-                self._registry.note("reload", name, _ms_since(started), healed=True, replica=replica.http.shown_url)
-            except ServerAdapterAlreadyLoadedError:
-                continue  # the server has it but does not list it (some vLLM versions)
+                loaded = await self._load_on(replica, name, path, healing=True)
+            except ServerAdapterAlreadyLoadedError as error:  # another client gave the name other weights meanwhile
+                self._logger.error("%s", error)
+                mismatched.append(ids.get(name, name))
+                continue
             except InferenceError as error:
                 self._logger.error("%s: could not load adapter %r again: %s", replica.http.where, name, error)
                 failed.append(ids.get(name, name))
-            else:
+                continue
+            if loaded:  # else the server has it but does not list it (some vLLM versions)
+                self._registry.note("reload", name, _ms_since(started), healed=True, replica=replica.http.shown_url)
                 reloaded.append(ids.get(name, name))
         return ReplicaReconciliation(
             base_url=replica.http.shown_url,
             reloaded=tuple(reloaded),
             failed=tuple(failed),
-            unexpected=tuple(sorted(served - set(expected))),
+            unexpected=tuple(sorted(set(served) - set(expected))),
+            mismatched=tuple(mismatched),
         )
 
     async def listings(self) -> dict[str, list[str] | str]:
