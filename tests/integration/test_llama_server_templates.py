@@ -41,12 +41,16 @@ def _binary() -> Path:
     return found[0]
 
 
-@contextlib.contextmanager
-def llama_server(model: Path, log: Path, *extra: str) -> Iterator[str]:
-    """A real llama-server on 127.0.0.1 with these extra flags; its URL."""
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def llama_server(model: Path, log: Path, *extra: str, port: int | None = None) -> Iterator[str]:
+    """A real llama-server on 127.0.0.1 with these extra flags (on ``port``: a server restarted in place); its URL."""
+    port = port or free_port()
     command = [str(_binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "2",
                "--cache-type-k", "f32", "--cache-type-v", "f32", *extra]
     with log.open("ab") as sink:
@@ -119,3 +123,27 @@ async def test_a_server_without_jinja_is_refused_template_variables_and_tools_an
             fallback = FallbackProvider([provider, FakeProvider()], labels=["server", "fake"])
             answer = await fallback.generate(PROMPT, model="m", tools=[tool], tool_choice="required")
             assert answer.provider == "fake" and [call.name for call in answer.tool_calls or ()] == ["clock"]
+
+
+async def test_a_server_restarted_on_its_port_with_other_flags_or_model_is_taken_as_it_now_is(
+    tiny_models: dict[str, Any], tmp_path: Path
+) -> None:
+    """One provider; its llama-server restarted on the same port, first with ``--no-jinja``, then with a model that
+    has no chat template. Before, the provider read ``/props`` and the Jinja check once per URL: after the first
+    restart it sent ``thinking`` (and tools) that the server ignored without a word, where a new provider refuses
+    them; after the second it chatted through the server's fallback template instead of sending the plain text."""
+    port, log = free_port(), tmp_path / "server.log"
+    greedy: dict[str, Any] = {"model": "m", "temperature": 0, "max_tokens": 4}
+    tool = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+    async with LlamaCppServerProvider(base_url=f"http://127.0.0.1:{port}", max_retries=0) as provider:
+        with llama_server(tiny_models["qwen2"].gguf_path, log, port=port):
+            assert (await provider.generate(PROMPT, thinking=False, **greedy)).completion_tokens > 0
+        with llama_server(tiny_models["qwen2"].gguf_path, log, "--no-jinja", port=port):
+            for options in ({"thinking": False}, {"tools": [tool]}):
+                with pytest.raises(UnsupportedOperationError, match=r"--no-jinja.*start it with --jinja"):
+                    await provider.generate(PROMPT, **options, **greedy)
+            assert (await provider.generate(PROMPT, **greedy)).completion_tokens > 0
+        with llama_server(tiny_models["llama"].gguf_path, log, port=port):  # no chat template: plain text
+            answer = await provider.generate(PROMPT, **greedy)
+            raw = await provider.generate(PROMPT, raw_prompt=True, **greedy)
+            assert (answer.prompt_tokens, answer.text) == (raw.prompt_tokens, raw.text)

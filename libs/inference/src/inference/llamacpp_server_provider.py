@@ -24,6 +24,7 @@ from inference._servers.llama_server_tokens import LlamaServerTokens, distributi
 from inference._servers.openai_compatible import OpenAICompatibleProvider
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica, ReplicaLacks
+from inference._servers.routes import RouteChanged
 from inference.adapters.gguf import convert_peft_to_gguf_cached, lora_content_digest
 from inference.adapters.peft import read_peft_adapter
 from inference.adapters.source import AdapterSource
@@ -33,7 +34,6 @@ from inference.exceptions import (
     ProviderError,
     ProviderUnavailableError,
 )
-from inference.messages import has_tool_turns
 from inference.options import ByRequests, OptionMap, Refused, Sent
 from inference.results import TokenLogprob
 from inference.tokens import TokenIds, TokenVocabulary
@@ -96,7 +96,8 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
 
     Generation goes to ``/v1/chat/completions`` (the server renders its model's chat template), or, for a model
     without a chat template, to ``/v1/completions`` with the plain text (the system prompt, a blank line, the
-    prompt), as the in-process llama.cpp provider does; the server's ``GET /props`` tells which, once.
+    prompt), as the in-process llama.cpp provider does; the server's ``GET /props`` tells which (read once per server
+    process: again on a request's new connection, which may reach a server restarted with another model).
     ``logprobs`` and ``json_schema`` work as on the other OpenAI-compatible servers, except that llama-server
     reports a generated token that ends inside a UTF-8 character together with the next one (one logprobs entry for
     both, so fewer entries than tokens), and none for such a token that ends the answer: an answer with no entry
@@ -216,16 +217,17 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         up to :data:`RESTART_ATTEMPTS` times. A stream whose list changed by its end has given its pieces already:
         its end is a :class:`~inference.exceptions.ProviderUnavailableError` instead of a result.
 
+        A list read on a connection no request to the replica went out on before may come from a server restarted
+        with other flags or another model: its ``/props`` is read again over that connection, Jinja asked again when
+        needed (:meth:`LlamaServerTemplates.reached_on`), and a request built for the route the old ``/props`` gave
+        is built again for the new one (:class:`~inference._servers.routes.RouteChanged`). The request's template
+        variables and tools are checked against what the server renders with.
+
         Raises:
             ReplicaLacks: The server (restarted) has no longer an adapter the request applies (another replica may;
                 with none, its :class:`~inference.exceptions.AdapterNotFoundError`).
             ProviderUnavailableError: The server kept restarting between the adapter list and the answer.
         """
-        if "chat_template_kwargs" in arguments:  # a server without Jinja would ignore them without a word
-            why = "it would ignore chat_template_kwargs and thinking without a word"
-            await self._templates.require_jinja(replica, why)
-        if "tools" in arguments or (isinstance(request.prompt, tuple) and has_tool_turns(request.prompt)):
-            arguments = await self._templates.tool_arguments(replica, request, arguments)
         stream = bool(arguments.get("stream"))
         held = contextlib.AsyncExitStack()  # the connection, until the answer is read (a stream: until it is closed)
         pinned = await held.enter_async_context((http or replica.http).one_connection())
@@ -233,7 +235,13 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
             for _ in range(RESTART_ATTEMPTS):
                 served = await self._read_served(replica, pinned)
                 listed_on = pinned.connection
-                body = self._with_lora(replica, request, arguments, served)
+                maybe_restarted = await self._templates.reached_on(replica, pinned)  # /props read again if so
+                if maybe_restarted and not request.raw_prompt and request.prompt_token_ids is None:
+                    route = await self._route_choice.route(replica, request)  # the server's model may be another
+                    if route != (COMPLETIONS if "prompt" in arguments else CHAT):
+                        raise RouteChanged(route)
+                checked = await self._templates.checked(replica, request, arguments)
+                body = self._with_lora(replica, request, checked, served)
                 answer = await super()._call(replica, request, body, reloaded_from=reloaded_from, http=pinned)
                 answered_on = pinned.connection
                 same_process = answered_on is listed_on  # (both None: an HTTP stack that does not say, a mock)

@@ -1,12 +1,20 @@
 """What a llama-server renders chat templates with, read from the server: ``GET /props`` (the model's template
-and its capabilities), whether it has Jinja, and what that means for a request's tools and its route."""
+and its capabilities), whether it has Jinja, and what that means for a request's tools and its route.
+
+A server restarted on its port may render otherwise (``--no-jinja``, another model or template), and nothing in an
+answer says so. What is read is kept for the server process it came from, recognised by connections: a request that
+goes out on a connection no request to that replica went out on before may reach another process, so the replica's
+``/props`` is read again over that connection and whether it has Jinja asked again when next needed
+(:meth:`LlamaServerTemplates.reached_on`)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from inference._core.validation import GenerationRequest
+from inference._servers.http import ServerClient
 from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
 from inference._servers.routes import RouteChoice
@@ -24,22 +32,59 @@ FALLBACK_TEMPLATE = (
 
 
 class LlamaServerTemplates:
-    """Per replica of a llama-server provider: its ``GET /props`` and whether it renders with Jinja (each read once),
-    and the checks of a request against them."""
+    """Per replica of a llama-server provider: its ``GET /props`` and whether it renders with Jinja (each read once
+    per server process: see the module docstring), and the checks of a request against them."""
 
     def __init__(self) -> None:
         self._props: dict[str, dict[str, Any]] = {}  # replica URL -> its GET /props
         self._jinja: dict[str, bool] = {}  # replica URL -> whether it renders templates with Jinja
+        self._connections: dict[str, weakref.WeakSet[Any]] = {}  # replica URL -> connections requests went out on
 
-    async def props(self, replica: Replica) -> dict[str, Any]:
-        """``GET /props`` of the replica, read once (the chat template, the model's path)."""
+    async def props(self, replica: Replica, http: ServerClient | None = None) -> dict[str, Any]:
+        """``GET /props`` of the replica (the chat template, the model's path), read once per server process;
+        ``http`` reads it (by default the replica's pooled client) when it is not known."""
         props = self._props.get(replica.base_url)
         if props is None:
             operation = "read the server's properties"
-            response = await replica.http.request("GET", f"{replica.root}/props", operation=operation)
-            body = replica.http.parse_json(response, operation=operation)
+            http = http or replica.http
+            response = await http.request("GET", f"{replica.root}/props", operation=operation)
+            body = http.parse_json(response, operation=operation)
             props = self._props[replica.base_url] = body if isinstance(body, dict) else {}
         return props
+
+    async def reached_on(self, replica: Replica, http: ServerClient) -> bool:
+        """Note the connection a request to ``replica`` just went out on (``http``: a one-connection client); when
+        no request to it went out on that connection before, it may reach a server restarted since (other flags,
+        another model): its ``/props`` is read again over that connection, and whether it has Jinja is asked again
+        when next needed. ``True`` then.
+
+        A connection the HTTP stack does not name (or that cannot be told apart from others) changes nothing.
+        """
+        connection = http.connection
+        seen = self._connections.setdefault(replica.base_url, weakref.WeakSet())
+        try:
+            if connection is None or connection in seen:
+                return False
+            seen.add(connection)
+        except TypeError:  # not weakly referenceable: nothing to tell connections apart by
+            return False
+        self._props.pop(replica.base_url, None)
+        self._jinja.pop(replica.base_url, None)
+        await self.props(replica, http)
+        return True
+
+    async def checked(self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]) -> dict[str, Any]:
+        """``arguments`` checked against what the replica renders with: template variables refused without Jinja,
+        tools as :meth:`tool_arguments` takes them.
+
+        Raises:
+            UnsupportedOperationError: The replica would ignore or mangle what the request asks for without a word.
+        """
+        if "chat_template_kwargs" in arguments:  # a server without Jinja would ignore them without a word
+            await self.require_jinja(replica, "it would ignore chat_template_kwargs and thinking without a word")
+        if "tools" in arguments or (isinstance(request.prompt, tuple) and has_tool_turns(request.prompt)):
+            return await self.tool_arguments(replica, request, arguments)
+        return arguments
 
     async def tool_arguments(
         self, replica: Replica, request: GenerationRequest, arguments: dict[str, Any]
@@ -99,8 +144,8 @@ class LlamaServerTemplates:
         """Refuse, saying ``why``, what needs Jinja on a replica that renders chat templates without it
         (``--no-jinja``).
 
-        Asked once per replica: ``POST /apply-template`` with a tool only renders the prompt, and a server without
-        Jinja refuses any tool (``"tools param requires --jinja flag"``); ``/props`` does not say.
+        Asked once per server process: ``POST /apply-template`` with a tool only renders the prompt, and a server
+        without Jinja refuses any tool (``"tools param requires --jinja flag"``); ``/props`` does not say.
         """
         jinja = self._jinja.get(replica.base_url)
         if jinja is None:

@@ -58,7 +58,7 @@ from inference._servers.openai_wire import (
     tool_calls_of,
 )
 from inference._servers.replicas import Replica, ReplicaDown, ReplicaLacks, ReplicaSet, unavailable_is_down
-from inference._servers.routes import RouteChoice
+from inference._servers.routes import RouteChanged, RouteChoice
 from inference._servers.served_adapters import ServedAdapters
 from inference.exceptions import (
     InferenceError,
@@ -335,6 +335,10 @@ class OpenAICompatibleProvider(InferenceProvider):
                         if other is None:
                             raise
                         route = other
+                        arguments = self._arguments(replica, request, route, stream=stream)
+                        answer = await self._create(replica, request, arguments)
+                    except RouteChanged as changed:
+                        route = changed.route
                         arguments = self._arguments(replica, request, route, stream=stream)
                         answer = await self._create(replica, request, arguments)
                 except ReplicaDown as down:

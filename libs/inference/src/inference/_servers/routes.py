@@ -22,11 +22,20 @@ from inference._servers.openai_wire import CHAT, COMPLETIONS
 from inference._servers.replicas import Replica
 from inference.exceptions import ServerResponseError
 
-__all__ = ["NO_CHAT_TEMPLATE", "ChatTemplateProbe", "ChatUntilRefused", "RouteChoice"]
+__all__ = ["NO_CHAT_TEMPLATE", "ChatTemplateProbe", "ChatUntilRefused", "RouteChanged", "RouteChoice"]
 
 NO_CHAT_TEMPLATE = "chat template"
 """In a server's 400 for chat on a model without one (vLLM: ``As of transformers v4.44, default chat template is no
 longer allowed, so you must provide a chat template if the tokenizer does not define one.``)."""
+
+
+class RouteChanged(Exception):
+    """A request reached a replica whose route for it is not the one it was built for (the server restarted with
+    another model since the route was chosen): it is built again for ``route`` and sent once more."""
+
+    def __init__(self, route: str) -> None:
+        super().__init__(route)
+        self.route = route
 
 
 class RouteChoice:
