@@ -324,6 +324,24 @@ async def test_sampling_settings_a_request_leaves_unset_are_the_model_s(seen: di
     assert seen["hub"]["model_sampling"] == seen["hub"]["greedy"]["tokens"] == greedy
 
 
+async def test_the_generation_config_s_end_tokens_are_transformers(seen: dict[str, Any]) -> None:
+    """On a model whose generation config lists an end token besides the tokenizer's (``[2, 0]``, as Qwen2.5
+    Instruct's; Gemma 3's and Llama 3.1 Instruct's do too), the vocabulary's ``eos_ids`` and a generation that stops
+    on the other one are Transformers': the end token is not in ``token_ids`` nor in the logprobs. They were the
+    tokenizer's EOS alone, and ``(0,)`` with its logprob."""
+    from inference import TokenIds
+
+    end = seen["hub"]["end"]
+    local = TransformersProvider(model_name=seen["hub"]["directory"], torch_dtype="float32")
+    async with local:
+        ours = await local.generate(TokenIds([15, 200, 31]), model="tiny", max_tokens=4, temperature=0, logprobs=0,
+                                    logit_bias={0: 100}, return_token_ids=True)
+        assert end["eos_ids"] == list((await local.token_vocabulary("tiny")).eos_ids) == [2, 0]
+    assert end["ids"] == list(ours.token_ids or ()) == [] and end["logprobs"] == len(ours.logprobs or ()) == 0
+    assert end["finish_reason"] == ours.finish_reason == "stop" and end["text"] == ours.text == ""
+    assert end["completion_tokens"] == ours.completion_tokens == 1  # the end token is counted, as generated
+
+
 async def test_the_engine_starts_off_the_event_loop_and_closes(seen: dict[str, Any]) -> None:
     # A ticker on the event loop ran while vLLM loaded the model (a start that blocked the loop leaves it at 0);
     # not a rate: how many 50 ms sleeps fit in the start depends on the machine's load.

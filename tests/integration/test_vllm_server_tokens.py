@@ -1,7 +1,8 @@
 """The token level of a real vLLM server (CPU build, ``.venv-vllm``) against Transformers on the same model.
 
 The server (started with ``--max-logprobs -1``) serves the head-64 tiny Qwen2 of :mod:`inference.testing.vllm_model`
-in float32; the Transformers provider loads the same directory and adapter. Token ids, token bytes and texts must be
+in float32, copied with a generation config that lists a second end token (:func:`with_two_end_tokens`); the
+Transformers provider loads the same directory and adapter. Token ids, token bytes and texts must be
 equal, and the distributions equal within 1e-4 per entry (measured: under 1e-6, both float32 on the CPU).
 
 The module has a server of its own: the session's server carries the other modules' adapter replacements and
@@ -13,7 +14,10 @@ that adapter's exactly): a vLLM bug, reported, that this module does not test.
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +41,16 @@ TEXT = "the quick brown fox é<|im_end|> and"
 ADAPTER = "tokens-a0"
 
 
+def with_two_end_tokens(source: Path, target: Path) -> Path:
+    """A copy of the model whose generation config lists ``<|endoftext|>`` (0) as an end token besides the
+    tokenizer's ``<|im_end|>`` (2), as Qwen2.5 Instruct's does (the tiny model never generates 0 unforced)."""
+    shutil.copytree(source, target)
+    config = target / "generation_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text(encoding="utf-8")), "eos_token_id": [2, 0]}),
+                      encoding="utf-8")
+    return target
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def both(
     start_vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
@@ -44,9 +58,11 @@ async def both(
     from inference.testing.vllm_model import build_vllm_model
 
     model = build_vllm_model()
-    started = start_vllm_server(model.hf_dir, tmp_path_factory.mktemp("vllm-tokens") / "server.log")
+    scratch = tmp_path_factory.mktemp("vllm-tokens")
+    directory = with_two_end_tokens(model.hf_dir, scratch / model.hf_dir.name)
+    started = start_vllm_server(directory, scratch / "server.log")
     server = VLLMProvider(base_url=started.base_url)
-    local = TransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32")
+    local = TransformersProvider(model_name=str(directory), torch_dtype="float32")
     await server.load_adapter(ADAPTER, model.adapter_dirs["a0"])
     await local.load_adapter(ADAPTER, model.adapter_dirs["a0"])
     yield server, local
@@ -63,7 +79,8 @@ async def test_token_ids_texts_and_the_vocabulary_equal_transformers(
     assert ids == await local.tokenize(TEXT, "tiny")
     assert await server.detokenize(ids, "tiny") == await local.detokenize(ids, "tiny") == TEXT
     theirs, ours = await server.token_vocabulary("tiny"), await local.token_vocabulary("tiny")
-    assert theirs == ours  # size, every id's bytes, specials, BOS/EOS, adds_bos, the context (512)
+    assert theirs == ours  # size, every id's bytes, specials, BOS, adds_bos, the context (512)
+    assert theirs.eos_ids == (2, 0)  # the generation config's end token too (it was the tokenizer's alone)
 
 
 @pytest.mark.parametrize("adapter_id", [None, ADAPTER])

@@ -53,6 +53,9 @@ TOOL_REQUEST: dict[str, Any] = {  # a forced tool call, run on Transformers too 
 HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
 MODEL_SAMPLING = {"do_sample": True, "temperature": 0.7, "top_k": 1, "top_p": 0.8}
 """The Hub copy's generation config: sampling, but among the one best token (greedy tokens, whatever the seed)."""
+HUB_END_TOKENS = [2, 0]
+"""The Hub copy's generation config's end tokens: ``<|im_end|>`` (the tokenizer's EOS) and ``<|endoftext|>``, as
+Qwen2.5 Instruct's lists both (the tiny model never generates ``<|endoftext|>`` unforced)."""
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 SCORE_PAIRS = [
     ("the quick brown fox", " jumps over the dog"),
@@ -289,7 +292,8 @@ async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
     repo = cache / "models--tiny-org--tiny-vllm"
     shutil.copytree(directory, repo / "snapshots" / HUB_REVISION)
     generation_config = repo / "snapshots" / HUB_REVISION / "generation_config.json"  # the model's own sampling
-    generation_config.write_text(json.dumps({**json.loads(generation_config.read_text()), **MODEL_SAMPLING}))
+    generation_config.write_text(json.dumps({**json.loads(generation_config.read_text()), **MODEL_SAMPLING,
+                                             "eos_token_id": HUB_END_TOKENS}))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(HUB_REVISION)
     step = {"provider": "vllm-offline", "model_name": "tiny-org/tiny-vllm", "dtype": "float32", "max_model_len": 512,
@@ -307,9 +311,23 @@ async def hub_id_and_step_config(out: dict[str, Any], directory: Path) -> None:
             "not_cached": await error_of(missing.start()),
             "model_sampling": list((await provider.generate(PROMPTS[0], model="tiny", max_tokens=8, seed=11,
                                                             return_token_ids=True)).token_ids or ()),
+            "directory": str(generation_config.parent),
+            "end": await generation_config_end(provider),
         }
         out["base_mixed"] = await base_among_adapters(provider, engine)
         out["adapter_checks"] = await adapter_checks(provider)
+
+
+async def generation_config_end(provider: VLLMOfflineProvider) -> dict[str, Any]:
+    """The end tokens the vocabulary lists, and a generation forced (``logit_bias``) onto the generation config's end
+    token that is not the tokenizer's: the engine stops on it."""
+    from inference import TokenIds
+
+    forced = await provider.generate(TokenIds([15, 200, 31]), model="tiny", max_tokens=4, temperature=0, logprobs=0,
+                                     logit_bias={HUB_END_TOKENS[1]: 100}, return_token_ids=True)
+    return {"eos_ids": list((await provider.token_vocabulary("tiny")).eos_ids), "ids": list(forced.token_ids or ()),
+            "logprobs": len(forced.logprobs or ()), "text": forced.text, "finish_reason": forced.finish_reason,
+            "completion_tokens": forced.completion_tokens}
 
 
 async def base_among_adapters(provider: VLLMOfflineProvider, engine: Any) -> dict[str, Any]:

@@ -250,13 +250,12 @@ class VLLMOfflineProvider(InferenceProvider):
 
         engine = await self._engine()
         tokenizer, size = engine.tokenizer, engine.vocab_size
-        eos = tokenizer.eos_token_id
         return TokenVocabulary(
             size=size,
             token_bytes=token_bytes(tokenizer, size),
             special_ids=special_ids(tokenizer, size),
             bos_id=engine.vocabulary.bos_id,
-            eos_ids=() if eos is None else (int(eos),),
+            eos_ids=engine.eos_ids,
             adds_bos=engine.vocabulary.adds_bos,
             context_length=engine.max_model_len,
         )
@@ -334,14 +333,15 @@ class VLLMOfflineProvider(InferenceProvider):
     ) -> GenerationResult:
         """One completion's result; an aborted one (never a complete answer) is a :class:`ProviderError`.
 
-        vLLM's token ids (and logprobs) go on to the end-of-sequence token and the token that completed a stop
-        string; the result's are the tokens that make ``text``, as on the other in-process backends
+        vLLM's token ids (and logprobs) go on to the end token it stopped on (any of the engine's ``eos_ids``: the
+        generation config's as well as the tokenizer's) and the token that completed a stop string; the result's are
+        the tokens that make ``text``, as on the other in-process backends
         (:func:`~inference._inprocess.streaming.tokens_of_text`), while ``completion_tokens`` counts them all.
         """
         if finish_reason == "abort":
             raise ProviderError("vLLM's engine aborted the request before it finished", provider=self.name)
         made = tokens
-        if finish_reason == "stop" and tokens and tokens[-1] == engine.tokenizer.eos_token_id:
+        if finish_reason == "stop" and tokens and tokens[-1] in engine.eos_ids:
             made = tokens[:-1]
         if finish_reason == "stop" and request.stop:
 

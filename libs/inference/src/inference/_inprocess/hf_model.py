@@ -19,6 +19,7 @@ from inference._core.paths import HUB_ID
 from inference._core.scoring import Vocabulary
 from inference._inprocess.constrained import JsonGrammars
 from inference._inprocess.hf_prompt import scoring_vocabulary
+from inference._inprocess.token_bytes import end_token_ids
 from inference.exceptions import ConfigurationError, InferenceError, ModelLoadError, ProviderError
 
 __all__ = [
@@ -244,7 +245,7 @@ def loaded_model(name: str, model: Any, tokenizer: Any, device: Any, *, provider
     """A :class:`LoadedModel` for a model and its tokenizer already in memory (loaded here, or by the caller: a
     model passed to the provider is used as it is, on its own device)."""
     generation = model.generation_config
-    eos = {*_as_ids(generation.eos_token_id), *_as_ids(tokenizer.eos_token_id)}
+    eos = end_token_ids(tokenizer, generation.eos_token_id)
     pad_candidates = [tokenizer.pad_token_id, generation.pad_token_id, *sorted(eos), 0]
     return LoadedModel(
         name=name,
@@ -307,11 +308,3 @@ def _resolve_dtype(torch: Any, name: str, device: Any) -> Any:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
-
-
-def _as_ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(token) for token in value]

@@ -1,12 +1,23 @@
 """Each token's bytes, read off a Hugging Face tokenizer (no torch): what a token adds to the text, for token-level
-work (:class:`~inference.tokens.TokenVocabulary`). Shared by Transformers and vLLM's engine, whose tokenizers are
-the same."""
+work (:class:`~inference.tokens.TokenVocabulary`), and which tokens end a generation. Shared by Transformers and
+vLLM (its engine and its server's model files), whose tokenizers are the same."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["special_ids", "token_bytes"]
+__all__ = ["end_token_ids", "special_ids", "token_bytes"]
+
+
+def end_token_ids(tokenizer: Any, generation_eos: Any) -> tuple[int, ...]:
+    """Every token that ends a generation, the tokenizer's EOS first, then the others by id: the tokenizer's
+    ``eos_token_id`` and the generation config's (``generation_eos``: an id, a list of them or ``None``), the set
+    Transformers' ``generate`` and vLLM's engine both stop on (Gemma 3's generation config adds ``<end_of_turn>``,
+    Llama 3.1 Instruct's ``<|eom_id|>`` and ``<|eot_id|>``, Qwen2.5 Instruct's ``<|endoftext|>``)."""
+    first = tokenizer.eos_token_id
+    listed = [] if generation_eos is None else [generation_eos] if isinstance(generation_eos, int) else generation_eos
+    others = {int(token) for token in listed} - ({int(first)} if first is not None else set())
+    return (*(() if first is None else (int(first),)), *sorted(others))
 
 
 def special_ids(tokenizer: Any, size: int) -> frozenset[int]:

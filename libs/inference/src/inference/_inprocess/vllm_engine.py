@@ -17,6 +17,7 @@ from inference._core.paths import HUB_ID
 from inference._core.scoring import Vocabulary
 from inference._core.validation import GenerationRequest
 from inference._inprocess.hf_prompt import scoring_vocabulary
+from inference._inprocess.token_bytes import end_token_ids
 from inference._inprocess.unguarded_main import spawning_without_unguarded_main
 from inference._inprocess.vllm_adapter_check import layer_features
 from inference._inprocess.vllm_base_slot import (
@@ -60,6 +61,9 @@ class Engine:
     samples_by_default: bool = False
     """The model's generation config sets ``do_sample``; without it an unset temperature decodes greedily, as on
     Transformers."""
+    eos_ids: tuple[int, ...] = ()
+    """The tokens the engine stops on, the tokenizer's EOS first: the tokenizer's and the generation config's, as
+    vLLM reads them (:func:`~inference._inprocess.token_bytes.end_token_ids`, Transformers' set too)."""
     base_lora: Any = None
     """The ``LoRARequest`` requests on the base model carry (:mod:`~inference._inprocess.vllm_base_slot`; on vLLM's
     CPU build), else ``None``."""
@@ -127,6 +131,7 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
             path=model_name,
         ) from error
     tokenizer = llm.get_tokenizer()
+    generation_config = llm.model_config.try_get_generation_config()  # what vLLM's requests read: stop tokens too
     client_error = getattr(import_optional("vllm.exceptions", provider=PROVIDER), "VLLMClientError", ValueError)
     return Engine(
         llm=llm,
@@ -140,7 +145,8 @@ def start_engine(model_name: str, settings: Mapping[str, Any]) -> Engine:
         layer_features=layer_features(llm.model_config.hf_text_config),
         sampling_defaults={name: value for name, value in llm.model_config.get_diff_sampling_param().items()
                            if name in MODEL_DEFAULTS},
-        samples_by_default=bool(llm.model_config.try_get_generation_config().get("do_sample")),
+        samples_by_default=bool(generation_config.get("do_sample")),
+        eos_ids=end_token_ids(tokenizer, generation_config.get("eos_token_id")),
         base_lora=None if base_directory is None else lora_request(
             BASE_ADAPTER_NAME, BASE_ADAPTER_ID, str(base_directory)
         ),

@@ -9,8 +9,8 @@ full next-token distributions from one-token ``/v1/completions`` requests.
   from the model's tokenizer files, at the path the server reports as its model's ``root`` in ``GET /v1/models``
   (the ``--model`` directory), read here with Transformers' tokenizer when that directory is readable from this
   machine; otherwise the vocabulary, and the calls that need it, are refused with a sentence saying so. The size
-  is the model's ``vocab_size`` (its output layer, what vLLM's ``logprobs=-1`` covers), the context the server's
-  ``max_model_len``.
+  is the model's ``vocab_size`` (its output layer, what vLLM's ``logprobs=-1`` covers), ``eos_ids`` the tokenizer's and
+  the generation config's end tokens (what vLLM stops on), the context the server's ``max_model_len``.
 - A distribution: the sequence as a token-id prompt, ``max_tokens=1``, ``logprobs=-1`` (every token; the server
   must run with ``--max-logprobs -1``) and ``return_tokens_as_token_ids`` (keys ``token_id:N``, since decoded
   strings collide). vLLM sends the raw log-softmax of the logits, each value clamped at -9999 (JSON has no
@@ -167,22 +167,32 @@ class ServerTokens:
 
 
 def _read_vocabulary(directory: Path, context_length: int, provider: str) -> TokenVocabulary:
-    """The vocabulary of the model directory: its tokenizer (Transformers') and its output layer's size."""
-    from inference._inprocess.token_bytes import special_ids, token_bytes
+    """The vocabulary of the model directory: its tokenizer (Transformers'), its output layer's size, and the end
+    tokens of its tokenizer and generation config (what vLLM stops on, and Transformers' ``eos_ids``)."""
+    from inference._inprocess.token_bytes import end_token_ids, special_ids, token_bytes
 
     transformers = import_optional("transformers", provider=provider, extra="transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     size = int(text_config.get("vocab_size") or len(tokenizer))
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    bos = tokenizer.bos_token_id
     probe = tokenizer("probe")["input_ids"]
     return TokenVocabulary(
         size=size,
         token_bytes=token_bytes(tokenizer, size),
         special_ids=special_ids(tokenizer, size),
         bos_id=None if bos is None else int(bos),
-        eos_ids=() if eos is None else (int(eos),),
+        eos_ids=end_token_ids(tokenizer, _generation_config(transformers, directory).eos_token_id),
         adds_bos=bos is not None and len(probe) > 0 and int(probe[0]) == int(bos),
         context_length=context_length,
     )
+
+
+def _generation_config(transformers: Any, directory: Path) -> Any:
+    """The directory's generation config as vLLM and Transformers read it: ``generation_config.json``, else the one
+    the model's config implies."""
+    try:
+        return transformers.GenerationConfig.from_pretrained(str(directory))
+    except OSError:  # no generation_config.json
+        return transformers.GenerationConfig.from_model_config(transformers.AutoConfig.from_pretrained(str(directory)))
