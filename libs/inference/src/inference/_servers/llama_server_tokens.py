@@ -7,7 +7,9 @@
   (special tokens written out).
 - A distribution: ``/v1/completions`` of the ids, one token, ``logprobs`` = the vocabulary's size (llama-server's
   ``n_probs``): llama-server answers every token's probability before sampling with its ``id`` and ``bytes``, the
-  softmax of the logits. A distribution that lacks an id is a :class:`~inference.exceptions.ProviderError`.
+  softmax of the logits, normalised with a float32 sum (on Gemma 3's 262,144 ids the row's logsumexp was up to 4.5e-4
+  off 0), so the row is renormalised here in float64. A distribution that lacks an id is a
+  :class:`~inference.exceptions.ProviderError`.
 - The vocabulary: its size and context from ``GET /v1/models`` (``meta.n_vocab``, ``meta.n_ctx``: one slot's
   context), each id's bytes from one full distribution (every entry carries its ``bytes``; a control token's are
   empty there, so those ids are detokenized one by one, which writes their text: they are ``special_ids``), BOS and
@@ -128,7 +130,8 @@ class LlamaServerTokens:
 
     def row(self, replica: Replica, completion: Any, size: int) -> tuple[NDArray[np.float32], tuple[bytes, ...]]:
         """The full distribution of a one-token completion asked with :func:`distribution_fields`, and each id's
-        bytes.
+        bytes. The row is renormalised in float64 (its logsumexp subtracted): llama-server sums the probabilities in
+        float32, which on a large vocabulary (Gemma 3's 262,144 ids) leaves every entry up to 4.5e-4 nats high.
 
         Raises:
             ProviderError: The answer lacks an id of the vocabulary: never a partial row; an id's value that is not
@@ -136,7 +139,7 @@ class LlamaServerTokens:
         """
         import numpy
 
-        values = numpy.full(size, numpy.nan, dtype=numpy.float32)
+        values = numpy.full(size, numpy.nan, dtype=numpy.float64)
         pieces: list[bytes] = [b""] * size
         try:
             entries = completion["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
@@ -152,7 +155,12 @@ class LlamaServerTokens:
                 "compute a next-token distribution", f"an answer without llama-server's token probabilities ({error!r})"
             ) from error
         full_distribution(values, replica.http, what="probabilities of the vocabulary (n_probs)")
-        return values, tuple(pieces)
+        total = numpy.logaddexp.reduce(values)
+        if not numpy.isfinite(total):
+            raise replica.http.protocol_error(
+                "compute a next-token distribution", "probabilities of the vocabulary that are all 0"
+            )
+        return (values - total).astype(numpy.float32), tuple(pieces)
 
     async def whole_character(self) -> int:
         """A token that is one whole character (the first of ``"x"``), found once: what a distribution request

@@ -347,7 +347,7 @@ LOGPROB_READERS = {CHAT: token_logprobs, COMPLETIONS: completion_logprobs}
 """Route -> the reader of its answers' ``logprobs``."""
 
 
-def full_distribution(values: NDArray[np.float32], http: ServerClient, *, what: str, hint: str = "") -> None:
+def full_distribution(values: NDArray[np.floating[Any]], http: ServerClient, *, what: str, hint: str = "") -> None:
     """Refuse a next-token distribution read from ``http``'s answer that lacks an id of the vocabulary (``values``
     is NaN where the answer gave nothing): never a partial row. ``what`` names what the answer gives of the ids,
     ``hint`` how to start the server so that it gives them all.
