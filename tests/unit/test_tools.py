@@ -299,6 +299,25 @@ async def test_the_fake_follows_tool_choice() -> None:
     ]
 
 
+async def test_the_fake_never_gives_a_call_an_id_the_conversation_already_uses() -> None:
+    """A conversation whose one call has id ``call_2`` (another backend's turn, a hand-written fixture): the fake's
+    next call was ``call_2`` too, and the loop's next generate failed with InvalidRequestError (the id twice)."""
+    provider = FakeProvider()
+    messages: list[Any] = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "sunny"},
+        {"role": "user", "content": "And Rome?"},
+    ]
+    first = await provider.generate(messages, "m", tools=[WEATHER])
+    assert first.tool_calls is not None and first.tool_calls[0].id == "call_3"
+    messages += [first.as_message(), first.tool_calls[0].answer("rainy")]
+    second = await provider.generate(messages, "m", tools=[WEATHER])
+    assert second.finish_reason == "stop" and "get_weather returned rainy" in second.text
+
+
 async def test_a_stream_ends_with_a_result_carrying_the_calls() -> None:
     provider = FakeProvider()
     events = [event async for event in provider.stream("hi", "m", tools=[forecast])]

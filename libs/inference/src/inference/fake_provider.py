@@ -62,8 +62,9 @@ class FakeProvider(InferenceProvider):
 
     With ``tools`` it calls them deterministically, so a tool loop can be tested without a model (pydantic-ai's
     ``TestModel`` idea). Each answer makes at most one call, ``call_N`` (``N`` counts the calls in the
-    conversation), with arguments made from the tool's ``parameters`` as for ``json_schema``; it then has
-    ``text == ""`` and ``finish_reason == "tool_calls"``:
+    conversation, raised past any id the conversation already uses: ids are unique within it), with arguments
+    made from the tool's ``parameters`` as for ``json_schema``; it then has ``text == ""`` and
+    ``finish_reason == "tool_calls"``:
 
     - ``tool_choice`` naming a tool: calls that tool, every time;
     - ``"required"``: calls the first tool not yet called since the last user message (the last tool once all
@@ -297,8 +298,11 @@ class FakeProvider(InferenceProvider):
         parameters = tool["function"]["parameters"]
         arguments = json.dumps(_instance(parameters, words, parameters))
         _check_instance(arguments, parameters, self.name)
-        made = sum(len(message.get("tool_calls", ())) for message in request.messages)
-        call = parse_tool_call(f"call_{made + 1}", tool["function"]["name"], arguments, request.tools)
+        taken = [str(call.get("id")) for message in request.messages for call in message.get("tool_calls", ())]
+        number = len(taken) + 1
+        while f"call_{number}" in taken:  # an id from elsewhere (another backend's turn, a fixture) is not reused
+            number += 1
+        call = parse_tool_call(f"call_{number}", tool["function"]["name"], arguments, request.tools)
         prompt_tokens = sum(len(message["content"].split()) for message in request.messages)
         completion_tokens = len(arguments.split()) + 1
         return GenerationResult(
