@@ -131,9 +131,11 @@ class GatedByTask(FakeProvider):
         return await super()._generate(request)
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.001)
+async def until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    """Wait until ``condition`` holds; a bounded wait, so a broken hold fails the test instead of hanging it."""
+    async with asyncio.timeout(seconds):
+        while not condition():
+            await asyncio.sleep(0.001)
 
 
 async def test_a_run_that_ends_first_leaves_the_adapter_to_the_run_still_using_it(tmp_path: Path) -> None:
