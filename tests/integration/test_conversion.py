@@ -7,6 +7,7 @@ The Llama case is the proof of the q/k row permutation: without it the adapter l
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -369,6 +370,34 @@ def test_an_architecture_without_a_tensor_map_is_refused(adapter_copy: Path, tmp
     writer.close()
     with pytest.raises(AdapterConversionError, match="no tensor name map for the architecture 'nonesuch'"):
         convert_peft_to_gguf(adapter_copy, base, tmp_path / "out.gguf")
+
+
+def _write_base(path: Path, shape: tuple[int, int]) -> None:
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros(shape, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_base_model_replaced_by_a_file_of_the_same_size_and_time_is_read_again(tmp_path: Path) -> None:
+    """Its header was cached by size and mtime only: a model swapped in with ``cp -p`` or ``rsync -t`` (same size,
+    same time, other shapes) kept the old layout, and adapters were converted for the shapes it no longer has."""
+    base, other = tmp_path / "base.gguf", tmp_path / "other.gguf"
+    _write_base(base, (64, 32))
+    _write_base(other, (32, 64))  # the same bytes, other shapes
+    assert base.stat().st_size == other.stat().st_size
+    assert read_base_layout(base).tensor_shapes["blk.0.attn_q.weight"] == (64, 32)
+    times = base.stat()
+    os.utime(other, ns=(times.st_atime_ns, times.st_mtime_ns))
+    os.replace(other, base)
+    assert (base.stat().st_size, base.stat().st_mtime_ns) == (times.st_size, times.st_mtime_ns)
+    assert read_base_layout(base).tensor_shapes["blk.0.attn_q.weight"] == (32, 64)
 
 
 def test_a_random_lora_for_any_gguf_round_trips_through_llama_cpp(

@@ -253,13 +253,16 @@ _Header = tuple[dict[str, Any], dict[str, tuple[int, ...]], dict[str, int]]
 
 
 def _read_header(path: Path) -> _Header:
-    """The header of the file at ``path`` as it is now (read again only when its size or time changed)."""
-    stat = path.stat()
-    return _read_gguf_header_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
+    """The header of the file at ``path`` as it is now: read again when the file changed, or another file took its
+    place (a model replaced with one of the same size and time, by ``cp -p``, ``rsync -t`` or a rename, is another
+    inode, and any write changes the ctime, which no tool sets back)."""
+    info = path.stat()
+    stamp = (info.st_mtime_ns, info.st_size, info.st_ctime_ns, info.st_dev, info.st_ino)
+    return _read_gguf_header_cached(path.resolve(), stamp)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_gguf_header_cached(path: Path, mtime_ns: int, size: int) -> _Header:
+def _read_gguf_header_cached(path: Path, stamp: tuple[int, ...]) -> _Header:
     """The header of a base model, read once per file version: every adapter load for a model needs it."""
     return _read_gguf_header(path)
 
