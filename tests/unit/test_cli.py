@@ -169,6 +169,16 @@ def test_usage_mistakes_exit_2(extra: list[str], needle: str, capsys: pytest.Cap
     assert needle in err and out == ""
 
 
+@pytest.mark.parametrize("provider", ["fake", "vllm"])
+def test_an_unknown_set_key_lists_each_valid_key_once(provider: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A name that is both a provider setting and a request option (``timeout`` on vLLM, ``raw_prompt`` on the fake
+    provider) was listed twice."""
+    status, _, err = run(["generate", "Hi", "--provider", provider, "--set", "nosuch=1"], capsys)
+    assert status == 2
+    keys = err.split("valid keys: ", 1)[1].strip().split(", ")
+    assert len(keys) == len(set(keys)) > 5 and keys == sorted(keys)
+
+
 def test_set_takes_the_generation_options_on_generate_too(capsys: pytest.CaptureFixture[str]) -> None:
     """As cli.md says (``--set n=3``); it was "not a setting of the fake provider" (exit 2) on generate, where eval
     took it. The same request as the options' own flags."""

@@ -64,7 +64,7 @@ def _step_config(args: argparse.Namespace, *, generation_keys: bool = False) -> 
             repeatable = key in OPTIONS and OPTIONS[key].repeatable
             config[key] = [*config.get(key, []), value] if repeatable else value
         else:
-            valid = sorted(settings) + (sorted(_GENERATION_TYPES) if generation_keys else [])
+            valid = sorted(set(settings) | (set(_GENERATION_TYPES) if generation_keys else set()))  # a name may be both
             raise _UsageError(
                 f"--set {key}: not a setting of the {provider_type} provider; valid keys: {', '.join(valid) or 'none'}"
             )
