@@ -179,6 +179,14 @@ def test_an_unknown_set_key_lists_each_valid_key_once(provider: str, capsys: pyt
     assert len(keys) == len(set(keys)) > 5 and keys == sorted(keys)
 
 
+def test_json_schema_help_says_what_the_command_line_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The help was the Python API's ("a dict or a pydantic model class"), which a shell cannot pass: the flag reads a
+    JSON file."""
+    assert main(["generate", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--json-schema FILE" in help_text and "on the command line a JSON file of the schema" in help_text
+
+
 def test_set_takes_the_generation_options_on_generate_too(capsys: pytest.CaptureFixture[str]) -> None:
     """As cli.md says (``--set n=3``); it was "not a setting of the fake provider" (exit 2) on generate, where eval
     took it. The same request as the options' own flags."""

@@ -439,7 +439,8 @@ class GenerationOptions:
     )
     json_schema: Mapping[str, Any] | None = spec_field(
         None, check=_json_schema, metavar="FILE", parse=json_schema_file,
-        help="constrain the output to JSON valid against this schema (a dict or a pydantic model class)",
+        help="constrain the output to JSON valid against this schema (a dict or a pydantic model class; on the command "
+        "line a JSON file of the schema)",
     )
     tools: tuple[Mapping[str, Any], ...] = spec_field(
         (), check=_tools, metavar="FILE", parse=tools_file,
