@@ -119,8 +119,9 @@ class LlamaCppServerProvider(OpenAICompatibleProvider):
         max_retries: Retries of connect errors and 429/502/503/504; else ``LLAMACPP_SERVER_MAX_RETRIES``; else 2.
         adapter_cache_dir: Where PEFT directories are converted to GGUF for matching; else
             ``LLAMACPP_SERVER_ADAPTER_CACHE_DIR``; else ``~/.cache/inference-adapters``.
-        replica_down_s: Seconds a replica that is down (refused a connection, or answered 502/503/504) is tried
-            after the others (then in turn again); else ``LLAMACPP_SERVER_REPLICA_DOWN_S``; else 5.
+        replica_down_s: Seconds a replica that is down (refused a connection, answered 502/503/504, or did not
+            answer within ``timeout``) is tried after the others (then in turn again); else
+            ``LLAMACPP_SERVER_REPLICA_DOWN_S``; else 5.
 
     Example:
         >>> LlamaCppServerProvider(base_url="http://127.0.0.1:8080")

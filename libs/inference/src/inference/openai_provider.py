@@ -44,8 +44,9 @@ class OpenAIProvider(OpenAICompatibleProvider):
         max_retries: Retries of connect errors and 429/502/503/504; else ``OPENAI_MAX_RETRIES``; else 2.
         api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``OPENAI_API``;
             else ``"auto"``.
-        replica_down_s: Seconds a replica that is down (refused a connection, or answered 502/503/504) is tried
-            after the others (then in turn again); else ``OPENAI_REPLICA_DOWN_S``; else 5.
+        replica_down_s: Seconds a replica that is down (refused a connection, answered 502/503/504, or did not
+            answer within ``timeout``) is tried after the others (then in turn again); else
+            ``OPENAI_REPLICA_DOWN_S``; else 5.
 
     Example:
         >>> OpenAIProvider(base_url="http://127.0.0.1:30000/v1", api_key="sk-secret")

@@ -88,8 +88,8 @@ def _server_settings(
                 minimum=0, exclusive_minimum=True),
         Setting("max_retries", f"{prefix}_MAX_RETRIES", 2, "int", _RETRIES, minimum=0, maximum=100),
         *((Setting("replica_down_s", f"{prefix}_REPLICA_DOWN_S", 5.0, "float",
-                   "Seconds a replica that is down (refused a connection, or answered 502/503/504) is tried after the "
-                   "others (then in turn again)",
+                   "Seconds a replica that is down (refused a connection, answered 502/503/504, or did not answer "
+                   "within the timeout) is tried after the others (then in turn again)",
                    minimum=0),) if replicas else ()),
     )
 

@@ -214,8 +214,9 @@ class VLLMProvider(OpenAICompatibleProvider):
             (checked here; ``~`` is expanded, a relative path made absolute).
         api: The route of generations: ``"auto"``, ``"chat"`` or ``"completions"`` (see above); else ``VLLM_API``;
             else ``"auto"``.
-        replica_down_s: Seconds a replica that is down (refused a connection, or answered 502/503/504) is tried
-            after the others (then in turn again); else ``VLLM_REPLICA_DOWN_S``; else 5.
+        replica_down_s: Seconds a replica that is down (refused a connection, answered 502/503/504, or did not
+            answer within ``timeout``) is tried after the others (then in turn again); else
+            ``VLLM_REPLICA_DOWN_S``; else 5.
 
     Example:
         >>> provider = VLLMProvider(base_url="http://127.0.0.1:8100/v1", api_key="secret")

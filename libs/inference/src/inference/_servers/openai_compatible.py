@@ -4,8 +4,8 @@
 ``/v1/completions`` requests of plain text where its route choice says so (vLLM, for a model without a chat
 template), as JSON over the pooled :class:`~inference._servers.http.ServerClient` (not through the ``openai``
 client, whose request transforms and response models cost more than the rest of a call), spreads them over one or
-more servers (replicas), skips a replica that refuses connections or answers 502/503/504, and maps every failure
-into the error tree.
+more servers (replicas), skips a replica that refuses connections, answers 502/503/504 or did not answer within
+the timeout, and maps every failure into the error tree.
 
 A provider is assembled from parts, each with one job, set by its constructor; the generation path below asks each
 part at its step, and a part left out is skipped:
@@ -309,8 +309,10 @@ class OpenAICompatibleProvider(InferenceProvider):
 
         Replicas are tried least-busy first (round-robin among equals); one that cannot be reached or answers
         502/503/504 before the answer starts (marked down), or that cannot serve the request
-        (:class:`~inference._servers.replicas.ReplicaLacks`), is skipped. A stream is closed on
-        exit, which makes the server abort the generation.
+        (:class:`~inference._servers.replicas.ReplicaLacks`), is skipped. One that does not answer within the
+        timeout (or stops sending a stream) is marked down too, but the request is not sent elsewhere: the server
+        may have run it; the caller gets the :class:`~inference.exceptions.ProviderTimeoutError`. A stream is closed
+        on exit, which makes the server abort the generation.
         """
         failures: list[tuple[Replica, InferenceError]] = []
         lacking: list[InferenceError] = []  # what replicas that cannot serve the request said
@@ -320,45 +322,46 @@ class OpenAICompatibleProvider(InferenceProvider):
             replica.in_flight += 1
             if lora is not None:
                 lora.started(replica, request)
-            try:
+            with replica.down_if_hung():  # it took the request and went silent: later ones go elsewhere
                 try:
-                    if request.raw_prompt or request.prompt_token_ids is not None:
-                        route = COMPLETIONS  # a raw prompt (text or token ids) goes there, whatever the api
-                    else:
-                        with unavailable_is_down():  # finding out may ask the replica (llama-server's /props)
-                            route = await self._route_choice.route(replica, request)
-                    arguments = self._arguments(replica, request, route, stream=stream)
                     try:
-                        answer = await self._create(replica, request, arguments)
-                    except ServerResponseError as refused:
-                        other = self._route_choice.after_refusal(replica, route, refused)
-                        if other is None:
-                            raise
-                        route = other
+                        if request.raw_prompt or request.prompt_token_ids is not None:
+                            route = COMPLETIONS  # a raw prompt (text or token ids) goes there, whatever the api
+                        else:
+                            with unavailable_is_down():  # finding out may ask the replica (llama-server's /props)
+                                route = await self._route_choice.route(replica, request)
                         arguments = self._arguments(replica, request, route, stream=stream)
-                        answer = await self._create(replica, request, arguments)
-                    except RouteChanged as changed:
-                        route = changed.route
-                        arguments = self._arguments(replica, request, route, stream=stream)
-                        answer = await self._create(replica, request, arguments)
-                except ReplicaDown as down:
-                    replica.mark_down(down.error)
-                    failures.append((replica, down.error))
-                    continue
-                except ReplicaLacks as lacks:
-                    lacking.append(lacks.error)
-                    continue
-                replica.mark_up()
-                try:
-                    yield replica, route, answer
+                        try:
+                            answer = await self._create(replica, request, arguments)
+                        except ServerResponseError as refused:
+                            other = self._route_choice.after_refusal(replica, route, refused)
+                            if other is None:
+                                raise
+                            route = other
+                            arguments = self._arguments(replica, request, route, stream=stream)
+                            answer = await self._create(replica, request, arguments)
+                        except RouteChanged as changed:
+                            route = changed.route
+                            arguments = self._arguments(replica, request, route, stream=stream)
+                            answer = await self._create(replica, request, arguments)
+                    except ReplicaDown as down:
+                        replica.mark_down(down.error)
+                        failures.append((replica, down.error))
+                        continue
+                    except ReplicaLacks as lacks:
+                        lacking.append(lacks.error)
+                        continue
+                    replica.mark_up()
+                    try:
+                        yield replica, route, answer
+                    finally:
+                        if stream:
+                            await answer.aclose()
+                    return
                 finally:
-                    if stream:
-                        await answer.aclose()
-                return
-            finally:
-                replica.in_flight -= 1
-                if lora is not None:
-                    lora.finished(replica, request)
+                    replica.in_flight -= 1
+                    if lora is not None:
+                        lora.finished(replica, request)
         if lacking:
             raise lacking[0]  # it says how to fix it; a replica also down is logged
         raise self._replicas.all_down(failures)

@@ -3,9 +3,9 @@
 A server provider holds a :class:`ReplicaSet`: one :class:`Replica` per base URL, each with its pooled
 :class:`~inference._servers.http.ServerClient` and what is known about it (requests in flight, whether it refused a
 connection lately, its context size). The set decides the order requests try them in (least busy first,
-round-robin among equals, a replica that refused a connection, or answered that it cannot serve, last), finds the
-first that answers (:meth:`ReplicaSet.first_reachable`), asks every replica at once (:meth:`ReplicaSet.gather`), and
-says when none can serve (:meth:`ReplicaSet.all_down`).
+round-robin among equals, a replica that refused a connection, answered that it cannot serve, or did not answer
+within the timeout, last), finds the first that answers (:meth:`ReplicaSet.first_reachable`), asks every replica at
+once (:meth:`ReplicaSet.gather`), and says when none can serve (:meth:`ReplicaSet.all_down`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+import httpx
+
 from inference._servers.http import ServerClient, api_base, is_connect_failure, server_root
 from inference._servers.openai_wire import CHAT, COMPLETIONS
-from inference.exceptions import InferenceError, ProviderUnavailableError, ServerResponseError
+from inference.exceptions import (
+    InferenceError,
+    ProviderTimeoutError,
+    ProviderUnavailableError,
+    ServerResponseError,
+)
 
 if TYPE_CHECKING:
     from inference._servers.openai_compatible import OpenAICompatibleProvider
@@ -33,6 +40,7 @@ __all__ = [
     "ReplicaDown",
     "ReplicaLacks",
     "ReplicaSet",
+    "timed_out",
     "unavailable_is_down",
 ]
 
@@ -79,9 +87,10 @@ class Replica:
         self.urls = {CHAT: f"{root}/chat/completions", COMPLETIONS: f"{root}/completions"}
 
     def mark_down(self, error: InferenceError | None = None) -> None:
-        """The replica refused a connection, or answered 502/503/504 (:data:`UNAVAILABLE_STATUSES`): try it last for
-        ``down_seconds`` (the provider's ``replica_down_s``, default :data:`DOWN_SECONDS`). Its going down is logged
-        once (a warning with the fields ``replica_event="down"``, ``url``, ``error``), not at every failed try."""
+        """The replica refused a connection, answered 502/503/504 (:data:`UNAVAILABLE_STATUSES`), or took a request
+        and did not answer within the timeout (:func:`timed_out`: a hung server): try it last for ``down_seconds``
+        (the provider's ``replica_down_s``, default :data:`DOWN_SECONDS`). Its going down is logged once (a warning
+        with the fields ``replica_event="down"``, ``url``, ``error``), not at every failed try."""
         now = time.monotonic()
         self.down_until = now + self.down_seconds
         if self.down_since is None:
@@ -111,16 +120,42 @@ class Replica:
                        "downtime_s": round(downtime, 3)},
             )
 
+    @contextlib.contextmanager
+    def down_if_hung(self) -> Iterator[None]:
+        """A timeout waiting for this replica's answer inside the block (:func:`timed_out`) marks it down; the error
+        is raised as it is: the request reached the server, which may have run it, so it is not sent elsewhere."""
+        try:
+            yield
+        except ProviderTimeoutError as error:
+            if timed_out(error) and error.url == self.http.shown_url:
+                self.mark_down(error)
+            raise
+
     async def aclose(self) -> None:
         await self.http.aclose()
 
 
 def failure_name(error: InferenceError) -> str:
     """What failed, for an operator: the status of an error answer (``HTTP 503``), else the type of what caused
-    ``error`` (``ConnectError``, ``ConnectTimeout``), else its own type."""
+    ``error`` (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``; an answer not read whole within the timeout is
+    a ``ReadTimeout`` too), else its own type."""
     if isinstance(error, ServerResponseError) and error.status_code is not None:
         return f"HTTP {error.status_code}"
+    if isinstance(error, ProviderTimeoutError) and error.__cause__ is None:
+        return "ReadTimeout"
     return type(error.__cause__ or error).__name__
+
+
+def timed_out(error: InferenceError) -> bool:
+    """True when ``error`` is a replica's silence: it accepted the connection and did not answer (or send the next
+    part of its answer) within the provider's timeout; a stopped (SIGSTOP) or deadlocked server does that to every
+    request. Not a failure to connect (:func:`is_unavailable`), nor a wait for a free connection of this process's
+    own pool."""
+    return (
+        isinstance(error, ProviderTimeoutError)
+        and not is_connect_failure(error)
+        and not isinstance(error.__cause__, httpx.PoolTimeout)
+    )
 
 
 def is_unavailable(error: InferenceError) -> bool:
@@ -153,7 +188,7 @@ class ReplicaLacks(Exception):
 def unavailable_is_down() -> Iterator[None]:
     """A failure to connect, or a 502/503/504 answer, inside the block becomes :class:`ReplicaDown`: the replica
     cannot serve, so another one may take the request (any other error passes as it is; so does a timeout, as the
-    caller's time is spent on it).
+    caller's time is spent on it, and the server may have acted on the request: see :meth:`Replica.down_if_hung`).
 
     Only around a request that has not started generating: a whole answer, or a stream's status line (an error
     status comes before any event).
@@ -249,9 +284,9 @@ class ReplicaSet(Sequence[Replica]):
 
         A replica marked down is left alone while it is (as generations try it last), unless no other answers. A
         replica that failed is left out, as long as another one answered: replicas started alike say the same. One
-        that refused connections or answered 502/503/504 is marked down (logged once, when it goes down: see
-        :meth:`Replica.mark_down`; each later miss only at debug level); one that failed otherwise is logged as a
-        warning saying it did not do ``what``.
+        that refused connections, answered 502/503/504 or did not answer within the timeout is marked down (logged
+        once, when it goes down: see :meth:`Replica.mark_down`; each later miss only at debug level); one that
+        failed otherwise is logged as a warning saying it did not do ``what``.
 
         Raises:
             ProviderUnavailableError: No replica accepts connections.
@@ -270,7 +305,7 @@ class ReplicaSet(Sequence[Replica]):
                 continue
             outcome = outcomes[replica]
             if isinstance(outcome, InferenceError):
-                if is_unavailable(outcome):
+                if is_unavailable(outcome) or timed_out(outcome):
                     replica.mark_down(outcome)
                 failures.append((replica, outcome))
             elif isinstance(outcome, BaseException):
@@ -282,7 +317,7 @@ class ReplicaSet(Sequence[Replica]):
             other = [error for _, error in failures if not isinstance(error, ProviderUnavailableError)]
             raise other[0] if other else self.all_down(failures)
         for replica, error in failures:
-            logger.log(logging.DEBUG if is_unavailable(error) else logging.WARNING,
+            logger.log(logging.DEBUG if is_unavailable(error) or timed_out(error) else logging.WARNING,
                        "%s replica %s did not %s (%s); using the others' answers", self.server,
                        replica.http.shown_url, what, error)
         return answered
