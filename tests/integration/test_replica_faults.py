@@ -205,3 +205,62 @@ async def test_a_replica_that_never_answers_its_model_list_is_left_alone_by_late
     assert hung.requests == ["/v1/models"]  # before: asked (and waited for) at every listing
     (down,) = replica_events(caplog, "down")
     assert (down.url, down.error) == (hung.base_url, "ReadTimeout")
+
+
+# Requests safe to repeat go to another replica --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["busy", "hang"])
+async def test_tokenize_and_scoring_go_to_another_replica_when_one_answers_503_or_never_answers(
+    servers: tuple[LoopbackVLLM, LoopbackVLLM], fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tokenizing is read-only: asking another replica is safe. Before, the call that asked the failing replica
+    first failed (vLLM's 503, or a timeout) although the other one was up."""
+    failing, healthy = servers
+    failing.faults["/tokenize"] = fault
+    caplog.set_level(logging.INFO, logger="inference.replicas")
+    async with VLLMProvider(base_url=[failing.base_url, healthy.base_url], timeout=0.5, max_retries=0,
+                            replica_down_s=600) as provider:
+        for _ in range(4):  # round-robin: at least one call asks the failing replica first
+            assert await provider.tokenize("Hello, world", model=MODEL) == TOKENS
+    assert failing.requests == ["/tokenize"]  # asked once, then left alone while it is down
+    (down,) = replica_events(caplog, "down")
+    assert (down.url, down.error) == (failing.base_url, "HTTP 503" if fault == "busy" else "ReadTimeout")
+
+
+async def test_an_on_demand_load_goes_to_another_replica_when_the_first_answers_503(
+    servers: tuple[LoopbackVLLM, LoopbackVLLM],
+) -> None:
+    """A load that got 503 was not done: it is made on the next replica. Before, load_adapter failed with the 503."""
+    busy, healthy = servers
+    busy.faults["/v1/load_lora_adapter"] = "busy"
+    async with VLLMProvider(base_url=[busy.base_url, healthy.base_url], max_retries=0,
+                            adapter_placement="on-demand", replica_down_s=600) as provider:
+        await provider.load_adapter("a1", "/adapters/a1")  # placement picks the first replica (base-URL order)
+        assert provider.placement is not None
+        assert [replica.base_url for replica in provider.placement.holders("a1")] == [healthy.base_url]
+        assert await generate_text_with(provider, "a1") == "from b"
+    assert busy.requests.count("/v1/load_lora_adapter") == 1
+    assert "/v1/chat/completions" not in busy.requests
+
+
+async def test_an_on_demand_load_that_timed_out_is_not_made_elsewhere_but_the_next_load_is(
+    servers: tuple[LoopbackVLLM, LoopbackVLLM],
+) -> None:
+    """A load that timed out may have been made: it fails (not loaded twice); the replica is down, so the next
+    load goes to the other one at once instead of waiting for the hung replica again."""
+    hung, healthy = servers
+    hung.faults["*"] = "hang"
+    async with VLLMProvider(base_url=[hung.base_url, healthy.base_url], timeout=0.5, max_retries=0,
+                            adapter_placement="on-demand", replica_down_s=600) as provider:
+        with pytest.raises(ProviderTimeoutError, match=hung.base_url):
+            await provider.load_adapter("a1", "/adapters/a1")
+        assert "/v1/load_lora_adapter" not in healthy.requests
+        await provider.load_adapter("a2", "/adapters/a2")
+        assert provider.placement is not None
+        assert [replica.base_url for replica in provider.placement.holders("a2")] == [healthy.base_url]
+    assert hung.requests == ["/v1/load_lora_adapter"]
+
+
+async def generate_text_with(provider: VLLMProvider, adapter_id: str) -> str:
+    return (await provider.generate("Hi", model=MODEL, adapter_id=adapter_id, max_tokens=4)).text

@@ -40,6 +40,7 @@ __all__ = [
     "ReplicaDown",
     "ReplicaLacks",
     "ReplicaSet",
+    "is_unavailable",
     "timed_out",
     "unavailable_is_down",
 ]
@@ -249,11 +250,15 @@ class ReplicaSet(Sequence[Replica]):
         return up + [replica for replica in rotated if replica.down_until > now]
 
     async def first_reachable(self, work: Callable[[Replica], Awaitable[_T]]) -> _T:
-        """Run ``work`` on the first replica, in :meth:`in_order`, that accepts its connections: one that refuses
-        them is marked down and the next one tried (work any replica can do: tokenizing, the vocabulary).
+        """Run ``work`` on the first replica, in :meth:`in_order`, that can serve it: one that refuses connections,
+        answers 502/503/504 (:func:`is_unavailable`) or does not answer within the timeout (:func:`timed_out`) is
+        marked down and the next one tried. Only for work any replica can do and that is safe to ask again, since
+        a replica that timed out may have done it: reading (tokenizing, the vocabulary).
 
         Raises:
             ProviderUnavailableError: No replica accepts connections (:meth:`all_down`).
+            InferenceError: No replica could serve: the one failure, else the first error answer (a 503), else the
+                first other failure (a timeout); or a replica failed otherwise (its error, raised at once).
         """
         failures: list[tuple[Replica, InferenceError]] = []
         for replica in self.in_order():
@@ -261,7 +266,7 @@ class ReplicaSet(Sequence[Replica]):
             try:
                 result = await work(replica)
             except InferenceError as error:
-                if not is_connect_failure(error):
+                if not (is_unavailable(error) or timed_out(error)):
                     raise
                 replica.mark_down(error)
                 failures.append((replica, error))
@@ -324,10 +329,11 @@ class ReplicaSet(Sequence[Replica]):
 
     def all_down(self, failures: list[tuple[Replica, InferenceError]]) -> InferenceError:
         """The error when no replica could serve: the one failure; else the first error answer (a 503: the server
-        there says why); else one naming every URL that refused connections."""
+        there says why), else the first timeout; else one naming every URL that refused connections."""
         if len(failures) == 1:
             return failures[0][1]
-        answered = [error for _, error in failures if isinstance(error, ServerResponseError)]
+        answered: list[InferenceError] = [error for _, error in failures if isinstance(error, ServerResponseError)]
+        answered += [error for _, error in failures if timed_out(error)]
         if answered:
             return answered[0]
         said = ", ".join(f"{replica.http.shown_url} ({failure_name(error)})" for replica, error in failures)

@@ -32,7 +32,14 @@ from inference._core.validation import GenerationRequest
 from inference._servers.http import ServerAnswer
 from inference._servers.openai_wire import quoted_model
 from inference._servers.placement import AdapterPlacement
-from inference._servers.replicas import Replica, ReplicaDown, ReplicaLacks, ReplicaSet, unavailable_is_down
+from inference._servers.replicas import (
+    Replica,
+    ReplicaDown,
+    ReplicaLacks,
+    ReplicaSet,
+    is_unavailable,
+    unavailable_is_down,
+)
 from inference._servers.runtime_lora import RuntimeLoRA, same_adapter_path
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
@@ -163,7 +170,7 @@ class ServedAdapters:
         or down).
 
         Raises:
-            ReplicaDown: The replica did not accept the connection.
+            ReplicaDown: The replica did not accept the connection, or answered 502/503/504 (it did nothing).
         """
         adapter_id = request.adapter_id
         if self.placement is not None and adapter_id is not None and not self.placement.holds(replica, adapter_id):
@@ -178,7 +185,7 @@ class ServedAdapters:
 
         Raises:
             ReplicaLacks: The replica serves other weights under the adapter's name (another replica may serve it).
-            ReplicaDown: The replica did not accept the connection.
+            ReplicaDown: The replica did not accept the connection, or answered 502/503/504 (it did nothing).
         """
         adapter_id, key = request.adapter_id, (replica.base_url, request.adapter_id or "")
         if adapter_id is None or key not in self._other_weights:
@@ -341,13 +348,16 @@ class ServedAdapters:
     # On-demand placement (the rules are in inference._servers.placement) -------------------------------------
 
     async def _load_on_demand(self, adapter_id: str, adapter_path: str) -> None:
-        """Load a new adapter on one replica: the one placement picks, or the next when it cannot be reached."""
+        """Load a new adapter on one replica: the one placement picks, or the next when it cannot be reached or
+        answers 502/503/504 (the load was not made). One that does not answer within the timeout is marked down and
+        its timeout raised: the load may have been made there, so it is not made elsewhere too."""
         assert self.placement is not None
         failures: list[tuple[Replica, InferenceError]] = []
         for candidate in self.placement.ranked_for_load():
             replica = next(replica for replica in self._replicas if replica is candidate)
             try:
-                await self._place_on(replica, adapter_id, adapter_path)
+                with replica.down_if_hung():  # a load that timed out may have been made: not made elsewhere
+                    await self._place_on(replica, adapter_id, adapter_path)
                 return
             except ReplicaDown as down:
                 replica.mark_down(down.error)
@@ -361,7 +371,7 @@ class ServedAdapters:
         more replica, not ``load_adapter``'s own load, which the registry records) the load as a ``load`` event.
 
         Raises:
-            ReplicaDown: The replica did not accept the connection.
+            ReplicaDown: The replica did not accept the connection, or answered 502/503/504 (it did nothing).
         """
         placement = self.placement
         assert placement is not None
@@ -380,8 +390,10 @@ class ServedAdapters:
                     raise
                 if spread:
                     self._registry.note("load", adapter_id, _ms_since(started), replica=where)
-            except ProviderUnavailableError as error:
-                raise ReplicaDown(error) from error
+            except InferenceError as error:
+                if isinstance(error, ProviderUnavailableError) or is_unavailable(error):  # a 503: nothing was done
+                    raise ReplicaDown(error) from error
+                raise
             placement.placed(replica, adapter_id)
 
     async def _make_room(self, replica: Replica, adapter_id: str) -> None:
