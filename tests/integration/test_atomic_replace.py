@@ -3,6 +3,9 @@
 200 greedy generations run while the adapter is replaced 20 times, half of the times with a bad path (missing, or a
 directory that is no adapter). Every generation must give exactly the answer of the weights that were current when
 it started (looked up on the same provider under other ids), and none may fail.
+
+An ``unload_adapter`` called while a replacement loads wins on them too: the id ends unloaded, the backend holds
+neither weights, and the replacement raises.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from inference.adapters.source import AdapterSource
+from inference.exceptions import AdapterNotFoundError
 from inference.llamacpp_provider import LlamaCppProvider
 from inference.provider import InferenceProvider
 from inference.transformers_provider import TransformersProvider
@@ -82,3 +87,73 @@ async def test_200_generations_through_20_replacements_never_fail_or_mix(
     assert await provider.list_adapters() == ["live"]
     assert len(getattr(provider, "resident_adapters", [None])) == 1  # each replaced version was unloaded
     await provider.unload_adapter("live")
+
+
+class LoadsOnCue:
+    """Backend loads that wait for ``release`` once they have started (``started`` is set then)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
+
+
+class HeldTransformersProvider(TransformersProvider):
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.cue = LoadsOnCue()
+
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        self.cue.started.set()
+        await self.cue.release.wait()
+        await super()._load_adapter(adapter_id, source)
+
+
+class HeldLlamaCppProvider(LlamaCppProvider):
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.cue = LoadsOnCue()
+
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        self.cue.started.set()
+        await self.cue.release.wait()
+        await super()._load_adapter(adapter_id, source)
+
+
+@pytest.mark.parametrize("backend", ["transformers", "llamacpp"])
+async def test_an_unload_called_during_a_replace_leaves_the_id_unloaded(
+    backend: str, tiny_models: dict[str, Any]
+) -> None:
+    """The unload used to return, and the replacement then switched the id to its weights: listed and served
+    again after the user had unloaded it."""
+    model = tiny_models["qwen2"]
+    held: HeldTransformersProvider | HeldLlamaCppProvider
+    if backend == "transformers":
+        held = HeldTransformersProvider(model_name=str(model.hf_dir), torch_dtype="float32")
+    else:
+        held = HeldLlamaCppProvider(model_path=model.gguf_path, n_ctx=512, kv_cache_type="f32")
+    greedy: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "temperature": 0}
+    async with held as provider:
+        await provider.load_adapter("reference", model.adapter_dirs["a1"])
+        expected = (await provider.generate(PROMPTS[0], adapter_id="reference", **greedy)).text
+        await provider.unload_adapter("reference")
+        await provider.load_adapter("live", model.adapter_dirs["a0"])
+        provider.cue.started.clear()
+        provider.cue.release.clear()
+        replacing = asyncio.create_task(provider.load_adapter("live", model.adapter_dirs["a1"], replace=True))
+        await asyncio.wait_for(provider.cue.started.wait(), timeout=30)
+        unloading = asyncio.create_task(provider.unload_adapter("live"))
+        while await provider.list_adapters() != []:  # refused at once, while the replacement still loads
+            await asyncio.sleep(0.001)
+        assert not replacing.done()
+        with pytest.raises(AdapterNotFoundError):  # refused at once
+            await provider.generate(PROMPTS[0], adapter_id="live", **greedy)
+        provider.cue.release.set()
+        with pytest.raises(AdapterNotFoundError, match="the later call wins"):
+            await asyncio.wait_for(replacing, timeout=60)
+        await asyncio.wait_for(unloading, timeout=60)
+        assert await provider.list_adapters() == [] and provider.resident_adapters == []
+        with pytest.raises(AdapterNotFoundError, match="not loaded"):
+            await provider.generate(PROMPTS[0], adapter_id="live", **greedy)
+        await provider.load_adapter("live", model.adapter_dirs["a1"])
+        assert (await provider.generate(PROMPTS[0], adapter_id="live", **greedy)).text == expected

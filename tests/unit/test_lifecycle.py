@@ -37,6 +37,7 @@ class GatedProvider(FakeProvider):
         self.load_delay = 0.0
         self.load_gate = asyncio.Event()  # backend loads wait for it
         self.load_gate.set()
+        self.loads_at_gate = 0  # backend loads that reached the load gate
         self.stream_closed = False
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
@@ -59,6 +60,7 @@ class GatedProvider(FakeProvider):
     async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
         adapter_path = source.path
         await asyncio.sleep(self.load_delay)
+        self.loads_at_gate += 1
         await self.load_gate.wait()
         if "corrupt" in adapter_path:
             raise InvalidAdapterError(f"adapter at {adapter_path} is corrupt", provider=self.name)
@@ -511,6 +513,12 @@ async def holding(provider: FakeProvider, backend_names: list[str]) -> None:
         await asyncio.sleep(0.001)
 
 
+async def loads_at_gate(provider: GatedProvider, count: int) -> None:
+    """Return once ``count`` backend loads have reached the load gate."""
+    while provider.loads_at_gate < count:
+        await asyncio.sleep(0.001)
+
+
 async def test_an_unload_during_a_replace_while_a_request_holds_the_old_weights_returns() -> None:
     """unload_adapter called while a replacement loads and a request still holds the old weights used to wait for
     ever once that request ended (the replacement, waiting for the same request, took its wake-up), and so did the
@@ -518,19 +526,71 @@ async def test_an_unload_during_a_replace_while_a_request_holds_the_old_weights_
     provider, old_request = await a_request_on_the_old_weights()
     provider.load_gate.clear()
     replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
-    await asyncio.sleep(0)  # the new weights are loading
+    await asyncio.wait_for(loads_at_gate(provider, 1), timeout=5)  # the new weights are loading
     unloading = asyncio.create_task(provider.unload_adapter("a"))
     await asyncio.wait_for(listed(provider, []), timeout=5)  # the unload waits for the old request
     provider.load_gate.set()
-    await asyncio.wait_for(listed(provider, ["a"]), timeout=5)  # switched: the replacement waits for it too
+    with pytest.raises(AdapterNotFoundError, match=r"unloaded .* while this load_adapter"):
+        await asyncio.wait_for(replacing, timeout=5)  # the unload, called later, wins
     provider.gate.set()
-    await asyncio.wait_for(asyncio.gather(replacing, unloading), timeout=5)
+    await asyncio.wait_for(unloading, timeout=5)
     assert (await old_request).text == await expected_text("a", "/v1/a", "p")
-    held = [stats.backend_name for stats in provider.adapter_stats().adapters if stats.resident]
-    assert provider.resident_adapters == held and "a" not in held  # the old weights are gone, the record agrees
+    assert provider.resident_adapters == [] and provider.adapter_stats().adapters == ()
     await asyncio.wait_for(provider.load_adapter("a", "/v2/a"), timeout=5)
     after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
     assert after.text == await expected_text("a", "/v2/a", "p")
+
+
+async def test_an_unload_called_during_a_replace_wins_and_the_replace_says_so() -> None:
+    """unload_adapter called while load_adapter(..., replace=True) loaded the new weights used to return, and then
+    the replacement switched the id to its weights: the id the user had unloaded was listed and served again."""
+    provider = GatedProvider()
+    await provider.load_adapter("a", "/v1/a")
+    provider.load_gate.clear()
+    replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
+    await asyncio.wait_for(loads_at_gate(provider, 1), timeout=5)
+    unloading = asyncio.create_task(provider.unload_adapter("a"))
+    await asyncio.wait_for(listed(provider, []), timeout=5)
+    with pytest.raises(AdapterNotFoundError, match="being unloaded"):  # refused at once, as documented
+        await provider.generate("p", model="m", adapter_id="a")
+    provider.load_gate.set()
+    with pytest.raises(AdapterNotFoundError, match=r"was unloaded .* the later call wins"):
+        await asyncio.wait_for(replacing, timeout=5)
+    await asyncio.wait_for(unloading, timeout=5)
+    assert await provider.list_adapters() == [] and provider.resident_adapters == []
+    with pytest.raises(AdapterNotFoundError, match="not loaded"):
+        await provider.generate("p", model="m", adapter_id="a")
+    await provider.load_adapter("a", "/v3/a")  # the id is free for a load called after the unload
+    after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    assert after.text == await expected_text("a", "/v3/a", "p") and provider.adapter_stats().get("a").loads == 1
+
+
+async def test_an_unload_called_during_a_first_load_or_one_waiting_behind_a_replace_wins_too() -> None:
+    """The same rule for a first load, a load that joined it, and a replacement queued behind another one."""
+    provider = GatedProvider()
+    provider.load_gate.clear()
+    first = asyncio.create_task(provider.load_adapter("b", "/v1/b"))
+    joined = asyncio.create_task(provider.load_adapter("b", "/v1/b"))
+    await asyncio.wait_for(loads_at_gate(provider, 1), timeout=5)
+    unloading = asyncio.create_task(provider.unload_adapter("b"))
+    provider.load_gate.set()
+    for load in (first, joined):
+        with pytest.raises(AdapterNotFoundError, match="the later call wins"):
+            await asyncio.wait_for(load, timeout=5)
+    await asyncio.wait_for(unloading, timeout=5)
+    assert await provider.list_adapters() == [] and provider.resident_adapters == []
+
+    await provider.load_adapter("c", "/v1/c")
+    provider.load_gate.clear()
+    replaces = [asyncio.create_task(provider.load_adapter("c", f"/v{n}/c", replace=True)) for n in (2, 3)]
+    await asyncio.wait_for(loads_at_gate(provider, 3), timeout=5)  # b's, c's, and c's first replacement
+    unloading = asyncio.create_task(provider.unload_adapter("c"))
+    provider.load_gate.set()
+    for replace in replaces:
+        with pytest.raises(AdapterNotFoundError, match="the later call wins"):
+            await asyncio.wait_for(replace, timeout=5)
+    await asyncio.wait_for(unloading, timeout=5)
+    assert await provider.list_adapters() == [] and provider.resident_adapters == []
 
 
 async def test_an_id_loaded_again_while_its_replaced_weights_drain_keeps_the_weights_it_loaded() -> None:

@@ -1,16 +1,19 @@
-"""The record :class:`~inference._core.lifecycle.AdapterRegistry` keeps of one adapter id, and the states it goes
-through (``docs/architecture.md`` draws them)."""
+"""The record :class:`~inference._core.lifecycle.AdapterRegistry` keeps of one adapter id, the states it goes
+through (``docs/architecture.md`` draws them), and the two steps every backend load or unload of it takes: marked
+busy meanwhile (:func:`transition`), and run to its end whatever the caller does (:func:`finish`)."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from inference._core.adapter_files import FilesState
 from inference.adapters.source import AdapterSource
 
-__all__ = ["AdapterState", "Entry"]
+__all__ = ["AdapterState", "Entry", "finish", "transition"]
 
 
 class AdapterState(enum.Enum):
@@ -53,6 +56,8 @@ class Entry:
     unloaded: asyncio.Future[None] | None = None
     evicting: bool = False
     files: FilesState = None
+    unload_called: int = 0  # when (the registry's clock) unload_adapter was called on it; 0: never
+    replacement: asyncio.Future[None] | None = None  # done when the replacement loading beside it has ended
     holders: set[object] = field(default_factory=set)  # the evaluation turns holding it (adapter_holds)
     user: bool = False  # a load_adapter of the user's loaded it, found it loaded or pinned it: holds never unload it
 
@@ -70,3 +75,49 @@ class Entry:
         if self.resident:
             return AdapterState.RESIDENT
         return AdapterState.LOADING if self.transition is not None else AdapterState.EVICTED
+
+
+async def finish(
+    entry: Entry, work: Awaitable[None], *, resident_after: bool, cancelled: list[asyncio.CancelledError]
+) -> None:
+    """Run a backend load or unload of ``entry`` to its end even if the caller is cancelled meanwhile (each
+    cancellation goes into ``cancelled``, for the caller to raise once the event is recorded as what the backend did).
+
+    A backend call stopped half-way would leave the backend and the record disagreeing (an adapter listed but
+    gone, or a handle nobody frees). The caller's cancellation is re-raised once the backend is done, with the
+    record matching what the backend did, however many times it is cancelled meanwhile (an evaluation cancels its
+    adapters' unloads twice; so does Ctrl-C pressed twice).
+    """
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            await asyncio.wait([task])  # waiting never cancels the work
+        except asyncio.CancelledError as error:
+            cancelled.append(error)
+    if not task.cancelled() and task.exception() is None:
+        entry.resident = resident_after
+    task.result()  # the backend's own error, if it failed
+
+
+@asynccontextmanager
+async def transition(entry: Entry) -> AsyncIterator[None]:
+    """Mark ``entry`` busy (synchronously, before any await) while a backend load or unload runs.
+
+    Other callers wait on ``entry.transition`` and then look at the entry again; a failure is raised to them too,
+    so every caller of a failed load sees its error.
+    """
+    busy: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    entry.transition = busy
+    try:
+        yield
+    except Exception as error:
+        busy.set_exception(error)
+        busy.exception()  # retrieved here, so an unobserved failure logs no warning
+        raise
+    except BaseException:
+        busy.set_result(None)  # the owner was cancelled: waiters look at the entry again
+        raise
+    else:
+        busy.set_result(None)
+    finally:
+        entry.transition = None

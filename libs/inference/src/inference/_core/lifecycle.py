@@ -9,6 +9,10 @@ The registry is the single place that decides:
   the id switches to them; requests that started before the switch finish on the old weights, which are
   unloaded after them; a replacement that fails to load leaves the old adapter as it was;
 - ``unload_adapter`` waits for the adapter's requests in flight, and refuses new ones meanwhile;
+- the later call wins: a ``load_adapter`` of the id still running when ``unload_adapter`` of it is called (a first
+  load, a reload, a replacement) leaves it unloaded, and raises :class:`AdapterNotFoundError` (a replacement's new
+  weights are unloaded, never switched to; the unload returns once they are); a load called after the unload
+  waits for it, then loads the id again;
 - with a capacity (``max_adapters``), the least recently used adapter that is neither pinned nor in use is
   evicted from the backend, stays listed, and is loaded again transparently when a request needs it; a
   replacement's new weights count as a load (they take the id's place, so the cap holds once the old ones
@@ -42,7 +46,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from inference._core.adapter_entry import AdapterState, Entry
+from inference._core.adapter_entry import AdapterState, Entry, finish, transition
 from inference._core.adapter_files import FilesState, files_changed, files_state, source_files_state
 from inference._core.backend_names import Discovered, VersionedName, default_versioned_name, parse_versioned_name
 from inference._core.lifecycle_events import LifecycleEvents
@@ -229,7 +233,7 @@ class AdapterRegistry:
         """Load ``adapter_id`` from ``source`` (see the module docstring for the rules), for the user, or for
         ``holder``, which then holds it (also when cancelled once the backend has it: its clean-up gives it back)."""
         try:
-            await self._load_entry(adapter_id, source, replace=replace, pin=pin)
+            await self._load_entry(adapter_id, source, replace=replace, pin=pin, called=next(self._clock))
         except asyncio.CancelledError:
             entry = self._entries.get(adapter_id)
             if entry is not None and entry.transition is None:  # a load still running is another caller's
@@ -247,7 +251,11 @@ class AdapterRegistry:
         else:
             entry.holders.add(holder)
 
-    async def _load_entry(self, adapter_id: str, source: AdapterSource, *, replace: bool, pin: bool) -> None:
+    async def _load_entry(
+        self, adapter_id: str, source: AdapterSource, *, replace: bool, pin: bool, called: int
+    ) -> None:
+        """Load for a ``load_adapter`` call made at ``called`` (the registry's clock): an unload called after it
+        wins (see :meth:`_superseded`)."""
         identity, path = source.identity, source.path
         while True:
             entry = self._entries.get(adapter_id)
@@ -270,11 +278,17 @@ class AdapterRegistry:
                             del self._by_backend[backend]
                         self._events.forget_unloaded(adapter_id)
                     raise
+                if entry.unload_called:
+                    raise self._superseded(adapter_id, path)
                 return
             if entry.transition is not None:
                 await asyncio.shield(entry.transition)
+                if entry.unload_called > called:
+                    raise self._superseded(adapter_id, path)
                 continue
             if entry.unloading:
+                if entry.unload_called > called:
+                    raise self._superseded(adapter_id, path)
                 await self._wait_unloaded(adapter_id, entry)
                 continue
             if entry.identity == identity:
@@ -286,11 +300,13 @@ class AdapterRegistry:
                             provider=self._provider,
                             path=path,
                         )
-                    await self._replace(adapter_id, entry, source, identity, pin=pin)
+                    await self._replace(adapter_id, entry, source, identity, pin=pin, called=called)
                     return
                 entry.pinned = entry.pinned or pin
                 if not entry.resident:
                     await self._make_resident(adapter_id, entry)
+                    if entry.unload_called > called:
+                        raise self._superseded(adapter_id, path)
                 return
             if not replace:
                 raise AdapterAlreadyLoadedError(
@@ -299,7 +315,7 @@ class AdapterRegistry:
                     provider=self._provider,
                     path=path,
                 )
-            await self._replace(adapter_id, entry, source, identity, pin=pin)
+            await self._replace(adapter_id, entry, source, identity, pin=pin, called=called)
             return
 
     async def unload(self, adapter_id: str, *, holder: object | None = None) -> None:
@@ -316,9 +332,12 @@ class AdapterRegistry:
         if entry is None or entry.unloading:
             raise self._not_found(adapter_id)
         entry.unloading = True
+        entry.unload_called = next(self._clock)
         entry.unloaded = asyncio.get_running_loop().create_future()
         try:
             await self._drain_and_unload(adapter_id, entry)
+            if entry.replacement is not None:  # it will not switch to its weights: they go before this returns
+                await asyncio.shield(entry.replacement)
         except BaseException:
             entry.unloading = False
             if not entry.resident and self._entries.get(adapter_id) is entry:
@@ -384,7 +403,9 @@ class AdapterRegistry:
 
     # Internals ------------------------------------------------------------------------------------------
 
-    async def _replace(self, adapter_id: str, old: Entry, source: AdapterSource, identity: str, *, pin: bool) -> None:
+    async def _replace(
+        self, adapter_id: str, old: Entry, source: AdapterSource, identity: str, *, pin: bool, called: int
+    ) -> None:
         """Load ``source`` under a new backend name beside the old weights, switch the id to it, then unload the
         old weights once the requests that use them have finished.
 
@@ -394,11 +415,13 @@ class AdapterRegistry:
         """
         lock = self._replacing.setdefault(adapter_id, asyncio.Lock())
         async with lock:
+            if old.unload_called > called:  # unloaded while this one waited for another replacement
+                raise self._superseded(adapter_id, source.path)
             restart = self._entries.get(adapter_id) is not old or old.transition is not None or old.unloading
             # (another replacement, an eviction or an unload ran meanwhile: start over with what the id is now)
             interrupted = None if restart else await self._load_beside(adapter_id, old, source, identity, pin=pin)
         if restart:
-            await self._load_entry(adapter_id, source, replace=True, pin=pin)
+            await self._load_entry(adapter_id, source, replace=True, pin=pin, called=called)
             return
         if interrupted is not None:
             # the caller is gone; finish without it
@@ -426,21 +449,51 @@ class AdapterRegistry:
         )
         self._by_backend[new.backend] = new
         interrupted: BaseException | None = None
+        old.replacement = asyncio.get_running_loop().create_future()
         try:
-            async with self._transition(new):
-                await self._evict_for_one_more(exclude=adapter_id)
-                await self._backend("load", adapter_id, new, replaces=old.backend)
-        except BaseException as error:
-            if not new.resident:
-                self._by_backend.pop(new.backend, None)
-                raise
-            interrupted = error
+            try:
+                async with transition(new):
+                    await self._evict_for_one_more(exclude=adapter_id)
+                    await self._backend("load", adapter_id, new, replaces=old.backend)
+            except BaseException as error:
+                if not new.resident:
+                    self._by_backend.pop(new.backend, None)
+                    raise
+                interrupted = error
+            if old.unload_called:  # unload_adapter was called meanwhile: it wins, and these weights go
+                await self._unload_superseded(adapter_id, new)
+                raise interrupted or self._superseded(adapter_id, source.path)
+        finally:
+            old.replacement.set_result(None)
+            old.replacement = None
         new.last_used = next(self._clock)
         self._entries[adapter_id] = new  # the switch: from here on use() hands out the new backend name
         self._by_backend.setdefault(old.backend, old)
         self._events.replaced(adapter_id)
         logger.info("%s: adapter %r now serves %s (was %s)", self._provider, adapter_id, source.path, old.path)
         return interrupted
+
+    async def _unload_superseded(self, adapter_id: str, new: Entry) -> None:
+        """Unload the new weights of a replacement that an unload of the id superseded (never switched to)."""
+        try:
+            async with transition(new):
+                await self._backend("unload", adapter_id, new, superseded=True)
+        except Exception:
+            logger.warning(
+                "%s: unloading the weights %r of a replacement superseded by an unload failed; they stay in the "
+                "backend", self._provider, new.backend, exc_info=True,
+            )
+        finally:
+            if not new.resident:
+                self._by_backend.pop(new.backend, None)
+
+    def _superseded(self, adapter_id: str, path: str) -> AdapterNotFoundError:
+        """The error of a load that an unload of the same id, called after it, superseded: the later call wins."""
+        return AdapterNotFoundError(
+            f"adapter {adapter_id!r} was unloaded (unload_adapter) while this load_adapter of {path} was still "
+            "running: the later call wins, so the id is not loaded; load it again to serve it",
+            provider=self._provider,
+        )
 
     def _new_version(self, adapter_id: str) -> str:
         """A backend name for new weights of ``adapter_id`` that no weights in the backend have."""
@@ -466,55 +519,10 @@ class AdapterRegistry:
 
     async def _make_resident(self, adapter_id: str, entry: Entry) -> None:
         self._refuse_changed(adapter_id, entry)
-        async with self._transition(entry):
+        async with transition(entry):
             await self._evict_for_one_more(exclude=adapter_id)
             await self._backend("reload" if self._events.loaded_before(adapter_id) else "load", adapter_id, entry)
         entry.last_used = next(self._clock)
-
-    @staticmethod
-    async def _finish(
-        entry: Entry, work: Awaitable[None], *, resident_after: bool, cancelled: list[asyncio.CancelledError]
-    ) -> None:
-        """Run a backend load or unload to its end even if the caller is cancelled meanwhile (each cancellation
-        goes into ``cancelled``, for the caller to raise once the event is recorded as what the backend did).
-
-        A backend call stopped half-way would leave the backend and this record disagreeing (an adapter
-        listed but gone, or a handle nobody frees). The caller's cancellation is re-raised once the backend
-        is done, with the record matching what the backend did, however many times it is cancelled meanwhile
-        (an evaluation cancels its adapters' unloads twice; so does Ctrl-C pressed twice).
-        """
-        task = asyncio.ensure_future(work)
-        while not task.done():
-            try:
-                await asyncio.wait([task])  # waiting never cancels the work
-            except asyncio.CancelledError as error:
-                cancelled.append(error)
-        if not task.cancelled() and task.exception() is None:
-            entry.resident = resident_after
-        task.result()  # the backend's own error, if it failed
-
-    @asynccontextmanager
-    async def _transition(self, entry: Entry) -> AsyncIterator[None]:
-        """Mark ``entry`` busy (synchronously, before any await) while a backend load or unload runs.
-
-        Other callers wait on ``entry.transition`` and then look at the entry again; a failure is raised
-        to them too, so every caller of a failed load sees its error.
-        """
-        transition: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry.transition = transition
-        try:
-            yield
-        except Exception as error:
-            transition.set_exception(error)
-            transition.exception()  # retrieved here, so an unobserved failure logs no warning
-            raise
-        except BaseException:
-            transition.set_result(None)  # the owner was cancelled: waiters look at the entry again
-            raise
-        else:
-            transition.set_result(None)
-        finally:
-            entry.transition = None
 
     def _holding(self, exclude: str | None = None) -> list[tuple[int, str]]:
         """``(last used, id)`` of the adapters that hold a place in the backend or are loading into one (not those
@@ -582,7 +590,7 @@ class AdapterRegistry:
             entry = self._entries[victim]
             entry.evicting = True
             try:
-                async with self._transition(entry):
+                async with transition(entry):
                     await self._backend("evict", victim, entry)
             finally:
                 entry.evicting = False
@@ -598,7 +606,7 @@ class AdapterRegistry:
                     work = self._load(entry.backend, entry.source)
                 else:
                     work = self._evict_unless_closed(entry.backend) if event == "evict" else self._unload(entry.backend)
-                await self._finish(entry, work, resident_after=loading, cancelled=cancelled)
+                await finish(entry, work, resident_after=loading, cancelled=cancelled)
         finally:
             if cancelled:  # the caller's, once the event is recorded as what the backend did
                 raise cancelled[0]
@@ -621,7 +629,7 @@ class AdapterRegistry:
         while entry.transition is not None:
             await asyncio.shield(entry.transition)
         if entry.resident:
-            async with self._transition(entry):
+            async with transition(entry):
                 await self._backend("unload", adapter_id, entry, **detail)
 
     async def _wait_unloaded(self, adapter_id: str, entry: Entry) -> None:
