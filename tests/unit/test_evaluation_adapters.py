@@ -277,3 +277,35 @@ async def test_files_changed_while_being_loaded_are_a_load_error_and_unloaded(tm
     )
     assert {row["adapter_hash"] for row in rows} == {before} and summary.adapters[0].load_error is not None
     assert await provider.list_adapters() == []
+
+
+async def test_rows_after_the_caller_replaces_the_adapter_mid_turn_are_errors_not_answers_of_other_weights(
+    tmp_path: Path,
+) -> None:
+    """The caller's load_adapter(..., replace=True) during a run's turn used to make the rest of the turn answer
+    with the caller's new weights, in rows that carried the hash of the files the run had loaded."""
+    a1, other = adapter(tmp_path / "a1"), adapter(tmp_path / "other" / "a1", "the caller's new weights")
+    provider = GatedByTask()
+    output = tmp_path / "r.jsonl"
+    run = asyncio.create_task(
+        evaluate_adapters(
+            [a1], task("A", 4), {"provider": "fake"}, output, provider=provider, base=False, max_concurrency=1,
+        )
+    )  # fmt: skip
+    await until(lambda: provider.waiting["A"] == 1)  # the first row's request is on a1's weights
+    replacing = asyncio.create_task(provider.load_adapter("a1", str(other), replace=True))
+    await until(lambda: provider.adapter_stats().replacements == 1)  # switched; the first request still runs
+    provider.gates["A"].set()
+    summary = await run
+    await replacing
+    alone = await evaluate_adapters([a1], task("A", 4), {"provider": "fake"}, tmp_path / "alone.jsonl", base=False)
+    expected = {row["prompt_id"]: row["output"] for row in read_rows(alone.output)}
+    rows = sorted(read_rows(output), key=lambda row: int(str(row["prompt_id"])[1:]))
+    assert {row["adapter_hash"] for row in rows} == {adapter_hash(a1)}
+    assert rows[0]["error"] is None and rows[0]["output"] == expected["q0"]  # started on a1's weights
+    for row in rows[1:]:
+        assert row["output"] is None and row["error"]["type"] == "AdapterNotFoundError"
+        assert "no longer serves the weights this evaluation run loaded" in row["error"]["message"]
+    assert summary.errors == 3
+    assert await provider.list_adapters() == ["a1"]  # the caller's replacement stays, and serves its weights
+    assert provider._adapter_path("a1") == str(other)

@@ -15,6 +15,10 @@ unload an adapter for itself; it takes a hold on it, and gives the hold back aft
   does nothing; so does giving back one whose adapter the user has unloaded or replaced since.
 - The user's own ``unload_adapter`` unloads the adapter whatever holds it (after its requests in flight, as always):
   the rows of a run still using it become errors.
+- A request made inside :func:`holding` (a run's generations and scores of its turn) is refused with
+  ``AdapterNotFoundError`` once the id no longer serves the weights ``holder`` holds: the user replaced them
+  (``replace=True``), or unloaded and loaded the id again. A run's rows thus never answer with weights it did not
+  load, under the hash of the files it did.
 
 The holder travels in a context variable so that a provider that loads through others (``FallbackProvider``) passes
 it on unchanged; :class:`~inference._core.lifecycle.AdapterRegistry` records the holds of each adapter.

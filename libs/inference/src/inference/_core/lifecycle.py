@@ -25,7 +25,9 @@ The registry is the single place that decides:
   needs ``replace=True``, and then loads them as any replacement);
 - a load or unload with a ``holder`` (an evaluation run's turn) takes or gives back that holder's hold instead:
   the adapter is unloaded when the last hold is given back, unless the user loaded it (before or meanwhile), see
-  :mod:`inference._core.adapter_holds`.
+  :mod:`inference._core.adapter_holds`; a request made for a holder is refused once the id no longer serves the
+  weights the hold is on (the user replaced them, or unloaded and loaded the id again), so it never answers with
+  weights the holder did not load.
 
 Backends only do the real work through two callables, ``load(name, source)`` and ``unload(name)``, which the
 registry never calls twice at once for the same name. The name is the backend name of the id's current weights:
@@ -48,6 +50,7 @@ from contextlib import asynccontextmanager
 
 from inference._core.adapter_entry import AdapterState, Entry, finish, transition
 from inference._core.adapter_files import FilesState, files_changed, files_state, source_files_state
+from inference._core.adapter_holds import current_holder
 from inference._core.backend_names import Discovered, VersionedName, default_versioned_name, parse_versioned_name
 from inference._core.lifecycle_events import LifecycleEvents
 from inference._core.validation import listed
@@ -356,12 +359,22 @@ class AdapterRegistry:
         """Hold ``adapter_id`` resident for one request; it cannot be unloaded or evicted meanwhile.
 
         Yields the backend name to send the request under: the weights current when the request starts, kept
-        until it ends even if the id is replaced meanwhile.
+        until it ends even if the id is replaced meanwhile. A request made for a holder (inside
+        :func:`~inference._core.adapter_holds.holding`) must find the weights that holder holds.
         """
+        holder = current_holder()
         while True:
             entry = self._entries.get(adapter_id) or await self._discovered(adapter_id)
             if entry is None or entry.unloading:
                 raise self._not_found(adapter_id)
+            if holder is not None and holder not in entry.holders:
+                raise AdapterNotFoundError(
+                    f"adapter {adapter_id!r} no longer serves the weights this evaluation run loaded under it (the "
+                    "provider's user replaced them, or unloaded and loaded the id again): its rows from here are "
+                    "not evaluated, since they would answer with other weights than the ones the run hashed; run "
+                    "again once the id is free to evaluate them",
+                    provider=self._provider,
+                )
             if entry.transition is not None:
                 await asyncio.shield(entry.transition)
                 continue

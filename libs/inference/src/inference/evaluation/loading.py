@@ -20,6 +20,12 @@ or while it runs, is used as it is (the load does nothing) and left loaded, pinn
 another run on the provider holds is shared, and unloaded by the last run that gives its hold back. One loaded
 under that id from another source (other files, or weights in memory) is never evaluated under the adapter's name,
 nor replaced: the load is refused with an error that says so, which becomes the adapter's rows.
+
+The turn's requests are made for its hold (:func:`for_turn`): once the id no longer serves the weights the turn
+loaded (the caller replaced them with ``load_adapter(..., replace=True)``, or unloaded and loaded the id again), each
+of its remaining requests is refused with an :class:`~inference.exceptions.AdapterNotFoundError` that says so, and
+becomes its row's error. Rows that answered before keep the hash of the files that answered them; no row ever
+carries that hash beside an answer of other weights.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from inference._core.adapter_holds import holding
@@ -36,7 +43,7 @@ from inference.evaluation.inputs import AdapterSpec
 from inference.exceptions import AdapterAlreadyLoadedError, InvalidAdapterError
 from inference.provider import InferenceProvider
 
-__all__ = ["LoadedAdapter", "load_for_turn", "unload_after_turn"]
+__all__ = ["LoadedAdapter", "for_turn", "load_for_turn", "unload_after_turn"]
 
 logger = logging.getLogger("inference.evaluation")
 
@@ -53,6 +60,12 @@ class LoadedAdapter:
 
     adapter_id: str
     hold: object
+
+
+def for_turn(loaded: LoadedAdapter | None) -> AbstractContextManager[None]:
+    """The context of a turn's requests: made for its hold, so that they are refused once the id serves other
+    weights than the turn loaded (see the module docstring); nothing for the base model's turn."""
+    return contextlib.nullcontext() if loaded is None else holding(loaded.hold)
 
 
 async def load_for_turn(

@@ -43,7 +43,7 @@ from inference.evaluation.inputs import (
     name_weights,
 )
 from inference.evaluation.likelihood import likelihood_fields, score_pairs, with_likelihood
-from inference.evaluation.loading import LoadedAdapter, load_for_turn, unload_after_turn
+from inference.evaluation.loading import LoadedAdapter, for_turn, load_for_turn, unload_after_turn
 from inference.evaluation.progress import Progress
 from inference.evaluation.rows import ResultsWriter, check_file_path, open_results, read_rows, row_error, row_key
 from inference.evaluation.scoring import Scorer, resolve_scorer, score_value
@@ -519,18 +519,17 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
                 run.write(_row(run, spec, prompt, error=row_error("load", error)))
             return AdapterTimings(load_s=time.perf_counter() - start)
         load_s = time.perf_counter() - start
-    adapter_id = None if loaded is None else loaded.adapter_id
     try:
         start = time.perf_counter()
         try:
-            likelihood = await _score_all(run, spec, adapter_id, pending)
+            likelihood = await _score_all(run, spec, loaded, pending)
         finally:
             score_s = time.perf_counter() - start
             run.score_s += score_s
         if run.mode != "score":
             start = time.perf_counter()
             try:
-                await _generate_all(run, spec, adapter_id, pending, likelihood)
+                await _generate_all(run, spec, loaded, pending, likelihood)
             finally:
                 generate_s = time.perf_counter() - start
                 run.generate_s += generate_s
@@ -543,7 +542,7 @@ async def _evaluate_adapter(run: _Run, spec: AdapterSpec, pending: list[EvalProm
 
 
 async def _score_all(
-    run: _Run, spec: AdapterSpec, adapter_id: str | None, pending: list[EvalPrompt]
+    run: _Run, spec: AdapterSpec, loaded: LoadedAdapter | None, pending: list[EvalPrompt]
 ) -> dict[str, dict[str, Any]]:
     """Score every pair of ``pending`` in one ``score_batch``; the log-likelihood fields of each row, by prompt id
     (with an ``error`` for a row one of whose scores failed, beside the figures its other scores give).
@@ -581,7 +580,9 @@ async def _score_all(
                 failures.append(error)
 
     in_flight = len(pairs) if run.provider.runs_in_process else run.max_concurrency
-    await run.provider.score_batch(pairs, run.model, adapter_id, max_concurrency=in_flight, on_result=arrived)
+    adapter_id = None if loaded is None else loaded.adapter_id
+    with for_turn(loaded):  # refused once the id serves other weights than the turn loaded
+        await run.provider.score_batch(pairs, run.model, adapter_id, max_concurrency=in_flight, on_result=arrived)
     if failures:
         raise failures[0]
     return fields
@@ -595,21 +596,23 @@ def _scored_row(run: _Run, spec: AdapterSpec, prompt: EvalPrompt, likelihood: Ma
 async def _generate_all(
     run: _Run,
     spec: AdapterSpec,
-    adapter_id: str | None,
+    loaded: LoadedAdapter | None,
     pending: list[EvalPrompt],
     likelihood: Mapping[str, Mapping[str, Any]],
 ) -> None:
     # Our own semaphore rather than provider.generate_batch: prompts carry their own system prompt, and each
     # row needs its own latency. Concurrent generate() calls still batch where the provider batches.
     semaphore = asyncio.Semaphore(run.max_concurrency)
+    adapter_id = None if loaded is None else loaded.adapter_id
 
     async def one(prompt: EvalPrompt) -> None:
         async with semaphore:
             start = time.perf_counter()
             try:
-                result: GenerationResult | Exception = await run.provider.generate(
-                    prompt.prompt, adapter_id=adapter_id, **_settings_for(run.settings, prompt)
-                )
+                with for_turn(loaded):  # refused once the id serves other weights than the turn loaded
+                    result: GenerationResult | Exception = await run.provider.generate(
+                        prompt.prompt, adapter_id=adapter_id, **_settings_for(run.settings, prompt)
+                    )
             except Exception as error:  # this row's answer
                 result = error
             latency = time.perf_counter() - start
