@@ -42,7 +42,7 @@ async def test_50_loads_and_replacements_of_weights_leave_a_bounded_number_of_fi
             assert answer.adapter_id == "step"
             files = sorted(path.relative_to(tmp_path).parts[0] for path in tmp_path.rglob("*") if path.is_file())
             assert files.count("cache") == 0  # nothing of weights from memory in the cache of converted files
-            # the one live adapter's private directory: its PEFT files and its converted GGUF, nothing else
-            assert files.count("tmp") == 3, sorted(tmp_path.rglob("*"))
+            # the one live adapter's private directory: its PEFT files, its converted GGUF and the GGUF's use stamp
+            assert files.count("tmp") == 4, sorted(tmp_path.rglob("*"))
     assert list(scratch.iterdir()) == []  # closing removed the last one
     assert not cache.exists() or list(cache.iterdir()) == []

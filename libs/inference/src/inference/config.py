@@ -16,6 +16,7 @@ from typing import Any
 
 from inference._core.env_file import ENV_FILE_VAR, SettingsEnvironment, is_set, settings_environment
 from inference._core.settings import Setting, SettingKind, validate_base_url
+from inference.adapters.gguf_cache import ADAPTER_CACHE_MAX_BYTES
 from inference.exceptions import ConfigurationError, UnknownProviderError
 from inference.options import OPTIONS
 from inference.registry import PROVIDER_REGISTRY, PROVIDERS
@@ -55,6 +56,7 @@ SDK_SETTINGS: tuple[Setting, ...] = (
     Setting("log_format", "INFERENCE_LOG_FORMAT", "text", "str",
             "Log lines: text (time, level, logger, message) or json (one object per line, with the records' fields)",
             choices=("text", "json")),
+    ADAPTER_CACHE_MAX_BYTES,
 )
 """Settings of the SDK itself, for every provider (``provider``'s ``INFERENCE_PROVIDER`` aside)."""
 

@@ -61,7 +61,6 @@ from inference._inprocess.llamacpp_model import (
     LlamaCppModel,
     LlamaSettings,
     ResidentAdapter,
-    convert_peft,
     gguf_model_problem,
 )
 from inference._inprocess.llamacpp_native import set_thread_log_mode
@@ -394,7 +393,7 @@ class LlamaCppProvider(InProcessProvider[ResidentAdapter]):
         path = Path(adapter_path)
         if path.is_dir():
             cache = self._conversion_dir(adapter_path, self.adapter_cache_dir)
-            gguf_path = await asyncio.to_thread(convert_peft, path, self.model_path, cache, self.name)
+            gguf_path = await asyncio.to_thread(self._model.convert_peft, path, self.model_path, cache)
         elif path.is_file():
             gguf_path = path
         else:

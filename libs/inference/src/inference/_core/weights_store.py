@@ -104,7 +104,7 @@ class AdapterWeightsStore:
     def conversion_dir(self, adapter_path: str, cache_dir: Path) -> Path:
         """Where to keep what the adapter at ``adapter_path`` is converted to (a GGUF LoRA): ``cache_dir``, except for
         a private directory of weights, whose conversions are kept inside it and removed with it (a training loop's
-        weights, new every step, would fill a cache that is never pruned)."""
+        weights, new every step, would push every other adapter out of the bounded cache)."""
         return Path(adapter_path) if adapter_path in self._dirs else cache_dir
 
     def directories(self) -> list[str]:

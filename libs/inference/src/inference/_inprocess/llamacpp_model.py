@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -40,6 +41,7 @@ from inference._inprocess.llamacpp_native import (
     set_context_adapters,
     share_context,
 )
+from inference.adapters.gguf_cache import CachePin, pin_entry
 from inference.adapters.gguf_layout import lora_types_problem
 from inference.exceptions import InferenceError, InvalidAdapterError, ModelLoadError, UnsupportedOperationError
 
@@ -153,6 +155,10 @@ class LlamaCppModel:
         self.loads = 0
         self._lora_path: Path | None = None  # reload mode: the adapter the model was built with
         self._file: Path | None = None  # the GGUF file, once resolved (a Hub id's cached file)
+        # Pins on converted adapters' cache entries (gguf_cache), by file: taken at conversion, kept while loaded
+        self._pins_lock = threading.Lock()  # conversions run in helper threads, loads on the worker
+        self._converted: dict[str, list[CachePin]] = {}
+        self._loaded: dict[str, list[CachePin]] = {}
 
     @property
     def name(self) -> str:
@@ -239,14 +245,61 @@ class LlamaCppModel:
         return self.info
 
     def close(self) -> None:
-        """Free the model (the adapters first: see :meth:`free_adapter`)."""
+        """Free the model (the adapters first: see :meth:`free_adapter`) and let the cache prune what it converted."""
+        with self._pins_lock:
+            pins = [pin for held in (self._converted, self._loaded) for pins in held.values() for pin in pins]
+            self._converted.clear()
+            self._loaded.clear()
+        for pin in pins:
+            pin.release()
         if self.llama is not None:
             self.llama.close()
             self.llama = None
 
     # Adapters ---------------------------------------------------------------------------------------------------
 
+    def convert_peft(self, directory: Path, model_path: Path, cache: Path) -> Path:
+        """:func:`convert_peft`, its cache entry pinned until the adapter loaded from it is freed (helper thread).
+
+        A prune elsewhere may remove the entry between conversion and pin: it is converted again.
+        """
+        for _ in range(3):
+            path = convert_peft(directory, model_path, cache, self.provider)
+            try:
+                pin = pin_entry(path)
+            except FileNotFoundError:
+                continue
+            with self._pins_lock:
+                self._converted.setdefault(str(path), []).append(pin)
+            return path
+        raise InvalidAdapterError(
+            f"the conversion of {directory} kept being removed from the cache {cache} before it could be loaded: "
+            "raise INFERENCE_ADAPTER_CACHE_MAX_BYTES, or give the provider its own adapter_cache_dir",
+            provider=self.provider,
+            path=str(directory),
+        )
+
     def init_adapter(self, gguf_path: Path) -> Any:
+        """:meth:`_init_adapter`, the file pinned in the conversion cache while the adapter is loaded (reload mode
+        reads it again at each switch; a reload after eviction finds it converted)."""
+        key = str(gguf_path)
+        with self._pins_lock:
+            pin = self._converted[key].pop() if self._converted.get(key) else None
+        if pin is None:
+            with contextlib.suppress(FileNotFoundError):
+                pin = pin_entry(gguf_path)
+        try:
+            handle = self._init_adapter(gguf_path)
+        except BaseException:
+            if pin is not None:
+                pin.release()
+            raise
+        if pin is not None:
+            with self._pins_lock:
+                self._loaded.setdefault(key, []).append(pin)
+        return handle
+
+    def _init_adapter(self, gguf_path: Path) -> Any:
         """Check a GGUF LoRA against the base model and, with hot-swap, load it into llama.cpp (its handle; ``None``
         in reload mode).
 
@@ -287,6 +340,11 @@ class LlamaCppModel:
 
     def free_adapter(self, adapter_id: str, adapter: ResidentAdapter) -> None:
         """Take ``adapter`` (resident under backend name ``adapter_id``) off the model, and free its handle."""
+        with self._pins_lock:
+            held = self._loaded.get(str(adapter.gguf_path))
+            pin = held.pop() if held else None
+        if pin is not None:
+            pin.release()
         if any(active_id == adapter_id for active_id, _ in self.active):
             if self.hot_swap and self.llama is not None:
                 set_context_adapters(self.llama_cpp(), self.llama, [])

@@ -37,6 +37,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from inference._core.paths import directory_problem, expand_path
+from inference.adapters.gguf_cache import (
+    ADAPTER_CACHE_MAX_BYTES,
+    ClearedCache,
+    clear_adapter_cache,
+    prune,
+    touch,
+)
 from inference.adapters.gguf_layout import (
     BaseModelLayout,
     layout_from_metadata,
@@ -49,8 +56,11 @@ from inference.adapters.peft_arrays import read_chunks, read_weights
 from inference.exceptions import AdapterConversionError, ConfigurationError
 
 __all__ = [
+    "ADAPTER_CACHE_MAX_BYTES",
     "CONVERTER_VERSION",
     "BaseModelLayout",
+    "ClearedCache",
+    "clear_adapter_cache",
     "convert_peft_to_gguf",
     "convert_peft_to_gguf_cached",
     "convert_peft_to_gguf_for_layout",
@@ -172,6 +182,8 @@ def convert_peft_to_gguf_cached(
     peft_dir: str | os.PathLike[str],
     base_gguf: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
+    *,
+    max_bytes: int | None = None,
 ) -> Path:
     """Like :func:`convert_peft_to_gguf`, into a content-addressed cache: each adapter converts once.
 
@@ -182,10 +194,16 @@ def convert_peft_to_gguf_cached(
     loop writing into the same directory) gets the file of whichever content was read, never one named for the
     other.
 
+    The cache is bounded: after a conversion, the least recently used entries are removed until it holds at most
+    ``max_bytes`` (see :mod:`inference.adapters.gguf_cache`); the new entry, and entries pinned by loaded adapters
+    in any process, stay. So the returned file may be removed by a later conversion (in this process or another):
+    use it at once, pin it (:func:`~inference.adapters.gguf_cache.pin_entry`), or copy it.
+
     Args:
         peft_dir: The PEFT LoRA adapter directory.
         base_gguf: The base model's GGUF file.
         cache_dir: Directory of converted adapters (created if needed; ``~`` is expanded).
+        max_bytes: The cache's bound in bytes; else ``INFERENCE_ADAPTER_CACHE_MAX_BYTES``; else 5 GiB.
 
     Returns:
         The path of the GGUF LoRA file in ``cache_dir``.
@@ -193,9 +211,12 @@ def convert_peft_to_gguf_cached(
     Raises:
         InvalidAdapterError: As :func:`convert_peft_to_gguf`.
         AdapterConversionError: As :func:`convert_peft_to_gguf`.
-        ConfigurationError: ``cache_dir`` is not a directory, or cannot be created or written into.
+        ConfigurationError: ``cache_dir`` is not a directory, or cannot be created or written into; or the bound
+            is not a non-negative integer.
     """
-    return convert_peft_to_gguf_for_layout_cached(peft_dir, read_base_layout(base_gguf), cache_dir)
+    return convert_peft_to_gguf_for_layout_cached(
+        peft_dir, read_base_layout(base_gguf), cache_dir, max_bytes=max_bytes
+    )
 
 
 def convert_peft_to_gguf_for_layout_cached(
@@ -204,6 +225,7 @@ def convert_peft_to_gguf_for_layout_cached(
     cache_dir: str | os.PathLike[str],
     *,
     provider: str = "llamacpp",
+    max_bytes: int | None = None,
 ) -> Path:
     """Like :func:`convert_peft_to_gguf_cached`, for a base model described by ``layout``.
 
@@ -216,6 +238,7 @@ def convert_peft_to_gguf_for_layout_cached(
         layout: The base model's architecture, head counts and tensor shapes.
         cache_dir: Directory of converted adapters (created if needed; ``~`` is expanded).
         provider: The provider name carried by errors.
+        max_bytes: As :func:`convert_peft_to_gguf_cached`.
 
     Returns:
         The path of the GGUF LoRA file in ``cache_dir``.
@@ -223,23 +246,35 @@ def convert_peft_to_gguf_for_layout_cached(
     Raises:
         InvalidAdapterError: As :func:`convert_peft_to_gguf`.
         AdapterConversionError: As :func:`convert_peft_to_gguf`.
-        ConfigurationError: ``cache_dir`` is not a directory, or cannot be created or written into.
+        ConfigurationError: As :func:`convert_peft_to_gguf_cached`.
     """
+    bound = _cache_bound(max_bytes, provider)
     adapter = _read_adapter(peft_dir, layout, provider=provider)
     directory = expand_path(cache_dir)
     _require_writable_directory(directory, "adapter cache directory", provider=provider)
     # A hit is found by streaming the weights through the digest (memory stays flat however large they are).
     target = directory / _cached_name(adapter, layout, read_chunks(adapter.weights_path, adapter, provider))
-    if target.is_file():
+    if target.is_file() and touch(target):  # else a miss: absent, or removed by a prune since
         return target
     # A miss converts the bytes it names the file by: read once, so that a save into the adapter directory meanwhile
     # (a training loop) cannot leave a file named for one content holding another, which every later load of that
     # content would get. The conversion holds the whole file in memory anyway.
     weights = read_weights(adapter, provider)
     target = directory / _cached_name(adapter, layout, [weights])
-    if not target.is_file():
+    if not (target.is_file() and touch(target)):
         _convert(adapter, layout, target, provider=provider, weights=weights)
+        touch(target)
+        prune(directory, bound, keep=target)
     return target
+
+
+def _cache_bound(max_bytes: int | None, provider: str) -> int:
+    """``max_bytes`` checked, else ``INFERENCE_ADAPTER_CACHE_MAX_BYTES`` (environment, then ``.env``), else 5 GiB."""
+    from inference.config import resolve_sdk_setting  # the settings table imports the providers' registry
+
+    if max_bytes is not None:
+        return int(ADAPTER_CACHE_MAX_BYTES.check(max_bytes, provider=provider))
+    return int(resolve_sdk_setting(ADAPTER_CACHE_MAX_BYTES.key))
 
 
 _STEM_MAX = 200
