@@ -1903,6 +1903,28 @@ async def test_weights_from_memory_are_written_where_the_server_reads_them(
         assert sent(unload) == {"lora_name": "step-1"} and not written.exists()  # removed once unloaded
 
 
+async def test_weights_from_memory_stay_written_after_aclose_while_the_adapter_is_loaded(
+    mock: respx.MockRouter, tmp_path: Path
+) -> None:
+    """vLLM reads an adapter's files at load and again whenever it left the server's CPU LoRA cache
+    (``--max-cpu-loras``, least recently used): the folder is what the server serves the adapter from. ``aclose()``
+    only closes the connections of an HTTP provider, which stays usable with its adapters, so the folder stays until
+    the adapter is unloaded or replaced (or the provider is collected, or the process exits)."""
+    load = mock.post(LOAD).mock(return_value=httpx.Response(200, text="Success"))
+    unload = mock.post(UNLOAD).mock(return_value=httpx.Response(200, text="Success"))
+    chat = mock.post(CHAT).mock(return_value=completion("styled", model="step-1"))
+    provider = VLLMProvider(base_url=BASE, adapter_dir=str(tmp_path), api="chat")
+    await provider.load_adapter("step-1", _weights())
+    written = Path(sent(load)["lora_path"])
+    await provider.aclose()
+    assert (written / "adapter_model.safetensors").is_file()  # the server may read it again
+    assert (await provider.generate("Hi", model="base-model", adapter_id="step-1")).text == "styled"
+    assert sent(chat)["model"] == "step-1"
+    await provider.unload_adapter("step-1")
+    assert sent(unload) == {"lora_name": "step-1"} and not written.exists()
+    await provider.aclose()
+
+
 async def test_the_shared_adapter_dir_is_checked_when_the_provider_is_built_and_sent_absolute(
     mock: respx.MockRouter, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

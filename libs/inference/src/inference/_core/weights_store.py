@@ -4,7 +4,9 @@
 them from memory (``loads_adapter_weights_in_memory``) keeps a checked copy (the caller's tensors are often live
 training parameters that change afterwards); any other gets the copy written to a private PEFT directory, named for
 this process (:mod:`inference._core.scratch`), whose GGUF conversions are kept inside it. Either lives while an
-adapter of the registry uses it and is removed after: on unload, replace, a failed load, or when the provider closes.
+adapter of the registry uses it and is removed after: on unload, replace, a failed load, or when an in-process
+provider closes (a server provider's ``aclose`` leaves its adapters loaded on the server, which may read their files
+again: vLLM does after an eviction from its CPU LoRA cache), at the latest when the provider is collected or at exit.
 """
 
 from __future__ import annotations
