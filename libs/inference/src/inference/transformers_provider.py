@@ -27,7 +27,6 @@ torch, transformers and peft are imported on first use only.
 
 from __future__ import annotations
 
-import gc
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -41,7 +40,7 @@ from inference._inprocess.batching import BatchQueue, PendingRequest
 from inference._inprocess.hf_generation import HFGeneration, Outputs, Row, check_seed
 from inference._inprocess.hf_model import (
     LoadedModel,
-    empty_cuda_cache,
+    free_weights,
     load_model,
     loaded_model,
     model_name_problem,
@@ -381,9 +380,7 @@ class TransformersProvider(InProcessProvider[str]):
 
     def _close_blocking(self) -> None:
         self._slots.clear()
+        self._prefix_cache.clear()
         loaded, self._loaded = self._loaded, None
-        if loaded is not None:
-            device = loaded.device
-            del loaded
-            gc.collect()
-            empty_cuda_cache(device, provider=self.name)
+        if loaded is not None and self._given is None:  # no gc.collect(): see free_weights
+            free_weights(loaded.model, provider=self.name)

@@ -27,6 +27,7 @@ __all__ = [
     "OverflowWatch",
     "as_inference_error",
     "empty_cuda_cache",
+    "free_weights",
     "load_model",
     "model_name_problem",
 ]
@@ -266,6 +267,24 @@ def empty_cuda_cache(device: Any, *, provider: str) -> None:
     """On a CUDA ``device``, give the memory torch keeps cached back to the driver (after weights were freed)."""
     if device.type == "cuda":
         import_optional("torch", extra="transformers", provider=provider).cuda.empty_cache()
+
+
+def free_weights(model: Any, *, provider: str) -> None:
+    """Free ``model``'s parameters and buffers now, each replaced by an empty tensor, then give CUDA's cached memory
+    back to the driver.
+
+    A Transformers model (with PEFT's layers and hooks) sits in reference cycles, so dropping the last reference
+    frees nothing until a full garbage collection finds it, and a collection holds the GIL for as long as it takes
+    (about half a second in a process with torch loaded): from any thread, it stalls the event loop. Emptied here,
+    the memory comes back at once; the small module objects left go at the next collection Python makes anyway.
+    Only for a model this provider loaded: a model the user gave stays theirs, whole.
+    """
+    torch = import_optional("torch", extra="transformers", provider=provider)
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    empty_cuda_cache(device, provider=provider)
 
 
 def as_inference_error(error: BaseException, *, provider: str) -> BaseException:
