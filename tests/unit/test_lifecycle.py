@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from inference._core import adapter_holds
 from inference.adapters.source import AdapterSource
 from inference.exceptions import (
     AdapterAlreadyLoadedError,
@@ -591,6 +592,51 @@ async def test_an_unload_called_during_a_first_load_or_one_waiting_behind_a_repl
             await asyncio.wait_for(replace, timeout=5)
     await asyncio.wait_for(unloading, timeout=5)
     assert await provider.list_adapters() == [] and provider.resident_adapters == []
+
+
+async def test_an_unload_cancelled_before_it_unloaded_leaves_a_replace_running_beside_it_to_finish() -> None:
+    """A cancelled unload (a timeout while the old weights drained) unloaded nothing, yet the replacement running
+    beside it raised "the later call wins" and threw its new weights away."""
+    provider, old_request = await a_request_on_the_old_weights()
+    provider.load_gate.clear()
+    replacing = asyncio.create_task(provider.load_adapter("a", "/v2/a", replace=True))
+    await asyncio.wait_for(loads_at_gate(provider, 1), timeout=5)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(provider.unload_adapter("a"), timeout=0.05)  # the old request still holds it
+    assert await provider.list_adapters() == ["a"]
+    provider.load_gate.set()
+    provider.gate.set()
+    await asyncio.wait_for(replacing, timeout=5)
+    assert (await old_request).text == await expected_text("a", "/v1/a", "p")
+    after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    assert after.text == await expected_text("a", "/v2/a", "p") and await provider.list_adapters() == ["a"]
+
+
+async def test_a_hold_given_back_during_the_users_own_load_of_the_id_leaves_it_loaded() -> None:
+    """An evaluation turn giving its hold back while the user's own load_adapter of the id reloaded it (after an
+    eviction) unloaded the id under that load, which then failed with "was unloaded (unload_adapter)", a call the
+    user never made (before the later-call rule: it returned, and the id was gone)."""
+    provider = GatedProvider(max_adapters=1)
+    turn = object()
+    with adapter_holds.holding(turn):
+        await provider.load_adapter("a", "/v1/a")
+    await provider.load_adapter("b", "/v1/b")  # the user's: a is evicted
+    provider.load_gate.clear()
+    users_load = asyncio.create_task(provider.load_adapter("a", "/v1/a"))
+    await asyncio.wait_for(loads_at_gate(provider, 3), timeout=5)
+
+    async def give_back() -> None:
+        with adapter_holds.holding(turn):
+            await provider.unload_adapter("a")
+
+    giving_back = asyncio.create_task(give_back())
+    await asyncio.sleep(0.01)
+    provider.load_gate.set()
+    await asyncio.wait_for(giving_back, timeout=5)
+    await asyncio.wait_for(users_load, timeout=5)
+    assert "a" in await provider.list_adapters()
+    after = await provider.generate("p", model="m", adapter_id="a", max_tokens=6)
+    assert after.text == await expected_text("a", "/v1/a", "p")
 
 
 async def test_an_id_loaded_again_while_its_replaced_weights_drain_keeps_the_weights_it_loaded() -> None:

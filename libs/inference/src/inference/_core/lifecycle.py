@@ -310,6 +310,8 @@ class AdapterRegistry:
                     await self._make_resident(adapter_id, entry)
                     if entry.unload_called > called:
                         raise self._superseded(adapter_id, path)
+                    if entry.unloading or self._entries.get(adapter_id) is not entry:
+                        continue  # a hold given back (not the user) unloads it: once it has, load it again
                 return
             if not replace:
                 raise AdapterAlreadyLoadedError(
@@ -335,7 +337,8 @@ class AdapterRegistry:
         if entry is None or entry.unloading:
             raise self._not_found(adapter_id)
         entry.unloading = True
-        entry.unload_called = next(self._clock)
+        if holder is None:  # only the user's unload wins over their loads running (a hold given back never does)
+            entry.unload_called = next(self._clock)
         entry.unloaded = asyncio.get_running_loop().create_future()
         try:
             await self._drain_and_unload(adapter_id, entry)
@@ -345,6 +348,8 @@ class AdapterRegistry:
             entry.unloading = False
             if not entry.resident and self._entries.get(adapter_id) is entry:
                 del self._entries[adapter_id]  # the backend did unload it before a cancellation
+            else:
+                entry.unload_called = 0  # cancelled before it unloaded anything: loads running go on as asked
             raise
         else:
             if self._entries.get(adapter_id) is entry:
