@@ -18,6 +18,11 @@ from inference.cli import main
 from inference.fake_provider import FakeProvider
 
 VLLM = "http://vllm.test:8100/v1"
+VLLM_NO_ADAPTERS = httpx.Response(200, json={"object": "list", "data": [
+    {"id": "base", "object": "model", "created": 1700000000, "owned_by": "vllm", "root": "/models/base",
+     "parent": None, "max_model_len": 2048, "permission": []},
+]})
+"""``GET /v1/models`` of a vLLM serving its base model and no LoRA adapter."""
 DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing answers
 
 
@@ -236,6 +241,7 @@ def test_adapters_load_and_unload_on_vllm(capsys: pytest.CaptureFixture[str]) ->
         load = router.post(f"{VLLM}/load_lora_adapter").mock(
             return_value=httpx.Response(200, text="Success: LoRA adapter 'style' added successfully.")
         )
+        router.get(f"{VLLM}/models").mock(return_value=VLLM_NO_ADAPTERS)  # a first load asks what it holds
         status, out, err = run(
             ["adapters", "load", "style", "/srv/adapters/style", "--provider", "vllm", "--base-url", VLLM, "--json"],
             capsys,

@@ -1147,6 +1147,28 @@ async def test_a_new_provider_sees_a_replaced_adapter_under_its_id(
         assert await third.list_adapters() == [] and set(server.models) == set(USER_MODELS)
 
 
+@pytest.mark.parametrize("replace", [True, False])
+async def test_a_first_load_of_an_id_another_process_replaced_replaces_its_model(
+    server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any], tmp_path: Path, replace: bool
+) -> None:
+    """A new provider's first ``load_adapter`` of an id whose model on the server is a replaced one
+    (``x_.replaced-2``) used to create the id's own model beside it and leave it: other processes then found
+    ``x_.replaced-2`` (the newest by number) and answered with the old weights. Now it replaces it, as loading a
+    found adapter from local files does (``replace`` or not)."""
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL, adapter_cache_dir=tmp_path) as first:
+        await first.load_adapter("x", qwen_lora)
+        await first.load_adapter("x", tiny_models["qwen2"].adapter_dirs["a1"], replace=True)
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL, adapter_cache_dir=tmp_path) as second:
+        await second.load_adapter("x", tiny_models["qwen2"].adapter_dirs["a2"], replace=replace)  # nothing before
+        newest = server.creates[-1]
+    async with OllamaProvider(base_url=BASE, base_model=BASE_MODEL, adapter_cache_dir=tmp_path) as third:
+        result = await third.generate("Hi", model=BASE_MODEL, adapter_id="x")
+        assert server.uploaded_for(server.models[result.model]) == server.uploaded_for(newest)  # a2's weights
+        assert [name for name in server.models if name not in USER_MODELS] == [newest["model"]]
+        await third.unload_adapter("x")
+    assert set(server.models) == set(USER_MODELS)
+
+
 async def test_a_new_provider_prefers_the_derived_model_on_its_own_base(
     server: FakeOllama, qwen_lora: Path, tiny_models: dict[str, Any]
 ) -> None:
@@ -1320,19 +1342,22 @@ async def test_a_route_ollama_lacks_is_not_taken_for_a_missing_model(
     adapters: OllamaProvider, mock: respx.MockRouter, qwen_lora: Path
 ) -> None:
     """Gin's ``404 page not found`` (an old Ollama, or another server) says the route is missing."""
-    for method, route in (
-        ("POST", "/api/chat"),
-        ("POST", "/api/show"),
-        ("DELETE", "/api/delete"),
-        ("GET", "/api/tags"),
-    ):
-        mock.route(method=method, url=f"{ROOT}{route}").mock(return_value=GIN_404)
+    routes = {
+        route: mock.route(method=method, url=f"{ROOT}{route}").mock(return_value=GIN_404)
+        for method, route in (("POST", "/api/chat"), ("POST", "/api/show"), ("DELETE", "/api/delete"),
+                              ("GET", "/api/tags"))
+    }
     with pytest.raises(ServerResponseError, match="has no Ollama native API") as chat:
         await adapters.generate("Hi", model="llama3.2")
     assert not isinstance(chat.value, ModelNotFoundError)
+    with pytest.raises(ServerResponseError, match="has no route /api/tags") as tags:  # a first load asks it first
+        await adapters.load_adapter("a0", qwen_lora)
+    assert not isinstance(tags.value, ModelNotFoundError) and "ollama pull" not in str(tags.value)
+    routes["/api/tags"].mock(return_value=ollama_tags())
     with pytest.raises(ServerResponseError, match="has no route /api/show") as show:
         await adapters.load_adapter("a0", qwen_lora)
     assert not isinstance(show.value, ModelNotFoundError) and "ollama pull" not in str(show.value)
+    routes["/api/tags"].mock(return_value=GIN_404)
     with pytest.raises(ServerResponseError, match="has no route /api/tags"):
         await adapters.list_adapters()
     with pytest.raises(ServerResponseError, match="has no route /api/delete"):  # not "already gone"

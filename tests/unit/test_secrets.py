@@ -59,6 +59,10 @@ async def test_api_key_never_leaks_into_repr_errors_or_logs(
             ]
         )
         router.post(f"{BASE}/load_lora_adapter").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
+        router.get(f"{BASE}/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": [
+            {"id": "x", "object": "model", "created": 1700000000, "owned_by": "vllm", "root": "/models/x",
+             "parent": None, "max_model_len": 2048, "permission": []},
+        ]}))  # no LoRA adapter: a first load asks before it loads
         for _ in range(4):
             with pytest.raises(InferenceError) as caught:
                 await provider.generate("hello", model="x")

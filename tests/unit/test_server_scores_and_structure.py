@@ -404,6 +404,10 @@ async def test_an_adapter_scores_under_its_served_name(mock: respx.MockRouter) -
     mock.post(f"{ROOT}/tokenize").mock(side_effect=tokenize_answer())
     mock.get(f"{ROOT}/tokenizer_info").mock(return_value=httpx.Response(404, json={"detail": "Not Found"}))
     mock.post(f"{BASE}/load_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
+    mock.get(f"{BASE}/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": [
+        {"id": "base-model", "object": "model", "created": 1700000000, "owned_by": "vllm", "root": "/models/base",
+         "parent": None, "max_model_len": 2048, "permission": []},
+    ]}))  # no LoRA adapter yet: a first load asks
     completions = mock.post(f"{BASE}/completions").mock(side_effect=prompt_logprobs_answer(lambda index: -1.0))
     async with VLLMProvider(base_url=BASE, max_retries=0) as provider:
         await provider.load_adapter("style", "/srv/adapters/style")

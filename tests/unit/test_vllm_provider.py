@@ -535,6 +535,84 @@ async def test_an_id_another_process_replaced_is_found_under_its_newest_served_n
     assert sent(unload) == {"lora_name": "a1@4"}
 
 
+class SharedServer:
+    """A vLLM whose runtime adapters outlive the processes that load them, answering as vLLM 0.33 does: loads,
+    unloads, ``GET /v1/models``, and chats that say which weights ran (``from <the adapter's path>``)."""
+
+    def __init__(self, router: respx.MockRouter, adapters: dict[str, str]) -> None:
+        self.adapters = dict(adapters)  # served name -> path
+        self.load = router.post(LOAD).mock(side_effect=self._load)
+        router.post(UNLOAD).mock(side_effect=self._unload)
+        router.get(f"{BASE}/models").mock(side_effect=lambda _: served_models(*self.adapters, roots=self.adapters))
+        router.post(CHAT).mock(side_effect=self._chat)
+
+    def _load(self, request: httpx.Request) -> httpx.Response:
+        name, path = json.loads(request.content)["lora_name"], json.loads(request.content)["lora_path"]
+        if name in self.adapters:
+            return vllm_error(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
+        self.adapters[name] = path
+        return httpx.Response(200, text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    def _unload(self, request: httpx.Request) -> httpx.Response:
+        name = json.loads(request.content)["lora_name"]
+        if self.adapters.pop(name, None) is None:
+            return vllm_error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        return httpx.Response(200, text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    def _chat(self, request: httpx.Request) -> httpx.Response:
+        model = json.loads(request.content)["model"]
+        if model not in self.adapters:
+            return model_missing(model)
+        return completion(f"from {self.adapters[model]}", model=model)
+
+
+async def test_a_first_load_that_replaces_an_id_another_process_replaced_leaves_no_old_weights(
+    mock: respx.MockRouter,
+) -> None:
+    """An earlier process replaced ``a1`` and left it served as ``a1@3``. A new process's first
+    ``load_adapter("a1", ..., replace=True)`` used to load plain ``a1`` beside it and never unload ``a1@3``; once it
+    replaced ``a1`` again (``a1@2``), every other process took ``a1@3``, the newest name, and answered with the
+    old weights; and ``unload_adapter("a1")`` left ``a1@3`` on the server."""
+    server = SharedServer(mock, {"a1@3": "/adapters/v3"})
+    async with VLLMProvider(base_url=BASE) as first:
+        await first.load_adapter("a1", "/adapters/v4", replace=True)
+        await first.load_adapter("a1", "/adapters/v5", replace=True)
+        assert (await first.generate("Hi", model="base-model", adapter_id="a1")).text == "from /adapters/v5"
+    async with VLLMProvider(base_url=BASE) as other:  # another process
+        assert (await other.generate("Hi", model="base-model", adapter_id="a1")).text == "from /adapters/v5"
+        assert server.adapters == {"a1@5": "/adapters/v5"}  # numbered after a1@3; a1@3 and a1@4 unloaded
+        await other.unload_adapter("a1")
+    assert server.adapters == {}
+
+
+async def test_a_first_load_of_another_path_under_an_id_another_process_replaced_is_refused(
+    mock: respx.MockRouter,
+) -> None:
+    """Without ``replace=True`` the server's ``a1@3`` is a loaded ``a1``: it used to load plain ``a1`` beside it."""
+    server = SharedServer(mock, {"a1@3": "/adapters/v3"})
+    async with VLLMProvider(base_url=BASE) as vllm:
+        with pytest.raises(
+            AdapterAlreadyLoadedError,
+            match=r"'a1' is already loaded from /adapters/v3: .* pass replace=True to load /adapters/v4 in its place",
+        ):
+            await vllm.load_adapter("a1", "/adapters/v4")
+        assert server.adapters == {"a1@3": "/adapters/v3"} and server.load.call_count == 0
+        assert (await vllm.generate("Hi", model="base-model", adapter_id="a1")).text == "from /adapters/v3"
+
+
+async def test_a_first_load_of_the_path_an_id_another_process_replaced_serves_adopts_it(
+    mock: respx.MockRouter,
+) -> None:
+    """Loading the path ``a1@3`` serves used to load it again as plain ``a1``, and unloading ``a1`` left ``a1@3``."""
+    server = SharedServer(mock, {"a1@3": "/adapters/v3"})
+    async with VLLMProvider(base_url=BASE) as vllm:
+        await vllm.load_adapter("a1", "/adapters/v3")
+        assert server.load.call_count == 0
+        assert (await vllm.generate("Hi", model="base-model", adapter_id="a1")).text == "from /adapters/v3"
+        await vllm.unload_adapter("a1")
+    assert server.adapters == {}
+
+
 def test_only_an_at_sign_and_digits_make_a_versioned_served_name() -> None:
     from inference._core.lifecycle import parse_versioned_name
 
@@ -1090,11 +1168,13 @@ async def test_reconcile_reports_a_replaced_adapter_by_its_id(mock: respx.MockRo
     }
     for url in (REPLICA_A, REPLICA_B):
         mock.post(f"{url}/unload_lora_adapter").mock(return_value=httpx.Response(200, text="Success"))
-    mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1@2", roots={"a1@2": "/adapters/a1-v2"}))
-    mock.get(f"{REPLICA_B}/models").mock(return_value=model_list())  # restarted: lost everything
+    for url in (REPLICA_A, REPLICA_B):
+        mock.get(f"{url}/models").mock(return_value=model_list())  # nothing loaded yet
     async with VLLMProvider(base_url=[REPLICA_A, REPLICA_B]) as vllm:
         await vllm.load_adapter("a1", "/adapters/a1")
         await vllm.load_adapter("a1", "/adapters/a1-v2", replace=True)
+        mock.get(f"{REPLICA_A}/models").mock(return_value=model_list("a1@2", roots={"a1@2": "/adapters/a1-v2"}))
+        # REPLICA_B restarted: it lost everything
         report = await vllm.reconcile_adapters()
     assert report.reloaded == ["a1"] and report.replicas[1].reloaded == ("a1",) and report.ok
     assert sent_body(loads[REPLICA_B].calls[-1]) == {"lora_name": "a1@2", "lora_path": "/adapters/a1-v2"}

@@ -48,8 +48,8 @@ from inference.options import (
 from inference.provider import GenerationResult, InferenceProvider, StreamEvent
 
 if TYPE_CHECKING:
-    from inference.adapters.source import AdapterSource
     from inference.health import BackendHealth
+from inference.adapters.source import AdapterSource
 from inference.adapters.weights import AdapterWeights
 
 __all__ = ["OllamaProvider"]
@@ -78,6 +78,21 @@ class _AdapterModel:
     def discovered(self) -> bool:
         """Found in ``/api/tags`` (an earlier provider created it), so it cannot be created again from files."""
         return self.path is None
+
+
+def _derived_model_of(adapter_id: str, names: list[str], base_model: str | None) -> Discovered | None:
+    """The derived model of ``adapter_id`` among the server's model ``names``: the one on ``base_model`` first,
+    then the newest weights (a replaced id's ``_.replaced-n`` model); the registry records its name as the path."""
+    candidates = [
+        (parsed, name)
+        for name in names
+        if (parsed := parse_derived_model_name(name)) is not None and parsed.adapter_id == adapter_id
+    ]
+    if not candidates:
+        return None
+    preferred = base_model_digest(base_model) if base_model else None
+    found, name = max(candidates, key=lambda pair: (pair[0].base_digest == preferred, pair[0].version))
+    return Discovered(path=name, backend=found.backend_name, version=found.version)
 
 
 class OllamaProvider(InferenceProvider):
@@ -299,7 +314,10 @@ class OllamaProvider(InferenceProvider):
         derived_model_name(adapter_id, base, provider=self.name)  # refuse an id too long for Ollama now
         # One load_adapter call per id at a time: the base it asks for is what _load_adapter creates on.
         async with self._lock(f"load:{adapter_id}"):
-            registry = self._adapter_registry
+            registry, looked_up = self._adapter_registry, isinstance(adapter_path, (str, os.PathLike))
+            if looked_up:  # a replaced id's model found on the server is replaced (below); weights: in _load_source
+                source = AdapterSource(self._adapter_path_argument(adapter_path), base_model=base)
+                await self._adopt_replaced_adapter(adapter_id, source)
             known = registry.path_of(adapter_id)
             record = self._adapter_models.get(registry.backend_name(adapter_id))
             if (
@@ -327,7 +345,9 @@ class OllamaProvider(InferenceProvider):
                         url=self.base_url,
                     )
                 await registry.unload(adapter_id)
-            await self._load_source(adapter_id, adapter_path, replace=replace, pin=pin, base_model=base)
+            await self._load_source(
+                adapter_id, adapter_path, replace=replace, pin=pin, base_model=base, looked_up=looked_up
+            )
 
     def _base_for(self, adapter_id: str, base_model: str | None, *, loading: bool = False) -> str:
         if base_model is not None and (not isinstance(base_model, str) or not base_model.strip()):
@@ -379,6 +399,9 @@ class OllamaProvider(InferenceProvider):
                     "could not delete the previous model %r of adapter %r: %s", previous.name, adapter_id, error
                 )
 
+    async def _check_adapter_source(self, source: AdapterSource) -> None:
+        await self._models.check_adapter(source.path)
+
     async def _unload_adapter(self, adapter_id: str) -> None:
         name = self._model_of(adapter_id)
         if not await self._models.delete(name):
@@ -393,19 +416,24 @@ class OllamaProvider(InferenceProvider):
             The derived model's name, which the registry records as the adapter's path (in a :class:`Discovered`
             with its backend name ``id@n`` for a replaced id's model).
         """
-        candidates = [
-            (parsed, name)
-            for name in await self._models.tags()
-            if (parsed := parse_derived_model_name(name)) is not None and parsed.adapter_id == adapter_id
-        ]
-        if not candidates:
+        found = await self._find_derived_model(adapter_id)
+        if found is None:
             return None
-        preferred = base_model_digest(self.base_model) if self.base_model else None
-        found, name = max(candidates, key=lambda pair: (pair[0].base_digest == preferred, pair[0].version))
-        self._adapter_models[found.backend_name] = _AdapterModel(name)
-        if found.version == 1:
-            return name
-        return Discovered(path=name, backend=found.backend_name, version=found.version)
+        self._adapter_models[found.backend] = _AdapterModel(found.path)
+        return found.path if found.version == 1 else found
+
+    async def _discover_replaced_adapter(self, adapter_id: str) -> Discovered | None:
+        """The model :meth:`_discover_adapter` would find, where it is a replaced id's (``_.replaced-n``): asked
+        before a first load, which then replaces it (see :meth:`load_adapter`). One ``GET /api/tags``."""
+        found = await self._find_derived_model(adapter_id)
+        if found is None or found.version == 1:
+            return None  # the id's own model: a load creates it again from its files, as always
+        self._adapter_models[found.backend] = _AdapterModel(found.path)
+        return found
+
+    async def _find_derived_model(self, adapter_id: str) -> Discovered | None:
+        """The derived model of ``adapter_id`` in ``/api/tags`` (see :func:`_derived_model_of`)."""
+        return _derived_model_of(adapter_id, await self._models.tags(), self.base_model)
 
     async def _list_adapters(self) -> list[str]:
         loaded = set(self._adapter_registry.ids())

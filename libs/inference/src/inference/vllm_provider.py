@@ -309,8 +309,11 @@ class VLLMProvider(OpenAICompatibleProvider):
         path against its own working directory, or take it for a Hugging Face Hub repo id)."""
         return absolute_if_local(super()._adapter_path_argument(adapter_path))
 
-    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+    async def _check_adapter_source(self, source: AdapterSource) -> None:
         _check_local_adapter(source.path, self.max_lora_rank, provider=self.name)
+
+    async def _load_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        await self._check_adapter_source(source)
         await self._lora.load(adapter_id, source.path)
 
     async def _unload_adapter(self, adapter_id: str) -> None:
@@ -342,6 +345,17 @@ class VLLMProvider(OpenAICompatibleProvider):
             ProviderUnavailableError: No replica accepts connections (the id cannot be looked up).
         """
         return await self._lora.discover(adapter_id)
+
+    async def _discover_replaced_adapter(self, adapter_id: str) -> Discovered | None:
+        """Before a first load here: the newest ``id@n`` the servers list for the id (an earlier process replaced
+        it), which the load replaces (``replace=True``) or adopts (the same path), never leaves behind. One
+        ``GET /v1/models`` per replica.
+
+        Raises:
+            ProviderUnavailableError: No replica accepts connections.
+        """
+        found = await self._lora.discover(adapter_id)
+        return found if isinstance(found, Discovered) else None
 
     async def reconcile_adapters(self) -> ReconcileReport:
         """Make every replica hold the adapters this provider loaded; report what differed.

@@ -17,6 +17,9 @@ The registry is the single place that decides:
   evicted from the backend, stays listed, and is loaded again transparently when a request needs it; a
   replacement's new weights count as a load (they take the id's place, so the cap holds once the old ones
   are unloaded); once the provider is closed nothing is evicted (closing frees every adapter);
+- a first load of an id that a backend holds under a versioned name (another process replaced it) is a load of
+  a loaded id: the provider records those weights first (:meth:`AdapterRegistry.adopt`), so the same path adopts
+  them, and a replacement is numbered after them and unloads them;
 - a pin belongs to the id: ``pin=True`` on a load or a replacement pins it, ``pin=False`` leaves it as it was,
   an unload forgets it;
 - an adapter keeps the weights it was loaded with until it is replaced: where its files are on this machine,
@@ -49,14 +52,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from inference._core.adapter_entry import AdapterState, Entry, finish, transition
+from inference._core.adapter_errors import already_loaded, files_changed_error, not_loaded, superseded
 from inference._core.adapter_files import FilesState, files_changed, files_state, source_files_state
 from inference._core.adapter_holds import current_holder
 from inference._core.backend_names import Discovered, VersionedName, default_versioned_name, parse_versioned_name
 from inference._core.lifecycle_events import LifecycleEvents
-from inference._core.validation import listed
 from inference.adapters.source import AdapterSource
 from inference.adapters.stats import AdapterStats, ProviderAdapterStats
-from inference.exceptions import AdapterAlreadyLoadedError, AdapterNotFoundError, InvalidAdapterError
+from inference.exceptions import AdapterNotFoundError
 
 __all__ = [
     "AdapterRegistry",
@@ -87,9 +90,11 @@ class AdapterRegistry:
         load: Loads an adapter into the backend.
         unload: Removes an adapter from the backend.
         capacity: Returns the most adapters to keep resident (``None`` = unlimited); read on each load.
-        discover: Asked about an id the registry does not know; returns the path of an adapter the backend
-            already holds (e.g. created by an earlier process), which is then recorded as resident, a
-            :class:`Discovered` when the backend holds it under a versioned name, or ``None``.
+        discover: Asked about an id the registry does not know when a request uses it or an unload names it;
+            returns the path of an adapter the backend already holds (e.g. created by an earlier process), which is
+            then recorded as resident, a :class:`Discovered` when the backend holds it under a versioned name, or
+            ``None``. (Before a first load the provider asks its backend itself, and records a versioned find
+            with :meth:`adopt`.)
         versioned: The backend name of an id's ``n``-th replacement (default ``id@n``).
         closed: Whether the provider is closed (or closing): then nothing is evicted any more (closing frees every
             adapter; an eviction started after it would only fail on the closed backend).
@@ -212,13 +217,21 @@ class AdapterRegistry:
 
     def _refuse_changed(self, adapter_id: str, entry: Entry) -> None:
         if files_changed(entry.path, entry.files):
-            raise InvalidAdapterError(
-                f"adapter {adapter_id!r} must be loaded again and its files at {entry.path} changed since it was "
-                "loaded, which would serve other weights under the same id: call load_adapter(..., replace=True) "
-                "to serve the new files, or put back the ones it was loaded from",
-                provider=self._provider,
-                path=entry.path,
-            )
+            raise files_changed_error(self._provider, adapter_id, entry.path)
+
+    def adopt(self, adapter_id: str, found: Discovered) -> bool:
+        """Record ``found``, the weights a backend holds for ``adapter_id`` under a versioned name (another process
+        replaced the id), before a first load of the id: the load is then one of a loaded id (the same path adopts
+        them; another is refused, or replaces them with ``replace=True``, numbered after them, unloading them).
+        Nothing is recorded where the registry knows the id, or the name is of weights it loaded (still draining).
+
+        Returns:
+            Whether ``found`` was recorded.
+        """
+        if adapter_id in self._entries or found.backend in self._by_backend or found.backend == adapter_id:
+            return False
+        self._record_found(adapter_id, found)
+        return True
 
     def forget(self, adapter_id: str) -> None:
         """Drop the record without touching the backend (the backend lost the adapter itself)."""
@@ -297,12 +310,7 @@ class AdapterRegistry:
             if entry.identity == identity:
                 if files_changed(entry.path, entry.files):
                     if not replace:
-                        raise AdapterAlreadyLoadedError(
-                            f"adapter {adapter_id!r} is loaded from {entry.path}, whose files changed since it was "
-                            "loaded: pass replace=True to serve the new files (or unload it first)",
-                            provider=self._provider,
-                            path=path,
-                        )
+                        raise already_loaded(self._provider, adapter_id, entry.path, path, files_changed=True)
                     await self._replace(adapter_id, entry, source, identity, pin=pin, called=called)
                     return
                 entry.pinned = entry.pinned or pin
@@ -314,12 +322,7 @@ class AdapterRegistry:
                         continue  # a hold given back (not the user) unloads it: once it has, load it again
                 return
             if not replace:
-                raise AdapterAlreadyLoadedError(
-                    f"adapter {adapter_id!r} is already loaded from {entry.path}: unload it first, "
-                    f"choose another id, or pass replace=True to load {path} in its place",
-                    provider=self._provider,
-                    path=path,
-                )
+                raise already_loaded(self._provider, adapter_id, entry.path, path)
             await self._replace(adapter_id, entry, source, identity, pin=pin, called=called)
             return
 
@@ -506,12 +509,7 @@ class AdapterRegistry:
                 self._by_backend.pop(new.backend, None)
 
     def _superseded(self, adapter_id: str, path: str) -> AdapterNotFoundError:
-        """The error of a load that an unload of the same id, called after it, superseded: the later call wins."""
-        return AdapterNotFoundError(
-            f"adapter {adapter_id!r} was unloaded (unload_adapter) while this load_adapter of {path} was still "
-            "running: the later call wins, so the id is not loaded; load it again to serve it",
-            provider=self._provider,
-        )
+        return superseded(self._provider, adapter_id, path)
 
     def _new_version(self, adapter_id: str) -> str:
         """A backend name for new weights of ``adapter_id`` that no weights in the backend have."""
@@ -660,14 +658,19 @@ class AdapterRegistry:
             return None
         if isinstance(found, str):
             found = Discovered(path=found, backend=adapter_id, version=1)
-        entry = self._entries.get(adapter_id)
-        if entry is None:
-            source = AdapterSource(found.path)
-            entry = Entry(source=source, backend=found.backend, identity=source.identity, resident=True, user=True)
-            self._entries[adapter_id] = entry
-            if found.backend != adapter_id:
-                self._by_backend[found.backend] = entry
-                self._next_version = max(self._next_version, found.version + 1)
+        entry = self._entries.get(adapter_id) or self._record_found(adapter_id, found)
+        entry.last_used = next(self._clock)
+        return entry
+
+    def _record_found(self, adapter_id: str, found: Discovered) -> Entry:
+        """Record what the backend was found holding for ``adapter_id``: resident, loaded by the user (elsewhere);
+        this registry's replacements are numbered after its version."""
+        source = AdapterSource(found.path)
+        entry = Entry(source=source, backend=found.backend, identity=source.identity, resident=True, user=True)
+        self._entries[adapter_id] = entry
+        if found.backend != adapter_id:
+            self._by_backend[found.backend] = entry
+            self._next_version = max(self._next_version, found.version + 1)
         entry.last_used = next(self._clock)
         return entry
 
@@ -685,9 +688,5 @@ class AdapterRegistry:
 
     def _not_found(self, adapter_id: str) -> AdapterNotFoundError:
         entry = self._entries.get(adapter_id)
-        if entry is not None and entry.unloading:
-            message = f"adapter {adapter_id!r} is being unloaded: load it again before using it"
-        else:
-            loaded = listed(sorted(self.ids())) or "none"
-            message = f"adapter {adapter_id!r} is not loaded (loaded: {loaded}): call load_adapter first"
-        return AdapterNotFoundError(message, provider=self._provider)
+        unloading = entry is not None and entry.unloading
+        return not_loaded(self._provider, adapter_id, unloading=unloading, loaded=self.ids())

@@ -33,6 +33,7 @@ from inference.exceptions import (
     AdapterAlreadyLoadedError,
     InvalidRequestError,
     ProviderError,
+    ProviderUnavailableError,
     UnsupportedOperationError,
 )
 from inference.options import OptionMap, Sent
@@ -147,7 +148,9 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
 
         Raises:
             UnsupportedOperationError: The provider has no adapter support.
-            AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false.
+            AdapterAlreadyLoadedError: The id is loaded from another path and ``replace`` is false (on a server,
+                also where an earlier process replaced the id and the server serves it as ``id@n``: see
+                ``docs/adapters.md``).
             InvalidAdapterError: The adapter is missing, corrupt or unsupported.
             InvalidRequestError: ``adapter_path`` is not a non-empty path the operating system can take.
             ProviderError: The provider is :attr:`closed`.
@@ -163,15 +166,19 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         replace: bool,
         pin: bool,
         base_model: str | None = None,
+        looked_up: bool = False,
     ) -> None:
         """Make the :class:`~inference.adapters.source.AdapterSource` of ``adapter_path`` (weights are copied, and
-        written to a private directory for a backend that reads files) and load it under ``adapter_id``."""
+        written to a private directory for a backend that reads files) and load it under ``adapter_id``; first, for
+        an id not known here, record what the backend holds of it under a versioned name (unless ``looked_up``)."""
         from inference.adapters.weights import AdapterWeights  # light: no torch or numpy until weights are saved
 
         if not isinstance(adapter_path, AdapterWeights):
             source = AdapterSource(self._adapter_path_argument(adapter_path), base_model=base_model)
             self._require_adapter_support("load_adapter")
             self._check_open()
+            if not looked_up:
+                await self._adopt_replaced_adapter(adapter_id, source)
             await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin, holder=current_holder())
             return
         self._require_adapter_support("load_adapter")
@@ -186,6 +193,8 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         if base_model is not None:
             source = dataclasses.replace(source, base_model=base_model)
         try:
+            if not looked_up:
+                await self._adopt_replaced_adapter(adapter_id, source)
             await self._adapter_registry.load(adapter_id, source, replace=replace, pin=pin, holder=current_holder())
         except AdapterAlreadyLoadedError:  # the registry's words name a private directory the caller never saw
             loaded = self._adapter_registry.path_of(adapter_id) or ""
@@ -419,6 +428,29 @@ class ProviderBase(ABC):  # noqa: B024 - abstract through InferenceProvider._gen
         """Path of an adapter the backend holds without this object having loaded it (a :class:`Discovered` when
         it holds it under another name), else ``None``."""
         return None
+
+    async def _discover_replaced_adapter(self, adapter_id: str) -> Discovered | None:
+        """Asked before a first load of an id this object does not know: the weights the backend holds for it under
+        a versioned name (another process replaced the id), which the load must replace or adopt rather than
+        leave behind; ``None`` where it holds none (this default: a backend nothing else loads into)."""
+        return None
+
+    async def _check_adapter_source(self, source: AdapterSource) -> None:  # noqa: B027 - a no-op by default
+        """Refuse what the backend would refuse of ``source`` before a server is asked anything (this default:
+        nothing; the backend's load checks)."""
+
+    async def _adopt_replaced_adapter(self, adapter_id: str, source: AdapterSource) -> None:
+        """Before a first load of ``adapter_id`` from ``source``: check it, then record the weights the backend
+        holds for the id under a versioned name. A backend nothing answers at is left to the load, which says so."""
+        if self._adapter_registry.path_of(adapter_id) is not None:
+            return
+        await self._check_adapter_source(source)  # a bad adapter is refused before the server is asked
+        try:
+            found = await self._discover_replaced_adapter(adapter_id)
+        except ProviderUnavailableError:
+            return
+        if found is not None:
+            self._adapter_registry.adopt(adapter_id, found)
 
     def _versioned_adapter_name(self, adapter_id: str, version: int) -> str:
         """The backend name of an adapter's ``version``-th weights after ``load_adapter(..., replace=True)``."""
