@@ -151,3 +151,20 @@ def test_an_entry_removed_by_another_process_is_converted_again(
     converted.unlink()  # as a prune or `rm` elsewhere would
     assert convert_peft_to_gguf_cached(model.adapter_dirs["a0"], model.gguf_path, cache) == converted
     assert converted.is_file()
+
+
+def test_a_conversion_that_ends_after_the_provider_closed_pins_nothing(
+    tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """A load_adapter's conversion runs in a helper thread; a provider closed meanwhile released every pin, and the
+    pin the conversion then took was kept (an open descriptor and a shared lock) until the model was collected: the
+    entry could not be pruned or cleared."""
+    from inference.adapters.gguf import clear_adapter_cache
+
+    model = tiny_models["qwen2"]
+    cache = tmp_path / "cache"
+    provider = LlamaCppProvider(model.gguf_path, adapter_cache_dir=cache, n_ctx=128)
+    provider._model.close()  # as aclose() does, while the conversion below was still running
+    converted = provider._model.convert_peft(Path(model.adapter_dirs["a0"]), model.gguf_path, cache)
+    assert converted.is_file()
+    assert (clear_adapter_cache(cache).kept_in_use, converted.exists()) == (0, False)

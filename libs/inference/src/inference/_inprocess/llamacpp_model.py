@@ -159,6 +159,7 @@ class LlamaCppModel:
         self._pins_lock = threading.Lock()  # conversions run in helper threads, loads on the worker
         self._converted: dict[str, list[CachePin]] = {}
         self._loaded: dict[str, list[CachePin]] = {}
+        self._pins_closed = False  # closed: a conversion finishing after it pins nothing
 
     @property
     def name(self) -> str:
@@ -248,6 +249,7 @@ class LlamaCppModel:
         """Free the model (the adapters first: see :meth:`free_adapter`) and let the cache prune what it converted."""
         with self._pins_lock:
             pins = [pin for held in (self._converted, self._loaded) for pins in held.values() for pin in pins]
+            self._pins_closed = True
             self._converted.clear()
             self._loaded.clear()
         for pin in pins:
@@ -270,7 +272,10 @@ class LlamaCppModel:
             except FileNotFoundError:
                 continue
             with self._pins_lock:
-                self._converted.setdefault(str(path), []).append(pin)
+                if not self._pins_closed:
+                    self._converted.setdefault(str(path), []).append(pin)
+                    return path
+            pin.release()  # the provider closed during the conversion: its pins were all released
             return path
         raise InvalidAdapterError(
             f"the conversion of {directory} kept being removed from the cache {cache} before it could be loaded: "
