@@ -57,6 +57,7 @@ from inference._servers.transport import (
     ONE_CONNECTION,
     ONE_CONNECTION_CLIENTS_KEPT,
     RETRY_STATUSES,
+    ConnectTimeoutAfterAttempts,
     PooledTransport,
     RetryPolicy,
     ssl_context,
@@ -518,7 +519,9 @@ class ServerClient:
     def timeout_error(self, operation: str, cause: BaseException | None) -> ProviderTimeoutError:
         """The error for no answer (``cause`` ``None``), or no connection, within the timeout."""
         if isinstance(cause, httpx.ConnectTimeout):
-            what = f"accept a connection within {self.httpx_timeout.connect:g} s"
+            attempts = cause.attempts if isinstance(cause, ConnectTimeoutAfterAttempts) else 1
+            tried = f" ({attempts} attempts)" if attempts > 1 else ""
+            what = f"accept a connection within {self.httpx_timeout.connect:g} s{tried}"
         else:
             what = f"answer within {self.timeout:g} s ({operation})"
         return self._error(
