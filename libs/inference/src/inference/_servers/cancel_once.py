@@ -64,10 +64,12 @@ async def _wait_out(task: asyncio.Future[Any]) -> bool:
 
 
 class CancelOnceStream(httpx.AsyncByteStream):
-    """An answer's body whose reads run :func:`apart` and whose close runs :func:`close_for_sure`."""
+    """An answer's body whose reads run :func:`apart` and whose close runs :func:`close_for_sure`; ``closed`` is
+    called once, after the first close."""
 
-    def __init__(self, stream: httpx.AsyncByteStream) -> None:
+    def __init__(self, stream: httpx.AsyncByteStream, closed: Callable[[], None] = lambda: None) -> None:
         self._stream = stream
+        self._closed: Callable[[], None] | None = closed
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._stream.__aiter__()
@@ -79,7 +81,12 @@ class CancelOnceStream(httpx.AsyncByteStream):
             yield chunk
 
     async def aclose(self) -> None:
-        await close_for_sure(self._stream.aclose())
+        try:
+            await close_for_sure(self._stream.aclose())
+        finally:
+            closed, self._closed = self._closed, None
+            if closed is not None:
+                closed()
 
 
 async def _next(chunks: AsyncIterator[bytes]) -> bytes:
