@@ -59,16 +59,3 @@ async def test_a_prompt_longer_than_the_server_s_context_is_a_token_limit_error(
         error = caught.value
         assert (error.kind, error.limit, error.status_code) == ("context", 512, 400), api
         assert error.value > 512 and "maximum context length is 512" in str(error)
-
-
-async def test_requests_one_after_another_reuse_one_connection(llama_server: str) -> None:
-    """Each request used to go to the next of 32 connection pools in turn, so 12 generates one after another opened
-    12 TCP connections (a TLS handshake each on a hosted API); they now reuse the one kept alive."""
-    async with OpenAIProvider(base_url=llama_server, max_retries=0) as provider:
-        http = provider._replicas[0].http
-        connections = []
-        for _ in range(12):
-            await provider.generate("Hello", model=MODEL, max_tokens=2, temperature=0.0)
-            connections.append(http.connection)  # httpcore's network stream the answer came on
-    assert connections[0] is not None
-    assert len({id(connection) for connection in connections}) == 1

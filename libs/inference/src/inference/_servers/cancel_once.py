@@ -64,12 +64,10 @@ async def _wait_out(task: asyncio.Future[Any]) -> bool:
 
 
 class CancelOnceStream(httpx.AsyncByteStream):
-    """An answer's body whose reads run :func:`apart` and whose close runs :func:`close_for_sure`; ``closed`` is
-    called once, after the first close."""
+    """An answer's body whose reads run :func:`apart` and whose close runs :func:`close_for_sure`."""
 
-    def __init__(self, stream: httpx.AsyncByteStream, closed: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, stream: httpx.AsyncByteStream) -> None:
         self._stream = stream
-        self._closed: Callable[[], None] | None = closed
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._stream.__aiter__()
@@ -81,12 +79,7 @@ class CancelOnceStream(httpx.AsyncByteStream):
             yield chunk
 
     async def aclose(self) -> None:
-        try:
-            await close_for_sure(self._stream.aclose())
-        finally:
-            closed, self._closed = self._closed, None
-            if closed is not None:
-                closed()
+        await close_for_sure(self._stream.aclose())
 
 
 async def _next(chunks: AsyncIterator[bytes]) -> bytes:

@@ -1,13 +1,13 @@
 """The transport under every server client: pooled connections, bounded retries of transient failures.
 
 Like httpx's own ``_transports/``, this is the layer a request passes through on its way to the network:
-:class:`PooledTransport` sends through several connection pools, filled in order, and retries connect errors and
-the statuses 429, 502, 503 and 504 (:class:`RetryPolicy`: exponential backoff, ``Retry-After`` capped), in this one
-place, for requests sent by the providers and by the ``openai`` client alike. A connect timeout is retried as a connect
-error is (nothing reached the server), within the call's timeout; an attempt whose connect deadline passed while the
-event loop was not running is made again without counting as a retry (:class:`ConnectClock`). Nothing here logs a
-header; every URL logged is redacted first. A request is sent, and its answer read and closed, so that a cancellation
-reaches httpcore at most once (:mod:`inference._servers.cancel_once`).
+:class:`PooledTransport` sends through several connection pools in turn and retries connect errors and the statuses
+429, 502, 503 and 504 (:class:`RetryPolicy`: exponential backoff, ``Retry-After`` capped), in this one place, for
+requests sent by the providers and by the ``openai`` client alike. A connect timeout is retried as a connect error is
+(nothing reached the server), within the call's timeout; an attempt whose connect deadline passed while the event loop
+was not running is made again without counting as a retry (:class:`ConnectClock`). Nothing here logs a header; every
+URL logged is redacted first. A request is sent, and its answer read and closed, so that a cancellation reaches
+httpcore at most once (:mod:`inference._servers.cancel_once`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
+import itertools
 import logging
 import math
 import random
@@ -36,7 +37,6 @@ __all__ = [
     "ONE_CONNECTION_CLIENTS_KEPT",
     "POOL_SHARDS",
     "RETRY_STATUSES",
-    "STALE_AFTER_SECONDS",
     "ConnectClock",
     "ConnectTimeoutAfterAttempts",
     "PooledTransport",
@@ -59,16 +59,15 @@ LATE_DEADLINE = 0.1
 loop strikes a deadline within milliseconds."""
 
 POOL_SHARDS = 32
-"""Connection pools per client. httpcore's pool does work proportional to its connections and queued requests on
-every request, so one pool of hundreds of connections costs O(n^2) CPU at high concurrency (at 256 requests in
-flight, one pool gave about a quarter of the openai client's own throughput); 32 small pools keep that cost low (see
-``scripts/bench_http_overhead.py``). They are filled in order (:meth:`PooledTransport.pool_index`), so that requests
-one after another reuse one kept-alive connection instead of opening one per pool."""
+"""Connection pools per client, used in turn. httpcore's pool does work proportional to its connections
+and queued requests on every request, so one pool of hundreds of connections costs O(n^2) CPU at high
+concurrency (at 256 requests in flight, one pool gave about a quarter of the openai client's own
+throughput); 32 small pools keep that cost low (see ``scripts/bench_http_overhead.py``)."""
 
 KEEPALIVE_SECONDS = 4.0
 """How long an idle connection is kept for the next request: under the 5 s after which uvicorn (vLLM's server)
-and llama-server close an idle connection, so that a request seldom goes out on one the server is closing at that
-moment (when it does, :class:`PooledTransport` sends it again on another connection)."""
+and llama-server close an idle connection, so that a request never goes out on one the server is closing at that
+moment (a POST that meets it fails, once in a while, and cannot be sent again: the server may have acted on it)."""
 
 _SHARD_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_SECONDS)
 """Per pool: 32 x 32 = 1024 connections in all, 256 kept alive."""
@@ -127,29 +126,6 @@ def _parse_retry_after(value: str | None) -> float | None:
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
 """Methods a dropped connection may be resent with: asking again changes nothing on the server."""
 
-_DROPPED = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-"""A connection closed or reset before the answer began ("Server disconnected without sending a response")."""
-
-
-STALE_AFTER_SECONDS = 1.0
-"""How long a connection must have been idle for a close without an answer on it to be read as the server's keep-alive
-ending (servers keep idle connections for seconds: uvicorn 5, llama-server 5, nginx 75), not as a failure while it
-worked on the request."""
-
-
-def _idle_for(pool: httpx.AsyncHTTPTransport) -> float | None:
-    """Seconds the kept-alive connection the next request through ``pool`` goes out on has been idle; ``None`` when it
-    opens a new one (httpcore takes the first idle connection that has not expired before opening another)."""
-    now = time.monotonic()
-    for connection in pool._pool.connections:
-        if connection.is_idle() and not connection.has_expired():
-            expire_at = getattr(getattr(connection, "_connection", None), "_expire_at", None)
-            keepalive = getattr(pool._pool, "_keepalive_expiry", None)
-            if not isinstance(expire_at, float) or not isinstance(keepalive, (int, float)):
-                return None  # an httpcore that keeps these elsewhere: no resend, as for a new connection
-            return now - (expire_at - keepalive)
-    return None
-
 
 class ConnectTimeoutAfterAttempts(httpx.ConnectTimeout):
     """httpx's ``ConnectTimeout`` of a request's last connection attempt, after ``attempts`` attempts in all."""
@@ -189,19 +165,13 @@ class ConnectClock:
 
 
 class PooledTransport(httpx.AsyncBaseTransport):
-    """Sends through several connection pools, filled in order; retries connect errors, connect timeouts and
-    429/502/503/504, and a GET whose connection dropped before the answer.
+    """Sends through several connection pools in turn; retries connect errors, connect timeouts and 429/502/503/504,
+    and a GET whose connection dropped before the answer.
 
     A connect timeout is retried within the call's timeout (the request's read timeout: every attempt after the
     first waits for its connection no longer than what is left of it). One whose deadline struck late, because the
     event loop was not running (:class:`ConnectClock`), is not the server's doing: the attempt is made again, up to
     :data:`LOOP_STALL_RESENDS` times, without counting as a retry, also within the call's timeout.
-
-    A request that went out on a connection idle for :data:`STALE_AFTER_SECONDS` or more, which the server closed or
-    reset before answering (it ended the idle connection's keep-alive as the request was sent: the race of every
-    keep-alive), is sent again at once, on another connection, whatever its method and without counting as a retry,
-    as browsers do. A POST whose connection drops otherwise (a new one, or one just used: the server failed while
-    at work on it) is not sent again: the server may have acted on it.
 
     Attributes:
         last_connection: The connection (httpcore's network stream) the last answer came on, ``None`` when the
@@ -218,8 +188,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
     ) -> None:
         context = ssl_context()
         self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=context) for _ in range(shards)]
-        self._in_flight = [0] * shards  # requests sent through each pool whose answer is not closed yet
-        self._fill = max(limits.max_keepalive_connections or 1, 1)
+        self._next_pool = itertools.cycle(self._pools).__next__
         self._policy = policy
         self._logger = logger
         self.last_connection: object | None = None
@@ -230,14 +199,11 @@ class PooledTransport(httpx.AsyncBaseTransport):
         timeouts = dict(request.extensions.get("timeout") or {})
         clock = ConnectClock(request.extensions.get("trace"))
         request.extensions = {**request.extensions, "trace": clock}
-        retry_number = resends = stale_resends = 0
+        retry_number = resends = 0
         while True:
             clock.failed_after = 0.0
-            index = self.pool_index()
-            idle = _idle_for(self._pools[index])
-            stale = idle is not None and idle >= STALE_AFTER_SECONDS
             try:
-                response = await self._send(index, request)
+                response = await apart(self._next_pool().handle_async_request(request), _close)
             except httpx.ConnectTimeout as error:  # no connection, so nothing was sent: safe to send again
                 limit = timeouts.get("connect")
                 late = clock.failed_after - limit if limit is not None else 0.0
@@ -268,16 +234,14 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 if retry_number >= self._policy.max_retries:
                     raise
                 delay, reason = self._policy.delay(retry_number), f"connect error ({error})"
-            except _DROPPED as error:  # closed or reset before any answer
-                if stale and stale_resends < self._fill and isinstance(request.stream, httpx.ByteStream):
-                    stale_resends += 1  # the server closed an idle connection as it was reused: sent again at once
-                    self._logger.debug("resending %s %s: the server closed the kept-alive connection it went out "
-                                       "on (%s)", request.method, redact_url(str(request.url)), error)
-                    continue
+            except (httpx.RemoteProtocolError, httpx.ReadError) as error:  # e.g. a kept-alive connection the server
+                # closed or reset as it was reused: resent only when asking again changes nothing (a GET), never a POST
                 if request.method not in _IDEMPOTENT or retry_number >= self._policy.max_retries:
-                    raise  # a POST on a new connection: the server may have acted on it
+                    raise
                 delay, reason = self._policy.delay(retry_number), f"a dropped connection ({error})"
             else:
+                if isinstance(response.stream, httpx.AsyncByteStream):
+                    response.stream = CancelOnceStream(response.stream)
                 self.last_connection = response.extensions.get("network_stream")
                 if response.status_code not in RETRY_STATUSES or retry_number >= self._policy.max_retries:
                     return response
@@ -295,33 +259,6 @@ class PooledTransport(httpx.AsyncBaseTransport):
                 self._policy.max_retries,
             )
             await asyncio.sleep(delay)
-
-    def pool_index(self) -> int:
-        """The pool for the next request: the first with fewer requests in flight than it keeps connections alive
-        (it has an idle connection, or may keep one more), else the least busy."""
-        in_flight = self._in_flight
-        for index, count in enumerate(in_flight):
-            if count < self._fill:
-                return index
-        return in_flight.index(min(in_flight))
-
-    async def _send(self, index: int, request: httpx.Request) -> httpx.Response:
-        """One attempt through pool ``index``, counted in flight until its answer is closed."""
-        self._in_flight[index] += 1
-
-        def closed() -> None:
-            self._in_flight[index] -= 1
-
-        try:
-            response = await apart(self._pools[index].handle_async_request(request), _close)
-        except BaseException:
-            closed()
-            raise
-        if isinstance(response.stream, httpx.AsyncByteStream):
-            response.stream = CancelOnceStream(response.stream, closed)
-        else:  # pragma: no cover - httpx's transport always answers with an async stream here
-            closed()
-        return response
 
     def at_rest(self) -> bool:
         """Whether no connection is in use: every one is idle or closed (none left half closed by a failure)."""
