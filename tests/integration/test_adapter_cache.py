@@ -168,3 +168,22 @@ def test_a_conversion_that_ends_after_the_provider_closed_pins_nothing(
     converted = provider._model.convert_peft(Path(model.adapter_dirs["a0"]), model.gguf_path, cache)
     assert converted.is_file()
     assert (clear_adapter_cache(cache).kept_in_use, converted.exists()) == (0, False)
+
+
+def test_the_temporary_files_of_conversions_killed_half_way_are_removed_and_running_ones_kept(
+    tiny_models: dict[str, TinyModel], tmp_path: Path
+) -> None:
+    """A conversion writes a temporary file beside its entry and renames it into place when whole; one killed
+    half-way (kill -9, a full disk) left that file in the cache for ever."""
+    import os
+    import tempfile
+
+    model = tiny_models["qwen2"]
+    cache = tmp_path / "cache"
+    first, second = _adapters(model, tmp_path, 2)
+    entry = convert_peft_to_gguf_cached(first, model.gguf_path, cache)
+    left, running = (Path(tempfile.mkstemp(prefix=f".{entry.name}.", suffix=".tmp", dir=cache)[1]) for _ in range(2))
+    two_hours_ago = left.stat().st_mtime - 7200
+    os.utime(left, (two_hours_ago, two_hours_ago))
+    convert_peft_to_gguf_cached(second, model.gguf_path, cache)  # every conversion tidies the cache
+    assert not left.exists() and running.exists() and entry.exists()

@@ -65,6 +65,11 @@ Qwen2 (34 MiB); a tiny test adapter is 66 KiB."""
 
 _ENTRY = re.compile(r"^[A-Za-z0-9_.-]*-[0-9a-f]{24}\.gguf$")
 STAMP_SUFFIX = ".used"
+_TEMPORARY = re.compile(r"^\.[A-Za-z0-9_.-]*-[0-9a-f]{24}\.gguf\.[A-Za-z0-9_]+\.tmp$")
+"""An entry's temporary file while it is written (``tempfile.mkstemp`` beside it, renamed into place when whole)."""
+TEMPORARY_LEFT_AFTER = 3600.0
+"""Seconds after its last write that a temporary file counts as left by a conversion killed half-way (a conversion
+writes its file within seconds to minutes; one still running elsewhere is never removed)."""
 
 _last_use = 0  # the stamp time last written by this process, in nanoseconds
 _pins_lock = threading.Lock()
@@ -243,18 +248,23 @@ def prune(directory: str | os.PathLike[str], max_bytes: int, *, keep: Path | Non
             freed += size
             logger.info("removed the cached adapter %s (%d bytes; the cache is bounded to %d bytes)", entry, size,
                         max_bytes)
-    _remove_orphan_stamps(expand_path(directory))
+    _remove_leftovers(expand_path(directory))
     return freed
 
 
-def _remove_orphan_stamps(directory: Path) -> None:
-    """Remove the stamps whose entry is gone (removed by hand, or a stamp written as a prune removed its entry)."""
+def _remove_leftovers(directory: Path) -> None:
+    """Remove the stamps whose entry is gone (removed by hand, or a stamp written as a prune removed its entry), and
+    the temporary files of conversions killed half-way (not written for :data:`TEMPORARY_LEFT_AFTER` seconds)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
             entry = name[: -len(STAMP_SUFFIX)]
             if name.endswith(STAMP_SUFFIX) and _ENTRY.match(entry) and not (directory / entry).exists():
                 with contextlib.suppress(OSError):
                     (directory / name).unlink()
+            elif _TEMPORARY.match(name):
+                with contextlib.suppress(OSError):
+                    if time.time() - (directory / name).stat().st_mtime > TEMPORARY_LEFT_AFTER:
+                        (directory / name).unlink()
 
 
 def clear_adapter_cache(directory: str | os.PathLike[str] | None = None) -> ClearedCache:
@@ -274,5 +284,5 @@ def clear_adapter_cache(directory: str | os.PathLike[str] | None = None) -> Clea
             removed_bytes += size
         else:
             kept += 1
-    _remove_orphan_stamps(folder)
+    _remove_leftovers(folder)
     return ClearedCache(removed, removed_bytes, kept)
